@@ -1,0 +1,212 @@
+"""gRPC plumbing shared by every process: local Unix-socket servers that
+check the caller's link secret on every call and map `AfeError`s to status
+codes in one place, the standard health service, and clients that present
+their link secret and turn status codes back into `AfeError`s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hmac
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from . import errors
+from .links import METADATA_KEY
+from .redact import Redactor
+
+log = logging.getLogger(__name__)
+
+caller_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("afe_caller", default=None)
+
+_CODES = {name: getattr(grpc.StatusCode, name) for name in errors.BY_CODE}
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    if isinstance(exc, errors.AfeError):
+        return _CODES.get(exc.code, grpc.StatusCode.INTERNAL), exc.message
+    return grpc.StatusCode.INTERNAL, "internal error (details are in the server log)"
+
+
+class _Guard(grpc.aio.ServerInterceptor):
+    """Checks the link secret, then maps exceptions to redacted statuses."""
+
+    def __init__(self, accepted: dict[str, bytes], redactor: Redactor) -> None:
+        self.accepted = dict(accepted)
+        self.redactor = redactor
+
+    def _who(self, metadata: Iterable[Any] | None) -> str | None:
+        presented: bytes | None = None
+        for key, value in metadata or ():
+            if key == METADATA_KEY:
+                presented = value.encode() if isinstance(value, str) else value
+        if not presented:
+            return None
+        try:
+            raw = bytes.fromhex(presented.decode("ascii"))
+        except (ValueError, UnicodeDecodeError):
+            return None
+        found = None
+        for name, secret in self.accepted.items():
+            if hmac.compare_digest(raw, secret):  # compare with every secret: no early exit
+                found = name
+        return found
+
+    async def intercept_service(self, continuation, details):  # type: ignore[override]
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        who = self._who(details.invocation_metadata)
+        method = details.method
+        redact = self.redactor.redact
+
+        async def deny(request_or_iter, context):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "this caller is not allowed on this socket")
+
+        async def deny_stream(request_or_iter, context):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "this caller is not allowed on this socket")
+            yield  # pragma: no cover
+
+        async def fail(context, exc: BaseException):
+            if isinstance(exc, errors.AfeError):
+                code, msg = status_for(exc)
+                log.info("%s -> %s: %s", method, code.name, redact(msg))
+            else:
+                code, msg = status_for(exc)
+                log.error("%s failed: %s", method, redact(repr(exc)), exc_info=exc)
+            await context.abort(code, redact(msg))
+
+        def wrap_unary(fn):
+            async def call(request_or_iter, context):
+                token = caller_var.set(who)
+                try:
+                    return await fn(request_or_iter, context)
+                except (grpc.aio.AbortError, grpc.RpcError):
+                    raise
+                except Exception as exc:
+                    await fail(context, exc)
+                finally:
+                    caller_var.reset(token)
+            return call
+
+        def wrap_stream(fn):
+            async def call(request_or_iter, context):
+                token = caller_var.set(who)
+                try:
+                    async for item in fn(request_or_iter, context):
+                        yield item
+                except (grpc.aio.AbortError, grpc.RpcError):
+                    raise
+                except Exception as exc:
+                    await fail(context, exc)
+                finally:
+                    caller_var.reset(token)
+            return call
+
+        if handler.unary_unary:
+            fn = deny if who is None else wrap_unary(handler.unary_unary)
+            return grpc.unary_unary_rpc_method_handler(fn, handler.request_deserializer,
+                                                       handler.response_serializer)
+        if handler.unary_stream:
+            fn = deny_stream if who is None else wrap_stream(handler.unary_stream)
+            return grpc.unary_stream_rpc_method_handler(fn, handler.request_deserializer,
+                                                        handler.response_serializer)
+        if handler.stream_unary:
+            fn = deny if who is None else wrap_unary(handler.stream_unary)
+            return grpc.stream_unary_rpc_method_handler(fn, handler.request_deserializer,
+                                                        handler.response_serializer)
+        fn = deny_stream if who is None else wrap_stream(handler.stream_stream)
+        return grpc.stream_stream_rpc_method_handler(fn, handler.request_deserializer,
+                                                     handler.response_serializer)
+
+
+def socket_target(path: str) -> str:
+    return "unix://" + os.path.abspath(path)
+
+
+MAX_MESSAGE = 32 * 1024 * 1024
+_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+]
+
+
+def create_server(socket_path: str, accepted: dict[str, bytes], redactor: Redactor,
+                  register: Iterable[Callable[[grpc.aio.Server], None]],
+                  service_names: Iterable[str] = (),
+                  interceptors: Iterable[grpc.aio.ServerInterceptor] = ()) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """A grpc.aio server on a Unix socket (0600), guarded by link secrets.
+
+    `register` callables add servicers (`add_XServicer_to_server(core, server)`).
+    The socket file is created with mode 0600 (umask set around bind).
+    """
+    server = grpc.aio.server(interceptors=[*interceptors, _Guard(accepted, redactor)], options=_OPTIONS)
+    for reg in register:
+        reg(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(socket_path)
+    server.add_secure_port(socket_target(socket_path),
+                           grpc.local_server_credentials(grpc.LocalConnectionType.UDS))
+    server._afe_service_names = list(service_names)  # type: ignore[attr-defined]
+    return server, health_servicer
+
+
+async def start_server(server: grpc.aio.Server, health_servicer, socket_path: str) -> None:
+    old = os.umask(0o177)
+    try:
+        await server.start()
+    finally:
+        os.umask(old)
+    os.chmod(socket_path, 0o600)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    for name in getattr(server, "_afe_service_names", []):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
+class _LinkAuth(grpc.AuthMetadataPlugin):
+    def __init__(self, secret: bytes) -> None:
+        self._value = secret.hex()
+
+    def __call__(self, context, callback):
+        callback(((METADATA_KEY, self._value),), None)
+
+
+def open_channel(socket_path: str, secret: bytes | None) -> grpc.aio.Channel:
+    """A channel to a local socket that presents `secret` on every call."""
+    creds = grpc.local_channel_credentials(grpc.LocalConnectionType.UDS)
+    if secret is not None:
+        creds = grpc.composite_channel_credentials(creds, grpc.metadata_call_credentials(_LinkAuth(secret)))
+    return grpc.aio.secure_channel(socket_target(socket_path), creds, options=_OPTIONS)
+
+
+def error_from_rpc(exc: grpc.aio.AioRpcError) -> errors.AfeError:
+    return errors.from_code(exc.code().name, exc.details() or exc.code().name.lower())
+
+
+@contextlib.asynccontextmanager
+async def rpc_errors() -> AsyncIterator[None]:
+    """Turn gRPC status errors raised inside the block into AfeErrors."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise error_from_rpc(exc) from exc
+
+
+async def check_health(socket_path: str, secret: bytes | None, timeout: float = 2.0) -> bool:
+    try:
+        async with open_channel(socket_path, secret) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            resp = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            return resp.status == health_pb2.HealthCheckResponse.SERVING
+    except Exception:
+        return False

@@ -1,0 +1,85 @@
+"""Where things live. One object, built from --data/--run, passed to whoever
+needs a path; nothing else composes these paths by hand."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InvalidArgument
+
+# Ticket ids double as workspace handles, Docker label values, network names
+# and branch suffixes, so they are kept to a safe alphabet.
+TICKET_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+DEFAULT_PORTS = {
+    "gateway": 8420,        # the UI and /rpc
+    "scheduler_ops": 9461,
+    "sandbox_ops": 9462,
+    "credentials_ops": 9463,
+    "gateway_ops": 9464,
+}
+
+
+def check_ticket_id(ticket_id: str) -> str:
+    if not isinstance(ticket_id, str) or not TICKET_ID_RE.match(ticket_id):
+        raise InvalidArgument("ticket id must be 1-63 characters of a-z, 0-9 and '-'")
+    return ticket_id
+
+
+@dataclass(frozen=True)
+class Layout:
+    data_dir: Path
+    run_dir: Path
+
+    @classmethod
+    def from_args(cls, data: str | os.PathLike | None, run: str | os.PathLike | None = None) -> "Layout":
+        data_dir = Path(data or ".afe/data").absolute()
+        run_dir = Path(run).absolute() if run else data_dir.parent / "run"
+        return cls(data_dir, run_dir)
+
+    def socket(self, service: str) -> Path:
+        return self.run_dir / f"{service}.sock"
+
+    @property
+    def automation_key(self) -> Path:
+        """0600 file holding the secret local automation presents to the scheduler."""
+        return self.run_dir / "automation.key"
+
+    @property
+    def store_file(self) -> Path:
+        return self.data_dir / "afe.db"
+
+    @property
+    def token_file(self) -> Path:
+        return self.data_dir / "ui-token"
+
+    @property
+    def workspaces_dir(self) -> Path:
+        return self.data_dir / "workspaces"
+
+    def workspace(self, ticket_id: str) -> Path:
+        return self.workspaces_dir / check_ticket_id(ticket_id)
+
+    @property
+    def gitdirs_dir(self) -> Path:
+        return self.data_dir / "git"
+
+    def gitdir(self, ticket_id: str) -> Path:
+        return self.gitdirs_dir / f"{check_ticket_id(ticket_id)}.git"
+
+    @property
+    def mirrors_dir(self) -> Path:
+        return self.data_dir / "mirrors"
+
+    @property
+    def forges_dir(self) -> Path:
+        """State of the `local` forge (PR records)."""
+        return self.data_dir / "forge"
+
+    def ensure(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.run_dir, 0o700)

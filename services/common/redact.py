@@ -1,0 +1,146 @@
+"""Redaction of secrets from text: registered values, secret-looking
+patterns and URL userinfo (R27, R30).
+
+One `Redactor` per process, built in the composition root and handed to the
+logging filter, the gRPC error interceptor and whatever else emits text.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import re
+import threading
+import urllib.parse
+from collections.abc import Iterable
+
+MASK = "[redacted]"
+
+# Secret-looking shapes. Used both to redact text and (by the manifest
+# validator) to refuse values.
+SECRET_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("GitHub token", re.compile(r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{16,}")),
+    ("GitHub fine-grained token", re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}")),
+    ("API key (sk-)", re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}")),
+    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}")),
+    ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
+    ("JWT", re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}")),
+    ("bearer credential", re.compile(r"(?i)(?<=\bbearer )[A-Za-z0-9._~+/=\-]{12,}")),
+]
+
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/@\s:]*)(?::[^/@\s]*)?@")
+_TOKENISH = re.compile(r"[A-Za-z0-9+/=_\-]{32,}")
+
+
+def shannon_entropy(s: str) -> float:
+    if not s:
+        return 0.0
+    counts: dict[str, int] = {}
+    for ch in s:
+        counts[ch] = counts.get(ch, 0) + 1
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def looks_high_entropy(s: str) -> bool:
+    """A long run of token characters with the entropy of random bytes.
+
+    Hex digests (git SHAs) are common and harmless in our data, so pure hex
+    strings of 40 or 64 characters are not counted.
+    """
+    if len(s) < 32 or not _TOKENISH.fullmatch(s):
+        return False
+    if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", s):
+        return False
+    classes = sum(bool(re.search(p, s)) for p in (r"[a-z]", r"[A-Z]", r"[0-9]"))
+    return classes >= 2 and shannon_entropy(s) >= 4.0
+
+
+def secret_kind(value: str) -> str | None:
+    """Name the kind of secret `value` looks like, or None."""
+    for name, pat in SECRET_PATTERNS:
+        if pat.search(value):
+            return name
+    if _URL_USERINFO.search(value) and urllib.parse.urlsplit(value.strip()).password:
+        return "URL with a password"
+    for run in _TOKENISH.findall(value):
+        if looks_high_entropy(run):
+            return "long high-entropy string"
+    return None
+
+
+class Redactor:
+    """Replaces registered secret values and secret-looking strings with a mask."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._values: list[str] = []
+        self._rx: re.Pattern[str] | None = None
+        for s in secrets:
+            self.register(s)
+
+    def register(self, value: str | bytes | None) -> None:
+        """Register a secret value (and its common encodings)."""
+        if not value:
+            return
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if len(value) < 4:
+            return  # too short to redact without destroying ordinary text
+        forms = {value, urllib.parse.quote(value, safe=""), base64.b64encode(value.encode()).decode()}
+        with self._lock:
+            for f in forms:
+                if f not in self._values:
+                    self._values.append(f)
+            self._values.sort(key=len, reverse=True)
+            self._rx = re.compile("|".join(re.escape(v) for v in self._values))
+
+    @property
+    def count(self) -> int:
+        return len(self._values)
+
+    def redact(self, text: str) -> str:
+        if not text:
+            return text
+        rx = self._rx
+        if rx is not None:
+            text = rx.sub(MASK, text)
+        text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
+        for _, pat in SECRET_PATTERNS:
+            text = pat.sub(MASK, text)
+        return _TOKENISH.sub(lambda m: MASK if looks_high_entropy(m.group(0)) else m.group(0), text)
+
+    def redact_obj(self, obj: object) -> object:
+        """Redact every string inside a JSON-like structure."""
+        if isinstance(obj, str):
+            return self.redact(obj)
+        if isinstance(obj, dict):
+            return {self.redact(str(k)): self.redact_obj(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self.redact_obj(v) for v in obj]
+        return obj
+
+
+class RedactingFilter(logging.Filter):
+    """Logging filter that renders each record's message and redacts it."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__()
+        self.redactor = redactor
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # a bad format string must not lose the record
+            msg = str(record.msg)
+        record.msg = self.redactor.redact(msg)
+        record.args = None
+        if record.exc_info:
+            import traceback
+
+            record.exc_text = self.redactor.redact("".join(traceback.format_exception(*record.exc_info)))
+            record.exc_info = None
+        if record.stack_info:
+            record.stack_info = self.redactor.redact(record.stack_info)
+        return True
