@@ -1,0 +1,144 @@
+"""The configuration model: frozen dataclasses for the four manifest kinds
+(`Workspace`, `Model`, `Agent`, `Workflow`) and the `Config` that holds them.
+
+`manifests.load_config(dir)` parses and validates YAML into these. Every
+process loads the same config directory itself; nothing here ever holds a
+secret value, only the NAMES of environment variables (R28).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_SANDBOX_IMAGE = "afe/sandbox:latest"
+DEFAULT_PROXY_IMAGE = "afe/proxy:latest"
+
+NODE_TOOLS = ("read_file", "write_file", "list_dir", "search", "run")
+BUILTINS = ("commit", "open_pr", "approval", "merge")
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpus: float = 1.0
+    memory_bytes: int = 1024 * 1024 * 1024
+    pids: int = 256
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    image: str = DEFAULT_SANDBOX_IMAGE
+    limits: Limits = field(default_factory=Limits)
+    egress: tuple[str, ...] = ()          # empty => --network none (R10)
+
+
+@dataclass(frozen=True)
+class ForgeConfig:
+    type: str                              # github | local
+    repo: str = ""                         # github: owner/name
+    base_url: str = "https://api.github.com"
+    merge_method: str = "merge"            # merge | squash | rebase
+
+
+@dataclass(frozen=True)
+class Author:
+    name: str = "afe"
+    email: str = "afe@localhost"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    name: str
+    repo: str                              # https URL, or a local path / file:// URL
+    base_branch: str = "main"
+    token_env: str | None = None           # NAME of the env var holding the token
+    forge: ForgeConfig = field(default_factory=lambda: ForgeConfig(type="local"))
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    author: Author = field(default_factory=Author)
+    max_running: int = 0                   # 0 = only the global limit applies
+    source: str = ""                       # "file.yaml#2" for error messages
+
+    @property
+    def is_local(self) -> bool:
+        return not self.repo.startswith("https://")
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    provider: str                          # openai | anthropic | replay
+    model: str = ""
+    base_url: str = ""
+    api_key_env: str | None = None
+    script: Path | None = None             # replay: the script file (absolute)
+    max_tokens: int = 4096
+    timeout_s: float = 120.0
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Agent:
+    name: str
+    type: str                              # acp
+    command: tuple[str, ...]
+    env: tuple[str, ...] = ()              # NAMES passed into the sandbox (R9)
+    image: str | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    kind: str                              # run | model | agent | builtin
+    needs: tuple[str, ...] = ()
+    timeout_s: float = 1800.0
+    retries: int = 0
+    run: str | None = None                 # run: shell command
+    model: str | None = None               # model: Model name
+    agent: str | None = None               # agent: Agent name
+    uses: str | None = None                # builtin name without the "builtin:" prefix
+    prompt: str = ""
+    tools: tuple[str, ...] = ()
+    max_turns: int = 20
+    max_tokens: int = 0                    # per-node token budget; 0 = none
+    deny: tuple[str, ...] = ()             # agent: permission kinds to deny
+    with_: dict = field(default_factory=dict)  # builtin options (title, body, method)
+
+    @property
+    def label(self) -> str:
+        return f"builtin:{self.uses}" if self.kind == "builtin" else self.kind
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    nodes: tuple[Node, ...]
+    workspace: str | None = None           # default workspace for tickets
+    inputs: tuple[str, ...] = ()           # names a ticket may set
+    max_tokens: int = 0                    # per-ticket token budget; 0 = none
+    source: str = ""
+
+    def node(self, node_id: str) -> Node:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+
+@dataclass(frozen=True)
+class Config:
+    directory: Path
+    workspaces: dict[str, Workspace] = field(default_factory=dict)
+    models: dict[str, Model] = field(default_factory=dict)
+    agents: dict[str, Agent] = field(default_factory=dict)
+    workflows: dict[str, Workflow] = field(default_factory=dict)
+
+    def credential_env_names(self) -> list[str]:
+        """Variables the credential broker receives: every tokenEnv and apiKeyEnv."""
+        names = {w.token_env for w in self.workspaces.values() if w.token_env}
+        names |= {m.api_key_env for m in self.models.values() if m.api_key_env}
+        return sorted(names)
+
+    def agent_env_names(self) -> list[str]:
+        """Variables the sandbox broker receives: every name an acp agent declares."""
+        return sorted({n for a in self.agents.values() for n in a.env})

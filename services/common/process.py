@@ -1,0 +1,115 @@
+"""What every process's composition root (`main.py`) shares: argument
+parsing, logging with the redactor, link secrets from the inherited fd, the
+ops server, the readiness report to the launcher, and signal handling.
+
+Convention (the launcher relies on it): each process is started as
+`python -m <package>.main --config DIR --data DIR --run DIR --link-fd N
+--status-fd N --ops-host H --ops-port P`. When it is ready it writes one JSON
+line to the status fd ({"service", "pid", "ops_port", ...}) and closes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from .layout import Layout
+from .links import LinkSecrets, read_link_fd
+from .logs import setup_logging
+from .ops import OpsServer, ReadyCheck
+from .redact import Redactor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProcessContext:
+    name: str
+    config_dir: Path
+    layout: Layout
+    links: LinkSecrets
+    redactor: Redactor
+    registry: CollectorRegistry
+    ops_host: str
+    ops_port: int
+    status_fd: int | None
+    extra: dict = field(default_factory=dict)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def parse_args(name: str, default_ops_port: int, argv: list[str] | None = None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"afe-{name}")
+    p.add_argument("--config", required=True, help="manifest folder")
+    p.add_argument("--data", required=True, help="data folder")
+    p.add_argument("--run", required=True, help="runtime folder (sockets)")
+    p.add_argument("--link-fd", type=int, default=None, help="inherited fd carrying link secrets")
+    p.add_argument("--status-fd", type=int, default=None, help="inherited fd for the readiness line")
+    p.add_argument("--ops-host", default="127.0.0.1")
+    p.add_argument("--ops-port", type=int, default=default_ops_port)
+    p.add_argument("--log-level", default=os.environ.get("AFE_LOG_LEVEL", "INFO"))
+    if extra:
+        extra(p)
+    return p.parse_args(argv)
+
+
+def make_context(name: str, args: argparse.Namespace) -> ProcessContext:
+    redactor = Redactor()
+    setup_logging(name, redactor, level=args.log_level)
+    links = read_link_fd(args.link_fd) if args.link_fd is not None else LinkSecrets()
+    for secret in [*links.serve.values(), *links.call.values()]:
+        redactor.register(secret.hex())
+    return ProcessContext(
+        name=name,
+        config_dir=Path(args.config).absolute(),
+        layout=Layout.from_args(args.data, args.run),
+        links=links,
+        redactor=redactor,
+        registry=CollectorRegistry(),
+        ops_host=args.ops_host,
+        ops_port=args.ops_port,
+        status_fd=args.status_fd,
+    )
+
+
+def report_ready(ctx: ProcessContext, **fields: object) -> None:
+    """Tell the launcher we are up (one JSON line on the status fd)."""
+    if ctx.status_fd is None:
+        return
+    line = json.dumps({"service": ctx.name, "pid": os.getpid(), **fields}) + "\n"
+    try:
+        os.write(ctx.status_fd, line.encode())
+    finally:
+        os.close(ctx.status_fd)
+        ctx.status_fd = None
+
+
+async def run_until_signalled(ctx: ProcessContext, checks: dict[str, ReadyCheck],
+                              start: Callable[[], Awaitable[dict]],
+                              stop: Callable[[], Awaitable[None]]) -> None:
+    """Start the ops server and the service, report ready, wait for SIGTERM/SIGINT, stop."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, ctx.stopping.set)
+    ops = OpsServer(ctx.registry, checks, host=ctx.ops_host, port=ctx.ops_port)
+    info = await start()
+    port = await ops.start()
+    log.info("%s ready (ops on %s:%s)", ctx.name, ctx.ops_host, port)
+    report_ready(ctx, ops_port=port, **(info or {}))
+    try:
+        await ctx.stopping.wait()
+    finally:
+        log.info("%s stopping", ctx.name)
+        try:
+            await asyncio.wait_for(stop(), 8)
+        finally:
+            await ops.stop()
