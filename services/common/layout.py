@@ -83,3 +83,9 @@ class Layout:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.run_dir, 0o700)
+
+# The uid:gid every sandbox runs as (R7): never root, never the brokers' own.
+# Workspace files are owned by it so the sandbox can write them; host tools
+# and host git work on them regardless.
+SANDBOX_UID = 10001
+SANDBOX_GID = 10001

@@ -1,0 +1,1 @@
+"""Helpers shared by several test areas (real servers, fakes of remote APIs)."""
