@@ -1,0 +1,57 @@
+"""`afe check [--config DIR]`: validate the manifests and say what to fix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from services.common.errors import ConfigError
+from services.common.manifests import load_config, missing_env
+
+
+def default_config_dir() -> Path | None:
+    """`./afe.d` when it exists; None means "the bundled demo"."""
+    here = Path("afe.d")
+    return here if here.is_dir() else None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="validate the manifests in a config folder",
+                       description="Validate every *.yaml manifest in the config folder and list every "
+                       "problem with its file, document number and field.")
+    p.add_argument("--config", default=None,
+                   help="manifest folder (default: ./afe.d, else the bundled demo)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+
+    directory = Path(args.config) if args.config is not None else default_config_dir()
+    try:
+        if directory is None:
+            with tempfile.TemporaryDirectory(prefix="afe-check-") as tmp:
+                config = load_config(_demo_dir(Path(tmp)))
+        else:
+            config = load_config(directory)
+    except ConfigError as exc:
+        print(f"afe check: {exc}", file=sys.stderr)
+        print("(file.yaml#N is the N-th document of file.yaml.) Fix the fields above and run "
+              "`afe check` again.", file=sys.stderr)
+        return 1
+    print(f"{config.directory}: OK — {len(config.workspaces)} workspace(s), {len(config.models)} model(s), "
+          f"{len(config.agents)} agent(s), {len(config.workflows)} workflow(s)")
+    for name, wf in sorted(config.workflows.items()):
+        print(f"  workflow {name}: {' -> '.join(n.id for n in wf.nodes)}")
+    unset = missing_env(config, os.environ)
+    for var, where in unset:
+        print(f"  note: {var} is not set in this shell ({where}); `afe up` will refuse to start without it")
+    return 0
+
+
+def _demo_dir(base: Path) -> Path:
+    from services.common import demo
+
+    return demo.materialize(base / "demo")
