@@ -1,0 +1,108 @@
+"""The scheduler, as the gateway sees it: calls over its gRPC Unix socket
+with the gateway's link secret, results as /rpc JSON shapes, failures as
+AfeErrors (never grpc exceptions)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+
+from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc
+from services.common import grpcutil
+from services.common.grpcutil import rpc_errors
+
+from . import convert
+
+CALL_TIMEOUT = 30.0
+
+
+class SchedulerBackend:
+    def __init__(self, socket_path: Path, secret: bytes | None) -> None:
+        self.socket_path = socket_path
+        self.secret = secret
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
+
+    @property
+    def stub(self) -> scheduler_pb2_grpc.SchedulerStub:
+        if self._stub is None:
+            self._channel = grpcutil.open_channel(str(self.socket_path), self.secret)
+            self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        return self._stub
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            self._stub = None
+
+    async def healthy(self) -> bool:
+        return await grpcutil.check_health(str(self.socket_path), self.secret)
+
+    async def create_ticket(self, *, workspace: str, workflow: str, title: str, body: str,
+                            inputs: dict[str, str], principal: str) -> dict:
+        async with rpc_errors():
+            t = await self.stub.CreateTicket(pb.CreateTicketRequest(
+                workspace=workspace, workflow=workflow, title=title, body=body, inputs=inputs,
+                principal=principal), timeout=CALL_TIMEOUT)
+        return convert.ticket(t)
+
+    async def list_tickets(self, *, states: list[str], workspace: str, page_size: int,
+                           page_token: str) -> dict:
+        req = pb.ListTicketsRequest(states=[convert.TICKET_STATE_BY_NAME[s] for s in states],
+                                    workspace=workspace, page_size=page_size, page_token=page_token)
+        async with rpc_errors():
+            resp = await self.stub.ListTickets(req, timeout=CALL_TIMEOUT)
+        return {"tickets": [convert.ticket(t) for t in resp.tickets],
+                "next_page_token": resp.next_page_token}
+
+    async def get_ticket(self, ticket_id: str) -> dict:
+        async with rpc_errors():
+            t = await self.stub.GetTicket(pb.GetTicketRequest(id=ticket_id), timeout=CALL_TIMEOUT)
+        return convert.ticket(t)
+
+    async def ticket_diff(self, ticket_id: str) -> dict:
+        async with rpc_errors():
+            d = await self.stub.GetTicketDiff(pb.GetTicketRequest(id=ticket_id), timeout=CALL_TIMEOUT)
+        return {"diff": d.diff, "truncated": d.truncated}
+
+    async def cancel_ticket(self, ticket_id: str, principal: str) -> dict:
+        async with rpc_errors():
+            t = await self.stub.CancelTicket(pb.CancelTicketRequest(id=ticket_id, principal=principal),
+                                             timeout=CALL_TIMEOUT)
+        return convert.ticket(t)
+
+    async def approve_ticket(self, ticket_id: str, principal: str, sha: str) -> dict:
+        async with rpc_errors():
+            t = await self.stub.ApproveTicket(
+                pb.ApproveTicketRequest(id=ticket_id, principal=principal, sha=sha), timeout=CALL_TIMEOUT)
+        return convert.ticket(t)
+
+    async def reject_ticket(self, ticket_id: str, principal: str, reason: str) -> dict:
+        async with rpc_errors():
+            t = await self.stub.RejectTicket(
+                pb.RejectTicketRequest(id=ticket_id, principal=principal, reason=reason),
+                timeout=CALL_TIMEOUT)
+        return convert.ticket(t)
+
+    async def watch_ticket(self, ticket_id: str, from_seq: int, follow: bool) -> AsyncIterator[dict]:
+        call = self.stub.WatchTicket(pb.WatchTicketRequest(id=ticket_id, from_seq=from_seq, follow=follow))
+        try:
+            async with rpc_errors():
+                async for e in call:
+                    yield convert.event(e)
+        finally:
+            call.cancel()
+
+    async def list_workflows(self) -> dict:
+        async with rpc_errors():
+            resp = await self.stub.ListWorkflows(pb.ListWorkflowsRequest(), timeout=CALL_TIMEOUT)
+        return {"workflows": [convert.workflow(w) for w in resp.workflows]}
+
+    async def list_workspaces(self) -> dict:
+        async with rpc_errors():
+            resp = await self.stub.ListWorkspaces(pb.ListWorkspacesRequest(), timeout=CALL_TIMEOUT)
+        return {"workspaces": [convert.workspace(w) for w in resp.workspaces]}

@@ -1,0 +1,100 @@
+"""Scheduler messages <-> the JSON shapes /rpc speaks.
+
+States travel as lowercase words (`waiting_approval`, `running`), times as
+integer milliseconds, event payloads as parsed JSON objects.
+"""
+
+from __future__ import annotations
+
+import json
+
+from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+
+TICKET_STATES = {
+    pb.QUEUED: "queued",
+    pb.RUNNING: "running",
+    pb.WAITING_APPROVAL: "waiting_approval",
+    pb.SUCCEEDED: "succeeded",
+    pb.FAILED: "failed",
+    pb.CANCELLED: "cancelled",
+}
+TICKET_STATE_BY_NAME = {v: k for k, v in TICKET_STATES.items()}
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+NODE_STATES = {
+    pb.PENDING: "pending",
+    pb.NODE_RUNNING: "running",
+    pb.NODE_SUCCEEDED: "succeeded",
+    pb.NODE_FAILED: "failed",
+    pb.SKIPPED: "skipped",
+    pb.NODE_CANCELLED: "cancelled",
+    pb.NODE_WAITING: "waiting",
+}
+
+
+def node(n: pb.NodeRun) -> dict:
+    return {
+        "id": n.id,
+        "kind": n.kind,
+        "state": NODE_STATES.get(n.state, "unknown"),
+        "needs": list(n.needs),
+        "attempt": n.attempt,
+        "started_at_ms": n.started_at_ms,
+        "finished_at_ms": n.finished_at_ms,
+        "output": n.output,
+        "error": n.error,
+    }
+
+
+def pull_request(p: pb.PullRequest) -> dict | None:
+    if not (p.number or p.url):
+        return None
+    return {
+        "number": p.number, "url": p.url, "head_branch": p.head_branch, "base_branch": p.base_branch,
+        "head_sha": p.head_sha, "state": p.state, "merge_sha": p.merge_sha,
+    }
+
+
+def approval(a: pb.Approval) -> dict | None:
+    if not a.principal:
+        return None
+    return {"principal": a.principal, "sha": a.sha, "granted": a.granted, "at_ms": a.at_ms,
+            "reason": a.reason}
+
+
+def ticket(t: pb.Ticket) -> dict:
+    return {
+        "id": t.id,
+        "workspace": t.workspace,
+        "workflow": t.workflow,
+        "title": t.title,
+        "body": t.body,
+        "inputs": dict(t.inputs),
+        "state": TICKET_STATES.get(t.state, "unknown"),
+        "created_at_ms": t.created_at_ms,
+        "updated_at_ms": t.updated_at_ms,
+        "nodes": [node(n) for n in t.nodes],
+        "pr": pull_request(t.pr) if t.HasField("pr") else None,
+        "approval": approval(t.approval) if t.HasField("approval") else None,
+        "error": t.error,
+        "last_seq": t.last_seq,
+        "awaiting_sha": t.awaiting_sha,
+    }
+
+
+def event(e: pb.Event) -> dict:
+    try:
+        payload = json.loads(e.payload_json) if e.payload_json else {}
+    except ValueError:
+        payload = {"text": e.payload_json}
+    return {"ticket_id": e.ticket_id, "seq": e.seq, "type": e.type, "payload": payload, "at_ms": e.at_ms}
+
+
+def workflow(w: pb.Workflow) -> dict:
+    return {"name": w.name, "workspace": w.workspace,
+            "nodes": [{"id": n.id, "kind": n.kind, "needs": list(n.needs)} for n in w.nodes]}
+
+
+def workspace(w: pb.Workspace) -> dict:
+    return {"name": w.name, "repo": w.repo, "base_branch": w.base_branch, "forge": w.forge,
+            "egress": list(w.egress)}

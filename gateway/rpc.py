@@ -1,0 +1,300 @@
+"""JSON-RPC 2.0 over the /rpc WebSocket.
+
+Each text frame is one request object (batches are refused). Every request
+is validated: envelope, method name, params against the method's fields.
+Failures become stable error codes (`error.code` number and
+`error.data.code` name) with a redacted message; tracebacks stay in the log.
+
+`tickets.watch` answers `{"subscription": "w1"}` and then sends
+notifications `tickets.event` {subscription, event} and finally
+`tickets.watch_end` {subscription, error|null}; `tickets.unwatch` stops one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from services.common import errors
+from services.common.layout import TICKET_ID_RE
+from services.common.redact import Redactor
+
+from . import convert
+from .auth import Authenticator, Principal
+from .backend import SchedulerBackend
+from .schema import Field, validate
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE = 256 * 1024
+MAX_IN_FLIGHT = 16
+MAX_WATCHES = 16
+CLOSE_AUTH = 4401  # the session ended (token rotated or cookie expired)
+
+PARSE_ERROR = (-32700, "parse_error")
+INVALID_REQUEST = (-32600, "invalid_request")
+METHOD_NOT_FOUND = (-32601, "method_not_found")
+INVALID_PARAMS = (-32602, "invalid_params")
+INTERNAL = (-32603, "internal_error")
+
+# AfeError code -> (JSON-RPC code, stable name). The one place errors are mapped.
+ERROR_CODES: dict[str, tuple[int, str]] = {
+    "INVALID_ARGUMENT": INVALID_PARAMS,
+    "NOT_FOUND": (-32001, "not_found"),
+    "ALREADY_EXISTS": (-32002, "already_exists"),
+    "FAILED_PRECONDITION": (-32003, "failed_precondition"),
+    "PERMISSION_DENIED": (-32004, "permission_denied"),
+    "UNAUTHENTICATED": (-32005, "unauthenticated"),
+    "UNAVAILABLE": (-32006, "unavailable"),
+    "DEADLINE_EXCEEDED": (-32007, "deadline_exceeded"),
+    "RESOURCE_EXHAUSTED": (-32008, "resource_exhausted"),
+    "CANCELLED": (-32009, "cancelled"),
+    "INTERNAL": INTERNAL,
+}
+
+
+def error_body(exc: BaseException, redactor: Redactor) -> dict:
+    if isinstance(exc, errors.AfeError):
+        code, name = ERROR_CODES.get(exc.code, INTERNAL)
+        message = exc.message
+        if exc.code == "UNAVAILABLE":
+            message = "the scheduler is not reachable right now; try again shortly"
+        elif exc.code == "INTERNAL":
+            message = "internal error (details are in the server log)"
+    else:
+        code, name = INTERNAL
+        message = "internal error (details are in the server log)"
+    return {"code": code, "message": redactor.redact(message), "data": {"code": name}}
+
+
+_SHA = re.compile(r"[0-9a-f]{7,64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+_TICKET = Field("str", required=True, pattern=TICKET_ID_RE,
+                pattern_hint="must be a ticket id (a-z, 0-9 and '-', at most 63)")
+
+METHOD_FIELDS: dict[str, dict[str, Field]] = {
+    "tickets.create": {
+        "workspace": Field("str", default="", max_len=100, pattern=_NAME, pattern_hint="must be a workspace name"),
+        "workflow": Field("str", required=True, min_len=1, max_len=100, pattern=_NAME,
+                          pattern_hint="must be a workflow name"),
+        "title": Field("str", required=True, min_len=1, max_len=200),
+        "body": Field("str", default="", max_len=65536),
+        "inputs": Field("strmap", default={}, max_len=64),
+    },
+    "tickets.list": {
+        "states": Field("strlist", default=[], max_len=6, choices=frozenset(convert.TICKET_STATE_BY_NAME)),
+        "workspace": Field("str", default="", max_len=100),
+        "page_size": Field("int", default=50, minimum=1, maximum=500),
+        "page_token": Field("str", default="", max_len=512),
+    },
+    "tickets.get": {"id": _TICKET},
+    "tickets.diff": {"id": _TICKET},
+    "tickets.cancel": {"id": _TICKET},
+    "tickets.approve": {"id": _TICKET, "sha": Field("str", default="", pattern=_SHA,
+                                                      pattern_hint="must be a hex commit SHA")},
+    "tickets.reject": {"id": _TICKET, "reason": Field("str", default="", max_len=2000)},
+    "tickets.watch": {"id": _TICKET, "from_seq": Field("int", default=0, minimum=0, maximum=2**62),
+                      "follow": Field("bool", default=True)},
+    "tickets.unwatch": {"subscription": Field("str", required=True, max_len=32)},
+    "workflows.list": {},
+    "workspaces.list": {},
+    "session.info": {},
+}
+
+
+@dataclass
+class _Request:
+    id: str | int | None
+    method: str
+    params: dict[str, Any]
+
+
+class RpcConnection:
+    def __init__(self, ws: web.WebSocketResponse, principal: Principal, backend: SchedulerBackend,
+                 auth: Authenticator, redactor: Redactor) -> None:
+        self.ws = ws
+        self.principal = principal
+        self.backend = backend
+        self.auth = auth
+        self.redactor = redactor
+        self._send_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+        self._watches: dict[str, asyncio.Task] = {}
+        self._next_watch = 0
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._handlers: dict[str, Callable[[dict], Awaitable[Any]]] = {
+            "tickets.create": self._create,
+            "tickets.list": self._list,
+            "tickets.get": lambda p: self.backend.get_ticket(p["id"]),
+            "tickets.diff": lambda p: self.backend.ticket_diff(p["id"]),
+            "tickets.cancel": lambda p: self.backend.cancel_ticket(p["id"], self.principal.name),
+            "tickets.approve": lambda p: self.backend.approve_ticket(p["id"], self.principal.name, p["sha"]),
+            "tickets.reject": lambda p: self.backend.reject_ticket(p["id"], self.principal.name, p["reason"]),
+            "tickets.unwatch": self._unwatch,
+            "workflows.list": lambda p: self.backend.list_workflows(),
+            "workspaces.list": lambda p: self.backend.list_workspaces(),
+            "session.info": self._session_info,
+        }
+
+    # -- sending -----------------------------------------------------------
+    async def _send(self, doc: dict) -> None:
+        if self.ws.closed:
+            return
+        async with self._send_lock:
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                await self.ws.send_str(json.dumps(doc, separators=(",", ":")))
+
+    async def _reply(self, req_id: Any, result: Any) -> None:
+        await self._send({"jsonrpc": "2.0", "id": req_id, "result": result})
+
+    async def _error(self, req_id: Any, code: tuple[int, str], message: str) -> None:
+        await self._send({"jsonrpc": "2.0", "id": req_id,
+                          "error": {"code": code[0], "message": message, "data": {"code": code[1]}}})
+
+    # -- the loop ----------------------------------------------------------
+    async def serve(self) -> None:
+        try:
+            async for msg in self.ws:
+                if not self.auth.still_valid(self.principal):
+                    await self.close_for_auth()
+                    break
+                if msg.type == WSMsgType.TEXT:
+                    await self._dispatch(msg.data)
+                elif msg.type == WSMsgType.BINARY:
+                    await self._error(None, INVALID_REQUEST, "send JSON-RPC requests as text frames")
+                elif msg.type == WSMsgType.ERROR:
+                    break
+        finally:
+            for t in list(self._tasks):
+                t.cancel()
+            for t in list(self._tasks):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    async def close_for_auth(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close(code=CLOSE_AUTH, message=b"session ended; log in again")
+
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _dispatch(self, raw: str) -> None:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            await self._error(None, PARSE_ERROR, "the message is not valid JSON")
+            return
+        req, problem = self._envelope(doc)
+        if req is None:
+            rid = doc.get("id") if isinstance(doc, dict) and isinstance(doc.get("id"), (str, int)) else None
+            await self._error(rid, *problem)
+            return
+        if self._slots.locked():
+            await self._error(req.id, ERROR_CODES["RESOURCE_EXHAUSTED"],
+                              f"at most {MAX_IN_FLIGHT} requests may be in flight on one connection")
+            return
+        await self._slots.acquire()
+        self._spawn(self._run(req))
+
+    @staticmethod
+    def _envelope(doc: Any) -> tuple[_Request | None, tuple]:
+        if isinstance(doc, list):
+            return None, (INVALID_REQUEST, "batches are not supported; send one request per message")
+        if not isinstance(doc, dict):
+            return None, (INVALID_REQUEST, "a request must be a JSON object")
+        if doc.get("jsonrpc") != "2.0":
+            return None, (INVALID_REQUEST, "'jsonrpc' must be \"2.0\"")
+        extra = set(doc) - {"jsonrpc", "id", "method", "params"}
+        if extra:
+            return None, (INVALID_REQUEST, f"unknown member(s): {', '.join(sorted(map(repr, extra)))}")
+        rid = doc.get("id")
+        if "id" not in doc or isinstance(rid, bool) or not isinstance(rid, (str, int)) \
+                or (isinstance(rid, str) and len(rid) > 64):
+            return None, (INVALID_REQUEST, "'id' must be a string (at most 64 characters) or an integer")
+        method = doc.get("method")
+        if not isinstance(method, str):
+            return None, (INVALID_REQUEST, "'method' must be a string")
+        if method not in METHOD_FIELDS:
+            return None, (METHOD_NOT_FOUND, f"unknown method {method[:64]!r}; known: "
+                          + ", ".join(sorted(METHOD_FIELDS)))
+        return _Request(rid, method, doc.get("params")), ()
+
+    async def _run(self, req: _Request) -> None:
+        try:
+            try:
+                params = validate(req.params, METHOD_FIELDS[req.method])
+                if req.method == "tickets.watch":
+                    await self._watch(req.id, params)
+                    return
+                result = await self._handlers[req.method](params)
+            except asyncio.CancelledError:
+                raise
+            except errors.AfeError as exc:
+                log.info("rpc %s -> %s", req.method, exc.code)
+                await self._send({"jsonrpc": "2.0", "id": req.id, "error": error_body(exc, self.redactor)})
+                return
+            except Exception as exc:
+                log.exception("rpc %s failed", req.method)
+                await self._send({"jsonrpc": "2.0", "id": req.id, "error": error_body(exc, self.redactor)})
+                return
+            await self._reply(req.id, result)
+        finally:
+            self._slots.release()
+
+    # -- methods -----------------------------------------------------------
+    async def _create(self, p: dict) -> dict:
+        return await self.backend.create_ticket(workspace=p["workspace"], workflow=p["workflow"],
+                                                title=p["title"], body=p["body"], inputs=p["inputs"],
+                                                principal=self.principal.name)
+
+    async def _list(self, p: dict) -> dict:
+        return await self.backend.list_tickets(states=p["states"], workspace=p["workspace"],
+                                               page_size=p["page_size"], page_token=p["page_token"])
+
+    async def _session_info(self, p: dict) -> dict:
+        return {"principal": self.principal.name,
+                "expires_at": self.principal.session.expires_at if self.principal.session else None}
+
+    async def _unwatch(self, p: dict) -> dict:
+        task = self._watches.pop(p["subscription"], None)
+        if task is None:
+            raise errors.NotFound(f"no subscription {p['subscription']!r} on this connection")
+        task.cancel()
+        return {"ok": True}
+
+    async def _watch(self, req_id: Any, p: dict) -> None:
+        if len(self._watches) >= MAX_WATCHES:
+            raise errors.ResourceExhausted(f"at most {MAX_WATCHES} watches may be open on one connection")
+        await self.backend.get_ticket(p["id"])  # NotFound answers the request itself
+        self._next_watch += 1
+        sub = f"w{self._next_watch}"
+        await self._reply(req_id, {"subscription": sub})
+        self._watches[sub] = self._spawn(self._pump(sub, p))
+
+    async def _pump(self, sub: str, p: dict) -> None:
+        error = None
+        try:
+            async for event in self.backend.watch_ticket(p["id"], p["from_seq"], p["follow"]):
+                await self._send({"jsonrpc": "2.0", "method": "tickets.event",
+                                  "params": {"subscription": sub, "event": event}})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, errors.AfeError):
+                log.exception("watch of %s failed", p["id"])
+            error = error_body(exc, self.redactor)
+        finally:
+            self._watches.pop(sub, None)
+        await self._send({"jsonrpc": "2.0", "method": "tickets.watch_end",
+                          "params": {"subscription": sub, "error": error}})

@@ -1,0 +1,68 @@
+"""The gateway's own origin and the Host values it answers to.
+
+The origin comes from configuration (`--public-url`), never from the request's
+`Host` header (R22). Requests naming any other Host are refused, which stops
+DNS-rebinding pages from talking to the gateway through a name they control.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+
+from services.common.errors import ConfigError
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"--listen must be HOST:PORT (e.g. 127.0.0.1:8420), not {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class Site:
+    scheme: str
+    host: str
+    port: int
+    allowed_hosts: frozenset[str]
+
+    @property
+    def origin(self) -> str:
+        default = _DEFAULT_PORTS[self.scheme] == self.port
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}" + ("" if default else f":{self.port}")
+
+    @property
+    def secure(self) -> bool:
+        return self.scheme == "https"
+
+    @classmethod
+    def build(cls, public_url: str | None, listen_host: str, listen_port: int) -> "Site":
+        if not public_url:
+            public_url = f"http://{_netloc(listen_host, listen_port)}"
+        u = urllib.parse.urlsplit(public_url)
+        if u.scheme not in _DEFAULT_PORTS or not u.hostname:
+            raise ConfigError(f"--public-url must be an http:// or https:// URL, not {public_url!r}")
+        if u.username or u.password or u.query or u.fragment or u.path not in ("", "/"):
+            raise ConfigError("--public-url must be just scheme://host[:port], without a path, "
+                              "credentials, query or fragment")
+        port = u.port or _DEFAULT_PORTS[u.scheme]
+        host = u.hostname.lower()
+        allowed = {_netloc(host, port).lower(), _netloc(listen_host, listen_port).lower()}
+        if port == _DEFAULT_PORTS[u.scheme]:
+            allowed.add(f"[{host}]" if ":" in host else host)
+        return cls(u.scheme, host, port, frozenset(allowed))
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        return bool(host_header) and host_header.strip().lower() in self.allowed_hosts
+
+    def origin_is_ours(self, origin: str | None) -> bool:
+        """Exact match with the configured origin; absent and `null` are not ours."""
+        return origin is not None and origin == self.origin
