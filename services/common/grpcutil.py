@@ -6,18 +6,21 @@ their link secret and turn status codes back into `AfeError`s.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import hmac
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
-from . import errors
+from . import errors, metrics, telemetry
 from .links import METADATA_KEY
 from .redact import Redactor
 
@@ -128,6 +131,77 @@ class _Guard(grpc.aio.ServerInterceptor):
                                                      handler.response_serializer)
 
 
+class _Metrics(grpc.aio.ServerInterceptor):
+    """Counts handled calls by method and status code, and times them (R25:
+    the method comes from the compiled-in contracts, never from a caller)."""
+
+    def __init__(self, families: metrics.GrpcServerMetrics) -> None:
+        self.families = families
+
+    async def intercept_service(self, continuation, details):  # type: ignore[override]
+        handler = await continuation(details)
+        method = details.method
+        if handler is None or method not in metrics.GRPC_METHODS:
+            return handler
+        handled, seconds = self.families.handled, self.families.seconds
+
+        def record(context, t0: float, exc: BaseException | None) -> None:
+            code = None
+            with contextlib.suppress(Exception):
+                code = context.code()
+            if isinstance(exc, asyncio.CancelledError):
+                name = "CANCELLED"
+            elif code is not None and hasattr(code, "name"):
+                name = code.name
+            elif exc is not None:
+                name = "UNKNOWN"
+            else:
+                name = "OK"
+            handled.labels(method=method, code=name).inc()
+            seconds.labels(method=method).observe(time.perf_counter() - t0)
+
+        def wrap_unary(fn):
+            async def call(request_or_iter, context):
+                t0, exc = time.perf_counter(), None
+                try:
+                    return await fn(request_or_iter, context)
+                except BaseException as e:
+                    exc = e
+                    raise
+                finally:
+                    record(context, t0, exc)
+            return call
+
+        def wrap_stream(fn):
+            async def call(request_or_iter, context):
+                t0, exc = time.perf_counter(), None
+                try:
+                    async for item in fn(request_or_iter, context):
+                        yield item
+                except BaseException as e:
+                    exc = e
+                    raise
+                finally:
+                    record(context, t0, exc)
+            return call
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(wrap_unary(handler.unary_unary),
+                                                       handler.request_deserializer,
+                                                       handler.response_serializer)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(wrap_stream(handler.unary_stream),
+                                                        handler.request_deserializer,
+                                                        handler.response_serializer)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(wrap_unary(handler.stream_unary),
+                                                        handler.request_deserializer,
+                                                        handler.response_serializer)
+        return grpc.stream_stream_rpc_method_handler(wrap_stream(handler.stream_stream),
+                                                     handler.request_deserializer,
+                                                     handler.response_serializer)
+
+
 def socket_target(path: str) -> str:
     return "unix://" + os.path.abspath(path)
 
@@ -142,13 +216,21 @@ _OPTIONS = [
 def create_server(socket_path: str, accepted: dict[str, bytes], redactor: Redactor,
                   register: Iterable[Callable[[grpc.aio.Server], None]],
                   service_names: Iterable[str] = (),
-                  interceptors: Iterable[grpc.aio.ServerInterceptor] = ()) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+                  interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+                  registry: CollectorRegistry | None = None) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """A grpc.aio server on a Unix socket (0600), guarded by link secrets.
 
     `register` callables add servicers (`add_XServicer_to_server(core, server)`).
     The socket file is created with mode 0600 (umask set around bind).
+    When tracing is on (telemetry.setup_tracing), every call gets a server
+    span continuing the caller's trace; with `registry`, every call is
+    counted in `afe_grpc_server_handled_total{method,code}`.
     """
-    server = grpc.aio.server(interceptors=[*interceptors, _Guard(accepted, redactor)], options=_OPTIONS)
+    chain: list[grpc.aio.ServerInterceptor] = [*telemetry.grpc_server_interceptors()]
+    if registry is not None:
+        chain.append(_Metrics(metrics.grpc_server_metrics(registry)))
+    server = grpc.aio.server(interceptors=[*chain, *interceptors, _Guard(accepted, redactor)],
+                             options=_OPTIONS)
     for reg in register:
         reg(server)
     health_servicer = health.aio.HealthServicer()
@@ -182,11 +264,13 @@ class _LinkAuth(grpc.AuthMetadataPlugin):
 
 
 def open_channel(socket_path: str, secret: bytes | None) -> grpc.aio.Channel:
-    """A channel to a local socket that presents `secret` on every call."""
+    """A channel to a local socket that presents `secret` on every call (and,
+    when tracing is on, the current trace context)."""
     creds = grpc.local_channel_credentials(grpc.LocalConnectionType.UDS)
     if secret is not None:
         creds = grpc.composite_channel_credentials(creds, grpc.metadata_call_credentials(_LinkAuth(secret)))
-    return grpc.aio.secure_channel(socket_target(socket_path), creds, options=_OPTIONS)
+    return grpc.aio.secure_channel(socket_target(socket_path), creds, options=_OPTIONS,
+                                   interceptors=telemetry.grpc_client_interceptors() or None)
 
 
 def error_from_rpc(exc: grpc.aio.AioRpcError) -> errors.AfeError:

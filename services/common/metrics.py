@@ -1,0 +1,222 @@
+"""Prometheus metric families with bounded labels only (R25).
+
+Every label takes its value from a closed set declared here (ticket state,
+node kind, outcome, operation, provider, gRPC method, gRPC code). A value
+outside its set raises `UnboundedLabel` instead of creating a new time
+series, so a ticket id, an input, a path, a host name or a secret can never
+become a label value by accident.
+
+Each process builds its own families on its own `CollectorRegistry` with the
+factory functions at the bottom (`scheduler_metrics(registry)` and so on);
+calling a factory twice on one registry returns the same object.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .errors import InvalidArgument
+
+TICKET_STATES = ("queued", "running", "waiting_approval", "succeeded", "failed", "cancelled")
+NODE_KINDS = ("model", "agent", "run", "builtin")
+OUTCOMES = ("ok", "error", "timeout", "denied", "cancelled")
+GIT_OPS = ("clone", "fetch", "mirror", "checkout", "commit", "push", "merge", "diff")
+FORGE_OPS = ("open_pr", "find_pr", "pr_status", "merge")
+FORGE_TYPES = ("github", "local")
+MODEL_PROVIDERS = ("openai", "anthropic", "replay")
+EGRESS_MODES = ("none", "allowlist")
+GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+              "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+              "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+              "UNAUTHENTICATED")
+# A gRPC method path of our own contracts or the health service: a fixed set
+# of names compiled into the servers, never user input.
+GRPC_METHOD = re.compile(r"/(?:afe\.[a-z]+\.v1\.[A-Za-z]+|grpc\.health\.v1\.Health)/[A-Za-z]+")
+
+
+class UnboundedLabel(InvalidArgument):
+    """A label value outside its declared set (R25)."""
+
+
+class _Method:
+    """Label domain for gRPC methods: a shape, not a list."""
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, str) and GRPC_METHOD.fullmatch(value) is not None
+
+    def __repr__(self) -> str:
+        return "gRPC method path"
+
+
+GRPC_METHODS = _Method()
+
+
+class Bounded:
+    """A metric family whose every label value must come from its domain."""
+
+    def __init__(self, metric: Any, domains: dict[str, Any]) -> None:
+        self.metric = metric
+        self.domains = domains
+        if tuple(domains) != tuple(metric._labelnames):
+            raise ValueError("label domains must match the metric's label names")
+
+    def labels(self, **values: str) -> Any:
+        if set(values) != set(self.domains):
+            raise UnboundedLabel(f"{self.metric._name}: labels must be exactly {sorted(self.domains)}")
+        for name, value in values.items():
+            if value not in self.domains[name]:
+                # The value itself is not repeated: it may be the very thing R25 keeps out.
+                raise UnboundedLabel(f"{self.metric._name}: value for label {name!r} is not one of "
+                                     f"the allowed values {self.domains[name]!r}")
+        return self.metric.labels(**values)
+
+
+def _counter(registry: CollectorRegistry, name: str, doc: str, **domains: Any) -> Bounded:
+    return Bounded(Counter(name, doc, list(domains), registry=registry), domains)
+
+
+def _gauge(registry: CollectorRegistry, name: str, doc: str, **domains: Any) -> Bounded:
+    return Bounded(Gauge(name, doc, list(domains), registry=registry), domains)
+
+
+def _histogram(registry: CollectorRegistry, name: str, doc: str, buckets: Iterable[float],
+               **domains: Any) -> Bounded:
+    return Bounded(Histogram(name, doc, list(domains), registry=registry, buckets=tuple(buckets)), domains)
+
+
+_SLOW = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+_FAST = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+@dataclass(frozen=True)
+class SchedulerMetrics:
+    tickets: Bounded              # gauge {state}: tickets currently in each state
+    ticket_transitions: Bounded   # counter {state}: tickets that entered a state
+    node_duration: Bounded        # histogram {kind, outcome}, seconds
+
+    def set_ticket_counts(self, counts: dict[str, int]) -> None:
+        for state in TICKET_STATES:
+            self.tickets.labels(state=state).set(counts.get(state, 0))
+
+
+@dataclass(frozen=True)
+class SandboxMetrics:
+    create_seconds: Bounded       # histogram {egress}
+    execs: Bounded                # counter {outcome}
+    proxies_live: Any             # gauge, no labels
+    sandboxes_live: Any           # gauge, no labels
+
+
+@dataclass(frozen=True)
+class CredentialsMetrics:
+    git_ops: Bounded              # counter {op, outcome}
+    forge_calls: Bounded          # counter {forge, op, outcome}
+    model_calls: Bounded          # counter {provider, outcome}
+    model_seconds: Bounded        # histogram {provider}
+
+
+@dataclass(frozen=True)
+class GatewayMetrics:
+    http_requests: Bounded        # counter {method, code_class}
+    rpc_calls: Bounded            # counter {outcome}
+    logins: Bounded               # counter {outcome}
+
+
+@dataclass(frozen=True)
+class GrpcServerMetrics:
+    handled: Bounded              # counter {method, code}
+    seconds: Bounded              # histogram {method}
+
+
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
+def _once(registry: CollectorRegistry, kind: str, build):
+    with _cache_lock:
+        per = _cache.setdefault(registry, {})
+        if kind not in per:
+            per[kind] = build()
+        return per[kind]
+
+
+def scheduler_metrics(registry: CollectorRegistry) -> SchedulerMetrics:
+    def build() -> SchedulerMetrics:
+        return SchedulerMetrics(
+            tickets=_gauge(registry, "afe_tickets", "Tickets currently in each state.", state=TICKET_STATES),
+            ticket_transitions=_counter(registry, "afe_ticket_transitions_total",
+                                        "Tickets that entered each state.", state=TICKET_STATES),
+            node_duration=_histogram(registry, "afe_node_duration_seconds", "Node run time by kind.",
+                                     _SLOW, kind=NODE_KINDS, outcome=OUTCOMES),
+        )
+    return _once(registry, "scheduler", build)
+
+
+def sandbox_metrics(registry: CollectorRegistry) -> SandboxMetrics:
+    def build() -> SandboxMetrics:
+        return SandboxMetrics(
+            create_seconds=_histogram(registry, "afe_sandbox_create_seconds",
+                                      "Time to create a ticket's sandbox (and proxy).", _FAST,
+                                      egress=EGRESS_MODES),
+            execs=_counter(registry, "afe_sandbox_execs_total", "Commands run in sandboxes.",
+                           outcome=OUTCOMES),
+            proxies_live=Gauge("afe_egress_proxies", "Egress proxy containers alive.", registry=registry),
+            sandboxes_live=Gauge("afe_sandboxes", "Sandbox containers alive.", registry=registry),
+        )
+    return _once(registry, "sandbox", build)
+
+
+def credentials_metrics(registry: CollectorRegistry) -> CredentialsMetrics:
+    def build() -> CredentialsMetrics:
+        return CredentialsMetrics(
+            git_ops=_counter(registry, "afe_git_operations_total", "Host git operations.",
+                             op=GIT_OPS, outcome=OUTCOMES),
+            forge_calls=_counter(registry, "afe_forge_calls_total", "Forge API calls.",
+                                 forge=FORGE_TYPES, op=FORGE_OPS, outcome=OUTCOMES),
+            model_calls=_counter(registry, "afe_model_calls_total", "Model API calls.",
+                                 provider=MODEL_PROVIDERS, outcome=OUTCOMES),
+            model_seconds=_histogram(registry, "afe_model_call_seconds", "Model API call time.", _SLOW,
+                                     provider=MODEL_PROVIDERS),
+        )
+    return _once(registry, "credentials", build)
+
+
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "other")
+CODE_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+def gateway_metrics(registry: CollectorRegistry) -> GatewayMetrics:
+    def build() -> GatewayMetrics:
+        return GatewayMetrics(
+            http_requests=_counter(registry, "afe_http_requests_total", "Gateway HTTP requests.",
+                                   method=HTTP_METHODS, code_class=CODE_CLASSES),
+            rpc_calls=_counter(registry, "afe_rpc_calls_total", "JSON-RPC calls on /rpc.", outcome=OUTCOMES),
+            logins=_counter(registry, "afe_logins_total", "Login attempts.", outcome=OUTCOMES),
+        )
+    return _once(registry, "gateway", build)
+
+
+def grpc_server_metrics(registry: CollectorRegistry) -> GrpcServerMetrics:
+    def build() -> GrpcServerMetrics:
+        return GrpcServerMetrics(
+            handled=_counter(registry, "afe_grpc_server_handled_total", "gRPC calls handled.",
+                             method=GRPC_METHODS, code=GRPC_CODES),
+            seconds=_histogram(registry, "afe_grpc_server_handling_seconds", "gRPC call time.", _FAST,
+                               method=GRPC_METHODS),
+        )
+    return _once(registry, "grpc", build)
+
+
+def code_class(status: int) -> str:
+    return f"{min(max(status // 100, 1), 5)}xx"
+
+
+def http_method(method: str) -> str:
+    return method if method in HTTP_METHODS else "other"
