@@ -1,0 +1,78 @@
+"""`afe up`: start the scheduler, the two brokers and the gateway, and supervise them."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from services.common.layout import DEFAULT_PORTS, Layout
+from services.common.logs import setup_logging
+from services.common.redact import Redactor
+
+SERVICES = ("sandbox", "credentials", "scheduler", "gateway")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start afe (all four processes) and supervise them",
+                       description="Start the scheduler, sandbox broker, credential broker and gateway as "
+                       "separate processes; restart crashed ones; stop them all on Ctrl-C.")
+    p.add_argument("--config", default=None,
+                   help="manifest folder (default: ./afe.d when it exists, else the bundled demo)")
+    p.add_argument("--data", default=".afe/data", help="data folder (default: .afe/data)")
+    p.add_argument("--run", default=None, help="runtime folder for sockets (default: .afe/run)")
+    p.add_argument("--ops-host", default="127.0.0.1",
+                   help="address the /livez /readyz /metrics endpoints bind to (default: 127.0.0.1)")
+    p.add_argument("--ops-port", action="append", default=[], metavar="[SERVICE=]PORT",
+                   help="ops port for a service (sandbox, credentials, scheduler, gateway), or PORT for "
+                   "all; 0 picks a free port. Defaults: " + ", ".join(
+                       f"{s} {DEFAULT_PORTS[s + '_ops']}" for s in SERVICES))
+    p.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORTS['gateway']}",
+                   help="HOST:PORT the web UI listens on")
+    p.add_argument("--public-url", default=None, help="the URL users open (e.g. behind a TLS proxy)")
+    p.add_argument("--max-running", type=int, default=None, help="tickets running at once (all workspaces)")
+    p.add_argument("--no-images", action="store_true",
+                   help="do not check/build the Docker images before starting")
+    p.add_argument("--ready-timeout", type=float, default=90.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def parse_ops_ports(values: list[str]) -> dict[str, int]:
+    ports = {s: DEFAULT_PORTS[f"{s}_ops"] for s in SERVICES}
+    for v in values:
+        service, _, port = v.rpartition("=")
+        if not port.isdigit() or int(port) > 65535:
+            raise SystemExit(f"afe up: --ops-port {v!r}: write PORT or SERVICE=PORT (0-65535)")
+        if not service:
+            ports = {s: int(port) for s in SERVICES}
+        elif service in ports:
+            ports[service] = int(port)
+        else:
+            raise SystemExit(f"afe up: --ops-port {v!r}: SERVICE is one of {', '.join(SERVICES)}")
+    return ports
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.common import demo
+    from services.launcher.launch import Options
+    from services.launcher.launch import run as launch
+
+    setup_logging("launcher", Redactor(), level=os.environ.get("AFE_LOG_LEVEL", "INFO"))
+    data = Path(args.data).absolute()
+    run_dir = Path(args.run).absolute() if args.run else data.parent / "run"
+    layout = Layout(data, run_dir)
+    if args.config is not None:
+        config_dir = Path(args.config).absolute()
+    elif Path("afe.d").is_dir():
+        config_dir = Path("afe.d").absolute()
+    else:
+        config_dir = demo.materialize(data.parent / "demo")
+        print(f"afe up: no --config and no ./afe.d; using the bundled demo in {config_dir}")
+    opts = Options(config_dir=config_dir, layout=layout, ops_host=args.ops_host,
+                   ops_ports=parse_ops_ports(args.ops_port), listen=args.listen,
+                   public_url=args.public_url, max_running=args.max_running,
+                   ready_timeout=args.ready_timeout, check_images=not args.no_images,
+                   log_level=os.environ.get("AFE_LOG_LEVEL"))
+    logging.getLogger(__name__).debug("launching with %s", config_dir)
+    return launch(opts, out=lambda line: print(line, flush=True))

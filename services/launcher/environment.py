@@ -1,0 +1,42 @@
+"""Which environment variables each process receives (DESIGN §1).
+
+Every child starts from an EMPTY environment: `PATH HOME LANG TZ` plus only
+the names its role needs. The credential broker gets exactly the `tokenEnv` /
+`apiKeyEnv` names the manifests mention, the sandbox broker exactly the names
+`acp` agents declare (+ `DOCKER_HOST`), the gateway the UI token, the
+scheduler the store URL; every child gets the `OTEL_*` exporter settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from services.common.config import Config
+
+BASE_NAMES = ("PATH", "HOME", "LANG", "TZ")
+SERVICES = ("sandbox", "credentials", "scheduler", "gateway")
+
+
+def allowed_names(service: str, config: Config, environ: Mapping[str, str]) -> list[str]:
+    """The variable names `service` may receive (those present in `environ` are passed)."""
+    names = list(BASE_NAMES)
+    if service == "credentials":
+        names += config.credential_env_names()
+    elif service == "sandbox":
+        names += config.agent_env_names()
+        names.append("DOCKER_HOST")
+    elif service == "gateway":
+        names.append("AFE_UI_TOKEN")
+    elif service == "scheduler":
+        names.append("AFE_DATABASE_URL")
+    else:
+        raise ValueError(f"unknown service {service}")
+    names += sorted(n for n in environ if n.startswith("OTEL_"))
+    return list(dict.fromkeys(names))
+
+
+def child_env(service: str, config: Config, environ: Mapping[str, str]) -> dict[str, str]:
+    """The complete environment for `service`: nothing else is inherited."""
+    env = {n: environ[n] for n in allowed_names(service, config, environ) if n in environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return env

@@ -1,0 +1,243 @@
+"""`afe up`: pre-flight, then start and supervise the four processes.
+
+Pre-flight happens BEFORE anything starts: manifests load and validate, every
+variable a manifest names is set (the error names the variable and the
+manifest, never a value), the Docker images exist (built when missing), the
+runtime dir is 0700 and socket paths fit. Then one random secret per link is
+made (gateway->scheduler, scheduler->sandbox, scheduler->credentials, plus the
+`automation` secret in `Layout.automation_key`), and the children start in
+order: sandbox broker, credential broker, scheduler, gateway.
+
+The launcher writes `<run>/launcher.json` (0600) with each child's pid and
+ops port, rewritten on every (re)start; it holds no secret.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.config import Config
+from services.common.errors import AfeError, ConfigError, FailedPrecondition
+from services.common.layout import DEFAULT_PORTS, Layout
+from services.common.links import LinkSecrets, new_secret
+from services.common.manifests import load_config, missing_env
+
+from .environment import child_env
+from .supervisor import ChildSpec, Supervisor
+
+log = logging.getLogger(__name__)
+
+MODULES = {
+    "sandbox": "services.sandbox.main",
+    "credentials": "services.credentials.main",
+    "scheduler": "services.scheduler.main",
+    "gateway": "gateway.main",
+}
+ORDER = ("sandbox", "credentials", "scheduler", "gateway")
+MAX_SOCKET_PATH = 100       # sun_path is 108 bytes including the NUL
+
+
+@dataclass
+class Options:
+    config_dir: Path
+    layout: Layout
+    ops_host: str = "127.0.0.1"
+    ops_ports: dict[str, int] = field(default_factory=lambda: {
+        s: DEFAULT_PORTS[f"{s}_ops"] for s in ORDER})
+    listen: str = f"127.0.0.1:{DEFAULT_PORTS['gateway']}"
+    public_url: str | None = None
+    max_running: int | None = None
+    ready_timeout: float = 90.0
+    check_images: bool = True
+    log_level: str | None = None
+    python: str = sys.executable
+    modules: dict[str, str] = field(default_factory=lambda: dict(MODULES))
+
+
+def preflight(opts: Options, environ: Mapping[str, str],
+              progress: Callable[[str], None] = print) -> Config:
+    """Everything that can fail before a process starts. Raises AfeError."""
+    config = load_config(opts.config_dir)
+    unset = missing_env(config, environ)
+    if unset:
+        lines = [f"  {name} (named by {where} in {config.directory})" for name, where in unset]
+        raise ConfigError("these environment variables are named by the manifests but not set; export "
+                          "them (the manifests hold only their NAMES) and run `afe up` again:\n"
+                          + "\n".join(lines))
+    for service in ("scheduler", "sandbox", "credentials"):
+        sock = opts.layout.socket(service)
+        if len(str(sock).encode()) > MAX_SOCKET_PATH:
+            raise ConfigError(f"the runtime folder path is too long for Unix sockets ({sock}); pass a "
+                              "shorter --run DIR")
+    if opts.check_images:
+        _ensure_images(progress)
+    return config
+
+
+def _ensure_images(progress: Callable[[str], None]) -> None:
+    try:
+        from services.sandbox.images import ensure_images
+    except ImportError as exc:  # the sandbox package is part of afe; this is a broken install
+        raise FailedPrecondition("cannot check the Docker images: the sandbox package is missing "
+                                 "(reinstall afe)") from exc
+    ensure_images(progress)
+
+
+def make_links() -> tuple[dict[str, LinkSecrets], bytes]:
+    """One random secret per link; returns each service's LinkSecrets and the automation secret."""
+    gw, sb, cr, auto = new_secret(), new_secret(), new_secret(), new_secret()
+    return {
+        "sandbox": LinkSecrets(serve={"scheduler": sb}),
+        "credentials": LinkSecrets(serve={"scheduler": cr}),
+        "scheduler": LinkSecrets(serve={"gateway": gw, "automation": auto},
+                                 call={"sandbox": sb, "credentials": cr}),
+        "gateway": LinkSecrets(call={"scheduler": gw}),
+    }, auto
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a file readable only by us (0600), replacing any previous one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def ensure_token_file(layout: Layout, environ: Mapping[str, str]) -> str:
+    """Where the login token is, for the start banner (never the token itself)."""
+    if environ.get("AFE_UI_TOKEN"):
+        return "the AFE_UI_TOKEN environment variable"
+    path = layout.token_file
+    if not path.exists():
+        _write_private(path, (secrets.token_urlsafe(32) + "\n").encode())
+    os.chmod(path, 0o600)
+    return f"the file {path}"
+
+
+def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
+                links: dict[str, LinkSecrets]) -> list[ChildSpec]:
+    specs = []
+    for service in ORDER:
+        argv = [opts.python, "-m", opts.modules[service],
+                "--config", str(config.directory),
+                "--data", str(opts.layout.data_dir), "--run", str(opts.layout.run_dir),
+                "--ops-host", opts.ops_host, "--ops-port", str(opts.ops_ports[service])]
+        if opts.log_level:
+            argv += ["--log-level", opts.log_level]
+        if service == "scheduler" and opts.max_running is not None:
+            argv += ["--max-running", str(opts.max_running)]
+        if service == "gateway":
+            argv += ["--token-file", str(opts.layout.token_file), "--listen", opts.listen]
+            if opts.public_url:
+                argv += ["--public-url", opts.public_url]
+        specs.append(ChildSpec(service, argv, child_env(service, config, environ), links[service]))
+    return specs
+
+
+def write_state(layout: Layout, sup: Supervisor) -> None:
+    state = {"pid": os.getpid(), "children": {
+        c.name: {"pid": c.pid, "ready": c.ready is not None, "restarts": c.restarts,
+                 "ops_port": (c.ready or {}).get("ops_port")} for c in sup.children}}
+    _write_private(layout.run_dir / "launcher.json", json.dumps(state).encode())
+
+
+class _Lock:
+    """One launcher per runtime folder."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise FailedPrecondition(f"another `afe up` is already running with the runtime folder "
+                                     f"{path.parent}; stop it first or pass a different --run") from None
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+def _banner(opts: Options, sup: Supervisor, token_where: str, out: Callable[[str], None]) -> None:
+    gw = sup.child("gateway").ready or {}
+    url = gw.get("url") or opts.public_url or f"http://{gw.get('listen') or opts.listen}/"
+    out(f"afe is up: open {url}")
+    out(f"  login token: in {token_where}")
+    for c in sup.children:
+        port = (c.ready or {}).get("ops_port")
+        out(f"  {c.name:<12} pid {c.pid:<8} ops http://{opts.ops_host}:{port}/readyz")
+    out(f"  automation key: {opts.layout.automation_key}")
+    out("Press Ctrl-C to stop.")
+
+
+def run(opts: Options, environ: Mapping[str, str] | None = None,
+        out: Callable[[str], None] = print) -> int:
+    environ = dict(os.environ if environ is None else environ)
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop_requested.append(signum)
+
+    old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            config = preflight(opts, environ, progress=lambda m: out(f"images: {m}"))
+            opts.layout.ensure()
+            lock = _Lock(opts.layout.run_dir / "launcher.lock")
+        except AfeError as exc:
+            out(f"afe up: {exc}")
+            return 1
+        try:
+            return _supervise(opts, config, environ, out, stop_requested)
+        finally:
+            lock.release()
+    finally:
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+
+
+def _supervise(opts: Options, config: Config, environ: dict[str, str], out: Callable[[str], None],
+               stop_requested: list[int]) -> int:
+    links, automation = make_links()
+    _write_private(opts.layout.automation_key, automation.hex().encode() + b"\n")
+    token_where = ensure_token_file(opts.layout, environ)
+    sup = Supervisor(build_specs(opts, config, environ, links), ready_timeout=opts.ready_timeout)
+    code = 0
+    try:
+        try:
+            sup.start_all(should_stop=lambda: bool(stop_requested))
+        except AfeError as exc:
+            out(f"afe up: {exc}")
+            return 1
+        write_state(opts.layout, sup)
+        _banner(opts, sup, token_where, out)
+        restarts = 0
+        while not stop_requested:
+            sup.tick(0.5)
+            now = sum(c.restarts for c in sup.children) + sum(c.ready is not None for c in sup.children)
+            if now != restarts:
+                restarts = now
+                write_state(opts.layout, sup)
+        out(f"afe up: stopping ({signal.Signals(stop_requested[0]).name})")
+    finally:
+        started = time.monotonic()
+        sup.stop_all()
+        log.info("all processes stopped in %.1f s", time.monotonic() - started)
+        with contextlib.suppress(FileNotFoundError):
+            (opts.layout.run_dir / "launcher.json").unlink()
+    return code
