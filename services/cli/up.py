@@ -32,6 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="HOST:PORT the web UI listens on")
     p.add_argument("--public-url", default=None, help="the URL users open (e.g. behind a TLS proxy)")
     p.add_argument("--max-running", type=int, default=None, help="tickets running at once (all workspaces)")
+    p.add_argument("--instance", default=None,
+                   help="label value afe.instance=<ID> on every Docker object this afe owns (default: "
+                   "default); two afe installations on one Docker engine need different ids")
     p.add_argument("--no-images", action="store_true",
                    help="do not check/build the Docker images before starting")
     p.add_argument("--ready-timeout", type=float, default=90.0, help=argparse.SUPPRESS)
@@ -73,6 +76,6 @@ def run(args: argparse.Namespace) -> int:
                    ops_ports=parse_ops_ports(args.ops_port), listen=args.listen,
                    public_url=args.public_url, max_running=args.max_running,
                    ready_timeout=args.ready_timeout, check_images=not args.no_images,
-                   log_level=os.environ.get("AFE_LOG_LEVEL"))
+                   log_level=os.environ.get("AFE_LOG_LEVEL"), instance=args.instance)
     logging.getLogger(__name__).debug("launching with %s", config_dir)
     return launch(opts, out=lambda line: print(line, flush=True))

@@ -265,7 +265,8 @@ class _Loader:
             for i, v in enumerate(obj):
                 self.scan_secrets(doc, v, f"{path}[{i}]")
         elif isinstance(obj, str):
-            kind = secret_kind(obj)
+            # Whole value, then each word: secret_kind spots a URL's password only in a lone URL.
+            kind = secret_kind(obj) or next((k for w in obj.split() if (k := secret_kind(w))), None)
             if kind:
                 doc.secret(path, kind)
 

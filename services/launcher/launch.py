@@ -61,6 +61,7 @@ class Options:
     ready_timeout: float = 90.0
     check_images: bool = True
     log_level: str | None = None
+    instance: str | None = None      # the sandbox broker's afe.instance label (Docker objects it owns)
     python: str = sys.executable
     modules: dict[str, str] = field(default_factory=lambda: dict(MODULES))
 
@@ -140,6 +141,8 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
                 "--ops-host", opts.ops_host, "--ops-port", str(opts.ops_ports[service])]
         if opts.log_level:
             argv += ["--log-level", opts.log_level]
+        if service == "sandbox" and opts.instance:
+            argv += ["--instance", opts.instance]
         if service == "scheduler" and opts.max_running is not None:
             argv += ["--max-running", str(opts.max_running)]
         if service == "gateway":
