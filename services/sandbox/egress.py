@@ -1,0 +1,113 @@
+"""The egress allowlist (R10-R12): validating the listed host names and
+rendering the squid configuration of a ticket's proxy.
+
+The proxy allows only the listed names (exact `host.example` or suffix
+`.example`), plain HTTP only to ports 80/443, CONNECT only to 443; it refuses
+IP-literal destinations in every spelling (dotted, decimal, octal, hex, v6)
+and any name that resolves to a loopback, link-local, private, CGNAT or
+metadata address (except subnets the operator exempts with
+`--allow-private`, used by tests and `afe doctor` for their own target), and
+caches nothing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from services.common.errors import InvalidArgument
+
+PROXY_PORT = 3128
+
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_NAME_RE = re.compile(rf"^\.?{_LABEL}(?:\.{_LABEL})*$")
+_NUMERIC_RE = re.compile(r"^[0-9x.]+$", re.I)
+
+# Destinations squid must never connect to, whatever name resolves there.
+BLOCKED_RANGES = (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+    "172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4",
+    "240.0.0.0/4", "::/128", "::1/128", "::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8",
+    "64:ff9b::/96",
+)
+
+
+def check_egress_names(names: list[str] | tuple[str, ...]) -> list[str]:
+    """Normalise and validate an allowlist; refuse IP literals and wildcards."""
+    out: list[str] = []
+    for raw in names:
+        name = str(raw).strip().lower().rstrip(".") if str(raw) != "." else ""
+        if not name or len(name) > 253 or not _NAME_RE.match(name):
+            raise InvalidArgument(
+                f"egress entry {raw!r} is not a host name: use an exact name (api.example.com) "
+                "or a suffix (.example.com)")
+        bare = name.lstrip(".")
+        if _NUMERIC_RE.match(bare) or "." not in bare and bare.isdigit():
+            raise InvalidArgument(f"egress entry {raw!r} is an IP address: list host names only")
+        out.append(name)
+    # squid refuses overlapping dstdomain entries (a.b and .b): keep the suffix.
+    suffixes = {n for n in out if n.startswith(".")}
+    kept = []
+    for n in dict.fromkeys(out):
+        if not n.startswith(".") and any(n.endswith(s) or n == s[1:] for s in suffixes):
+            continue
+        if n.startswith(".") and any(n != s and n.endswith(s) for s in suffixes):
+            continue
+        kept.append(n)
+    return kept
+
+
+def check_cidrs(cidrs: list[str] | tuple[str, ...]) -> list[str]:
+    out = []
+    for c in cidrs:
+        try:
+            out.append(str(ipaddress.ip_network(c, strict=False)))
+        except ValueError as exc:
+            raise InvalidArgument(f"--allow-private {c!r} is not a CIDR subnet (e.g. 172.30.0.0/24)") from exc
+    return out
+
+
+def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()) -> str:
+    names = check_egress_names(names)
+    exempt = check_cidrs(allow_private)
+    lines = [
+        f"http_port {PROXY_PORT}",
+        "icp_port 0",
+        "htcp_port 0",
+        "snmp_port 0",
+        "pid_filename none",
+        "cache deny all",
+        "cache_mem 0 MB",
+        "cache_store_log none",
+        "access_log stdio:/dev/stdout",
+        "cache_log /dev/stderr",
+        "logfile_rotate 0",
+        "coredump_dir /tmp",
+        "shutdown_lifetime 1 seconds",
+        "forwarded_for delete",
+        "via off",
+        "httpd_suppress_version_string on",
+        "acl SSL_ports port 443",
+        "acl Safe_ports port 80 443",
+        "acl CONNECT method CONNECT",
+        # IP literals in every spelling: dotted/decimal/octal/hex v4 and v6.
+        r"acl ip_literal dstdom_regex -i ^[0-9x.]+$ ^\[.*\]$ :",
+        f"acl blocked_dst dst {' '.join(BLOCKED_RANGES)}",
+    ]
+    if exempt:
+        lines.append(f"acl exempt_dst dst {' '.join(exempt)}")
+    if names:
+        lines.append(f"acl allowed_names dstdomain -n {' '.join(names)}")
+    lines += [
+        "http_access deny CONNECT !SSL_ports",
+        "http_access deny !Safe_ports",
+        "http_access deny ip_literal",
+    ]
+    if exempt:
+        lines.append("http_access deny blocked_dst !exempt_dst")
+    else:
+        lines.append("http_access deny blocked_dst")
+    if names:
+        lines.append("http_access allow allowed_names")
+    lines += ["http_access deny all", "http_reply_access allow all"]
+    return "\n".join(line for line in lines if line) + "\n"

@@ -1,0 +1,249 @@
+"""Running commands in a ticket's sandbox: `run_exec` (streamed output,
+exit code, timeout that kills, output cap with a marker) and `Process`
+(an interactive byte stream with stdin, clean EOF and kill).
+
+Both use a Docker exec attached over a hijacked engine connection; argv is
+passed as-is (no shell). The working directory is confined to /workspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument, NotFound
+
+from .dockerapi import STDERR, STDOUT, DockerAPI, EngineError, ExecStream
+from .hardening import WORKSPACE
+from .paths import split_relative
+from .sandboxes import SandboxManager
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_MS = 10 * 60 * 1000
+MAX_TIMEOUT_MS = 6 * 60 * 60 * 1000
+DEFAULT_OUTPUT_CAP = 4 * 1024 * 1024
+MAX_OUTPUT_CAP = 64 * 1024 * 1024
+MAX_CHUNK = 64 * 1024
+MAX_ARGV_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Output:
+    stream: str          # "stdout" | "stderr"
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exit:
+    code: int
+    timed_out: bool = False
+    truncated: bool = False
+    duration_ms: int = 0
+
+
+def workdir(cwd: str) -> str:
+    if cwd in ("", "."):
+        return WORKSPACE
+    return WORKSPACE + "/" + "/".join(split_relative(cwd))
+
+
+def check_argv(argv: list[str]) -> list[str]:
+    if not argv or not argv[0]:
+        raise InvalidArgument("argv must name a program (use [\"bash\", \"-lc\", CMD] for a shell)")
+    if any("\x00" in a for a in argv) or sum(len(a) for a in argv) > MAX_ARGV_BYTES:
+        raise InvalidArgument("argv must not contain NUL bytes and must be under 256 KiB")
+    return list(argv)
+
+
+def truncation_marker(cap: int) -> bytes:
+    return f"\n[afe: output truncated after {cap} bytes]\n".encode()
+
+
+class Runner:
+    def __init__(self, sandboxes: SandboxManager, api: DockerAPI | None = None) -> None:
+        self.sandboxes = sandboxes
+        self.api = api or DockerAPI()
+
+    async def _create(self, ticket_id: str, argv: list[str], cwd: str, env: list[str], stdin: bool) -> str:
+        info = await self.sandboxes.get(ticket_id)
+        try:
+            return await self.api.exec_create(info.container_id, check_argv(argv), workdir=workdir(cwd),
+                                              env=env, stdin=stdin)
+        except NotFound:
+            self.sandboxes.forget(ticket_id)
+            raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from None
+        except EngineError as exc:
+            if exc.status == 409:
+                from services.common.errors import FailedPrecondition
+                raise FailedPrecondition(f"the sandbox of {ticket_id} is not running (frozen or stopped)") from exc
+            raise
+
+    async def kill(self, exec_id: str) -> None:
+        """SIGKILL the exec's process group (runc makes every exec a session leader)."""
+        try:
+            doc = await self.api.exec_inspect(exec_id)
+        except Exception:
+            return
+        pid = int(doc.get("Pid") or 0)
+        if not doc.get("Running") or pid <= 0:
+            return
+        try:
+            os.killpg(pid, signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        # Not allowed from the host: kill from inside, as the sandbox user.
+        nspid = _namespace_pid(pid)
+        if nspid:
+            with contextlib.suppress(Exception):
+                kid = await self.api.exec_create(doc["ContainerID"], ["kill", "-KILL", "--", f"-{nspid}"],
+                                                 workdir="/", env=[], stdin=False)
+                s = await self.api.exec_start(kid)
+                while await s.frame() is not None:
+                    pass
+                s.close()
+
+    async def run_exec(self, ticket_id: str, argv: list[str], *, cwd: str = "", timeout_ms: int = 0,
+                       output_cap: int = 0, stdin: bytes = b"") -> AsyncIterator[Output | Exit]:
+        if timeout_ms < 0 or output_cap < 0:
+            raise InvalidArgument("timeout_ms and output_cap_bytes must be >= 0 (0 = default)")
+        timeout = min(timeout_ms or DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS) / 1000
+        cap = min(output_cap or DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP)
+        t0 = time.monotonic()
+        exec_id = await self._create(ticket_id, argv, cwd, [], stdin=bool(stdin))
+        stream = await self.api.exec_start(exec_id)
+        sent = 0
+        truncated = False
+        timed_out = False
+        writer_task = None
+        if stdin:
+            writer_task = asyncio.create_task(_feed(stream, stdin))
+        deadline = t0 + timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                try:
+                    frame = await asyncio.wait_for(stream.frame(), remaining)
+                except asyncio.TimeoutError:
+                    timed_out = True
+                    break
+                if frame is None:
+                    break
+                kind, data = frame
+                if kind not in (STDOUT, STDERR) or truncated:
+                    continue
+                if sent + len(data) > cap:
+                    data = data[:cap - sent]
+                    truncated = True
+                sent += len(data)
+                name = "stdout" if kind == STDOUT else "stderr"
+                for i in range(0, len(data), MAX_CHUNK):
+                    yield Output(name, data[i:i + MAX_CHUNK])
+                if truncated:
+                    yield Output("stderr", truncation_marker(cap))
+            if timed_out:
+                await self.kill(exec_id)
+                code = -1
+            else:
+                code = await self.api.exit_code(exec_id)
+        except BaseException:
+            # The caller went away (cancelled): never leave the process behind.
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(self.kill(exec_id))
+            raise
+        finally:
+            if writer_task:
+                writer_task.cancel()
+            stream.close()
+        yield Exit(code=code, timed_out=timed_out, truncated=truncated,
+                   duration_ms=int((time.monotonic() - t0) * 1000))
+
+    async def start_process(self, ticket_id: str, argv: list[str], *, cwd: str = "",
+                            env_names: list[str] | tuple[str, ...] = ()) -> "Process":
+        info = await self.sandboxes.get(ticket_id)
+        env = self.sandboxes.env_for(info, env_names)
+        exec_id = await self._create(ticket_id, argv, cwd, env, stdin=True)
+        stream = await self.api.exec_start(exec_id)
+        return Process(self, exec_id, stream)
+
+
+async def _feed(stream: ExecStream, data: bytes) -> None:
+    try:
+        await stream.write(data)
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        stream.close_stdin()
+
+
+def _namespace_pid(host_pid: int) -> int:
+    try:
+        with open(f"/proc/{host_pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class Process:
+    """An interactive process: write stdin, close stdin (EOF), kill, and read
+    output until the Exit."""
+
+    def __init__(self, runner: Runner, exec_id: str, stream: ExecStream) -> None:
+        self.runner = runner
+        self.exec_id = exec_id
+        self.stream = stream
+        self.t0 = time.monotonic()
+        self.killed = False
+        self._stdin_closed = False
+
+    async def write(self, data: bytes) -> None:
+        if self._stdin_closed:
+            raise InvalidArgument("stdin is already closed")
+        try:
+            await self.stream.write(data)
+        except (ConnectionError, OSError):
+            pass
+
+    def close_stdin(self) -> None:
+        self._stdin_closed = True
+        self.stream.close_stdin()
+
+    async def kill(self) -> None:
+        self.killed = True
+        await self.runner.kill(self.exec_id)
+
+    async def output(self) -> AsyncIterator[Output | Exit]:
+        try:
+            while True:
+                frame = await self.stream.frame()
+                if frame is None:
+                    break
+                kind, data = frame
+                if kind not in (STDOUT, STDERR):
+                    continue
+                name = "stdout" if kind == STDOUT else "stderr"
+                for i in range(0, len(data), MAX_CHUNK):
+                    yield Output(name, data[i:i + MAX_CHUNK])
+            code = await self.runner.api.exit_code(self.exec_id)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(self.runner.kill(self.exec_id))
+            raise
+        finally:
+            self.stream.close()
+        yield Exit(code=code, duration_ms=int((time.monotonic() - self.t0) * 1000))

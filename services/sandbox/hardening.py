@@ -1,0 +1,134 @@
+"""The container settings of a sandbox and of its egress proxy (R5-R9).
+
+Pure functions returning keyword arguments for the Docker SDK's
+`containers.create`, so the policy can be read (and tested) in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.config import DEFAULT_PROXY_IMAGE, DEFAULT_SANDBOX_IMAGE, Limits
+from services.common.errors import InvalidArgument
+from services.common.layout import SANDBOX_GID, SANDBOX_UID
+
+from .egress import PROXY_PORT
+
+WORKSPACE = "/workspace"
+TMPFS_TMP = "size=256m,noexec,nosuid,nodev,mode=1777"
+
+DEFAULT_LIMITS = Limits()
+MAX_CPUS = 64.0
+MAX_MEMORY = 256 * 1024 ** 3
+MAX_PIDS = 32768
+MIN_MEMORY = 16 * 1024 ** 2
+
+LABEL_TICKET = "afe.ticket"
+LABEL_ROLE = "afe.role"
+LABEL_INSTANCE = "afe.instance"
+LABEL_ENV = "afe.env"          # comma-separated NAMES (never values) a Process may receive
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    ticket_id: str
+    image: str = DEFAULT_SANDBOX_IMAGE
+    cpus: float = DEFAULT_LIMITS.cpus
+    memory_bytes: int = DEFAULT_LIMITS.memory_bytes
+    pids: int = DEFAULT_LIMITS.pids
+    egress: tuple[str, ...] = ()
+    env_names: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+
+def resolve_limits(cpus: float, memory_bytes: int, pids: int) -> tuple[float, int, int]:
+    """0 means the default; negative or absurd values are refused."""
+    if cpus < 0 or memory_bytes < 0 or pids < 0:
+        raise InvalidArgument("sandbox limits must be positive (0 means the default)")
+    cpus = cpus or DEFAULT_LIMITS.cpus
+    memory_bytes = memory_bytes or DEFAULT_LIMITS.memory_bytes
+    pids = pids or DEFAULT_LIMITS.pids
+    if cpus > MAX_CPUS or memory_bytes > MAX_MEMORY or pids > MAX_PIDS:
+        raise InvalidArgument(f"sandbox limits too large (at most {MAX_CPUS} cpus, "
+                              f"{MAX_MEMORY // 1024 ** 3} GiB memory, {MAX_PIDS} pids)")
+    if memory_bytes < MIN_MEMORY:
+        raise InvalidArgument("sandbox memory limit must be at least 16 MiB")
+    return float(cpus), int(memory_bytes), int(pids)
+
+
+def labels(instance: str, ticket_id: str, role: str) -> dict[str, str]:
+    return {LABEL_TICKET: ticket_id, LABEL_ROLE: role, LABEL_INSTANCE: instance}
+
+
+def proxy_env(proxy_ip: str) -> dict[str, str]:
+    url = f"http://{proxy_ip}:{PROXY_PORT}"
+    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
+            "NO_PROXY": "", "no_proxy": ""}
+
+
+def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, workspace: str,
+                          network: str | None, env: dict[str, str]) -> dict:
+    """R5 network none unless egress; R6 caps/no-new-privileges/limits; R7
+    non-root; R8 read-only root, /workspace the only bind, no socket; R9 no
+    environment but what the caller passes (non-secret proxy variables)."""
+    lab = labels(instance, s.ticket_id, "sandbox")
+    lab[LABEL_ENV] = ",".join(s.env_names)
+    return dict(
+        image=s.image,
+        command=["sleep", "infinity"],
+        entrypoint=[],
+        name=name,
+        user=f"{SANDBOX_UID}:{SANDBOX_GID}",
+        working_dir=WORKSPACE,
+        environment=dict(env),
+        labels=lab,
+        network_mode=network or "none",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        privileged=False,
+        read_only=True,
+        tmpfs={"/tmp": TMPFS_TMP},
+        mounts=[],
+        volumes={workspace: {"bind": WORKSPACE, "mode": "rw"}},
+        nano_cpus=int(s.cpus * 1e9),
+        mem_limit=s.memory_bytes,
+        memswap_limit=s.memory_bytes,
+        pids_limit=s.pids,
+        init=True,
+        ipc_mode="private",
+        hostname="sandbox",
+        stdin_open=False,
+        tty=False,
+        detach=True,
+    )
+
+
+def proxy_create_kwargs(*, ticket_id: str, name: str, instance: str, outside_network: str,
+                        conf: str, image: str = DEFAULT_PROXY_IMAGE) -> dict:
+    """The squid proxy is hardened too: no capabilities, read-only root, its
+    config passed in the environment (it is not secret: only host names) and
+    written to a tmpfs by the entrypoint, so no host path is mounted."""
+    return dict(
+        image=image,
+        command=["sh", "-c", 'printf "%s" "$AFE_SQUID_CONF" > /tmp/squid.conf && '
+                             'exec squid -N -f /tmp/squid.conf'],
+        entrypoint=[],
+        name=name,
+        user="proxy",
+        environment={"AFE_SQUID_CONF": conf},
+        labels=labels(instance, ticket_id, "proxy"),
+        network=outside_network,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        privileged=False,
+        read_only=True,
+        tmpfs={"/tmp": "size=16m,noexec,nosuid,nodev,mode=1777",
+               "/var/run/squid": "size=1m,nosuid,nodev,uid=13,gid=13",
+               "/var/spool/squid": "size=1m,nosuid,nodev,uid=13,gid=13",
+               "/var/log/squid": "size=16m,nosuid,nodev,uid=13,gid=13"},
+        nano_cpus=int(0.5 * 1e9),
+        mem_limit=256 * 1024 ** 2,
+        pids_limit=128,
+        hostname="proxy",
+        detach=True,
+    )

@@ -1,0 +1,371 @@
+"""Sandbox lifecycle: one hardened container per ticket (plus, with egress,
+an internal network and a squid proxy), created idempotently, listed,
+frozen, destroyed, and reconciled against the set of live tickets.
+
+Only objects labelled with this broker's `afe.instance` are ever touched.
+The Docker SDK is synchronous; its calls run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import docker
+import docker.errors
+
+from services.common.config import DEFAULT_PROXY_IMAGE
+from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
+
+from . import hardening
+from .egress import PROXY_PORT, check_cidrs, check_egress_names, squid_conf
+from .hardening import LABEL_ENV, LABEL_INSTANCE, LABEL_ROLE, LABEL_TICKET, SandboxSettings
+
+log = logging.getLogger(__name__)
+
+INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def check_instance(instance: str) -> str:
+    if not INSTANCE_RE.match(instance or ""):
+        raise InvalidArgument("--instance must be 1-40 characters of a-z, 0-9, '_', '.', '-'")
+    return instance
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    ticket_id: str
+    container_id: str
+    state: str
+    image: str
+    network: str = ""
+    proxy_container_id: str = ""
+    created_at_ms: int = 0
+    env_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    removed_tickets: tuple[str, ...]
+    removed_containers: int
+    removed_networks: int
+
+
+def _state(attrs: dict) -> str:
+    st = attrs.get("State", {})
+    if st.get("Paused"):
+        return "paused"
+    if st.get("Running"):
+        return "running"
+    return "exited"
+
+
+def _created_ms(attrs: dict) -> int:
+    created = attrs.get("Created", "")
+    try:
+        from datetime import datetime
+        return int(datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00").timestamp() * 1000)
+    except ValueError:
+        return 0
+
+
+class SandboxManager:
+    def __init__(self, layout: Layout, *, instance: str = "default", egress_network: str = "bridge",
+                 allow_private: Iterable[str] = (), env_values: dict | None = None,
+                 proxy_image: str = DEFAULT_PROXY_IMAGE, client: docker.DockerClient | None = None) -> None:
+        self.layout = layout
+        self.instance = check_instance(instance)
+        self.egress_network = egress_network
+        self.allow_private = tuple(check_cidrs(list(allow_private)))
+        self.env_values = dict(env_values or {})
+        self.proxy_image = proxy_image
+        self.client = client or docker.from_env(timeout=120)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._cache: dict[str, SandboxInfo] = {}
+
+    # -- names ---------------------------------------------------------------
+    def _prefix(self) -> str:
+        return "afe" if self.instance == "default" else f"afe-{self.instance}"
+
+    def container_name(self, ticket_id: str) -> str:
+        return f"{self._prefix()}-{ticket_id}"
+
+    def proxy_name(self, ticket_id: str) -> str:
+        return f"{self._prefix()}-{ticket_id}-proxy"
+
+    def network_name(self, ticket_id: str) -> str:
+        return f"{self._prefix()}-{ticket_id}"
+
+    def _filters(self, ticket_id: str | None = None, role: str | None = None) -> dict:
+        labels = [f"{LABEL_INSTANCE}={self.instance}", LABEL_TICKET]
+        if ticket_id:
+            labels[1] = f"{LABEL_TICKET}={ticket_id}"
+        if role:
+            labels.append(f"{LABEL_ROLE}={role}")
+        return {"label": labels}
+
+    def _lock(self, ticket_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(ticket_id, asyncio.Lock())
+
+    # -- health --------------------------------------------------------------
+    async def ping(self) -> bool:
+        return bool(await asyncio.to_thread(self.client.ping))
+
+    # -- workspace -----------------------------------------------------------
+    def prepare_workspace(self, ticket_id: str) -> str:
+        """The workspace dir (created if missing), owned by the sandbox uid so
+        the sandbox can write it (host tools and host git run as root/owner)."""
+        path = self.layout.workspace(ticket_id)
+        self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o755)
+        st = os.lstat(path)
+        if not os.path.isdir(path) or os.path.islink(path):
+            raise FailedPrecondition("the ticket's workspace is not a directory")
+        if (st.st_uid, st.st_gid) != (SANDBOX_UID, SANDBOX_GID):
+            if os.geteuid() != 0:
+                log.warning("workspace of %s is not owned by the sandbox uid and the broker cannot chown it",
+                            ticket_id)
+            else:
+                chown_tree(str(path), SANDBOX_UID, SANDBOX_GID)
+        return str(path)
+
+    # -- lifecycle -----------------------------------------------------------
+    async def create(self, settings: SandboxSettings) -> SandboxInfo:
+        ticket_id = check_ticket_id(settings.ticket_id)
+        egress = tuple(check_egress_names(list(settings.egress)))
+        for n in settings.env_names:
+            if not _ENV_NAME_RE.match(n):
+                raise InvalidArgument(f"environment variable name {n[:64]!r} is not valid")
+        settings = replace(settings, egress=egress, env_names=tuple(sorted(set(settings.env_names))))
+        async with self._lock(ticket_id):
+            existing = await asyncio.to_thread(self._find, ticket_id)
+            if existing is not None:
+                if existing.state == "exited":
+                    await asyncio.to_thread(self.client.api.start, existing.container_id)
+                    existing = replace(existing, state="running")
+                self._cache[ticket_id] = existing
+                return existing
+            workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id)
+            try:
+                info = await asyncio.to_thread(self._create_sync, settings, workspace)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self._destroy_sync, ticket_id)
+                raise
+            if info.proxy_container_id:
+                await self._wait_proxy(info.proxy_container_id)
+            self._cache[ticket_id] = info
+            log.info("sandbox created for %s (egress: %s)", ticket_id, ",".join(egress) or "none")
+            return info
+
+    def _create_sync(self, s: SandboxSettings, workspace: str) -> SandboxInfo:
+        ticket_id = s.ticket_id
+        network = ""
+        proxy_id = ""
+        env: dict[str, str] = {}
+        try:
+            if s.egress:
+                network = self.network_name(ticket_id)
+                self.client.networks.create(network, driver="bridge", internal=True,
+                                            labels=hardening.labels(self.instance, ticket_id, "network"),
+                                            options={"com.docker.network.bridge.enable_icc": "true"})
+                conf = squid_conf(list(s.egress), self.allow_private)
+                kw = hardening.proxy_create_kwargs(ticket_id=ticket_id, name=self.proxy_name(ticket_id),
+                                                   instance=self.instance,
+                                                   outside_network=self.egress_network, conf=conf,
+                                                   image=self.proxy_image)
+                proxy = self.client.containers.create(**kw)
+                proxy_id = proxy.id
+                self.client.networks.get(network).connect(proxy_id)
+                proxy.start()
+                proxy.reload()
+                ip = proxy.attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
+                env.update(hardening.proxy_env(ip))
+            kw = hardening.sandbox_create_kwargs(s, name=self.container_name(ticket_id), instance=self.instance,
+                                                 workspace=workspace, network=network or None, env=env)
+            kw.pop("detach", None)
+            c = self.client.containers.create(**kw)
+            c.start()
+        except docker.errors.ImageNotFound as exc:
+            raise FailedPrecondition(f"image not found: {s.image if 'proxy' not in str(exc) else self.proxy_image}; "
+                                     "run `afe images build`") from exc
+        except docker.errors.APIError as exc:
+            raise Unavailable(f"Docker refused to create the sandbox: {exc.explanation or exc}") from exc
+        return SandboxInfo(ticket_id=ticket_id, container_id=c.id, state="running", image=s.image,
+                           network=network, proxy_container_id=proxy_id,
+                           created_at_ms=int(time.time() * 1000), env_names=s.env_names)
+
+    async def _wait_proxy(self, proxy_id: str, timeout: float = 20.0) -> None:
+        """Wait until squid accepts connections (reached on its outside network)."""
+        def addr() -> str:
+            attrs = self.client.api.inspect_container(proxy_id)
+            nets = attrs["NetworkSettings"]["Networks"]
+            return (nets.get(self.egress_network) or {}).get("IPAddress", "")
+
+        ip = await asyncio.to_thread(addr)
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while time.monotonic() < deadline:
+            if ip:
+                try:
+                    _, w = await asyncio.wait_for(asyncio.open_connection(ip, PROXY_PORT), 1.0)
+                    w.close()
+                    return
+                except (OSError, asyncio.TimeoutError):
+                    pass
+            state = await asyncio.to_thread(lambda: self.client.api.inspect_container(proxy_id)["State"])
+            if not state.get("Running"):
+                logs = await asyncio.to_thread(self.client.api.logs, proxy_id, tail=20)
+                log.error("egress proxy exited: %s", logs.decode("utf-8", "replace")[-2000:])
+                raise Unavailable("the egress proxy failed to start (see the sandbox broker log)")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+        log.warning("egress proxy %s not reachable from the broker after %ss; continuing", proxy_id[:12], timeout)
+
+    def _find(self, ticket_id: str) -> SandboxInfo | None:
+        cs = self.client.api.containers(all=True, filters=self._filters(ticket_id))
+        sandbox = next((c for c in cs if c["Labels"].get(LABEL_ROLE) == "sandbox"), None)
+        if sandbox is None:
+            return None
+        proxy = next((c for c in cs if c["Labels"].get(LABEL_ROLE) == "proxy"), None)
+        return self._info_from_summary(sandbox, proxy)
+
+    def _info_from_summary(self, c: dict, proxy: dict | None) -> SandboxInfo:
+        st = c.get("State", "")
+        state = {"running": "running", "paused": "paused"}.get(st, "exited")
+        nets = list((c.get("NetworkSettings") or {}).get("Networks", {}) or {})
+        network = next((n for n in nets if n not in ("none", "bridge", "host")), "")
+        env = tuple(n for n in c["Labels"].get(LABEL_ENV, "").split(",") if n)
+        return SandboxInfo(ticket_id=c["Labels"][LABEL_TICKET], container_id=c["Id"], state=state,
+                           image=c.get("Image", ""), network=network,
+                           proxy_container_id=proxy["Id"] if proxy else "",
+                           created_at_ms=int(c.get("Created", 0)) * 1000, env_names=env)
+
+    async def get(self, ticket_id: str) -> SandboxInfo:
+        """The running sandbox of a ticket (cached; NotFound when missing)."""
+        check_ticket_id(ticket_id)
+        info = self._cache.get(ticket_id)
+        if info is not None:
+            return info
+        info = await asyncio.to_thread(self._find, ticket_id)
+        if info is None:
+            raise NotFound(f"no sandbox for ticket {ticket_id}: create it first")
+        self._cache[ticket_id] = info
+        return info
+
+    def forget(self, ticket_id: str) -> None:
+        self._cache.pop(ticket_id, None)
+
+    async def destroy(self, ticket_id: str) -> int:
+        check_ticket_id(ticket_id)
+        async with self._lock(ticket_id):
+            self._cache.pop(ticket_id, None)
+            n = await asyncio.to_thread(self._destroy_sync, ticket_id)
+        self._locks.pop(ticket_id, None)
+        log.info("sandbox of %s destroyed (%d objects)", ticket_id, n)
+        return n
+
+    def _destroy_sync(self, ticket_id: str) -> int:
+        removed = 0
+        for c in self.client.api.containers(all=True, filters=self._filters(ticket_id)):
+            with contextlib.suppress(docker.errors.NotFound):
+                self.client.api.remove_container(c["Id"], force=True, v=True)
+                removed += 1
+        for net in self.client.api.networks(filters=self._filters(ticket_id)):
+            with contextlib.suppress(docker.errors.NotFound):
+                self.client.api.remove_network(net["Id"])
+                removed += 1
+        return removed
+
+    async def list(self) -> list[SandboxInfo]:
+        def run() -> list[SandboxInfo]:
+            cs = self.client.api.containers(all=True, filters=self._filters())
+            proxies = {c["Labels"][LABEL_TICKET]: c for c in cs if c["Labels"].get(LABEL_ROLE) == "proxy"}
+            return sorted((self._info_from_summary(c, proxies.get(c["Labels"][LABEL_TICKET]))
+                           for c in cs if c["Labels"].get(LABEL_ROLE) == "sandbox"),
+                          key=lambda i: i.ticket_id)
+        return await asyncio.to_thread(run)
+
+    async def reconcile(self, live_tickets: Iterable[str]) -> ReconcileResult:
+        live = set(live_tickets)
+
+        def run() -> ReconcileResult:
+            tickets: set[str] = set()
+            nc = nn = 0
+            for c in self.client.api.containers(all=True, filters=self._filters()):
+                t = c["Labels"].get(LABEL_TICKET, "")
+                if t not in live:
+                    with contextlib.suppress(docker.errors.NotFound):
+                        self.client.api.remove_container(c["Id"], force=True, v=True)
+                        nc += 1
+                    tickets.add(t)
+            for net in self.client.api.networks(filters=self._filters()):
+                t = net["Labels"].get(LABEL_TICKET, "")
+                if t not in live:
+                    with contextlib.suppress(docker.errors.NotFound):
+                        self.client.api.remove_network(net["Id"])
+                        nn += 1
+                    tickets.add(t)
+            for t in tickets:
+                self._cache.pop(t, None)
+            return ReconcileResult(tuple(sorted(tickets)), nc, nn)
+        res = await asyncio.to_thread(run)
+        if res.removed_tickets:
+            log.info("reconcile removed %d containers, %d networks", res.removed_containers, res.removed_networks)
+        return res
+
+    async def freeze(self, ticket_id: str, frozen: bool) -> None:
+        info = await self.get(ticket_id)
+
+        def run() -> None:
+            state = self.client.api.inspect_container(info.container_id)["State"]
+            if frozen and not state.get("Paused"):
+                self.client.api.pause(info.container_id)
+            elif not frozen and state.get("Paused"):
+                self.client.api.unpause(info.container_id)
+        try:
+            await asyncio.to_thread(run)
+        except docker.errors.NotFound as exc:
+            self.forget(ticket_id)
+            raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from exc
+        self._cache[ticket_id] = replace(info, state="paused" if frozen else "running")
+
+    def env_for(self, info: SandboxInfo, names: Iterable[str]) -> list[str]:
+        """KEY=value entries for an exec: only declared names, values from the
+        broker's own environment (never an argv)."""
+        out = []
+        for n in names:
+            if n not in info.env_names:
+                raise InvalidArgument(f"environment variable {n[:64]} was not declared for this sandbox")
+            v = self.env_values.get(n)
+            if v is None:
+                raise FailedPrecondition(f"environment variable {n} is not set for the sandbox broker")
+            out.append(f"{n}={v.reveal() if hasattr(v, 'reveal') else v}")
+        return out
+
+
+def chown_tree(root: str, uid: int, gid: int) -> None:
+    """chown a tree without following any symlink (lchown semantics)."""
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+        for name in dirnames + filenames:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+
+
+def local_address_reachable(ip: str, port: int) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=1):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,149 @@
+"""The gRPC face of the sandbox broker: parse, call the core, map back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
+from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
+from services.common.errors import InvalidArgument
+
+from .execs import Exit, Output, Runner
+from .files import Entry, FileTools
+from .hardening import SandboxSettings, resolve_limits
+from .sandboxes import SandboxInfo, SandboxManager
+
+log = logging.getLogger(__name__)
+
+_TYPES = {"regular": pb.REGULAR, "directory": pb.DIRECTORY, "symlink": pb.SYMLINK, "other": pb.OTHER}
+
+
+def _sandbox(i: SandboxInfo) -> pb.Sandbox:
+    return pb.Sandbox(ticket_id=i.ticket_id, container_id=i.container_id, state=i.state, image=i.image,
+                      network=i.network, proxy_container_id=i.proxy_container_id,
+                      created_at_ms=i.created_at_ms)
+
+
+def _entry(e: Entry) -> pb.FileEntry:
+    return pb.FileEntry(name=e.name, type=_TYPES[e.type], size=e.size, mode=e.mode, mtime_ms=e.mtime_ms)
+
+
+def _exit(x: Exit) -> pb.ExecExit:
+    return pb.ExecExit(code=x.code, timed_out=x.timed_out, truncated=x.truncated, duration_ms=x.duration_ms)
+
+
+class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
+    def __init__(self, sandboxes: SandboxManager, runner: Runner, files: FileTools,
+                 default_image: str = "") -> None:
+        self.sandboxes = sandboxes
+        self.runner = runner
+        self.files = files
+        self.default_image = default_image
+
+    async def CreateSandbox(self, request, context):
+        spec = request.spec
+        cpus, mem, pids = resolve_limits(spec.limits.cpus, spec.limits.memory_bytes, spec.limits.pids)
+        settings = SandboxSettings(ticket_id=request.ticket_id,
+                                   image=spec.image or self.default_image or SandboxSettings.image,
+                                   cpus=cpus, memory_bytes=mem, pids=pids, egress=tuple(spec.egress),
+                                   env_names=tuple(spec.env_names))
+        return _sandbox(await self.sandboxes.create(settings))
+
+    async def DestroySandbox(self, request, context):
+        return pb.DestroySandboxResponse(removed=await self.sandboxes.destroy(request.ticket_id))
+
+    async def ListSandboxes(self, request, context):
+        return pb.ListSandboxesResponse(sandboxes=[_sandbox(i) for i in await self.sandboxes.list()])
+
+    async def Reconcile(self, request, context):
+        r = await self.sandboxes.reconcile(list(request.live_tickets))
+        return pb.ReconcileResponse(removed_tickets=list(r.removed_tickets),
+                                    removed_containers=r.removed_containers, removed_networks=r.removed_networks)
+
+    async def Freeze(self, request, context):
+        await self.sandboxes.freeze(request.ticket_id, request.frozen)
+        return pb.FreezeResponse()
+
+    async def Exec(self, request, context):
+        async for ev in self.runner.run_exec(request.ticket_id, list(request.argv), cwd=request.cwd,
+                                             timeout_ms=request.timeout_ms,
+                                             output_cap=request.output_cap_bytes, stdin=request.stdin):
+            if isinstance(ev, Output):
+                yield pb.ExecEvent(stdout=ev.data) if ev.stream == "stdout" else pb.ExecEvent(stderr=ev.data)
+            else:
+                yield pb.ExecEvent(exit=_exit(ev))
+
+    async def Process(self, request_iterator, context):
+        it = request_iterator.__aiter__()
+        try:
+            first = await it.__anext__()
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("input") != "start":
+            raise InvalidArgument("the first Process message must be `start`")
+        s = first.start
+        proc = await self.runner.start_process(s.ticket_id, list(s.argv), cwd=s.cwd,
+                                               env_names=list(s.env_names))
+
+        async def pump() -> None:
+            async for msg in it:
+                kind = msg.WhichOneof("input")
+                if kind == "stdin":
+                    await proc.write(msg.stdin)
+                elif kind == "close_stdin":
+                    proc.close_stdin()
+                elif kind == "kill":
+                    await proc.kill()
+                    return
+            # the caller half-closed its side: treat as EOF on stdin
+            proc.close_stdin()
+
+        pump_task = asyncio.create_task(pump())
+        try:
+            yield pb.ProcessOutput(started=True)
+            async for ev in proc.output():
+                if isinstance(ev, Output):
+                    yield (pb.ProcessOutput(stdout=ev.data) if ev.stream == "stdout"
+                           else pb.ProcessOutput(stderr=ev.data))
+                else:
+                    if proc.killed:
+                        ev = Exit(code=ev.code if ev.code != 0 else -1, duration_ms=ev.duration_ms)
+                    yield pb.ProcessOutput(exit=_exit(ev))
+        finally:
+            pump_task.cancel()
+            with contextlib.suppress(BaseException):
+                await pump_task
+
+    # -- file tools (the core is synchronous and quick: run inline) ------------
+    async def ReadFile(self, request, context):
+        data, size, truncated = self.files.read(request.ticket_id, request.path, request.max_bytes)
+        return pb.ReadFileResponse(content=data, size=size, truncated=truncated)
+
+    async def WriteFile(self, request, context):
+        n = self.files.write(request.ticket_id, request.path, request.content,
+                             create_parents=request.create_parents, mode=request.mode)
+        return pb.WriteFileResponse(size=n)
+
+    async def ListDir(self, request, context):
+        entries, truncated = self.files.list(request.ticket_id, request.path)
+        return pb.ListDirResponse(entries=[_entry(e) for e in entries], truncated=truncated)
+
+    async def Stat(self, request, context):
+        return _entry(self.files.stat(request.ticket_id, request.path))
+
+    async def Remove(self, request, context):
+        await asyncio.to_thread(self.files.remove, request.ticket_id, request.path, request.recursive)
+        return pb.RemoveResponse()
+
+    async def MakeDir(self, request, context):
+        self.files.mkdir(request.ticket_id, request.path, request.parents)
+        return pb.MakeDirResponse()
+
+    async def Search(self, request, context):
+        matches, truncated = await asyncio.to_thread(
+            self.files.search, request.ticket_id, request.pattern, request.path,
+            regex=request.regex, max_results=request.max_results)
+        return pb.SearchResponse(matches=[pb.SearchMatch(path=m.path, line=m.line, text=m.text)
+                                          for m in matches], truncated=truncated)

@@ -1,0 +1,59 @@
+"""The REAL sandbox broker, in-process, for tests of other areas.
+
+    async with sandbox_broker(layout) as (socket_path, link_secret, instance):
+        channel = open_channel(socket_path, link_secret)
+        ...
+
+It serves only the "scheduler" caller (link_secret is that caller's secret),
+labels every Docker object with a unique `afe.instance`, and removes all of
+its own objects (and only those) on exit. `env_values` are the values the
+broker would have read from its environment for declared ACP names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from services.common.layout import Layout
+from services.common.links import new_secret
+from services.common.redact import Redactor
+from services.sandbox.broker import build_broker
+from services.sandbox.images import ensure_images
+
+
+def new_instance(prefix: str = "t") -> str:
+    return f"{prefix}{secrets.token_hex(5)}"
+
+
+@contextlib.asynccontextmanager
+async def sandbox_broker(layout: Layout | None = None, *, env_values: dict | None = None,
+                         egress_network: str = "bridge", allow_private: tuple[str, ...] = (),
+                         instance: str | None = None, socket_path: str | None = None,
+                         ) -> AsyncIterator[tuple[str, bytes, str]]:
+    ensure_images(progress=lambda _m: None)
+    tmp = None
+    if layout is None:
+        tmp = tempfile.TemporaryDirectory(prefix="afe-sb-", dir="/tmp")
+        layout = Layout(Path(tmp.name) / "data", Path(tmp.name) / "run")
+    layout.ensure()
+    instance = instance or new_instance()
+    socket_path = socket_path or str(layout.socket("sandbox"))
+    secret = new_secret()
+    broker = build_broker(layout, socket_path, {"scheduler": secret}, Redactor(), instance=instance,
+                          egress_network=egress_network, allow_private=allow_private, env_values=env_values)
+    await broker.start()
+    try:
+        yield socket_path, secret, instance
+    finally:
+        try:
+            await broker.stop(0.5)
+        finally:
+            try:
+                await broker.sandboxes.reconcile([])
+            finally:
+                if tmp is not None:
+                    tmp.cleanup()
