@@ -1,0 +1,163 @@
+"""The credential broker's core: workspaces, forges and models by manifest
+name. No grpc here; `servicer.py` maps requests and results.
+
+The broker never takes a URL, token or key from a caller: a caller names a
+Workspace or a Model, and everything else comes from the manifests and the
+broker's own environment (R1, R14, R28).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from services.common.config import Config, Model, Workspace
+from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from services.common.layout import check_ticket_id
+from services.common.redact import Redactor
+
+from .forges import MERGE_METHODS, Forge, PullRequestInfo
+from .models.base import Completion, ModelProvider, Msg, Tool
+from .workspaces import Committed, Prepared, WorkspaceGit, branch_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Approval:
+    principal: str
+    sha: str
+    at_ms: int = 0
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    merged: bool
+    merge_sha: str
+    already_merged: bool
+
+
+class CredentialCore:
+    def __init__(self, config: Config, git: WorkspaceGit, forges: dict[str, Forge],
+                 providers: dict[str, ModelProvider], redactor: Redactor) -> None:
+        self.config = config
+        self.git = git
+        self.forges = forges
+        self.providers = providers
+        self.redactor = redactor
+        self._merge_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    # -- lookups -----------------------------------------------------------
+    def workspace(self, name: str) -> Workspace:
+        ws = self.config.workspaces.get(name)
+        if ws is None:
+            known = ", ".join(sorted(self.config.workspaces)) or "none"
+            raise NotFound(f"unknown workspace {name!r}; the manifests define: {known}")
+        return ws
+
+    def model(self, name: str) -> Model:
+        m = self.config.models.get(name)
+        if m is None:
+            known = ", ".join(sorted(self.config.models)) or "none"
+            raise NotFound(f"unknown model {name!r}; the manifests define: {known}")
+        return m
+
+    def forge(self, ws: Workspace) -> Forge:
+        forge = self.forges.get(ws.forge.type)
+        if forge is None:
+            raise InvalidArgument(f"workspace {ws.name!r}: forge type {ws.forge.type!r} is not supported "
+                                  f"(use one of: {', '.join(sorted(self.forges))})")
+        return forge
+
+    # -- git ---------------------------------------------------------------
+    async def prepare_workspace(self, ticket_id: str, workspace: str) -> Prepared:
+        check_ticket_id(ticket_id)
+        return await self.git.prepare(self.workspace(workspace), ticket_id)
+
+    async def commit(self, ticket_id: str, workspace: str, message: str) -> Committed:
+        check_ticket_id(ticket_id)
+        return await self.git.commit(self.workspace(workspace), ticket_id, message)
+
+    async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> tuple[str, bool]:
+        check_ticket_id(ticket_id)
+        self.workspace(workspace)
+        return await self.git.diff(ticket_id, max_bytes)
+
+    async def push(self, ticket_id: str, workspace: str) -> tuple[str, str]:
+        check_ticket_id(ticket_id)
+        return await self.git.push(self.workspace(workspace), ticket_id)
+
+    async def release_workspace(self, ticket_id: str, workspace: str) -> None:
+        check_ticket_id(ticket_id)
+        await self.git.release(ticket_id)
+
+    # -- forge -------------------------------------------------------------
+    async def open_pull_request(self, ticket_id: str, workspace: str, title: str, body: str) -> PullRequestInfo:
+        check_ticket_id(ticket_id)
+        ws = self.workspace(workspace)
+        title = title.strip() or f"afe: ticket {ticket_id}"
+        return await self.forge(ws).open_pull_request(ws, branch_for(ticket_id), ws.base_branch, title, body)
+
+    async def get_pull_request(self, workspace: str, number: str) -> PullRequestInfo:
+        ws = self.workspace(workspace)
+        return await self.forge(ws).get_pull_request(ws, _number(number))
+
+    async def merge_pull_request(self, ticket_id: str, workspace: str, number: str,
+                                 approval: Approval | None, method: str = "") -> MergeOutcome:
+        """Merge only with a person's approval of exactly the current head (R16)."""
+        ws = self.workspace(workspace)
+        number = _number(number)
+        method = method or ws.forge.merge_method
+        if method not in MERGE_METHODS:
+            raise InvalidArgument(f"merge method {method!r} is not one of {', '.join(MERGE_METHODS)}")
+        forge = self.forge(ws)
+        lock = self._merge_locks.setdefault((ws.name, number), asyncio.Lock())
+        async with lock:
+            pr = await forge.get_pull_request(ws, number)
+            if pr.state == "merged":
+                return MergeOutcome(False, pr.merge_sha, True)
+            if approval is None or not approval.principal or not approval.sha:
+                raise PermissionDenied(f"pull request {number} has no approval record; a person must "
+                                       "approve it before it is merged (R16)")
+            if pr.state != "open":
+                raise FailedPrecondition(f"pull request {number} is {pr.state}; it cannot be merged")
+            if approval.sha != pr.head_sha:
+                raise PermissionDenied(
+                    f"pull request {number} changed after approval: approved {approval.sha[:12]}, "
+                    f"head is now {pr.head_sha[:12]}; approve the new head before merging (R16)")
+            merge_sha = await forge.merge_pull_request(ws, number, approval.sha, method)
+            log.info("merged pull request %s of workspace %s (approved by %s) as %s",
+                     number, ws.name, approval.principal, merge_sha[:12])
+            return MergeOutcome(True, merge_sha, False)
+
+    async def comment_pull_request(self, workspace: str, number: str, body: str) -> str:
+        ws = self.workspace(workspace)
+        if not body.strip():
+            raise InvalidArgument("a comment needs a body")
+        return await self.forge(ws).comment(ws, _number(number), body)
+
+    # -- models ------------------------------------------------------------
+    async def complete(self, model: str, messages: list[Msg], tools: list[Tool], max_tokens: int) -> Completion:
+        m = self.model(model)
+        provider = self.providers.get(m.provider)
+        if provider is None:
+            raise InvalidArgument(f"model {m.name!r}: provider {m.provider!r} is not supported "
+                                  f"(use one of: {', '.join(sorted(self.providers))})")
+        if not messages:
+            raise InvalidArgument("a completion needs at least one message")
+        limit = min(max_tokens, m.max_tokens) if max_tokens > 0 else m.max_tokens
+        return await provider.complete(m, messages, tools, limit)
+
+    async def close(self) -> None:
+        for f in self.forges.values():
+            await f.close()
+        for p in self.providers.values():
+            await p.close()
+
+
+def _number(number: str) -> str:
+    number = (number or "").strip()
+    if not number.isdigit():
+        raise InvalidArgument(f"pull request number must be digits, got {number!r}")
+    return number

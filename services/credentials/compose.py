@@ -1,0 +1,50 @@
+"""Builds the broker's core from a Config, a Layout and the secrets taken
+from the environment. Shared by main.py and the in-process test broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.common.config import Config
+from services.common.layout import Layout
+from services.common.redact import Redactor
+from services.common.secrets import SecretValue
+
+from .askpass import write_helper
+from .broker import CredentialCore
+from .github import GitHubForge
+from .gitcmd import GitRunner
+from .httpclient import HttpClient, RetryPolicy
+from .localforge import LocalForge
+from .models.anthropic import AnthropicProvider
+from .models.openai import OpenAIProvider
+from .models.replay import ReplayProvider
+from .workspaces import WorkspaceGit
+
+
+def private_dir(layout: Layout) -> Path:
+    """The broker's own 0700 folder (askpass helper, empty HOME for git)."""
+    d = layout.data_dir / "credentials"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return d
+
+
+def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], redactor: Redactor, *,
+               ca_file: Path | None = None, retry: RetryPolicy | None = None,
+               git_timeout_s: float = 600.0) -> CredentialCore:
+    layout.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    own = private_dir(layout)
+    helper = write_helper(own / "bin")
+    runner = GitRunner(own / "home", redactor, ca_file=ca_file, timeout_s=git_timeout_s)
+    git = WorkspaceGit(runner, layout, secrets, helper, config_dir=config.directory)
+    http = HttpClient(redactor, ca_file=ca_file, retry=retry)
+    forges = {
+        "github": GitHubForge(http, secrets),
+        "local": LocalForge(runner, layout.forges_dir, config_dir=config.directory),
+    }
+    providers = {
+        "openai": OpenAIProvider(http, secrets),
+        "anthropic": AnthropicProvider(http, secrets),
+        "replay": ReplayProvider(),
+    }
+    return CredentialCore(config, git, forges, providers, redactor)

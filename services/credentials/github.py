@@ -1,0 +1,126 @@
+"""The `github` forge: GitHub REST (or GitHub Enterprise at a configured base
+URL). The token travels only in the `Authorization` header (R14)."""
+
+from __future__ import annotations
+
+import urllib.parse
+
+from services.common.config import Workspace
+from services.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from services.common.secrets import SecretValue
+
+from .forges import Forge, PullRequestInfo
+from .httpclient import HttpClient, Response
+
+
+class GitHubForge(Forge):
+    def __init__(self, http: HttpClient, tokens: dict[str, SecretValue], timeout_s: float = 60.0) -> None:
+        self.http = http
+        self.tokens = tokens
+        self.timeout_s = timeout_s
+
+    def _repo(self, ws: Workspace) -> tuple[str, str]:
+        repo = ws.forge.repo.strip()
+        owner, _, name = repo.partition("/")
+        if not owner or not name or "/" in name:
+            raise InvalidArgument(f"workspace {ws.name!r}: forge.repo must be 'owner/name', got {repo!r}")
+        return owner, name
+
+    def _headers(self, ws: Workspace) -> dict[str, str]:
+        if not ws.token_env:
+            raise FailedPrecondition(f"workspace {ws.name!r}: the github forge needs a token; "
+                                     "set tokenEnv on the Workspace")
+        secret = self.tokens.get(ws.token_env)
+        if secret is None:
+            raise FailedPrecondition(f"workspace {ws.name!r}: environment variable {ws.token_env} (its tokenEnv) "
+                                     "is not set in the credential broker's environment")
+        return {
+            "Authorization": f"Bearer {secret.reveal()}",
+            "Accept": "application/vnd.github+json",
+            "X-GitHub-Api-Version": "2022-11-28",
+        }
+
+    def _url(self, ws: Workspace, *parts: str, query: dict[str, str] | None = None) -> str:
+        owner, name = self._repo(ws)
+        base = ws.forge.base_url.rstrip("/")
+        path = "/".join(urllib.parse.quote(p, safe="") for p in ("repos", owner, name, *parts))
+        url = f"{base}/{path}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        return url
+
+    async def _call(self, ws: Workspace, method: str, url: str, what: str, body=None) -> Response:
+        resp = await self.http.request(method, url, headers=self._headers(ws), json_body=body,
+                                       timeout_s=self.timeout_s, what=f"GitHub {what}")
+        return resp
+
+    def _fail(self, ws: Workspace, resp: Response, what: str):
+        return self.http.error(resp, f"GitHub {what} for workspace {ws.name!r}",
+                               hint_auth=f"check the token in {ws.token_env} and its permissions "
+                                         "(contents and pull requests: read and write)")
+
+    @staticmethod
+    def _info(pr: dict) -> PullRequestInfo:
+        state = "merged" if pr.get("merged") or pr.get("merged_at") else str(pr.get("state", "open"))
+        return PullRequestInfo(
+            number=str(pr.get("number", "")),
+            url=str(pr.get("html_url", "")),
+            head_branch=str((pr.get("head") or {}).get("ref", "")),
+            base_branch=str((pr.get("base") or {}).get("ref", "")),
+            head_sha=str((pr.get("head") or {}).get("sha", "")),
+            state=state,
+            merge_sha=str(pr.get("merge_commit_sha") or "") if state == "merged" else "",
+        )
+
+    async def _find_open(self, ws: Workspace, head: str, base: str) -> PullRequestInfo | None:
+        owner, _ = self._repo(ws)
+        url = self._url(ws, "pulls", query={"head": f"{owner}:{head}", "base": base, "state": "open"})
+        resp = await self._call(ws, "GET", url, "pull request search")
+        if not resp.ok:
+            raise self._fail(ws, resp, "pull request search")
+        if isinstance(resp.body, list):
+            for pr in resp.body:
+                if isinstance(pr, dict) and (pr.get("head") or {}).get("ref") == head:
+                    return self._info(pr)
+        return None
+
+    async def open_pull_request(self, ws, head, base, title, body):
+        found = await self._find_open(ws, head, base)
+        if found is not None:
+            return found
+        resp = await self._call(ws, "POST", self._url(ws, "pulls"), "pull request creation",
+                                {"title": title, "head": head, "base": base, "body": body})
+        if resp.status == 422:  # e.g. created concurrently: find it again
+            found = await self._find_open(ws, head, base)
+            if found is not None:
+                return found
+        if not resp.ok or not isinstance(resp.body, dict):
+            raise self._fail(ws, resp, "pull request creation")
+        return self._info(resp.body)
+
+    async def get_pull_request(self, ws, number):
+        resp = await self._call(ws, "GET", self._url(ws, "pulls", number), "pull request lookup")
+        if not resp.ok or not isinstance(resp.body, dict):
+            raise self._fail(ws, resp, f"pull request {number} lookup")
+        return self._info(resp.body)
+
+    async def merge_pull_request(self, ws, number, sha, method):
+        # `sha` makes GitHub itself refuse if the head moved after approval (R16).
+        resp = await self._call(ws, "PUT", self._url(ws, "pulls", number, "merge"), "merge",
+                                {"merge_method": method, "sha": sha})
+        if resp.status == 409:
+            raise PermissionDenied(f"GitHub refused to merge pull request {number}: its head is no longer "
+                                   "the approved commit; approve the new head (R16)")
+        if not resp.ok or not isinstance(resp.body, dict):
+            raise self._fail(ws, resp, f"merge of pull request {number}")
+        return str(resp.body.get("sha", ""))
+
+    async def comment(self, ws, number, body):
+        resp = await self._call(ws, "POST", self._url(ws, "issues", number, "comments"), "comment",
+                                {"body": body})
+        if not resp.ok or not isinstance(resp.body, dict):
+            raise self._fail(ws, resp, f"comment on pull request {number}")
+        return str(resp.body.get("html_url", ""))
+
+    async def close(self) -> None:
+        await self.http.close()

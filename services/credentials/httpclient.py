@@ -1,0 +1,163 @@
+"""One HTTP client for the forge and model APIs: timeouts, retries with
+back-off on 5xx and rate limits honouring `Retry-After`, and errors turned
+into clear, redacted AfeErrors. Secrets travel only in the headers the
+caller passes (R14); nothing here logs a header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import random
+import ssl
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from services.common.errors import (AfeError, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
+                                    PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable)
+from services.common.redact import Redactor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 4
+    backoff_s: float = 0.5          # first back-off; doubles each time
+    max_wait_s: float = 60.0        # cap on any single wait, Retry-After included
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: Any                       # parsed JSON, or text when not JSON
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def retry_after_s(headers: dict[str, str], now: float | None = None) -> float | None:
+    value = headers.get("retry-after")
+    if value:
+        value = value.strip()
+        if value.isdigit():
+            return float(value)
+        try:
+            when = email.utils.parsedate_to_datetime(value).timestamp()
+            return max(0.0, when - (now or time.time()))
+        except (TypeError, ValueError):
+            return None
+    if headers.get("x-ratelimit-remaining") == "0" and (reset := headers.get("x-ratelimit-reset", "")).isdigit():
+        return max(0.0, float(reset) - (now or time.time()))
+    return None
+
+
+def _retryable(resp: Response) -> bool:
+    if resp.status >= 500 or resp.status == 429:
+        return True
+    # GitHub's secondary and primary rate limits answer 403 with these headers.
+    return resp.status == 403 and ("retry-after" in resp.headers or resp.headers.get("x-ratelimit-remaining") == "0")
+
+
+class HttpClient:
+    def __init__(self, redactor: Redactor, *, ca_file: Path | None = None, retry: RetryPolicy | None = None,
+                 user_agent: str = "afe") -> None:
+        self.redactor = redactor
+        self.ca_file = ca_file
+        self.retry = retry or RetryPolicy()
+        self.user_agent = user_agent
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx),
+                                                  trust_env=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(self, method: str, url: str, *, headers: dict[str, str], json_body: Any = None,
+                      timeout_s: float = 60.0, what: str = "request") -> Response:
+        """Send with retries; returns the last response (even a failing one)."""
+        session = self._get_session()
+        hdrs = {"User-Agent": self.user_agent, **headers}
+        last_exc: BaseException | None = None
+        resp: Response | None = None
+        for attempt in range(1, self.retry.attempts + 1):
+            resp = None
+            try:
+                async with session.request(method, url, headers=hdrs, json=json_body,
+                                           timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                           allow_redirects=False) as r:
+                    text = await r.text(errors="replace")
+                    rh = {k.lower(): v for k, v in r.headers.items()}
+                    try:
+                        body: Any = json.loads(text) if text else None
+                    except ValueError:
+                        body = text
+                    resp = Response(r.status, rh, body)
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ClientPayloadError) as exc:
+                last_exc = exc
+            if resp is not None and not _retryable(resp):
+                return resp
+            if attempt == self.retry.attempts:
+                break
+            wait = retry_after_s(resp.headers) if resp is not None else None
+            if wait is None:
+                wait = self.retry.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+            wait = min(wait, self.retry.max_wait_s)
+            log.info("%s: %s; retrying in %.1fs (attempt %s of %s)", what,
+                     f"HTTP {resp.status}" if resp is not None else type(last_exc).__name__,
+                     wait, attempt + 1, self.retry.attempts)
+            await asyncio.sleep(wait)
+        if resp is not None:
+            return resp
+        if isinstance(last_exc, asyncio.TimeoutError):
+            raise DeadlineExceeded(f"{what}: no answer within {timeout_s:.0f}s")
+        raise Unavailable(f"{what}: cannot reach the server "
+                          f"({self.redactor.redact(str(last_exc) or type(last_exc).__name__)})")
+
+    def error(self, resp: Response, what: str, hint_auth: str = "") -> AfeError:
+        """A clear, redacted error for a failing response."""
+        detail = ""
+        body = resp.body
+        if isinstance(body, dict):
+            err = body.get("error")
+            if isinstance(err, dict):
+                detail = str(err.get("message") or err.get("type") or "")
+            elif isinstance(err, str):
+                detail = err
+            detail = detail or str(body.get("message") or "")
+            errs = body.get("errors")
+            if isinstance(errs, list) and errs:
+                detail += " (" + "; ".join(str(e.get("message", e) if isinstance(e, dict) else e)
+                                           for e in errs[:3]) + ")"
+        elif isinstance(body, str):
+            detail = body
+        detail = self.redactor.redact(detail.strip())[:300]
+        msg = f"{what}: HTTP {resp.status}" + (f": {detail}" if detail else "")
+        if resp.status == 401:
+            return Unauthenticated(msg + (f"; {hint_auth}" if hint_auth else ""))
+        if resp.status == 403:
+            return PermissionDenied(msg + (f"; {hint_auth}" if hint_auth else ""))
+        if resp.status == 404:
+            return NotFound(msg)
+        if resp.status in (409, 405):
+            return FailedPrecondition(msg)
+        if resp.status in (400, 422):
+            return InvalidArgument(msg)
+        if resp.status == 429:
+            return ResourceExhausted(msg + "; rate limited, try again later")
+        return Unavailable(msg)

@@ -1,0 +1,68 @@
+"""Composition root of the credential broker: the only process holding git,
+forge and model secrets. It serves the scheduler only.
+
+    python -m services.credentials.main --config DIR --data DIR --run DIR \
+        --link-fd N --status-fd N --ops-host H --ops-port P
+
+Secrets: exactly the variables the manifests name (tokenEnv, apiKeyEnv) are
+read once, registered with the redactor and removed from the environment
+(R28, R30). `AFE_CA_FILE` (optional) names an extra CA bundle for git and the
+HTTP APIs (GitHub Enterprise or a proxy with a private CA).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from services.common import grpcutil
+from services.common.layout import DEFAULT_PORTS
+from services.common.manifests import load_config
+from services.common.process import make_context, parse_args, run_until_signalled
+from services.common.secrets import take_secret_env
+
+from .compose import build_core
+from .servicer import SERVICE_NAME, register
+
+log = logging.getLogger(__name__)
+
+
+async def serve(argv: list[str] | None = None) -> None:
+    args = parse_args("credentials", DEFAULT_PORTS["credentials_ops"], argv)
+    ctx = make_context("credentials", args)
+    config = load_config(ctx.config_dir)
+    secrets = take_secret_env(config.credential_env_names(), ctx.redactor)
+    missing = [n for n in config.credential_env_names() if n not in secrets]
+    if missing:
+        log.warning("not set (workspaces/models using them will fail): %s", ", ".join(missing))
+    ca = os.environ.get("AFE_CA_FILE")
+    ctx.layout.ensure()
+    core = build_core(config, ctx.layout, secrets, ctx.redactor, ca_file=Path(ca) if ca else None)
+    socket_path = str(ctx.layout.socket("credentials"))
+    accepted = {k: v for k, v in ctx.links.serve.items() if k == "scheduler"}
+    server, health = grpcutil.create_server(socket_path, accepted, ctx.redactor, [register(core)],
+                                            service_names=[SERVICE_NAME])
+
+    async def git_ready() -> bool:
+        return shutil.which("git") is not None
+
+    async def start() -> dict:
+        await grpcutil.start_server(server, health, socket_path)
+        return {"socket": socket_path}
+
+    async def stop() -> None:
+        await server.stop(2)
+        await core.close()
+
+    await run_until_signalled(ctx, {"git": git_ready}, start, stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(serve(argv))
+
+
+if __name__ == "__main__":
+    main()

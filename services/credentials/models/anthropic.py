@@ -1,0 +1,88 @@
+"""Anthropic Messages API with tool use. The key travels only in the
+`x-api-key` header."""
+
+from __future__ import annotations
+
+import json
+
+from services.common.errors import Unavailable
+from services.common.secrets import SecretValue
+
+from ..httpclient import HttpClient
+from .base import Completion, ModelProvider, Msg, Tool, ToolCallData
+from .openai import _schema, key_for
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+
+
+class AnthropicProvider(ModelProvider):
+    def __init__(self, http: HttpClient, keys: dict[str, SecretValue]) -> None:
+        self.http = http
+        self.keys = keys
+
+    @staticmethod
+    def body(model, messages: list[Msg], tools: list[Tool], max_tokens: int) -> dict:
+        system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+        out: list[dict] = []
+        for m in messages:
+            if m.role == "system":
+                continue
+            if m.role == "tool":
+                block = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
+                if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list) \
+                        and all(b.get("type") == "tool_result" for b in out[-1]["content"]):
+                    out[-1]["content"].append(block)
+                else:
+                    out.append({"role": "user", "content": [block]})
+            elif m.role == "assistant":
+                blocks: list[dict] = []
+                if m.content:
+                    blocks.append({"type": "text", "text": m.content})
+                for c in m.tool_calls:
+                    try:
+                        args = json.loads(c.arguments_json or "{}")
+                    except ValueError:
+                        args = {}
+                    blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
+                out.append({"role": "assistant", "content": blocks or [{"type": "text", "text": ""}]})
+            else:
+                out.append({"role": "user", "content": m.content})
+        body: dict = {"model": model.model, "max_tokens": max_tokens, "messages": out}
+        if system:
+            body["system"] = system
+        if tools:
+            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": _schema(t)}
+                             for t in tools]
+        return body
+
+    async def complete(self, model, messages, tools, max_tokens):
+        headers = {"Content-Type": "application/json", "anthropic-version": API_VERSION}
+        key = key_for(model, self.keys)
+        if key:
+            headers["x-api-key"] = key
+        url = (model.base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
+        what = f"model {model.name!r}"
+        resp = await self.http.request("POST", url, headers=headers,
+                                       json_body=self.body(model, messages, tools, max_tokens),
+                                       timeout_s=model.timeout_s, what=what)
+        if not resp.ok:
+            raise self.http.error(resp, what, hint_auth=f"check the key in {model.api_key_env}")
+        try:
+            text = []
+            calls = []
+            for b in resp.body["content"]:
+                if b.get("type") == "text":
+                    text.append(b.get("text", ""))
+                elif b.get("type") == "tool_use":
+                    calls.append(ToolCallData(str(b.get("id", "")), str(b["name"]),
+                                              json.dumps(b.get("input") or {})))
+            usage = resp.body.get("usage") or {}
+            return Completion(
+                message=Msg(role="assistant", content="".join(text), tool_calls=tuple(calls)),
+                input_tokens=int(usage.get("input_tokens") or 0),
+                output_tokens=int(usage.get("output_tokens") or 0),
+                stop_reason=str(resp.body.get("stop_reason") or ("tool_use" if calls else "end_turn")),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise Unavailable(f"{what}: the server's answer is not a Messages API response") from None

@@ -1,0 +1,83 @@
+"""Thin gRPC servicer: parse, call the core, map the result."""
+
+from __future__ import annotations
+
+from services._gen.afe.credentials.v1 import credentials_pb2 as pb
+from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
+
+from .broker import Approval, CredentialCore
+from .forges import PullRequestInfo
+from .models.base import Msg, Tool, ToolCallData
+
+
+def _pr(info: PullRequestInfo) -> pb.PullRequest:
+    return pb.PullRequest(number=info.number, url=info.url, head_branch=info.head_branch,
+                          base_branch=info.base_branch, head_sha=info.head_sha, state=info.state,
+                          merge_sha=info.merge_sha)
+
+
+class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
+    def __init__(self, core: CredentialCore) -> None:
+        self.core = core
+
+    async def PrepareWorkspace(self, request, context):
+        r = await self.core.prepare_workspace(request.ticket_id, request.workspace)
+        return pb.PrepareWorkspaceResponse(base_sha=r.base_sha, branch=r.branch)
+
+    async def Commit(self, request, context):
+        r = await self.core.commit(request.ticket_id, request.workspace, request.message)
+        return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed)
+
+    async def Diff(self, request, context):
+        text, truncated = await self.core.diff(request.ticket_id, request.workspace, request.max_bytes)
+        return pb.DiffResponse(diff=text, truncated=truncated)
+
+    async def Push(self, request, context):
+        branch, sha = await self.core.push(request.ticket_id, request.workspace)
+        return pb.PushResponse(branch=branch, sha=sha)
+
+    async def ReleaseWorkspace(self, request, context):
+        await self.core.release_workspace(request.ticket_id, request.workspace)
+        return pb.ReleaseWorkspaceResponse()
+
+    async def OpenPullRequest(self, request, context):
+        return _pr(await self.core.open_pull_request(request.ticket_id, request.workspace,
+                                                     request.title, request.body))
+
+    async def GetPullRequest(self, request, context):
+        return _pr(await self.core.get_pull_request(request.workspace, request.number))
+
+    async def MergePullRequest(self, request, context):
+        approval = None
+        if request.HasField("approval"):
+            a = request.approval
+            approval = Approval(principal=a.principal, sha=a.sha, at_ms=a.at_ms)
+        r = await self.core.merge_pull_request(request.ticket_id, request.workspace, request.number,
+                                               approval, request.method)
+        return pb.MergePullRequestResponse(merged=r.merged, merge_sha=r.merge_sha,
+                                           already_merged=r.already_merged)
+
+    async def CommentPullRequest(self, request, context):
+        url = await self.core.comment_pull_request(request.workspace, request.number, request.body)
+        return pb.CommentPullRequestResponse(url=url)
+
+    async def Complete(self, request, context):
+        messages = [Msg(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
+                        tool_calls=tuple(ToolCallData(t.id, t.name, t.arguments_json) for t in m.tool_calls))
+                    for m in request.messages]
+        tools = [Tool(t.name, t.description, t.parameters_json_schema) for t in request.tools]
+        c = await self.core.complete(request.model, messages, tools, request.max_tokens)
+        msg = pb.Message(role=c.message.role, content=c.message.content,
+                         tool_calls=[pb.ToolCall(id=t.id, name=t.name, arguments_json=t.arguments_json)
+                                     for t in c.message.tool_calls])
+        return pb.CompleteResponse(message=msg, usage=pb.Usage(input_tokens=c.input_tokens,
+                                                               output_tokens=c.output_tokens),
+                                   stop_reason=c.stop_reason)
+
+
+def register(core: CredentialCore):
+    servicer = CredentialBrokerServicer(core)
+    return lambda server: pb_grpc.add_CredentialBrokerServicer_to_server(servicer, server)
+
+
+SERVICE_NAME = "afe.credentials.v1.CredentialBroker"

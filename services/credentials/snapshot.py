@@ -1,0 +1,232 @@
+"""Capturing the workspace tree without trusting it.
+
+The workspace is written by the sandbox, possibly while we read it. Host git
+never reads it: we walk it ourselves, every component opened relative to its
+parent's fd with `O_NOFOLLOW`, so a directory swapped for a symlink mid-walk
+fails instead of being followed. Regular files are read through the fd we
+opened (checked again with `fstat`), symlinks are recorded as links (mode
+120000, target from `readlink` relative to the parent fd) and never
+followed, FIFOs, sockets and devices are skipped, and every `.git` entry is
+skipped (the sandbox's scratch repository is not content).
+
+Blobs are written straight into the ticket's private object store as loose
+objects; the caller builds the tree with `git update-index --index-info` into
+a private index and `git write-tree`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.errors import FailedPrecondition
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+MAX_FILE_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Entry:
+    mode: str          # 100644 | 100755 | 120000
+    sha: str
+    path: bytes        # relative, '/'-separated
+
+
+class ObjectWriter:
+    """Writes loose objects into a git object directory (idempotent)."""
+
+    def __init__(self, objects_dir: Path) -> None:
+        self.objects_dir = objects_dir
+
+    def write_blob(self, data: bytes) -> str:
+        header = b"blob %d\0" % len(data)
+        sha = hashlib.sha1(header + data).hexdigest()
+        folder = self.objects_dir / sha[:2]
+        path = folder / sha[2:]
+        if path.exists():
+            return sha
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".tmp-{os.getpid()}-{sha[2:10]}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        try:
+            os.write(fd, zlib.compress(header + data, 1))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return sha
+
+
+def _is_dot_git(name: bytes) -> bool:
+    return name.lower() == b".git"
+
+
+def _read_fd(fd: int, size_hint: int) -> bytes:
+    chunks = []
+    total = 0
+    while True:
+        b = os.read(fd, max(65536, min(size_hint, 16 * 1024 * 1024)))
+        if not b:
+            break
+        total += len(b)
+        if total > MAX_FILE_BYTES:
+            raise FailedPrecondition(f"a workspace file is larger than {MAX_FILE_BYTES >> 20} MiB; "
+                                     "remove it from the workspace or list it in .gitignore")
+        chunks.append(b)
+    return b"".join(chunks)
+
+
+@dataclass
+class Scan:
+    """What a walk found: files and links (relative paths), every directory,
+    and the bytes of every `.gitignore` (read through its own fd)."""
+
+    files: list[bytes]
+    links: dict[bytes, bytes]
+    dirs: list[bytes]
+    gitignores: dict[bytes, bytes]
+
+
+def _open_root(root: Path) -> int:
+    try:
+        return os.open(root, _DIR_FLAGS)
+    except FileNotFoundError:
+        raise FailedPrecondition("the ticket's workspace does not exist; prepare it first") from None
+    except OSError as exc:
+        raise FailedPrecondition(f"the ticket's workspace cannot be opened ({exc.strerror})") from None
+
+
+def scan(root: Path) -> Scan:
+    """Walk `root` without following anything; list what could be content."""
+    result = Scan([], {}, [], {})
+    root_fd = _open_root(root)
+    try:
+        _walk(root_fd, b"", result)
+    finally:
+        os.close(root_fd)
+    return result
+
+
+def _open_file(dir_fd: int, name: bytes) -> int | None:
+    """Open a regular file under dir_fd without following a link; None if it is not one now."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO, errno.ENOTDIR, errno.EISDIR):
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _open_dir(dir_fd: int, name: bytes) -> int | None:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            return None  # removed, or swapped for a link/file after the stat
+        raise
+
+
+def _walk(dir_fd: int, prefix: bytes, out: Scan) -> None:
+    with os.scandir(dir_fd) as it:
+        names = sorted(os.fsencode(e.name) for e in it)
+    for name in names:
+        if _is_dot_git(name) or b"\n" in name:
+            continue
+        rel = prefix + name
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed while we walked
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                out.links[rel] = os.fsencode(os.readlink(name, dir_fd=dir_fd))
+            except OSError:
+                continue
+        elif stat.S_ISDIR(st.st_mode):
+            fd = _open_dir(dir_fd, name)
+            if fd is None:
+                continue
+            out.dirs.append(rel)
+            try:
+                _walk(fd, rel + b"/", out)
+            finally:
+                os.close(fd)
+        elif stat.S_ISREG(st.st_mode):
+            out.files.append(rel)
+            if name == b".gitignore":
+                fd = _open_file(dir_fd, name)
+                if fd is not None:
+                    try:
+                        out.gitignores[prefix] = _read_fd(fd, 65536)[:1 << 20]
+                    finally:
+                        os.close(fd)
+        # FIFOs, sockets and devices are never content.
+
+
+def materialize(root: Path, found: Scan, ignored: set[bytes], writer: ObjectWriter) -> list[Entry]:
+    """Read every kept file again, component by component with O_NOFOLLOW, into blobs."""
+    entries: list[Entry] = []
+    for rel, target in found.links.items():
+        if rel not in ignored:
+            entries.append(Entry("120000", writer.write_blob(target), rel))
+    root_fd = _open_root(root)
+    dir_fds: dict[bytes, int | None] = {b"": root_fd}
+    try:
+        for rel in found.files:
+            if rel in ignored:
+                continue
+            parent, _, name = rel.rpartition(b"/")
+            if len(dir_fds) > 256:  # bound the open descriptors
+                for key, dfd_old in list(dir_fds.items()):
+                    if key and dfd_old is not None:
+                        os.close(dfd_old)
+                dir_fds = {b"": root_fd}
+            dfd = _dir_fd(dir_fds, parent)
+            if dfd is None:
+                continue
+            fd = _open_file(dfd, name)
+            if fd is None:
+                continue
+            try:
+                fst = os.fstat(fd)
+                data = _read_fd(fd, fst.st_size)
+            finally:
+                os.close(fd)
+            mode = "100755" if fst.st_mode & stat.S_IXUSR else "100644"
+            entries.append(Entry(mode, writer.write_blob(data), rel))
+    finally:
+        for fd in dir_fds.values():
+            if fd is not None:
+                os.close(fd)
+    entries.sort(key=lambda e: e.path)
+    return entries
+
+
+def _dir_fd(cache: dict[bytes, int | None], rel: bytes) -> int | None:
+    if rel in cache:
+        return cache[rel]
+    parent, _, name = rel.rpartition(b"/")
+    pfd = _dir_fd(cache, parent)
+    fd = None if pfd is None else _open_dir(pfd, name)
+    cache[rel] = fd
+    return fd
+
+
+def capture(root: Path, writer: ObjectWriter, ignored: set[bytes] | None = None) -> list[Entry]:
+    """Scan and materialize in one go (no ignore rules unless given)."""
+    return materialize(root, scan(root), ignored or set(), writer)
+
+
+def index_info(entries: list[Entry]) -> bytes:
+    """Input for `git update-index -z --index-info`."""
+    return b"".join(b"%s %s\t%s\0" % (e.mode.encode(), e.sha.encode(), e.path) for e in entries)

@@ -1,0 +1,343 @@
+"""Ticket workspaces on the host: mirror cache, prepare, commit, diff, push.
+
+Layout per ticket (see services/common/layout.py):
+  mirrors/<key>.git        bare mirror of the Workspace's repo (fetched on reuse)
+  git/<ticket>.git         the ticket's own bare git dir, objects borrowed from
+                           the mirror through `objects/info/alternates`
+  workspaces/<ticket>/     the checkout the sandbox writes
+
+Host git never runs with the workspace as its repository or work tree after
+the initial checkout: commits are built from a safe walk of the workspace
+(`snapshot.py`) into the ticket's private git dir. The sandbox can therefore
+never touch a config, hook, attribute file, object or ref that host git uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common import layout as layout_mod
+from services.common.config import Workspace
+from services.common.errors import (FailedPrecondition, InvalidArgument, NotFound, PermissionDenied,
+                                    Unauthenticated, Unavailable)
+from services.common.layout import Layout, check_ticket_id
+from services.common.secrets import SecretValue
+
+from . import snapshot
+from .askpass import askpass_env, origin_of
+from .gitcmd import GitFailed, GitRunner
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DIFF_BYTES = 1024 * 1024
+
+
+def branch_for(ticket_id: str) -> str:
+    return f"afe/{check_ticket_id(ticket_id)}"
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a workspace's repository lives and how git may reach it."""
+
+    url: str                     # what git is given (never holds credentials)
+    local: bool
+    env: dict[str, str]          # askpass entries (https with a token) or {}
+
+    def __repr__(self) -> str:  # the env may hold the token
+        return f"Remote(url={self.url!r}, local={self.local})"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    base_sha: str
+    branch: str
+
+
+@dataclass(frozen=True)
+class Committed:
+    sha: str
+    changed: bool
+    files_changed: int
+
+
+class WorkspaceGit:
+    def __init__(self, runner: GitRunner, layout: Layout, tokens: dict[str, SecretValue],
+                 askpass: Path, config_dir: Path | None = None) -> None:
+        self.git = runner
+        self.layout = layout
+        self.tokens = tokens
+        self.askpass = askpass
+        self.config_dir = config_dir
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- remotes -----------------------------------------------------------
+    def remote(self, ws: Workspace) -> Remote:
+        repo = ws.repo.strip()
+        if repo.startswith("https://"):
+            origin_of(repo)  # refuses userinfo
+            env: dict[str, str] = {}
+            if ws.token_env:
+                secret = self.tokens.get(ws.token_env)
+                if secret is None:
+                    raise FailedPrecondition(
+                        f"workspace {ws.name!r}: environment variable {ws.token_env} (its tokenEnv) is not set "
+                        "in the credential broker's environment; export it before starting afe")
+                env = askpass_env(self.askpass, repo, secret.reveal())
+            return Remote(repo, False, env)
+        if "://" in repo and not repo.startswith("file://"):
+            raise InvalidArgument(f"workspace {ws.name!r}: repo must be an https:// URL or a local path "
+                                  f"(got a {repo.split('://')[0]}:// URL)")
+        path = Path(repo[len("file://"):] if repo.startswith("file://") else repo)
+        if not path.is_absolute():
+            path = (self.config_dir or Path.cwd()) / path
+        if not path.exists():
+            raise NotFound(f"workspace {ws.name!r}: repository {path} does not exist; check its repo field")
+        return Remote(str(path), True, {})
+
+    def mirror_path(self, ws: Workspace) -> Path:
+        key = hashlib.sha256(ws.repo.strip().encode()).hexdigest()[:24]
+        return self.layout.mirrors_dir / f"{key}.git"
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def _remote_error(self, ws: Workspace, remote: Remote, exc: GitFailed, action: str) -> Exception:
+        text = exc.stderr.lower()
+        where = f"workspace {ws.name!r} ({remote.url})"
+        if ("authentication failed" in text or "could not read username" in text
+                or "could not read password" in text or "403" in text or "401" in text):
+            hint = (f"check the token in {ws.token_env} and its access to the repository"
+                    if ws.token_env else "the repository needs a token: set tokenEnv on the Workspace")
+            return Unauthenticated(f"{action} {where}: the remote refused the credentials; {hint}")
+        if ("not found" in text or "does not appear to be a git repository" in text
+                or "does not exist" in text):
+            return NotFound(f"{action} {where}: repository not found; check the Workspace's repo "
+                            "(and that the token can see it)")
+        if ("could not resolve host" in text or "connection refused" in text or "timed out" in text
+                or "failed to connect" in text or "unable to access" in text or "ssl" in text):
+            return Unavailable(f"{action} {where}: the remote is unreachable ({exc.stderr[-300:]})")
+        if "rejected" in text or "non-fast-forward" in text or "protected" in text:
+            return PermissionDenied(f"{action} {where}: the remote rejected the update ({exc.stderr[-300:]})")
+        return Unavailable(f"{action} {where} failed: {exc.stderr[-500:] or 'git exited ' + str(exc.returncode)}")
+
+    # -- mirror ------------------------------------------------------------
+    async def update_mirror(self, ws: Workspace) -> Path:
+        remote = self.remote(ws)
+        mirror = self.mirror_path(ws)
+        async with self._lock(str(mirror)):
+            if not (mirror / "HEAD").exists():
+                self.layout.mirrors_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=self.layout.mirrors_dir))
+                await self.git.run(["init", "--bare", "-q", "--", str(tmp)], what="git init (mirror)")
+                try:
+                    await self._fetch(ws, remote, tmp)
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+                os.replace(tmp, mirror)
+            else:
+                await self._fetch(ws, remote, mirror)
+        return mirror
+
+    async def _fetch(self, ws: Workspace, remote: Remote, git_dir: Path) -> None:
+        try:
+            await self.git.run(["fetch", "--quiet", "--prune", "--no-tags", "--no-recurse-submodules",
+                                "--end-of-options", remote.url, "+refs/heads/*:refs/heads/*"],
+                               git_dir=git_dir, env=remote.env, allow_file=remote.local,
+                               what="git fetch")
+        except GitFailed as exc:
+            raise self._remote_error(ws, remote, exc, "cannot fetch") from None
+
+    async def _rev(self, git_dir: Path, rev: str) -> str | None:
+        res = await self.git.run(["rev-parse", "--verify", "--quiet", "--end-of-options", rev],
+                                 git_dir=git_dir, check=False, what="git rev-parse")
+        return res.out.strip() or None if res.returncode == 0 else None
+
+    # -- prepare -----------------------------------------------------------
+    async def prepare(self, ws: Workspace, ticket_id: str) -> Prepared:
+        branch = branch_for(ticket_id)
+        gitdir = self.layout.gitdir(ticket_id)
+        work = self.layout.workspace(ticket_id)
+        async with self._lock("ticket:" + ticket_id):
+            if (gitdir / "afe-ready").exists() and work.is_dir():
+                base = await self._rev(gitdir, "refs/afe/base")
+                if base:
+                    return Prepared(base, branch)
+            mirror = await self.update_mirror(ws)
+            base = await self._rev(mirror, f"refs/heads/{ws.base_branch}^{{commit}}")
+            if base is None:
+                raise NotFound(f"workspace {ws.name!r}: branch {ws.base_branch!r} does not exist in "
+                               f"{self.remote(ws).url}; check the Workspace's baseBranch")
+            shutil.rmtree(gitdir, ignore_errors=True)
+            self.layout.gitdirs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            await self.git.run(["init", "--bare", "-q", "--", str(gitdir)], what="git init")
+            alternates = gitdir / "objects" / "info" / "alternates"
+            alternates.write_text(str(mirror / "objects") + "\n")
+            await self.git.run(["update-ref", "--end-of-options", "refs/afe/base", base], git_dir=gitdir)
+            await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", base], git_dir=gitdir)
+            await self.git.run(["symbolic-ref", "HEAD", f"refs/heads/{branch}"], git_dir=gitdir)
+            await self._checkout(gitdir, work, base)
+            (gitdir / "afe-ready").write_text(ws.name + "\n")
+            log.info("prepared workspace for ticket %s from %s@%s", ticket_id, ws.name, base[:12])
+            return Prepared(base, branch)
+
+    async def _checkout(self, gitdir: Path, work: Path, sha: str) -> None:
+        if work.exists() or work.is_symlink():
+            await asyncio.to_thread(_remove_tree, work)
+        self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+        work.mkdir(mode=0o755)
+        index = gitdir / "afe-checkout.index"
+        await self.git.run(["read-tree", "--reset", "-u", "--end-of-options", sha], git_dir=gitdir,
+                           work_tree=work, env={"GIT_INDEX_FILE": str(index)}, what="git checkout")
+        index.unlink(missing_ok=True)
+        if os.geteuid() == 0:
+            await asyncio.to_thread(_chown_tree, work, layout_mod.SANDBOX_UID, layout_mod.SANDBOX_GID)
+
+    # -- snapshot ----------------------------------------------------------
+    def _ticket_gitdir(self, ticket_id: str) -> Path:
+        gitdir = self.layout.gitdir(ticket_id)
+        if not (gitdir / "afe-ready").exists():
+            raise FailedPrecondition(f"ticket {ticket_id} has no prepared workspace; prepare it first")
+        return gitdir
+
+    async def snapshot_tree(self, ticket_id: str) -> tuple[str, int]:
+        """Capture the workspace into the ticket's git dir; return (tree sha, entries)."""
+        gitdir = self._ticket_gitdir(ticket_id)
+        work = self.layout.workspace(ticket_id)
+        found = await asyncio.to_thread(snapshot.scan, work)
+        ignored = await self._ignored(gitdir, found)
+        writer = snapshot.ObjectWriter(gitdir / "objects")
+        entries = await asyncio.to_thread(snapshot.materialize, work, found, ignored, writer)
+        fd, index = tempfile.mkstemp(prefix="afe-snapshot-", suffix=".index", dir=gitdir)
+        os.close(fd)
+        os.unlink(index)
+        try:
+            env = {"GIT_INDEX_FILE": index}
+            await self.git.run(["update-index", "-z", "--add", "--index-info"], git_dir=gitdir, env=env,
+                               stdin=snapshot.index_info(entries), what="git update-index")
+            res = await self.git.run(["write-tree"], git_dir=gitdir, env=env, what="git write-tree")
+        finally:
+            Path(index).unlink(missing_ok=True)
+        return res.out.strip(), len(entries)
+
+    async def _ignored(self, gitdir: Path, found: snapshot.Scan) -> set[bytes]:
+        """Paths the workspace's .gitignore files exclude, decided by git on a private copy
+        holding only the directory skeleton and the .gitignore bytes we read safely."""
+        if not found.gitignores:
+            return set()
+        candidates = [*found.files, *found.links]
+        if not candidates:
+            return set()
+        with tempfile.TemporaryDirectory(prefix="afe-ignore-", dir=gitdir) as tmp:
+            root = Path(tmp)
+
+            def build() -> None:
+                for d in found.dirs:
+                    os.makedirs(os.path.join(os.fsencode(tmp), d), exist_ok=True)
+                for prefix, data in found.gitignores.items():
+                    with open(os.path.join(os.fsencode(tmp), prefix, b".gitignore"), "wb") as f:
+                        f.write(data)
+
+            await asyncio.to_thread(build)
+            res = await self.git.run(["check-ignore", "--no-index", "-z", "--stdin"], git_dir=gitdir,
+                                     work_tree=root, stdin=b"".join(p + b"\0" for p in candidates),
+                                     check=False, what="git check-ignore")
+            if res.returncode not in (0, 1):
+                raise GitFailed("git check-ignore failed", res.returncode, "")
+        return {p for p in res.stdout.split(b"\0") if p}
+
+    # -- commit ------------------------------------------------------------
+    async def commit(self, ws: Workspace, ticket_id: str, message: str) -> Committed:
+        branch = branch_for(ticket_id)
+        async with self._lock("ticket:" + ticket_id):
+            gitdir = self._ticket_gitdir(ticket_id)
+            tree, _ = await self.snapshot_tree(ticket_id)
+            parent = await self._rev(gitdir, f"refs/heads/{branch}")
+            if parent is None:
+                raise FailedPrecondition(f"ticket {ticket_id}: branch {branch} is missing; prepare the workspace again")
+            parent_tree = await self._rev(gitdir, f"{parent}^{{tree}}")
+            if parent_tree == tree:
+                return Committed(parent, False, 0)
+            env = {
+                "GIT_AUTHOR_NAME": ws.author.name, "GIT_AUTHOR_EMAIL": ws.author.email,
+                "GIT_COMMITTER_NAME": ws.author.name, "GIT_COMMITTER_EMAIL": ws.author.email,
+            }
+            msg = (message.strip() or f"afe: changes for ticket {ticket_id}") + "\n"
+            res = await self.git.run(["commit-tree", "-p", parent, "-F", "-", tree], git_dir=gitdir,
+                                     env=env, stdin=msg.encode(), what="git commit-tree")
+            sha = res.out.strip()
+            await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", sha, parent],
+                               git_dir=gitdir, what="git update-ref")
+            changed = await self.git.run(["diff-tree", "-r", "-z", "--name-only", "--no-renames",
+                                          "--end-of-options", parent_tree or parent, tree],
+                                         git_dir=gitdir, what="git diff-tree")
+            files = len([p for p in changed.stdout.split(b"\0") if p])
+            log.info("committed %s files for ticket %s as %s", files, ticket_id, sha[:12])
+            return Committed(sha, True, files)
+
+    # -- diff --------------------------------------------------------------
+    async def diff(self, ticket_id: str, max_bytes: int = 0) -> tuple[str, bool]:
+        """The workspace's current changes against the base, for display."""
+        limit = max_bytes if max_bytes > 0 else DEFAULT_DIFF_BYTES
+        async with self._lock("ticket:" + ticket_id):
+            gitdir = self._ticket_gitdir(ticket_id)
+            tree, _ = await self.snapshot_tree(ticket_id)
+            base = await self._rev(gitdir, "refs/afe/base")
+            res = await self.git.run(["diff", "--no-ext-diff", "--no-textconv", "--no-color", "--no-renames",
+                                      "--end-of-options", f"{base}^{{tree}}", tree],
+                                     git_dir=gitdir, what="git diff")
+        data = res.stdout
+        truncated = len(data) > limit
+        if truncated:
+            data = data[:limit]
+        return data.decode("utf-8", "replace").rstrip("\ufffd") if truncated else data.decode("utf-8", "replace"), truncated
+
+    # -- push --------------------------------------------------------------
+    async def push(self, ws: Workspace, ticket_id: str) -> tuple[str, str]:
+        branch = branch_for(ticket_id)
+        remote = self.remote(ws)
+        async with self._lock("ticket:" + ticket_id):
+            gitdir = self._ticket_gitdir(ticket_id)
+            sha = await self._rev(gitdir, f"refs/heads/{branch}")
+            if sha is None:
+                raise FailedPrecondition(f"ticket {ticket_id}: nothing to push; commit first")
+            try:
+                await self.git.run(["push", "--quiet", "--no-verify", "--no-recurse-submodules",
+                                    "--end-of-options", remote.url, f"+refs/heads/{branch}:refs/heads/{branch}"],
+                                   git_dir=gitdir, env=remote.env, allow_file=remote.local, what="git push")
+            except GitFailed as exc:
+                raise self._remote_error(ws, remote, exc, "cannot push to") from None
+            log.info("pushed %s for ticket %s", branch, ticket_id)
+            return branch, sha
+
+    # -- release -----------------------------------------------------------
+    async def release(self, ticket_id: str) -> None:
+        async with self._lock("ticket:" + ticket_id):
+            await asyncio.to_thread(_remove_tree, self.layout.workspace(ticket_id))
+            await asyncio.to_thread(_remove_tree, self.layout.gitdir(ticket_id))
+        self._locks.pop("ticket:" + ticket_id, None)
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.lchown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, gid)

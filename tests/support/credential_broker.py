@@ -1,0 +1,57 @@
+"""The REAL credential broker servicer, in-process, on a temporary Unix socket.
+
+    async with credential_broker(config, layout, secrets={"GIT_TOKEN": "..."}) as (sock, link_secret):
+        ch = grpcutil.open_channel(sock, link_secret)  # present it as the scheduler
+
+`secrets` maps env var NAMES to values (what the real process would take from
+its environment); values are registered with the given/own redactor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from services.common import grpcutil
+from services.common.config import Config
+from services.common.layout import Layout
+from services.common.links import new_secret
+from services.common.redact import Redactor
+from services.common.secrets import SecretValue
+from services.credentials.compose import build_core
+from services.credentials.httpclient import RetryPolicy
+from services.credentials.servicer import SERVICE_NAME, register
+
+FAST_RETRY = RetryPolicy(attempts=4, backoff_s=0.05, max_wait_s=2.0)
+
+
+@contextlib.asynccontextmanager
+async def credential_broker(config: Config, layout: Layout, *, secrets: dict[str, str] | None = None,
+                            redactor: Redactor | None = None, ca_file: Path | None = None,
+                            retry: RetryPolicy | None = FAST_RETRY,
+                            socket_path: Path | None = None) -> AsyncIterator[tuple[str, bytes]]:
+    redactor = redactor or Redactor()
+    held = {}
+    for name, value in (secrets or {}).items():
+        redactor.register(value)
+        held[name] = SecretValue(name, value)
+    core = build_core(config, layout, held, redactor, ca_file=ca_file, retry=retry)
+    tmp = None
+    if socket_path is None:
+        tmp = tempfile.mkdtemp(prefix="afe-cb-", dir="/tmp")
+        socket_path = Path(tmp) / "credentials.sock"
+    link_secret = new_secret()
+    server, health = grpcutil.create_server(str(socket_path), {"scheduler": link_secret}, redactor,
+                                            [register(core)], service_names=[SERVICE_NAME])
+    await grpcutil.start_server(server, health, str(socket_path))
+    try:
+        yield str(socket_path), link_secret
+    finally:
+        await server.stop(0)
+        await core.close()
+        if tmp:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
