@@ -44,7 +44,7 @@ from .config import (
 from .errors import ConfigError
 from .redact import secret_kind
 
-__all__ = ["load_config", "missing_env", "parse_memory", "KINDS"]
+__all__ = ["KINDS", "load_config", "missing_env", "parse_memory"]
 
 KINDS = ("Workspace", "Model", "Agent", "Workflow")
 PROVIDERS = ("openai", "anthropic", "replay")
@@ -110,7 +110,7 @@ def _is_loopback(host: str | None) -> bool:
 class _Doc:
     """One document being validated: typed field access that records errors."""
 
-    def __init__(self, loader: "_Loader", where: str, data: Mapping[str, Any]) -> None:
+    def __init__(self, loader: _Loader, where: str, data: Mapping[str, Any]) -> None:
         self.loader = loader
         self.where = where
         self.data = data

@@ -83,7 +83,8 @@ class Child:
         try:
             self.proc = subprocess.Popen(
                 argv, env=self.spec.env, pass_fds=(link_fd, status_w), close_fds=True,
-                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_pdeathsig(os.getpid()))
+                stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_pdeathsig(os.getpid()))  # noqa: PLW1509 - single-threaded launcher
         finally:
             os.close(link_fd)
             os.close(status_w)

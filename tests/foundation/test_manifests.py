@@ -41,7 +41,7 @@ nodes:
   - {id: pr, uses: "builtin:open_pr", needs: [test], with: {title: "Fix"}}
   - {id: merge, uses: "builtin:merge", needs: [pr]}
 """
-GOOD = "---\n".join([WORKSPACE, MODEL, AGENT, WORKFLOW])
+GOOD = f"{WORKSPACE}---\n{MODEL}---\n{AGENT}---\n{WORKFLOW}"
 
 
 def write(tmp: Path, text: str, name: str = "afe.yaml") -> Path:
@@ -106,8 +106,8 @@ REFUSALS = [
      "afe.yaml#1 nodes[0].agent: no Agent named 'ghost'"),
     ("dangling-needs", "kind: Workflow\nname: w\nnodes: [{id: a, run: x, needs: [zz]}]\n",
      "afe.yaml#1 nodes[0].needs: 'zz' is not a node id"),
-    ("cycle", "kind: Workflow\nname: w\nnodes:\n  - {id: a, run: x, needs: [c]}\n"
-     "  - {id: b, run: x, needs: [a]}\n  - {id: c, run: x, needs: [b]}\n",
+    ("cycle", ("kind: Workflow\nname: w\nnodes:\n  - {id: a, run: x, needs: [c]}\n"
+     "  - {id: b, run: x, needs: [a]}\n  - {id: c, run: x, needs: [b]}\n"),
      "afe.yaml#1 nodes: dependency cycle a -> c -> b -> a"),
     ("self-need", "kind: Workflow\nname: w\nnodes: [{id: a, run: x, needs: [a]}]\n",
      "a node cannot need itself"),
@@ -139,8 +139,8 @@ REFUSALS = [
     ("replay-missing-file", "kind: Model\nname: m\nprovider: replay\nscript: nope.yaml\n", "file not found"),
     ("http-base-url", "kind: Model\nname: m\nprovider: openai\nmodel: x\nbaseUrl: http://api.example/v1\n",
      "baseUrl: must be an https:// URL"),
-    ("github-without-token", "kind: Workspace\nname: x\nrepo: https://github.com/a/b.git\n"
-     "forge: {type: github, repo: a/b}\n", "tokenEnv: a github forge needs a token"),
+    ("github-without-token", ("kind: Workspace\nname: x\nrepo: https://github.com/a/b.git\n"
+     "forge: {type: github, repo: a/b}\n"), "tokenEnv: a github forge needs a token"),
     ("bad-with", "kind: Workflow\nname: w\nnodes: [{id: a, uses: 'builtin:merge', with: {method: yolo}}]\n",
      "with.method: is not one of"),
     ("wrong-type", "kind: Workflow\nname: w\nnodes: [{id: a, run: x, retries: many}]\n",
