@@ -1,0 +1,142 @@
+"""The scheduler's clients of the two brokers.
+
+Thin wrappers over the generated stubs: each call turns a gRPC status back
+into an `AfeError` (so the engine never imports grpc) and carries a
+deadline. The raw sandbox stub is exposed as `stub` for the ACP runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
+from services._gen.afe.credentials.v1 import credentials_pb2_grpc as cgrpc
+from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
+from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc as sgrpc
+from services.common.grpcutil import open_channel, rpc_errors
+
+SHORT = 30.0     # seconds for quick calls
+LONG = 900.0     # clone, push, merge
+
+
+class SandboxClient:
+    def __init__(self, socket_path: str, secret: bytes | None) -> None:
+        self.channel = open_channel(socket_path, secret)
+        self.stub = sgrpc.SandboxBrokerStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def create(self, ticket_id: str, spec: spb.SandboxSpec) -> spb.Sandbox:
+        async with rpc_errors():
+            return await self.stub.CreateSandbox(spb.CreateSandboxRequest(ticket_id=ticket_id, spec=spec),
+                                                 timeout=LONG)
+
+    async def destroy(self, ticket_id: str) -> int:
+        async with rpc_errors():
+            r = await self.stub.DestroySandbox(spb.DestroySandboxRequest(ticket_id=ticket_id), timeout=LONG)
+            return r.removed
+
+    async def reconcile(self, live: list[str]) -> spb.ReconcileResponse:
+        async with rpc_errors():
+            return await self.stub.Reconcile(spb.ReconcileRequest(live_tickets=live), timeout=LONG)
+
+    async def freeze(self, ticket_id: str, frozen: bool) -> None:
+        async with rpc_errors():
+            await self.stub.Freeze(spb.FreezeRequest(ticket_id=ticket_id, frozen=frozen), timeout=SHORT)
+
+    async def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0,
+                   output_cap_bytes: int = 0, cwd: str = "") -> AsyncIterator[spb.ExecEvent]:
+        req = spb.ExecRequest(ticket_id=ticket_id, argv=argv, timeout_ms=timeout_ms,
+                              output_cap_bytes=output_cap_bytes, cwd=cwd)
+        call = self.stub.Exec(req)
+        try:
+            async with rpc_errors():
+                async for ev in call:
+                    yield ev
+        finally:
+            call.cancel()
+
+    async def read_file(self, ticket_id: str, path: str, max_bytes: int = 0) -> spb.ReadFileResponse:
+        async with rpc_errors():
+            return await self.stub.ReadFile(
+                spb.ReadFileRequest(ticket_id=ticket_id, path=path, max_bytes=max_bytes), timeout=SHORT)
+
+    async def write_file(self, ticket_id: str, path: str, content: bytes) -> int:
+        async with rpc_errors():
+            r = await self.stub.WriteFile(spb.WriteFileRequest(ticket_id=ticket_id, path=path,
+                                                               content=content, create_parents=True),
+                                          timeout=SHORT)
+            return r.size
+
+    async def list_dir(self, ticket_id: str, path: str) -> spb.ListDirResponse:
+        async with rpc_errors():
+            return await self.stub.ListDir(spb.ListDirRequest(ticket_id=ticket_id, path=path), timeout=SHORT)
+
+    async def search(self, ticket_id: str, pattern: str, path: str = "", regex: bool = False,
+                     max_results: int = 0) -> spb.SearchResponse:
+        async with rpc_errors():
+            return await self.stub.Search(spb.SearchRequest(ticket_id=ticket_id, pattern=pattern, path=path,
+                                                            regex=regex, max_results=max_results),
+                                          timeout=SHORT)
+
+    async def list(self) -> list[spb.Sandbox]:
+        async with rpc_errors():
+            return list((await self.stub.ListSandboxes(spb.ListSandboxesRequest(), timeout=SHORT)).sandboxes)
+
+
+class CredentialsClient:
+    def __init__(self, socket_path: str, secret: bytes | None) -> None:
+        self.channel = open_channel(socket_path, secret)
+        self.stub = cgrpc.CredentialBrokerStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def prepare(self, ticket_id: str, workspace: str) -> cpb.PrepareWorkspaceResponse:
+        async with rpc_errors():
+            return await self.stub.PrepareWorkspace(
+                cpb.PrepareWorkspaceRequest(ticket_id=ticket_id, workspace=workspace), timeout=LONG)
+
+    async def commit(self, ticket_id: str, workspace: str, message: str) -> cpb.CommitResponse:
+        async with rpc_errors():
+            return await self.stub.Commit(cpb.CommitRequest(ticket_id=ticket_id, workspace=workspace,
+                                                            message=message), timeout=LONG)
+
+    async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse:
+        async with rpc_errors():
+            return await self.stub.Diff(cpb.DiffRequest(ticket_id=ticket_id, workspace=workspace,
+                                                        max_bytes=max_bytes), timeout=SHORT)
+
+    async def push(self, ticket_id: str, workspace: str) -> cpb.PushResponse:
+        async with rpc_errors():
+            return await self.stub.Push(cpb.PushRequest(ticket_id=ticket_id, workspace=workspace), timeout=LONG)
+
+    async def release(self, ticket_id: str, workspace: str) -> None:
+        async with rpc_errors():
+            await self.stub.ReleaseWorkspace(cpb.ReleaseWorkspaceRequest(ticket_id=ticket_id,
+                                                                         workspace=workspace), timeout=LONG)
+
+    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest:
+        async with rpc_errors():
+            return await self.stub.OpenPullRequest(cpb.OpenPullRequestRequest(
+                ticket_id=ticket_id, workspace=workspace, title=title, body=body), timeout=LONG)
+
+    async def get_pr(self, workspace: str, number: str) -> cpb.PullRequest:
+        async with rpc_errors():
+            return await self.stub.GetPullRequest(cpb.GetPullRequestRequest(workspace=workspace, number=number),
+                                                  timeout=SHORT)
+
+    async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
+                    at_ms: int, method: str = "") -> cpb.MergePullRequestResponse:
+        async with rpc_errors():
+            return await self.stub.MergePullRequest(cpb.MergePullRequestRequest(
+                ticket_id=ticket_id, workspace=workspace, number=number, method=method,
+                approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms)), timeout=LONG)
+
+    async def complete(self, model: str, messages: list[cpb.Message], tools: list[cpb.ToolSpec],
+                       max_tokens: int, ticket_id: str, timeout: float) -> cpb.CompleteResponse:
+        async with rpc_errors():
+            return await self.stub.Complete(cpb.CompleteRequest(model=model, messages=messages, tools=tools,
+                                                                max_tokens=max_tokens, ticket_id=ticket_id),
+                                            timeout=timeout)

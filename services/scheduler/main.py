@@ -1,0 +1,93 @@
+"""Composition root of the scheduler: tickets, workflows, the store, events.
+It holds no git/forge/model secret and never talks to Docker; it asks the
+sandbox broker and the credential broker over their sockets.
+
+    python -m services.scheduler.main --config DIR --data DIR --run DIR \
+        --link-fd N --status-fd N --ops-host H --ops-port P [--max-running N]
+
+Serves the callers "gateway" and "automation"; calls "sandbox" and
+"credentials". `AFE_DATABASE_URL` (optional) is read once and removed from
+the environment (R29); the default store is `<data>/afe.db`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from services.common import grpcutil
+from services.common.layout import DEFAULT_PORTS
+from services.common.manifests import load_config
+from services.common.process import make_context, parse_args, run_until_signalled
+from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
+
+from .brokers import CredentialsClient, SandboxClient
+from .database_url import store_path
+from .engine import Engine
+from .servicer import SERVICE, SchedulerServicer, register
+from .sqlite_store import SqliteStore
+
+log = logging.getLogger(__name__)
+
+CALLERS = ("gateway", "automation")
+
+
+def _extra(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-running", type=int, default=4,
+                   help="global limit on tickets running at once (default 4)")
+
+
+async def amain(argv: list[str] | None = None) -> int:
+    args = parse_args("scheduler", DEFAULT_PORTS["scheduler_ops"], argv, extra=_extra)
+    ctx = make_context("scheduler", args)
+    setup_tracing("scheduler", ctx.redactor)
+    ctx.layout.ensure()
+    db_path = store_path(ctx.layout, ctx.redactor)
+    config = load_config(ctx.config_dir)
+    store = SqliteStore(db_path)
+    sandbox = SandboxClient(str(ctx.layout.socket("sandbox")), ctx.links.call.get("sandbox"))
+    credentials = CredentialsClient(str(ctx.layout.socket("credentials")), ctx.links.call.get("credentials"))
+    engine = Engine(config, store, sandbox, credentials, ctx.redactor, max_running=args.max_running,
+                    registry=ctx.registry)
+    socket_path = str(ctx.layout.socket("scheduler"))
+    accepted = {k: v for k, v in ctx.links.serve.items() if k in CALLERS}
+    server, health = grpcutil.create_server(socket_path, accepted, ctx.redactor,
+                                            [register(SchedulerServicer(engine))], service_names=[SERVICE],
+                                            interceptors=grpc_server_interceptors())
+
+    async def store_ready() -> bool:
+        return store.ping()
+
+    async def sandbox_ready() -> bool:
+        return await grpcutil.check_health(str(ctx.layout.socket("sandbox")), ctx.links.call.get("sandbox"))
+
+    async def credentials_ready() -> bool:
+        return await grpcutil.check_health(str(ctx.layout.socket("credentials")),
+                                           ctx.links.call.get("credentials"))
+
+    async def start() -> dict:
+        await grpcutil.start_server(server, health, socket_path)
+        await engine.start()
+        return {"socket": socket_path}
+
+    async def stop() -> None:
+        await server.stop(2)
+        await engine.stop()
+        await sandbox.close()
+        await credentials.close()
+        store.close()
+        shutdown_tracing()
+
+    await run_until_signalled(ctx, {"store": store_ready, "sandbox": sandbox_ready,
+                                    "credentials": credentials_ready}, start, stop)
+    return 0
+
+
+def main() -> None:
+    sys.exit(asyncio.run(amain()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,490 @@
+"""One ticket's workflow run: the node graph from `needs` (independent
+branches in parallel), per-node timeout and retries, and the node kinds
+(run, model, agent, builtin:commit|open_pr|approval|merge).
+
+The ticket's text is data: it is substituted into prompts and PR text by
+`templates.render` and never into commands, tools, egress or config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
+from services.common.config import Node
+from services.common.errors import (
+    AfeError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    ResourceExhausted,
+    Unavailable,
+)
+
+from . import templates
+from .events import now_ms
+from .model_loop import run_model_node
+from .store import (
+    FAILED,
+    N_CANCELLED,
+    N_FAILED,
+    N_PENDING,
+    N_RUNNING,
+    N_SKIPPED,
+    N_SUCCEEDED,
+    N_WAITING,
+    RUNNING,
+    SUCCEEDED,
+    WAITING_APPROVAL,
+    ApprovalRecord,
+    PullRequestRecord,
+    TicketRecord,
+)
+from .tools import Toolbox
+
+log = logging.getLogger(__name__)
+
+OUTPUT_KEEP = 64 * 1024          # characters of a node's output kept in the store
+RUN_OUTPUT_CAP = 4 * 1024 * 1024  # bytes of a run node's output the broker streams
+CHUNK_EVENT = 8 * 1024           # characters per node.output event
+WAITING_KINDS = ("builtin:merge", "builtin:approval")
+SANDBOX_KINDS = ("run", "model", "agent")
+
+
+class NodeFailed(Exception):
+    def __init__(self, node_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.node_id = node_id
+        self.reason = reason
+
+
+class Rejected(FailedPrecondition):
+    """A person rejected the change: not retried."""
+
+
+class CommandFailed(FailedPrecondition):
+    """A `run` command exited non-zero."""
+
+
+def _keep(text: str) -> str:
+    if len(text) <= OUTPUT_KEEP:
+        return text
+    return f"[{len(text) - OUTPUT_KEEP} characters cut]...\n" + text[-OUTPUT_KEEP:]
+
+
+class TicketRun:
+    def __init__(self, engine, ticket: TicketRecord, resumed: bool) -> None:
+        self.engine = engine
+        self.ticket = ticket
+        self.resumed = resumed
+        self.config = engine.config
+        self.workflow = engine.config.workflows[ticket.workflow]
+        self.workspace = engine.config.workspaces[ticket.workspace]
+        self.store = engine.store
+        self.events = engine.events
+        self.sandbox = engine.sandbox
+        self.credentials = engine.credentials
+        self.outputs: dict[str, str] = {}
+        self._ws_ready = False
+        self._sb_ready = False
+        self._prep_lock = asyncio.Lock()
+        self._ancestors = self._compute_ancestors()
+
+    def emit(self, type_: str, payload: dict) -> None:
+        self.events.append(self.ticket.id, type_, payload)
+
+    def _compute_ancestors(self) -> dict[str, set[str]]:
+        by_id = {n.id: n for n in self.workflow.nodes}
+        memo: dict[str, set[str]] = {}
+
+        def anc(nid: str) -> set[str]:
+            if nid not in memo:
+                memo[nid] = set()
+                out: set[str] = set()
+                for dep in by_id[nid].needs:
+                    out.add(dep)
+                    out |= anc(dep)
+                memo[nid] = out
+            return memo[nid]
+
+        return {n.id: anc(n.id) for n in self.workflow.nodes}
+
+    def render(self, template: str, node_id: str) -> str:
+        t = self.ticket
+        visible = {k: v for k, v in self.outputs.items() if k in self._ancestors[node_id]}
+        return templates.render(template, {"id": t.id, "title": t.title, "body": t.body, "inputs": t.inputs},
+                                visible)
+
+    # ---- the graph ------------------------------------------------------------
+
+    async def execute(self) -> tuple[str, str]:
+        tid = self.ticket.id
+        records = {r.node_id: r for r in self.store.node_runs(tid)}
+        for r in records.values():
+            if r.state in (N_RUNNING, N_WAITING):
+                # It was running when the scheduler stopped: run it again.
+                self.store.update_node(tid, r.node_id, state=N_PENDING)
+                self.emit("node.resumed", {"node": r.node_id, "was": r.state})
+                r.state = N_PENDING
+            elif r.state == N_SUCCEEDED:
+                self.outputs[r.node_id] = r.output
+        if self.resumed:
+            self.emit("ticket.resumed", {})
+        nodes = {n.id: n for n in self.workflow.nodes}
+        running: dict[asyncio.Task, str] = {}
+        failure: NodeFailed | None = None
+        try:
+            while True:
+                if failure is None:
+                    for nid, node in nodes.items():
+                        r = records[nid]
+                        if r.state != N_PENDING or any(t == nid for t in running.values()):
+                            continue
+                        dep_states = [records[d].state for d in node.needs]
+                        if any(s in (N_FAILED, N_SKIPPED, N_CANCELLED) for s in dep_states):
+                            self._set_node(nid, N_SKIPPED, error="a node it needs did not succeed")
+                            r.state = N_SKIPPED
+                            continue
+                        if all(s == N_SUCCEEDED for s in dep_states):
+                            r.state = N_RUNNING
+                            running[asyncio.create_task(self.run_node(node, r.attempt))] = nid
+                if not running:
+                    break
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    nid = running.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        records[nid].state = N_SUCCEEDED
+                        self.outputs[nid] = task.result()
+                    elif isinstance(exc, NodeFailed):
+                        records[nid].state = N_FAILED
+                        if failure is None:
+                            failure = exc
+                            for other in running:
+                                other.cancel()
+                    else:
+                        raise exc
+        finally:
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+        if failure is not None:
+            for nid, r in records.items():
+                if r.state == N_PENDING:
+                    self._set_node(nid, N_SKIPPED, error=f"node {failure.node_id} failed")
+            return FAILED, f"node {failure.node_id} failed: {failure.reason}"
+        return SUCCEEDED, ""
+
+    def _set_node(self, node_id: str, state: str, **fields: object) -> None:
+        self.store.update_node(self.ticket.id, node_id, state=state, **fields)
+
+    async def run_node(self, node: Node, attempt: int) -> str:
+        tid = self.ticket.id
+        kind = node.label
+        tries = 0
+        while True:
+            tries += 1
+            attempt += 1
+            started = time.monotonic()
+            self.store.update_node(tid, node.id, state=N_RUNNING, attempt=attempt, started_at_ms=now_ms(),
+                                   finished_at_ms=0, error="")
+            self.emit("node.started", {"node": node.id, "kind": kind, "attempt": attempt})
+            outcome = "error"
+            try:
+                if kind in WAITING_KINDS:
+                    out = await self._dispatch(node)
+                else:
+                    try:
+                        out = await asyncio.wait_for(self._dispatch(node), node.timeout_s)
+                    except TimeoutError:
+                        outcome = "timeout"
+                        raise DeadlineExceeded(f"timed out after {node.timeout_s:g}s (the node's timeout)")
+                out = out or ""
+                self.store.update_node(tid, node.id, state=N_SUCCEEDED, finished_at_ms=now_ms(),
+                                       output=self.engine.redactor.redact(_keep(out)))
+                self.emit("node.finished", {"node": node.id, "state": N_SUCCEEDED, "output": out[-4000:]})
+                self.engine.node_metric(kind, "ok", time.monotonic() - started)
+                return out
+            except asyncio.CancelledError:
+                self.store.update_node(tid, node.id, state=N_CANCELLED, finished_at_ms=now_ms(),
+                                       error="cancelled")
+                if not self.engine._stopping:
+                    self.emit("node.finished", {"node": node.id, "state": N_CANCELLED})
+                    self.engine.node_metric(kind, "cancelled", time.monotonic() - started)
+                else:  # the scheduler is stopping: the node runs again on the next start
+                    self.store.update_node(tid, node.id, state=N_RUNNING)
+                raise
+            except Exception as exc:
+                if isinstance(exc, AfeError):
+                    reason = exc.message
+                else:
+                    log.error("node %s: internal error", node.id, exc_info=exc)
+                    reason = "internal error (details are in the scheduler log)"
+                reason = self.engine.redactor.redact(reason)
+                self.engine.node_metric(kind, outcome, time.monotonic() - started)
+                retry = (tries <= node.retries and not isinstance(exc, (ResourceExhausted, Rejected)))
+                if retry:
+                    self.emit("node.retry", {"node": node.id, "attempt": attempt, "error": reason})
+                    continue
+                self.store.update_node(tid, node.id, state=N_FAILED, finished_at_ms=now_ms(), error=reason)
+                self.emit("node.finished", {"node": node.id, "state": N_FAILED, "error": reason})
+                raise NodeFailed(node.id, reason) from None
+
+    async def _dispatch(self, node: Node) -> str:
+        if node.kind == "run":
+            return await self.node_run(node)
+        if node.kind == "model":
+            return await self.node_model(node)
+        if node.kind == "agent":
+            return await self.node_agent(node)
+        if node.kind == "builtin":
+            fn = getattr(self, f"builtin_{node.uses}", None)
+            if fn is None:
+                raise FailedPrecondition(f"unknown builtin {node.uses!r}")
+            return await fn(node)
+        raise FailedPrecondition(f"unknown node kind {node.kind!r}")
+
+    # ---- preparation ------------------------------------------------------------
+
+    async def _retry_unavailable(self, what: str, fn):
+        delay = 0.2
+        for _ in range(40):
+            try:
+                return await fn()
+            except Unavailable:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise Unavailable(f"{what}: the broker is not answering; check that afe's brokers are running")
+
+    async def ensure_workspace(self) -> None:
+        async with self._prep_lock:
+            if self._ws_ready:
+                return
+            tid, ws = self.ticket.id, self.workspace.name
+            r = await self._retry_unavailable("preparing the workspace",
+                                              lambda: self.credentials.prepare(tid, ws))
+            self._ws_ready = True
+            self.emit("workspace.ready", {"base_sha": r.base_sha, "branch": r.branch})
+
+    def sandbox_spec(self) -> spb.SandboxSpec:
+        sb = self.workspace.sandbox
+        env_names: set[str] = set()
+        image = sb.image
+        for n in self.workflow.nodes:
+            if n.kind == "agent" and n.agent in self.config.agents:
+                agent = self.config.agents[n.agent]
+                env_names.update(agent.env)   # only the agents this workflow uses (R9)
+                if agent.image:
+                    image = agent.image
+        return spb.SandboxSpec(
+            image=image,
+            limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids),
+            egress=list(sb.egress), env_names=sorted(env_names))
+
+    async def ensure_sandbox(self) -> None:
+        await self.ensure_workspace()
+        async with self._prep_lock:
+            if self._sb_ready:
+                return
+            spec = self.sandbox_spec()
+            s = await self._retry_unavailable("creating the sandbox",
+                                              lambda: self.sandbox.create(self.ticket.id, spec))
+            self._sb_ready = True
+            self.emit("sandbox.ready", {"image": s.image, "egress": list(spec.egress),
+                                        "network": bool(s.network)})
+
+    def uses_sandbox(self) -> bool:
+        return any(n.kind in SANDBOX_KINDS for n in self.workflow.nodes)
+
+    # ---- node kinds ---------------------------------------------------------------
+
+    async def node_run(self, node: Node) -> str:
+        await self.ensure_sandbox()
+        out: list[str] = []
+        code, timed_out, truncated = -1, False, False
+        pending: list[str] = []
+        pending_stream = ""
+
+        def flush() -> None:
+            nonlocal pending
+            if pending:
+                self.emit("node.output", {"node": node.id, "stream": pending_stream, "text": "".join(pending)})
+                pending = []
+
+        async for ev in self.sandbox.exec(self.ticket.id, ["bash", "-lc", node.run or ""],
+                                          timeout_ms=int(node.timeout_s * 1000),
+                                          output_cap_bytes=RUN_OUTPUT_CAP):
+            which = ev.WhichOneof("event")
+            if which in ("stdout", "stderr"):
+                text = getattr(ev, which).decode("utf-8", errors="replace")
+                out.append(text)
+                if which != pending_stream or sum(map(len, pending)) > CHUNK_EVENT:
+                    flush()
+                    pending_stream = which
+                pending.append(text)
+            elif which == "exit":
+                code, timed_out, truncated = ev.exit.code, ev.exit.timed_out, ev.exit.truncated
+        flush()
+        text = "".join(out)
+        if truncated:
+            text += "\n[output cut]"
+        if timed_out:
+            raise DeadlineExceeded(f"the command timed out after {node.timeout_s:g}s")
+        if code != 0:
+            tail = text[-2000:].strip()
+            raise CommandFailed(f"the command exited with code {code}" + (f":\n{tail}" if tail else ""))
+        return text
+
+    async def node_model(self, node: Node) -> str:
+        await self.ensure_sandbox()
+        model = self.config.models[node.model or ""]
+
+        async def on_output(stream: str, text: str) -> None:
+            self.emit("node.output", {"node": node.id, "stream": stream, "text": text})
+
+        toolbox = Toolbox(self.sandbox, self.ticket.id, node.tools, on_output)
+
+        def add_tokens(n: int) -> int:
+            t = self.store.get_ticket(self.ticket.id)
+            total = (t.tokens_used if t else 0) + n
+            self.store.update_ticket(self.ticket.id, tokens_used=total)
+            return total
+
+        return await run_model_node(
+            ticket_id=self.ticket.id, node=node, model=model, prompt=self.render(node.prompt, node.id),
+            toolbox=toolbox, credentials=self.credentials, emit=self.emit, add_tokens=add_tokens,
+            ticket_budget=self.workflow.max_tokens)
+
+    async def node_agent(self, node: Node) -> str:
+        try:
+            from services.scheduler.acp.runner import run_agent_node
+        except ImportError:
+            raise FailedPrecondition("ACP support not installed: this afe cannot run `agent` nodes") from None
+        await self.ensure_sandbox()
+        agent = self.config.agents[node.agent or ""]
+
+        async def emit(type_: str, payload: dict) -> None:
+            self.emit(type_, {"node": node.id, **payload})
+
+        return await run_agent_node(ticket_id=self.ticket.id, node=node, agent=agent,
+                                    prompt=self.render(node.prompt, node.id), sandbox=self.sandbox.stub,
+                                    emit=emit)
+
+    # ---- builtins -----------------------------------------------------------------
+
+    async def _commit(self, node: Node, default_message: str):
+        await self.ensure_workspace()
+        frozen = False
+        if self.uses_sandbox():
+            await self.ensure_sandbox()
+        if self._sb_ready:
+            await self.sandbox.freeze(self.ticket.id, True)
+            frozen = True
+        try:
+            message = self.render(str(node.with_.get("message") or default_message), node.id)
+            return await self.credentials.commit(self.ticket.id, self.workspace.name, message)
+        finally:
+            if frozen:
+                await asyncio.shield(self.sandbox.freeze(self.ticket.id, False))
+
+    def _default_message(self) -> str:
+        return f"{self.ticket.title}\n\nafe ticket {self.ticket.id}"
+
+    async def builtin_commit(self, node: Node) -> str:
+        r = await self._commit(node, self._default_message())
+        self.emit("commit.done", {"node": node.id, "sha": r.sha, "changed": r.changed,
+                                  "files_changed": r.files_changed})
+        return r.sha
+
+    async def builtin_open_pr(self, node: Node) -> str:
+        tid, ws = self.ticket.id, self.workspace.name
+        c = await self._commit(node, self._default_message())
+        self.emit("commit.done", {"node": node.id, "sha": c.sha, "changed": c.changed,
+                                  "files_changed": c.files_changed})
+        p = await self.credentials.push(tid, ws)
+        self.emit("push.done", {"node": node.id, "branch": p.branch, "sha": p.sha})
+        title = self.render(str(node.with_.get("title") or "{{ticket.title}}"), node.id)
+        body = self.render(str(node.with_.get("body") or
+                               "{{ticket.body}}\n\n---\nOpened by afe for ticket {{ticket.id}}."), node.id)
+        pr = await self.credentials.open_pr(tid, ws, title, body)
+        known = self.store.get_pr(tid)
+        rec = PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha,
+                                pr.state or "open", pr.merge_sha)
+        if known is not None and known.state == "merged":
+            rec.state, rec.merge_sha = known.state, known.merge_sha
+        self.store.put_pr(rec)
+        self.emit("pr.opened", {"node": node.id, "number": pr.number, "url": pr.url,
+                                "head_branch": pr.head_branch, "base_branch": pr.base_branch,
+                                "head_sha": pr.head_sha, "existing": known is not None})
+        return pr.url or pr.number
+
+    async def _await_approval(self, node: Node, sha: str, pr: PullRequestRecord | None) -> ApprovalRecord:
+        """Park the ticket in waiting_approval until a person decides."""
+        tid = self.ticket.id
+        engine = self.engine
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        engine._waiters[tid] = fut
+        try:
+            t = self.store.get_ticket(tid)
+            self._set_node(node.id, N_WAITING)
+            if not (t and t.state == WAITING_APPROVAL and t.awaiting_sha == sha):
+                self.store.update_ticket(tid, state=WAITING_APPROVAL, awaiting_sha=sha, updated_at_ms=now_ms())
+                self.emit("ticket.state", {"state": WAITING_APPROVAL})
+                self.emit("approval.requested", {"node": node.id, "sha": sha,
+                                                 "pr": pr.number if pr else "", "url": pr.url if pr else ""})
+                engine._transition_metric(WAITING_APPROVAL)
+            engine._running.discard(tid)
+            engine._kick()
+            rec = await fut
+        finally:
+            if engine._waiters.get(tid) is fut:
+                del engine._waiters[tid]
+        self._set_node(node.id, N_RUNNING)
+        return rec
+
+    async def _approval_for(self, node: Node, sha: str, pr: PullRequestRecord | None) -> ApprovalRecord:
+        appr = self.store.latest_approval(self.ticket.id)
+        t = self.store.get_ticket(self.ticket.id)
+        decided = appr is not None and appr.sha == sha and (t is not None and t.state == RUNNING)
+        if not decided or appr is None:
+            appr = await self._await_approval(node, sha, pr)
+        if not appr.granted:
+            why = f": {appr.reason}" if appr.reason else ""
+            raise Rejected(f"rejected by {appr.principal}{why}")
+        return appr
+
+    async def builtin_approval(self, node: Node) -> str:
+        pr = self.store.get_pr(self.ticket.id)
+        appr = await self._approval_for(node, pr.head_sha if pr else "", pr)
+        return f"approved by {appr.principal}"
+
+    async def builtin_merge(self, node: Node) -> str:
+        tid, ws = self.ticket.id, self.workspace.name
+        pr = self.store.get_pr(tid)
+        if pr is None:
+            raise FailedPrecondition("builtin:merge needs a pull request: put builtin:open_pr in its `needs`")
+        if pr.state == "merged":
+            return pr.merge_sha  # recorded: never merge twice
+        current = await self.credentials.get_pr(ws, pr.number)
+        if current.state == "merged":
+            pr.state, pr.merge_sha = "merged", current.merge_sha
+            self.store.put_pr(pr)
+            self.emit("merge.done", {"node": node.id, "number": pr.number, "merge_sha": pr.merge_sha,
+                                     "already_merged": True})
+            return pr.merge_sha
+        if current.head_sha and current.head_sha != pr.head_sha:
+            pr.head_sha = current.head_sha
+            self.store.put_pr(pr)
+        appr = await self._approval_for(node, pr.head_sha, pr)
+        r = await self.credentials.merge(tid, ws, pr.number, appr.principal, appr.sha, appr.at_ms,
+                                         str(node.with_.get("method") or ""))
+        pr.state, pr.merge_sha = "merged", r.merge_sha
+        self.store.put_pr(pr)
+        self.emit("merge.done", {"node": node.id, "number": pr.number, "sha": appr.sha,
+                                 "merge_sha": r.merge_sha, "principal": appr.principal,
+                                 "already_merged": r.already_merged})
+        return r.merge_sha

@@ -1,0 +1,175 @@
+"""The thin gRPC layer: parse the request, call the engine, map the result.
+
+Requests are decoded here rather than by grpc so that a request carrying
+invalid UTF-8 in a string field gets INVALID_ARGUMENT with a clear message
+instead of an opaque decode failure.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common.errors import InvalidArgument
+
+from .engine import Engine, TicketView
+from .store import EventRecord
+
+SERVICE = "afe.scheduler.v1.Scheduler"
+
+TICKET_STATES = {
+    "queued": pb.QUEUED, "running": pb.RUNNING, "waiting_approval": pb.WAITING_APPROVAL,
+    "succeeded": pb.SUCCEEDED, "failed": pb.FAILED, "cancelled": pb.CANCELLED,
+}
+STATE_NAMES = {v: k for k, v in TICKET_STATES.items()}
+NODE_STATES = {
+    "pending": pb.PENDING, "running": pb.NODE_RUNNING, "succeeded": pb.NODE_SUCCEEDED,
+    "failed": pb.NODE_FAILED, "skipped": pb.SKIPPED, "cancelled": pb.NODE_CANCELLED, "waiting": pb.NODE_WAITING,
+}
+
+
+def ticket_pb(v: TicketView) -> pb.Ticket:
+    t = v.ticket
+    msg = pb.Ticket(
+        id=t.id, workspace=t.workspace, workflow=t.workflow, title=t.title, body=t.body, inputs=t.inputs,
+        state=TICKET_STATES.get(t.state, pb.TICKET_STATE_UNSPECIFIED), created_at_ms=t.created_at_ms,
+        updated_at_ms=t.updated_at_ms, error=t.error, last_seq=v.last_seq, awaiting_sha=t.awaiting_sha)
+    for n in v.nodes:
+        msg.nodes.append(pb.NodeRun(id=n.node_id, kind=n.kind, state=NODE_STATES.get(n.state, 0),
+                                    needs=list(n.needs), attempt=n.attempt, started_at_ms=n.started_at_ms,
+                                    finished_at_ms=n.finished_at_ms, output=n.output, error=n.error))
+    if v.pr is not None:
+        p = v.pr
+        msg.pr.CopyFrom(pb.PullRequest(number=p.number, url=p.url, head_branch=p.head_branch,
+                                       base_branch=p.base_branch, head_sha=p.head_sha, state=p.state,
+                                       merge_sha=p.merge_sha))
+    if v.approval is not None:
+        a = v.approval
+        msg.approval.CopyFrom(pb.Approval(principal=a.principal, sha=a.sha, granted=a.granted, at_ms=a.at_ms,
+                                          reason=a.reason))
+    return msg
+
+
+def event_pb(e: EventRecord) -> pb.Event:
+    return pb.Event(ticket_id=e.ticket_id, seq=e.seq, type=e.type, payload_json=e.payload_json, at_ms=e.at_ms)
+
+
+class SchedulerServicer(pb_grpc.SchedulerServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def CreateTicket(self, request: pb.CreateTicketRequest, context) -> pb.Ticket:
+        v = self.engine.create_ticket(request.workspace, request.workflow, request.title, request.body,
+                                      dict(request.inputs), request.principal)
+        return ticket_pb(v)
+
+    async def ListTickets(self, request: pb.ListTicketsRequest, context) -> pb.ListTicketsResponse:
+        states = []
+        for s in request.states:
+            if s not in STATE_NAMES:
+                raise InvalidArgument(f"unknown ticket state {s}")
+            states.append(STATE_NAMES[s])
+        views, token = self.engine.list_tickets(states, request.workspace, request.page_size, request.page_token)
+        return pb.ListTicketsResponse(tickets=[ticket_pb(v) for v in views], next_page_token=token)
+
+    async def GetTicket(self, request: pb.GetTicketRequest, context) -> pb.Ticket:
+        return ticket_pb(self.engine.view(request.id))
+
+    async def CancelTicket(self, request: pb.CancelTicketRequest, context) -> pb.Ticket:
+        return ticket_pb(await self.engine.cancel(request.id, request.principal))
+
+    async def ApproveTicket(self, request: pb.ApproveTicketRequest, context) -> pb.Ticket:
+        return ticket_pb(await self.engine.approve(request.id, request.principal, request.sha))
+
+    async def RejectTicket(self, request: pb.RejectTicketRequest, context) -> pb.Ticket:
+        return ticket_pb(await self.engine.reject(request.id, request.principal, request.reason))
+
+    async def WatchTicket(self, request: pb.WatchTicketRequest, context):
+        async for ev in self.engine.watch(request.id, request.from_seq, request.follow):
+            yield event_pb(ev)
+
+    async def GetTicketDiff(self, request: pb.GetTicketRequest, context) -> pb.TicketDiff:
+        diff, truncated = await self.engine.diff(request.id)
+        return pb.TicketDiff(diff=diff, truncated=truncated)
+
+    async def ListWorkflows(self, request, context) -> pb.ListWorkflowsResponse:
+        out = []
+        for wf in sorted(self.engine.config.workflows.values(), key=lambda w: w.name):
+            out.append(pb.Workflow(name=wf.name, workspace=wf.workspace or "", nodes=[
+                pb.WorkflowNode(id=n.id, kind=n.label, needs=list(n.needs)) for n in wf.nodes]))
+        return pb.ListWorkflowsResponse(workflows=out)
+
+    async def ListWorkspaces(self, request, context) -> pb.ListWorkspacesResponse:
+        out = []
+        for ws in sorted(self.engine.config.workspaces.values(), key=lambda w: w.name):
+            out.append(pb.Workspace(name=ws.name, repo=ws.repo, base_branch=ws.base_branch, forge=ws.forge.type,
+                                    egress=list(ws.sandbox.egress)))
+        return pb.ListWorkspacesResponse(workspaces=out)
+
+
+class _BadRequest:
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _lenient(deserializer):
+    def decode(data: bytes):
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            if "UTF-8" in str(exc):
+                return _BadRequest("a text field is not valid UTF-8; send UTF-8 text")
+            return _BadRequest("the request could not be decoded")
+    return decode
+
+
+def _checked_unary(fn):
+    async def call(request, context):
+        if isinstance(request, _BadRequest):
+            raise InvalidArgument(request.message)
+        return await fn(request, context)
+    return call
+
+
+def _checked_stream(fn):
+    async def call(request, context):
+        if isinstance(request, _BadRequest):
+            raise InvalidArgument(request.message)
+        async for item in fn(request, context):
+            yield item
+    return call
+
+
+class _Capture:
+    def __init__(self) -> None:
+        self.handlers: dict = {}
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, name, handlers) -> None:
+        self.handlers = dict(handlers)
+
+
+def register(servicer: SchedulerServicer):
+    """A `register` callable for grpcutil.create_server."""
+    cap = _Capture()
+    pb_grpc.add_SchedulerServicer_to_server(servicer, cap)
+    handlers = {}
+    for name, h in cap.handlers.items():
+        if h.unary_unary:
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                _checked_unary(h.unary_unary), request_deserializer=_lenient(h.request_deserializer),
+                response_serializer=h.response_serializer)
+        else:
+            handlers[name] = grpc.unary_stream_rpc_method_handler(
+                _checked_stream(h.unary_stream), request_deserializer=_lenient(h.request_deserializer),
+                response_serializer=h.response_serializer)
+
+    def add(server: grpc.aio.Server) -> None:
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        server.add_registered_method_handlers(SERVICE, handlers)
+
+    return add

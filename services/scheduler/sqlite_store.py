@@ -1,0 +1,293 @@
+"""The embedded SQLite store (WAL mode, versioned migrations).
+
+One connection owned by the scheduler's event loop thread. Writes are
+short transactions; `synchronous=NORMAL` in WAL mode keeps every committed
+transaction across a process kill (only an OS crash may lose the tail).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+from pathlib import Path
+
+from services.common.errors import FailedPrecondition
+
+from .store import (
+    LIVE,
+    TERMINAL,
+    ApprovalRecord,
+    EventRecord,
+    NodeRunRecord,
+    PullRequestRecord,
+    Store,
+    TicketRecord,
+)
+
+log = logging.getLogger(__name__)
+
+# Versioned migrations: index i brings the schema from version i to i+1.
+# Never edit a released entry; append a new one.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE tickets (
+        rowid INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        workspace TEXT NOT NULL,
+        workflow TEXT NOT NULL,
+        title TEXT NOT NULL,
+        body TEXT NOT NULL,
+        inputs_json TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        updated_at_ms INTEGER NOT NULL,
+        principal TEXT NOT NULL DEFAULT '',
+        error TEXT NOT NULL DEFAULT '',
+        tokens_used INTEGER NOT NULL DEFAULT 0,
+        awaiting_sha TEXT NOT NULL DEFAULT '',
+        torn_down INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX tickets_state ON tickets(state, rowid);
+    CREATE TABLE node_runs (
+        ticket_id TEXT NOT NULL REFERENCES tickets(id),
+        node_id TEXT NOT NULL,
+        ord INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        needs_json TEXT NOT NULL,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        started_at_ms INTEGER NOT NULL DEFAULT 0,
+        finished_at_ms INTEGER NOT NULL DEFAULT 0,
+        output TEXT NOT NULL DEFAULT '',
+        error TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (ticket_id, node_id)
+    );
+    CREATE TABLE events (
+        ticket_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        payload_json TEXT NOT NULL,
+        at_ms INTEGER NOT NULL,
+        PRIMARY KEY (ticket_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE approvals (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ticket_id TEXT NOT NULL REFERENCES tickets(id),
+        principal TEXT NOT NULL,
+        sha TEXT NOT NULL,
+        granted INTEGER NOT NULL,
+        at_ms INTEGER NOT NULL,
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE TABLE pull_requests (
+        ticket_id TEXT PRIMARY KEY REFERENCES tickets(id),
+        number TEXT NOT NULL,
+        url TEXT NOT NULL,
+        head_branch TEXT NOT NULL,
+        base_branch TEXT NOT NULL,
+        head_sha TEXT NOT NULL,
+        state TEXT NOT NULL,
+        merge_sha TEXT NOT NULL DEFAULT ''
+    );
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_TICKET_COLS = ("rowid, id, workspace, workflow, title, body, inputs_json, state, created_at_ms, "
+                "updated_at_ms, principal, error, tokens_used, awaiting_sha, torn_down")
+_TICKET_FIELDS = {"state", "updated_at_ms", "error", "tokens_used", "awaiting_sha", "torn_down"}
+_NODE_FIELDS = {"state", "attempt", "started_at_ms", "finished_at_ms", "output", "error"}
+
+
+def _ticket(row: tuple) -> TicketRecord:
+    return TicketRecord(
+        rowid=row[0], id=row[1], workspace=row[2], workflow=row[3], title=row[4], body=row[5],
+        inputs=json.loads(row[6]), state=row[7], created_at_ms=row[8], updated_at_ms=row[9],
+        principal=row[10], error=row[11], tokens_used=row[12], awaiting_sha=row[13],
+        torn_down=bool(row[14]),
+    )
+
+
+class SqliteStore(Store):
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        try:
+            os.chmod(self.path, 0o600)
+        except OSError:
+            pass
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise FailedPrecondition(
+                f"the store {self.path.name} has schema version {version}, newer than this afe "
+                f"({SCHEMA_VERSION}); upgrade afe or point AFE_DATABASE_URL at another file")
+        for i in range(version, SCHEMA_VERSION):
+            log.info("store: migrating schema %s -> %s", i, i + 1)
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in MIGRATIONS[i].split(";"):
+                    if stmt.strip():
+                        self.db.execute(stmt)
+                self.db.execute(f"PRAGMA user_version={i + 1}")
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        self.db.close()
+
+    def ping(self) -> bool:
+        return self.db.execute("SELECT 1").fetchone()[0] == 1
+
+    # tickets
+    def create_ticket(self, ticket: TicketRecord, nodes: list[NodeRunRecord],
+                      first_events: list[EventRecord]) -> TicketRecord:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            cur = db.execute(
+                "INSERT INTO tickets (id, workspace, workflow, title, body, inputs_json, state, "
+                "created_at_ms, updated_at_ms, principal) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (ticket.id, ticket.workspace, ticket.workflow, ticket.title, ticket.body,
+                 json.dumps(ticket.inputs, sort_keys=True), ticket.state, ticket.created_at_ms,
+                 ticket.updated_at_ms, ticket.principal))
+            ticket.rowid = int(cur.lastrowid or 0)
+            db.executemany(
+                "INSERT INTO node_runs (ticket_id, node_id, ord, kind, state, needs_json) "
+                "VALUES (?,?,?,?,?,?)",
+                [(n.ticket_id, n.node_id, i, n.kind, n.state, json.dumps(list(n.needs)))
+                 for i, n in enumerate(nodes)])
+            self._insert_events(first_events)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return ticket
+
+    def get_ticket(self, ticket_id: str) -> TicketRecord | None:
+        row = self.db.execute(f"SELECT {_TICKET_COLS} FROM tickets WHERE id=?", (ticket_id,)).fetchone()
+        return _ticket(row) if row else None
+
+    def list_tickets(self, states: list[str] | None = None, workspace: str | None = None,
+                     limit: int = 50, before_rowid: int | None = None) -> list[TicketRecord]:
+        where, args = [], []
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(states)
+        if workspace:
+            where.append("workspace=?")
+            args.append(workspace)
+        if before_rowid is not None:
+            where.append("rowid<?")
+            args.append(before_rowid)
+        sql = f"SELECT {_TICKET_COLS} FROM tickets"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY rowid DESC LIMIT ?"
+        args.append(limit)
+        return [_ticket(r) for r in self.db.execute(sql, args)]
+
+    def update_ticket(self, ticket_id: str, **fields: object) -> None:
+        bad = set(fields) - _TICKET_FIELDS
+        if bad:
+            raise ValueError(f"not updatable: {sorted(bad)}")
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(f"UPDATE tickets SET {cols} WHERE id=?",
+                        [int(v) if isinstance(v, bool) else v for v in fields.values()] + [ticket_id])
+
+    def tickets_in_states(self, states: tuple[str, ...] = LIVE) -> list[TicketRecord]:
+        marks = ",".join("?" * len(states))
+        sql = f"SELECT {_TICKET_COLS} FROM tickets WHERE state IN ({marks}) ORDER BY rowid"
+        return [_ticket(r) for r in self.db.execute(sql, states)]
+
+    def terminal_not_torn_down(self) -> list[TicketRecord]:
+        sql = f"SELECT {_TICKET_COLS} FROM tickets WHERE torn_down=0 AND state IN (?,?,?) ORDER BY rowid"
+        return [_ticket(r) for r in self.db.execute(sql, sorted(TERMINAL))]
+
+    # node runs
+    def node_runs(self, ticket_id: str) -> list[NodeRunRecord]:
+        rows = self.db.execute(
+            "SELECT ticket_id, node_id, kind, state, needs_json, attempt, started_at_ms, "
+            "finished_at_ms, output, error FROM node_runs WHERE ticket_id=? ORDER BY ord", (ticket_id,))
+        return [NodeRunRecord(ticket_id=r[0], node_id=r[1], kind=r[2], state=r[3],
+                              needs=tuple(json.loads(r[4])), attempt=r[5], started_at_ms=r[6],
+                              finished_at_ms=r[7], output=r[8], error=r[9]) for r in rows]
+
+    def update_node(self, ticket_id: str, node_id: str, **fields: object) -> None:
+        bad = set(fields) - _NODE_FIELDS
+        if bad:
+            raise ValueError(f"not updatable: {sorted(bad)}")
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(f"UPDATE node_runs SET {cols} WHERE ticket_id=? AND node_id=?",
+                        [*fields.values(), ticket_id, node_id])
+
+    # events
+    def _insert_events(self, events: list[EventRecord]) -> None:
+        if events:
+            self.db.executemany(
+                "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (?,?,?,?,?)",
+                [(e.ticket_id, e.seq, e.type, e.payload_json, e.at_ms) for e in events])
+
+    def append_events(self, events: list[EventRecord]) -> None:
+        if not events:
+            return
+        self.db.execute("BEGIN")
+        try:
+            self._insert_events(events)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def events(self, ticket_id: str, from_seq: int, limit: int = 1000) -> list[EventRecord]:
+        rows = self.db.execute(
+            "SELECT ticket_id, seq, type, payload_json, at_ms FROM events "
+            "WHERE ticket_id=? AND seq>=? ORDER BY seq LIMIT ?", (ticket_id, from_seq, limit))
+        return [EventRecord(*r) for r in rows]
+
+    def last_seq(self, ticket_id: str) -> int:
+        row = self.db.execute("SELECT MAX(seq) FROM events WHERE ticket_id=?", (ticket_id,)).fetchone()
+        return int(row[0] or 0)
+
+    # approvals and pull requests
+    def add_approval(self, approval: ApprovalRecord) -> None:
+        self.db.execute(
+            "INSERT INTO approvals (ticket_id, principal, sha, granted, at_ms, reason) VALUES (?,?,?,?,?,?)",
+            (approval.ticket_id, approval.principal, approval.sha, int(approval.granted),
+             approval.at_ms, approval.reason))
+
+    def latest_approval(self, ticket_id: str) -> ApprovalRecord | None:
+        row = self.db.execute(
+            "SELECT ticket_id, principal, sha, granted, at_ms, reason FROM approvals "
+            "WHERE ticket_id=? ORDER BY id DESC LIMIT 1", (ticket_id,)).fetchone()
+        if not row:
+            return None
+        return ApprovalRecord(ticket_id=row[0], principal=row[1], sha=row[2], granted=bool(row[3]),
+                              at_ms=row[4], reason=row[5])
+
+    def put_pr(self, pr: PullRequestRecord) -> None:
+        self.db.execute(
+            "INSERT INTO pull_requests (ticket_id, number, url, head_branch, base_branch, head_sha, "
+            "state, merge_sha) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(ticket_id) DO UPDATE SET "
+            "number=excluded.number, url=excluded.url, head_branch=excluded.head_branch, "
+            "base_branch=excluded.base_branch, head_sha=excluded.head_sha, state=excluded.state, "
+            "merge_sha=excluded.merge_sha",
+            (pr.ticket_id, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha, pr.state,
+             pr.merge_sha))
+
+    def get_pr(self, ticket_id: str) -> PullRequestRecord | None:
+        row = self.db.execute(
+            "SELECT ticket_id, number, url, head_branch, base_branch, head_sha, state, merge_sha "
+            "FROM pull_requests WHERE ticket_id=?", (ticket_id,)).fetchone()
+        return PullRequestRecord(*row) if row else None

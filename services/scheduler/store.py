@@ -1,0 +1,161 @@
+"""The scheduler's durable state behind one interface.
+
+`Store` is what the engine sees: tickets, node runs, events, approvals and
+pull-request records. `SqliteStore` (sqlite_store.py) is the embedded
+default; a PostgreSQL implementation follows the same ABC without touching
+the engine. Records are plain dataclasses; nothing here knows about gRPC.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+# Ticket states.
+QUEUED = "queued"
+RUNNING = "running"
+WAITING_APPROVAL = "waiting_approval"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+LIVE = (QUEUED, RUNNING, WAITING_APPROVAL)
+
+# Node states.
+N_PENDING = "pending"
+N_RUNNING = "running"
+N_SUCCEEDED = "succeeded"
+N_FAILED = "failed"
+N_SKIPPED = "skipped"
+N_CANCELLED = "cancelled"
+N_WAITING = "waiting"
+N_TERMINAL = frozenset({N_SUCCEEDED, N_FAILED, N_SKIPPED, N_CANCELLED})
+
+
+@dataclass
+class TicketRecord:
+    id: str
+    workspace: str
+    workflow: str
+    title: str
+    body: str
+    inputs: dict[str, str]
+    state: str
+    created_at_ms: int
+    updated_at_ms: int
+    principal: str = ""
+    error: str = ""
+    tokens_used: int = 0
+    awaiting_sha: str = ""
+    torn_down: bool = False
+    rowid: int = 0
+
+
+@dataclass
+class NodeRunRecord:
+    ticket_id: str
+    node_id: str
+    kind: str
+    state: str = N_PENDING
+    needs: tuple[str, ...] = ()
+    attempt: int = 0
+    started_at_ms: int = 0
+    finished_at_ms: int = 0
+    output: str = ""
+    error: str = ""
+
+
+@dataclass
+class EventRecord:
+    ticket_id: str
+    seq: int
+    type: str
+    payload_json: str
+    at_ms: int
+
+
+@dataclass
+class ApprovalRecord:
+    ticket_id: str
+    principal: str
+    sha: str
+    granted: bool
+    at_ms: int
+    reason: str = ""
+
+
+@dataclass
+class PullRequestRecord:
+    ticket_id: str
+    number: str
+    url: str = ""
+    head_branch: str = ""
+    base_branch: str = ""
+    head_sha: str = ""
+    state: str = "open"
+    merge_sha: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class Store(abc.ABC):
+    """Durable state. Every method commits before it returns."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def ping(self) -> bool: ...
+
+    # tickets
+    @abc.abstractmethod
+    def create_ticket(self, ticket: TicketRecord, nodes: list[NodeRunRecord],
+                      first_events: list[EventRecord]) -> TicketRecord:
+        """Insert the ticket, its pending node runs and its first events atomically."""
+
+    @abc.abstractmethod
+    def get_ticket(self, ticket_id: str) -> TicketRecord | None: ...
+
+    @abc.abstractmethod
+    def list_tickets(self, states: list[str] | None = None, workspace: str | None = None,
+                     limit: int = 50, before_rowid: int | None = None) -> list[TicketRecord]:
+        """Newest first; `before_rowid` pages backwards."""
+
+    @abc.abstractmethod
+    def update_ticket(self, ticket_id: str, **fields: object) -> None: ...
+
+    @abc.abstractmethod
+    def tickets_in_states(self, states: tuple[str, ...]) -> list[TicketRecord]:
+        """Oldest first (creation order)."""
+
+    @abc.abstractmethod
+    def terminal_not_torn_down(self) -> list[TicketRecord]: ...
+
+    # node runs
+    @abc.abstractmethod
+    def node_runs(self, ticket_id: str) -> list[NodeRunRecord]: ...
+
+    @abc.abstractmethod
+    def update_node(self, ticket_id: str, node_id: str, **fields: object) -> None: ...
+
+    # events
+    @abc.abstractmethod
+    def append_events(self, events: list[EventRecord]) -> None: ...
+
+    @abc.abstractmethod
+    def events(self, ticket_id: str, from_seq: int, limit: int = 1000) -> list[EventRecord]: ...
+
+    @abc.abstractmethod
+    def last_seq(self, ticket_id: str) -> int: ...
+
+    # approvals and pull requests
+    @abc.abstractmethod
+    def add_approval(self, approval: ApprovalRecord) -> None: ...
+
+    @abc.abstractmethod
+    def latest_approval(self, ticket_id: str) -> ApprovalRecord | None: ...
+
+    @abc.abstractmethod
+    def put_pr(self, pr: PullRequestRecord) -> None: ...
+
+    @abc.abstractmethod
+    def get_pr(self, ticket_id: str) -> PullRequestRecord | None: ...
