@@ -1,0 +1,6 @@
+"""ACP agent nodes: the engine as an Agent Client Protocol client to coding
+agents running inside the ticket's sandbox (see docs/ACP.md)."""
+
+from .runner import run_agent_node
+
+__all__ = ["run_agent_node"]

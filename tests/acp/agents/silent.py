@@ -1,0 +1,28 @@
+"""Answers initialize and session/new, then never answers the prompt.
+
+When session/cancel arrives it writes /workspace/.cancel-received (so the
+test can see the engine cancelled before killing) and keeps hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from acp import run_agent, update_agent_message_text
+
+from _base import BaseAgent
+
+
+class SilentAgent(BaseAgent):
+    async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any):
+        await self.conn.session_update(session_id, update_agent_message_text("thinking forever"))
+        await asyncio.Event().wait()
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        with open("/workspace/.cancel-received", "w") as f:
+            f.write(session_id)
+
+
+if __name__ == "__main__":
+    asyncio.run(run_agent(SilentAgent()))
