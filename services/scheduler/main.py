@@ -23,15 +23,10 @@ from services.common.manifests import load_config
 from services.common.process import make_context, parse_args, run_until_signalled
 from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 
-from .brokers import CredentialsClient, SandboxClient
+from .app import build_app
 from .database_url import store_path
-from .engine import Engine
-from .servicer import SERVICE, SchedulerServicer, register
-from .sqlite_store import SqliteStore
 
 log = logging.getLogger(__name__)
-
-CALLERS = ("gateway", "automation")
 
 
 def _extra(p: argparse.ArgumentParser) -> None:
@@ -46,19 +41,12 @@ async def amain(argv: list[str] | None = None) -> int:
     ctx.layout.ensure()
     db_path = store_path(ctx.layout, ctx.redactor)
     config = load_config(ctx.config_dir)
-    store = SqliteStore(db_path)
-    sandbox = SandboxClient(str(ctx.layout.socket("sandbox")), ctx.links.call.get("sandbox"))
-    credentials = CredentialsClient(str(ctx.layout.socket("credentials")), ctx.links.call.get("credentials"))
-    engine = Engine(config, store, sandbox, credentials, ctx.redactor, max_running=args.max_running,
-                    registry=ctx.registry)
-    socket_path = str(ctx.layout.socket("scheduler"))
-    accepted = {k: v for k, v in ctx.links.serve.items() if k in CALLERS}
-    server, health = grpcutil.create_server(socket_path, accepted, ctx.redactor,
-                                            [register(SchedulerServicer(engine))], service_names=[SERVICE],
-                                            interceptors=grpc_server_interceptors())
+    app = build_app(config, ctx.layout, ctx.links, ctx.redactor, store_path=db_path,
+                    max_running=args.max_running, registry=ctx.registry,
+                    interceptors=grpc_server_interceptors())
 
     async def store_ready() -> bool:
-        return store.ping()
+        return app.store.ping()
 
     async def sandbox_ready() -> bool:
         return await grpcutil.check_health(str(ctx.layout.socket("sandbox")), ctx.links.call.get("sandbox"))
@@ -68,16 +56,11 @@ async def amain(argv: list[str] | None = None) -> int:
                                            ctx.links.call.get("credentials"))
 
     async def start() -> dict:
-        await grpcutil.start_server(server, health, socket_path)
-        await engine.start()
-        return {"socket": socket_path}
+        await app.start()
+        return {"socket": app.socket_path}
 
     async def stop() -> None:
-        await server.stop(2)
-        await engine.stop()
-        await sandbox.close()
-        await credentials.close()
-        store.close()
+        await app.stop()
         shutdown_tracing()
 
     await run_until_signalled(ctx, {"store": store_ready, "sandbox": sandbox_ready,

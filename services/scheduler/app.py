@@ -1,0 +1,63 @@
+"""Builds the scheduler from its parts (store, broker clients, engine,
+servicer, server). Used by main.py and by in-process tests; the one place
+that wires them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from services.common import grpcutil
+from services.common.config import Config
+from services.common.layout import Layout
+from services.common.links import LinkSecrets
+from services.common.redact import Redactor
+
+from .brokers import CredentialsClient, SandboxClient
+from .engine import Engine
+from .servicer import SERVICE, SchedulerServicer, register
+from .sqlite_store import SqliteStore
+
+CALLERS = ("gateway", "automation")
+
+
+@dataclass
+class SchedulerApp:
+    engine: Engine
+    store: SqliteStore
+    sandbox: SandboxClient
+    credentials: CredentialsClient
+    server: grpc.aio.Server
+    health: object
+    socket_path: str
+
+    async def start(self) -> None:
+        await grpcutil.start_server(self.server, self.health, self.socket_path)
+        await self.engine.start()
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await self.server.stop(grace)
+        await self.engine.stop()
+        await self.sandbox.close()
+        await self.credentials.close()
+        self.store.close()
+
+
+def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Redactor, *,
+              store_path: Path | None = None, max_running: int = 4,
+              registry: CollectorRegistry | None = None, interceptors=()) -> SchedulerApp:
+    store = SqliteStore(store_path or layout.store_file)
+    sandbox = SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
+    credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))
+    engine = Engine(config, store, sandbox, credentials, redactor, max_running=max_running,
+                    registry=registry if registry is not None else CollectorRegistry())
+    socket_path = str(layout.socket("scheduler"))
+    accepted = {k: v for k, v in links.serve.items() if k in CALLERS}
+    server, health = grpcutil.create_server(socket_path, accepted, redactor,
+                                            [register(SchedulerServicer(engine))], service_names=[SERVICE],
+                                            interceptors=interceptors)
+    return SchedulerApp(engine, store, sandbox, credentials, server, health, socket_path)
