@@ -243,13 +243,24 @@ def create_server(socket_path: str, accepted: dict[str, bytes], redactor: Redact
     return server, health_servicer
 
 
+def socket_mode() -> int:
+    """0600 (same user only) unless AFE_SOCKET_MODE=0660: the deployment in
+    deploy/systemd and deploy/compose runs each process as its own user and
+    lets exactly one caller group connect (the process's primary group)."""
+    value = os.environ.get("AFE_SOCKET_MODE", "0600").strip()
+    if value not in ("0600", "0660"):
+        raise errors.ConfigError("AFE_SOCKET_MODE must be 0600 or 0660")
+    return int(value, 8)
+
+
 async def start_server(server: grpc.aio.Server, health_servicer, socket_path: str) -> None:
+    mode = socket_mode()
     old = os.umask(0o177)
     try:
         await server.start()
     finally:
         os.umask(old)
-    os.chmod(socket_path, 0o600)
+    os.chmod(socket_path, mode)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     for name in getattr(server, "_afe_service_names", []):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
