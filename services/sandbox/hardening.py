@@ -15,6 +15,7 @@ from services.common.layout import SANDBOX_GID, SANDBOX_UID
 from .egress import PROXY_PORT
 
 WORKSPACE = "/workspace"
+NO_DNS = "192.0.2.53"   # TEST-NET-1: never routable
 TMPFS_TMP = "size=256m,noexec,nosuid,nodev,mode=1777"
 
 DEFAULT_LIMITS = Limits()
@@ -97,6 +98,10 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
         init=True,
         ipc_mode="private",
         hostname="sandbox",
+        # With egress the sandbox sits on a user-defined network whose embedded
+        # DNS would forward unknown names upstream from the host: point it at
+        # an unroutable resolver so no lookup leaves (the proxy resolves).
+        **({"dns": [NO_DNS], "dns_opt": ["timeout:1", "attempts:1"], "dns_search": ["."]} if network else {}),
         stdin_open=False,
         tty=False,
         detach=True,

@@ -1,0 +1,193 @@
+"""Fixtures for the sandbox broker's tests: the real broker (in a thread
+with its own event loop, so fixtures can be module/session scoped), a sync
+gRPC stub presenting the scheduler's link secret, and a test network with a
+target HTTP server container for egress tests. Every Docker object carries a
+unique afe.instance label and is removed by its creator."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import grpc
+import pytest
+
+from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
+from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
+from services.common.grpcutil import _LinkAuth, socket_target
+from services.common.layout import Layout
+from services.sandbox.images import SANDBOX_IMAGE, ensure_images
+from tests.support.sandbox_broker import new_instance, sandbox_broker
+
+pytestmark = pytest.mark.docker
+
+# A tiny HTTP server run in the target container: port 80 and 443 (plain
+# HTTP; a CONNECT tunnel only needs the TCP connection) and 8080.
+TARGET_SERVER = r'''
+import http.server, socketserver, threading
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = b"TARGET-OK"
+        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a): pass
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+for port in (80, 443, 8080):
+    s = socketserver.ThreadingTCPServer(("0.0.0.0", port), H)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+'''
+
+
+def sync_stub(socket_path: str, secret: bytes | None) -> tuple[grpc.Channel, sandbox_pb2_grpc.SandboxBrokerStub]:
+    creds = grpc.local_channel_credentials(grpc.LocalConnectionType.UDS)
+    if secret is not None:
+        creds = grpc.composite_channel_credentials(creds, grpc.metadata_call_credentials(_LinkAuth(secret)))
+    ch = grpc.secure_channel(socket_target(socket_path), creds)
+    return ch, sandbox_pb2_grpc.SandboxBrokerStub(ch)
+
+
+@dataclass
+class ExecResult:
+    code: int
+    stdout: bytes
+    stderr: bytes
+    exit: pb.ExecExit
+
+
+def run(stub, ticket: str, cmd: str | list[str], timeout_ms: int = 30000, **kw) -> ExecResult:
+    argv = ["bash", "-c", cmd] if isinstance(cmd, str) else cmd
+    out, err, ex = [], [], None
+    for ev in stub.Exec(pb.ExecRequest(ticket_id=ticket, argv=argv, timeout_ms=timeout_ms, **kw), timeout=120):
+        k = ev.WhichOneof("event")
+        if k == "stdout":
+            out.append(ev.stdout)
+        elif k == "stderr":
+            err.append(ev.stderr)
+        else:
+            ex = ev.exit
+    assert ex is not None, "Exec stream ended without an Exit"
+    return ExecResult(ex.code, b"".join(out), b"".join(err), ex)
+
+
+class BrokerThread:
+    """Runs tests.support.sandbox_broker in a private event loop thread."""
+
+    def __init__(self, layout: Layout, **kw) -> None:
+        self.layout = layout
+        self.kw = kw
+        self.ready = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop_event: asyncio.Event | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        async def body() -> None:
+            self.loop = asyncio.get_running_loop()
+            self.stop_event = asyncio.Event()
+            async with sandbox_broker(self.layout, **self.kw) as (sock, secret, inst):
+                self.socket, self.secret, self.instance = sock, secret, inst
+                self.ready.set()
+                await self.stop_event.wait()
+        try:
+            asyncio.run(body())
+        except BaseException as exc:  # surfaced by start()
+            self.error = exc
+            self.ready.set()
+
+    def start(self) -> "BrokerThread":
+        self.thread.start()
+        self.ready.wait(300)
+        if self.error:
+            raise self.error
+        return self
+
+    def stop(self) -> None:
+        if self.loop and self.stop_event:
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(60)
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    ensure_images(progress=lambda _m: None)
+    return docker.from_env()
+
+
+@pytest.fixture(scope="session")
+def test_instance() -> str:
+    return new_instance("ts")
+
+
+@pytest.fixture(scope="session")
+def target_net(docker_client, test_instance):
+    """A user-defined network of our own with a target server named
+    `target-<instance>` (resolvable by Docker's DNS on that network)."""
+    net = docker_client.networks.create(f"afe-test-{test_instance}", labels={"afe.instance": test_instance})
+    net.reload()
+    subnet = net.attrs["IPAM"]["Config"][0]["Subnet"]
+    name = f"target-{test_instance}"
+    tgt = docker_client.containers.run(SANDBOX_IMAGE, ["python3", "-c", TARGET_SERVER], user="0", detach=True,
+                                       name=name, network=net.name, labels={"afe.instance": test_instance})
+    for _ in range(100):
+        if b"ready" in tgt.logs():
+            break
+        import time
+        time.sleep(0.1)
+    tgt.reload()
+    ip = tgt.attrs["NetworkSettings"]["Networks"][net.name]["IPAddress"]
+    try:
+        yield {"network": net.name, "subnet": subnet, "name": name, "ip": ip, "container": tgt}
+    finally:
+        tgt.remove(force=True)
+        net.remove()
+
+
+@pytest.fixture(scope="session")
+def broker_root():
+    d = Path(tempfile.mkdtemp(prefix="afe-sbt-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def broker(broker_root, target_net, test_instance):
+    """One real broker for the session; its proxies' outside network is the
+    test network and the target's subnet is exempt from the private refusal."""
+    layout = Layout(broker_root / "data", broker_root / "run")
+    b = BrokerThread(layout, instance=test_instance + "b", egress_network=target_net["network"],
+                     allow_private=(target_net["subnet"],),
+                     env_values={"AGENT_KEY": "agent-secret-value-123"}).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="session")
+def stub(broker):
+    ch, s = sync_stub(broker.socket, broker.secret)
+    try:
+        yield s
+    finally:
+        ch.close()
+
+
+@pytest.fixture(scope="module")
+def plain_sandbox(stub, broker):
+    """A sandbox without egress, shared by a module's tests."""
+    ticket = "plain-" + new_instance("m")
+    stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(env_names=["AGENT_KEY"])))
+    try:
+        yield ticket
+    finally:
+        stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))

@@ -1,0 +1,176 @@
+"""The sandbox container's settings (R5-R9), checked with `docker inspect`
+and from inside. Each defence has a positive control: the same probe in a
+container started WITHOUT that defence shows the attack would work."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
+from services.common.layout import SANDBOX_UID
+from services.sandbox.images import SANDBOX_IMAGE
+from tests.sandbox.conftest import run
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def inspected(docker_client, stub, plain_sandbox):
+    sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=plain_sandbox))
+    return docker_client.api.inspect_container(sb.container_id)
+
+
+@pytest.fixture(scope="module")
+def control(docker_client, test_instance):
+    """An undefended container (defaults: root, caps, writable root, network)."""
+    c = docker_client.containers.run(SANDBOX_IMAGE, ["sleep", "infinity"], user="0", detach=True,
+                                      labels={"afe.instance": test_instance})
+    try:
+        yield c
+    finally:
+        c.remove(force=True)
+
+
+def control_sh(c, cmd: str) -> tuple[int, str]:
+    code, out = c.exec_run(["bash", "-c", cmd])
+    return code, out.decode()
+
+
+def test_r6_inspect_caps_and_privileges(inspected):
+    hc = inspected["HostConfig"]
+    assert hc["CapDrop"] == ["ALL"]
+    assert not hc.get("CapAdd")
+    assert "no-new-privileges" in hc["SecurityOpt"]
+    assert hc["Privileged"] is False
+
+
+def test_r6_inspect_limits_are_set(inspected):
+    hc = inspected["HostConfig"]
+    assert hc["NanoCpus"] == 1_000_000_000
+    assert hc["Memory"] == 1024 ** 3
+    assert hc["PidsLimit"] == 256
+
+
+def test_r5_r7_r8_inspect_network_user_rootfs_mounts(inspected):
+    hc = inspected["HostConfig"]
+    assert hc["NetworkMode"] == "none"
+    user = inspected["Config"]["User"]
+    assert user == f"{SANDBOX_UID}:{SANDBOX_UID}" and not user.startswith("0")
+    assert hc["ReadonlyRootfs"] is True
+    binds = [m for m in inspected["Mounts"] if m["Type"] == "bind"]
+    assert len(binds) == 1 and binds[0]["Destination"] == "/workspace" and binds[0]["RW"]
+    assert not any("docker.sock" in (m.get("Source") or "") for m in inspected["Mounts"])
+    assert [m for m in inspected["Mounts"] if m["Type"] != "bind"] == []
+    assert set(hc.get("Tmpfs", {})) == {"/tmp"} and "noexec" in hc["Tmpfs"]["/tmp"]
+
+
+def test_r9_inspect_env_has_no_secret_and_only_image_defaults(inspected):
+    env = dict(e.split("=", 1) for e in inspected["Config"]["Env"])
+    assert set(env) <= {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE"}
+    assert "agent-secret-value-123" not in repr(inspected)
+    assert inspected["Config"]["Labels"]["afe.env"] == "AGENT_KEY"
+    assert inspected["Config"]["Labels"]["afe.role"] == "sandbox"
+    assert inspected["Config"]["Labels"]["afe.ticket"]
+
+
+def test_r6_inside_no_capabilities_and_no_new_privs(stub, plain_sandbox, control):
+    r = run(stub, plain_sandbox, "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status")
+    assert "CapEff:\t0000000000000000" in r.stdout.decode()
+    assert "NoNewPrivs:\t1" in r.stdout.decode()
+    _, out = control_sh(control, "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status")
+    assert "CapEff:\t0000000000000000" not in out and "NoNewPrivs:\t0" in out   # positive control
+
+
+def test_r7_inside_runs_as_non_root(stub, plain_sandbox, control):
+    assert run(stub, plain_sandbox, "id -u").stdout.strip() == str(SANDBOX_UID).encode()
+    assert control_sh(control, "id -u")[1].strip() == "0"
+
+
+def test_r8_inside_root_filesystem_is_read_only(stub, plain_sandbox, control):
+    r = run(stub, plain_sandbox, "touch /probe-root || echo refused; touch /etc/probe || echo refused2")
+    assert b"refused" in r.stdout and b"refused2" in r.stdout
+    assert run(stub, plain_sandbox, "touch /workspace/ok && echo wrote").stdout.strip() == b"wrote"
+    assert control_sh(control, "touch /probe-root && echo wrote")[1].strip() == "wrote"
+
+
+def test_r8_tmp_is_writable_but_noexec(stub, plain_sandbox):
+    r = run(stub, plain_sandbox, "printf '#!/bin/sh\\necho ran\\n' > /tmp/x && chmod +x /tmp/x && /tmp/x; echo rc=$?")
+    assert b"ran" not in r.stdout and b"rc=126" in r.stdout
+
+
+def test_r8_no_docker_socket_anywhere(stub, plain_sandbox):
+    r = run(stub, plain_sandbox, "find / -xdev -type s 2>/dev/null; ls -la /var/run/docker.sock /run/docker.sock 2>&1")
+    assert b"docker.sock" not in r.stdout.replace(b"No such file", b"").split(b"cannot access")[0]
+    assert r.stdout.count(b"No such file") == 2
+
+
+def test_r5_only_loopback_without_egress(stub, plain_sandbox, control):
+    r = run(stub, plain_sandbox, "ls /sys/class/net")
+    assert r.stdout.split() == [b"lo"]
+    assert b"eth0" in control_sh(control, "ls /sys/class/net")[1].encode()    # positive control
+
+
+def test_r9_process_gets_only_requested_declared_env(stub, plain_sandbox):
+    r = run(stub, plain_sandbox, "echo ${AGENT_KEY:-unset}")
+    assert r.stdout.strip() == b"unset"      # Exec never receives agent secrets
+
+    def inputs(names):
+        yield pb.ProcessInput(start=pb.ProcessStart(ticket_id=plain_sandbox, argv=["bash", "-c", "echo ${AGENT_KEY:-unset}"],
+                                                    env_names=names))
+    out = b"".join(o.stdout for o in stub.Process(inputs(["AGENT_KEY"]), timeout=60) if o.WhichOneof("output") == "stdout")
+    assert out.strip() == b"agent-secret-value-123"
+    with pytest.raises(Exception) as ei:
+        list(stub.Process(inputs(["NOT_DECLARED"]), timeout=60))
+    assert "not declared" in str(ei.value)
+
+
+@pytest.fixture(scope="module")
+def tight_sandbox(stub):
+    ticket = "tight-" + str(int(time.time() * 1000) % 10**8)
+    stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(
+        limits=pb.Limits(pids=64, memory_bytes=64 * 1024 * 1024, cpus=0.5))))
+    try:
+        yield ticket
+    finally:
+        stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
+
+
+FORK_BOMB = """python3 -c '
+import os, signal
+pids, err = [], "none"
+try:
+    for i in range(400):
+        pid = os.fork()
+        if pid == 0:
+            signal.pause()
+            os._exit(0)
+        pids.append(pid)
+except OSError as e:
+    err = str(e.errno)
+print(len(pids), err, flush=True)
+for p in pids:
+    os.kill(p, 9)
+    os.waitpid(p, 0)
+'"""
+
+
+def test_r6_fork_bomb_hits_pids_limit_and_host_stays_responsive(stub, tight_sandbox):
+    r = run(stub, tight_sandbox, FORK_BOMB, timeout_ms=60000)
+    started, err = r.stdout.split()
+    assert int(started) < 64 and err == b"11"          # EAGAIN at the pids limit
+    # the sandbox, the broker and the host still answer
+    assert run(stub, tight_sandbox, "echo alive").stdout.strip() == b"alive"
+
+
+def test_r6_fork_bomb_control_without_limit(control):
+    code, out = control_sh(control, FORK_BOMB)
+    assert out.split() == ["400", "none"]              # positive control: no pids limit
+
+
+def test_r6_memory_hog_is_killed(stub, tight_sandbox, control):
+    hog = "python3 -c \"b = bytearray(256 * 1024 * 1024); print('allocated', len(b))\""
+    r = run(stub, tight_sandbox, hog, timeout_ms=60000)
+    assert r.code == 137 and b"allocated" not in r.stdout
+    assert "allocated" in control_sh(control, hog)[1]      # positive control
