@@ -3,8 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+ENSURE_IMAGES := $(BIN)/python -c "from services.sandbox.images import ensure_images; ensure_images()"
 
-.PHONY: run test proto proto-check lint bench images install clean
+.PHONY: run test proto proto-check lint bench images images-ready check install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,14 +21,27 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(BIN)/python scripts/genproto.py --check
 
+# Build the Docker images that are missing (afe/base:bookworm via debootstrap,
+# afe/sandbox:latest, afe/proxy:latest). AFE_BASE_IMAGE=debian:bookworm-slim
+# pulls a base from a registry instead, which is much faster.
+images-ready: $(STAMP)
+	$(ENSURE_IMAGES)
+
+# Rebuild the sandbox and proxy images.
 images: $(STAMP)
-	$(BIN)/afe images build
+	$(BIN)/python -c "from services.sandbox.images import ensure_images; ensure_images(force=True)"
 
+# Start afe (all four processes) on ./afe.d, or on the bundled demo when absent.
 run: $(STAMP)
-	$(BIN)/afe up
+	$(BIN)/afe up $(AFE_ARGS)
 
-test: $(STAMP) proto-check
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+check: $(STAMP)
+	$(BIN)/afe check $(AFE_ARGS)
+
+# The whole suite. pytest's "no tests collected" (exit 5) is a failure too.
+test: $(STAMP) proto-check images-ready
+	@$(BIN)/python -m pytest -ra -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check services gateway tests scripts
