@@ -305,15 +305,6 @@ class TicketRun:
         await self.ensure_sandbox()
         out: list[str] = []
         code, timed_out, truncated = -1, False, False
-        pending: list[str] = []
-        pending_stream = ""
-
-        def flush() -> None:
-            nonlocal pending
-            if pending:
-                self.emit("node.output", {"node": node.id, "stream": pending_stream, "text": "".join(pending)})
-                pending = []
-
         async for ev in self.sandbox.exec(self.ticket.id, ["bash", "-lc", node.run or ""],
                                           timeout_ms=int(node.timeout_s * 1000),
                                           output_cap_bytes=RUN_OUTPUT_CAP):
@@ -321,13 +312,10 @@ class TicketRun:
             if which in ("stdout", "stderr"):
                 text = getattr(ev, which).decode("utf-8", errors="replace")
                 out.append(text)
-                if which != pending_stream or sum(map(len, pending)) > CHUNK_EVENT:
-                    flush()
-                    pending_stream = which
-                pending.append(text)
+                for i in range(0, len(text), CHUNK_EVENT):
+                    self.emit("node.output", {"node": node.id, "stream": which, "text": text[i:i + CHUNK_EVENT]})
             elif which == "exit":
                 code, timed_out, truncated = ev.exit.code, ev.exit.timed_out, ev.exit.truncated
-        flush()
         text = "".join(out)
         if truncated:
             text += "\n[output cut]"
