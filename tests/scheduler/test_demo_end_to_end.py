@@ -10,8 +10,8 @@ import docker
 import grpc
 import pytest
 
-from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
+from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common import demo
 from services.common.layout import Layout
 from tests.support.system import afe_system

@@ -10,8 +10,16 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
 from tests.support.system import afe_system
 
-from .conftest import all_events, forge_records, git, payload, state_name, wait_for_event, wait_for_state, \
-    write_config
+from .conftest import (
+    all_events,
+    forge_records,
+    git,
+    payload,
+    state_name,
+    wait_for_event,
+    wait_for_state,
+    write_config,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
