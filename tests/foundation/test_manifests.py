@@ -243,3 +243,12 @@ def test_replay_script_in_config_folder_is_not_read_as_a_manifest(tmp_path):
 def test_empty_folder_says_what_to_add(tmp_path):
     with pytest.raises(ConfigError, match="no manifests found"):
         load_config(tmp_path)
+
+
+def test_readme_configuration_example_validates(tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "afe.yaml").write_text(example)
+    cfg = load_config(tmp_path)
+    assert cfg.credential_env_names() == ["OPENAI_API_KEY", "SHOP_GITHUB_TOKEN"]
+    assert cfg.agent_env_names() == ["ANTHROPIC_API_KEY"]
