@@ -229,7 +229,9 @@ def create_server(socket_path: str, accepted: dict[str, bytes], redactor: Redact
     chain: list[grpc.aio.ServerInterceptor] = [*telemetry.grpc_server_interceptors()]
     if registry is not None:
         chain.append(_Metrics(metrics.grpc_server_metrics(registry)))
-    server = grpc.aio.server(interceptors=[*chain, *interceptors, _Guard(accepted, redactor)],
+    # A caller may still pass telemetry.grpc_server_interceptors() itself: keep one tracing interceptor.
+    extra = [i for i in interceptors if not (chain and telemetry.is_tracing_interceptor(i))]
+    server = grpc.aio.server(interceptors=[*chain, *extra, _Guard(accepted, redactor)],
                              options=_OPTIONS)
     for reg in register:
         reg(server)

@@ -201,6 +201,10 @@ def grpc_server_interceptors() -> list:
     return [aio_server_interceptor(tracer_provider=_active)]
 
 
+def is_tracing_interceptor(obj: object) -> bool:
+    return type(obj).__name__ == "OpenTelemetryAioServerInterceptor"
+
+
 def grpc_client_interceptors() -> list:
     if _active is None:
         return []
