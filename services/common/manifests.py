@@ -366,7 +366,7 @@ class _Loader:
             author = Author(name=doc.text(ad, "name", "author.name", author.name),
                             email=doc.text(ad, "email", "author.email", author.email))
         max_running = doc.integer(d, "maxRunning", "maxRunning", 0, minimum=0)
-        if doc.named and repo is not None:
+        if doc.named and name is not None and repo is not None:
             self.workspaces[name] = Workspace(
                 name=name, repo=repo, base_branch=base_branch, token_env=token_env, forge=forge,
                 sandbox=sandbox, author=author, max_running=max_running, source=doc.where)
