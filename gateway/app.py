@@ -93,7 +93,7 @@ def build_app(auth: Authenticator, backend: SchedulerBackend, redactor: Redactor
     def on_token_change() -> None:
         for conn in list(conns):
             if not auth.still_valid(conn.principal):
-                asyncio.ensure_future(conn.close_for_auth())
+                conn.close_for_auth()
 
     auth.tokens.on_change(on_token_change)
 

@@ -39,6 +39,8 @@ def _extra(p: argparse.ArgumentParser) -> None:
                    help="HOST:PORT for the UI and /rpc (port 0 picks a free one)")
     p.add_argument("--public-url", default=None,
                    help="the URL people open (its origin is the only one trusted); default http://<listen>")
+    p.add_argument("--max-failed-logins", type=int, default=10,
+                   help="failed logins allowed per client address per minute")
     p.add_argument("--token-file", default=None,
                    help="0600 file holding the UI token, used when AFE_UI_TOKEN is unset "
                         "(default <data>/ui-token)")
@@ -57,7 +59,7 @@ async def _main(argv: list[str] | None) -> None:
     token_file = Path(args.token_file) if args.token_file else ctx.layout.token_file
     fixed = env["AFE_UI_TOKEN"].reveal() if "AFE_UI_TOKEN" in env else None
     tokens = TokenSource(ctx.redactor, fixed=fixed, path=None if fixed else token_file)
-    auth = Authenticator(tokens, site, FailureLimiter())
+    auth = Authenticator(tokens, site, FailureLimiter(max_failures=args.max_failed_logins))
     backend = SchedulerBackend(ctx.layout.socket("scheduler"), ctx.links.call.get("scheduler"))
     app = build_app(auth, backend, ctx.redactor)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)

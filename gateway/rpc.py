@@ -129,6 +129,7 @@ class RpcConnection:
         self._tasks: set[asyncio.Task] = set()
         self._watches: dict[str, asyncio.Task] = {}
         self._next_watch = 0
+        self._closer: asyncio.Future | None = None
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._handlers: dict[str, Callable[[dict], Awaitable[Any]]] = {
             "tickets.create": self._create,
@@ -164,7 +165,7 @@ class RpcConnection:
         try:
             async for msg in self.ws:
                 if not self.auth.still_valid(self.principal):
-                    await self.close_for_auth()
+                    self.close_for_auth()
                     break
                 if msg.type == WSMsgType.TEXT:
                     await self._dispatch(msg.data)
@@ -178,10 +179,17 @@ class RpcConnection:
             for t in list(self._tasks):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+            if self._closer is not None:
+                # Keep the handler alive until the close frame is out.
+                with contextlib.suppress(Exception):
+                    await self._closer
 
-    async def close_for_auth(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.ws.close(code=CLOSE_AUTH, message=b"session ended; log in again")
+    def close_for_auth(self) -> asyncio.Future:
+        """Close with 4401 (the session ended); safe to call from any task."""
+        if self._closer is None:
+            self._closer = asyncio.ensure_future(
+                self.ws.close(code=CLOSE_AUTH, message=b"session ended; log in again"))
+        return self._closer
 
     def _spawn(self, coro: Awaitable[None]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
