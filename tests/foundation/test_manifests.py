@@ -252,3 +252,26 @@ def test_readme_configuration_example_validates(tmp_path):
     cfg = load_config(tmp_path)
     assert cfg.credential_env_names() == ["OPENAI_API_KEY", "SHOP_GITHUB_TOKEN"]
     assert cfg.agent_env_names() == ["ANTHROPIC_API_KEY"]
+
+
+def test_afe_check_lists_every_problem_and_exits_1(tmp_path, capsys):
+    from services.cli.main import main
+
+    secret = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    write(tmp_path, WORKSPACE + f"tokenEnv: {secret}\nsandbox: {{limits: {{memory: lots}}}}\n")
+    assert main(["check", "--config", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "afe.yaml#1 tokenEnv: looks like a secret (GitHub token)" in err
+    assert "afe.yaml#1 sandbox.limits.memory: 'lots' is not a size" in err
+    assert secret not in err
+
+
+def test_afe_check_summarises_a_valid_config(tmp_path, capsys):
+    from services.cli.main import main
+
+    write(tmp_path, GOOD)
+    assert main(["check", "--config", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "OK — 1 workspace(s), 1 model(s), 1 agent(s), 1 workflow(s)" in out
+    assert "workflow wf: plan -> code -> test -> pr -> merge" in out
+    assert "CODER_KEY is not set" in out
