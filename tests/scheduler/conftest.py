@@ -21,7 +21,7 @@ forge: {type: local}
 sandbox:
   image: afe/sandbox:latest
   limits: {cpus: 1, memory: 256m, pids: 128}
-%s
+%s%s
 """
 
 STATE = {v: k for k, v in {
@@ -29,13 +29,13 @@ STATE = {v: k for k, v in {
     "succeeded": pb.SUCCEEDED, "failed": pb.FAILED, "cancelled": pb.CANCELLED}.items()}
 
 
-def write_config(root: Path, documents: str, *, workspace_extra: str = "",
+def write_config(root: Path, documents: str, *, workspace_extra: str = "", sandbox_extra: str = "",
                  files: dict[str, str] | None = None) -> Path:
     """A config folder with workspace `ws` (the demo's calc repository) plus `documents`."""
     cfg = root / "cfg"
     cfg.mkdir(parents=True, exist_ok=True)
     make_repo(cfg / "repos" / "calc.git")
-    (cfg / "afe.yaml").write_text(WORKSPACE % workspace_extra + "---\n" + documents)
+    (cfg / "afe.yaml").write_text(WORKSPACE % (sandbox_extra, workspace_extra) + "---\n" + documents)
     for name, text in (files or {}).items():
         (cfg / name).write_text(text)
     return cfg
