@@ -44,7 +44,7 @@ class Site:
         return self.scheme == "https"
 
     @classmethod
-    def build(cls, public_url: str | None, listen_host: str, listen_port: int) -> "Site":
+    def build(cls, public_url: str | None, listen_host: str, listen_port: int) -> Site:
         if not public_url:
             public_url = f"http://{_netloc(listen_host, listen_port)}"
         u = urllib.parse.urlsplit(public_url)

@@ -13,7 +13,7 @@ from gateway import cookies
 from gateway.tokens import write_token_file
 
 from .conftest import start_gateway
-from .rpcutil import call, cookie_of, login, open_rpc, result
+from .rpcutil import cookie_of, login, open_rpc, result
 
 pytestmark = pytest.mark.timeout(60)
 
