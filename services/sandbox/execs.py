@@ -87,13 +87,21 @@ class Runner:
 
     async def kill(self, exec_id: str) -> None:
         """SIGKILL the exec's process group (runc makes every exec a session leader)."""
-        try:
-            doc = await self.api.exec_inspect(exec_id)
-        except Exception:
+        delay = 0.002
+        for _ in range(200):
+            try:
+                doc = await self.api.exec_inspect(exec_id)
+            except Exception:
+                return
+            if doc.get("Running") and int(doc.get("Pid") or 0) > 0:
+                break
+            if doc.get("ExitCode") is not None:
+                return          # already over
+            await asyncio.sleep(delay)     # started a moment ago: not running yet
+            delay = min(delay * 2, 0.05)
+        else:
             return
-        pid = int(doc.get("Pid") or 0)
-        if not doc.get("Running") or pid <= 0:
-            return
+        pid = int(doc["Pid"])
         try:
             os.killpg(pid, signal.SIGKILL)
             return
