@@ -1,1 +1,270 @@
-export {}
+// The afe web UI: login, board, new ticket, ticket page. Plain ES modules,
+// no build step, no third-party code.
+
+import { Rpc, RpcError } from "./rpc.js";
+import { h, clear, when } from "./dom.js";
+import { drawGraph, elapsed } from "./graph.js";
+
+const STATES = ["queued", "running", "waiting_approval", "succeeded", "failed", "cancelled"];
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+const DEMO = { workspace: "demo", workflow: "demo-fix", title: "Fix add() in the demo calculator",
+               body: "The test for add() fails: add(2, 3) returns -1. Make the tests pass." };
+
+const app = document.getElementById("app");
+const nav = document.getElementById("nav");
+const conn = document.getElementById("conn");
+const rpc = new Rpc((s) => { conn.textContent = s; conn.dataset.state = s; });
+let cleanup = () => {};
+
+rpc.onAuthLost = () => showLogin("Your session ended. Log in again.");
+
+function errorText(err) {
+  if (err instanceof RpcError) return `${err.message} (${err.name})`;
+  return String(err && err.message ? err.message : err);
+}
+
+function flash(msg, kind = "error") {
+  const box = h("p", { class: `flash ${kind}`, role: kind === "error" ? "alert" : "status" }, msg);
+  app.prepend(box);
+  setTimeout(() => box.remove(), 8000);
+}
+
+// -- login ---------------------------------------------------------------
+function showLogin(message) {
+  cleanup(); cleanup = () => {};
+  nav.hidden = true;
+  const input = h("input", { type: "password", id: "token", name: "token", autocomplete: "current-password",
+                             required: true, placeholder: "UI token" });
+  const note = h("p", { class: "muted", id: "login-note" }, message || "Paste the UI token (the file ui-token in the data folder).");
+  const form = h("form", { id: "login-form", class: "card narrow" },
+    h("h1", {}, "Log in to afe"), note, input, h("button", { type: "submit" }, "Log in"));
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const resp = await fetch("/auth/login", { method: "POST", headers: { "Content-Type": "application/json" },
+                                              body: JSON.stringify({ token: input.value }), credentials: "same-origin" });
+    input.value = "";
+    if (resp.ok) { nav.hidden = false; route(); return; }
+    let msg = `login failed (${resp.status})`;
+    try { msg = (await resp.json()).error || msg; } catch { /* keep */ }
+    note.textContent = msg;
+    note.className = "flash error";
+  });
+  clear(app).append(form);
+  input.focus();
+}
+
+// -- board ---------------------------------------------------------------
+function card(t) {
+  return h("a", { class: `ticket-card state-${t.state}`, href: `#/t/${t.id}`, "data-ticket": t.id },
+    h("span", { class: "title" }, t.title),
+    h("span", { class: "meta" }, `${t.id} · ${t.workflow} · ${when(t.updated_at_ms)}`));
+}
+
+async function showBoard() {
+  const cols = new Map(STATES.map((s) => [s, h("div", { class: "col-body" })]));
+  const board = h("section", { class: "board", id: "board" },
+    STATES.map((s) => h("div", { class: `col col-${s}`, "data-col": s },
+      h("h2", {}, s.replace("_", " ")), cols.get(s))));
+  clear(app).append(board);
+  let stop = false;
+  const load = async () => {
+    const res = await rpc.call("tickets.list", { page_size: 200 });
+    for (const c of cols.values()) clear(c);
+    for (const t of res.tickets) (cols.get(t.state) || cols.get("queued")).append(card(t));
+    for (const [s, c] of cols) if (!c.firstChild) c.append(h("p", { class: "muted" }, "—"));
+  };
+  try { await load(); } catch (e) { flash(errorText(e)); }
+  const timer = setInterval(() => { if (!stop) load().catch(() => {}); }, 2500);
+  cleanup = () => { stop = true; clearInterval(timer); };
+}
+
+// -- new ticket ----------------------------------------------------------
+async function showNew() {
+  const [wf, ws] = await Promise.all([rpc.call("workflows.list"), rpc.call("workspaces.list")]);
+  const wsSel = h("select", { id: "f-workspace", name: "workspace" },
+    h("option", { value: "" }, "(the workflow's default)"),
+    ws.workspaces.map((w) => h("option", { value: w.name }, `${w.name} — ${w.repo}`)));
+  const wfSel = h("select", { id: "f-workflow", name: "workflow", required: true },
+    wf.workflows.map((w) => h("option", { value: w.name }, w.name)));
+  const title = h("input", { id: "f-title", name: "title", required: true, maxlength: 200 });
+  const body = h("textarea", { id: "f-body", name: "body", rows: 8 });
+  const form = h("form", { id: "new-form", class: "card" }, h("h1", {}, "New ticket"),
+    h("label", {}, "Workspace", wsSel), h("label", {}, "Workflow", wfSel),
+    h("label", {}, "Title", title), h("label", {}, "Body", body),
+    h("button", { type: "submit" }, "Create ticket"));
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    try {
+      const t = await rpc.call("tickets.create", { workspace: wsSel.value, workflow: wfSel.value,
+                                                   title: title.value, body: body.value });
+      location.hash = `#/t/${t.id}`;
+    } catch (e) { flash(errorText(e)); }
+  });
+  clear(app).append(form);
+}
+
+async function runDemo() {
+  try {
+    const t = await rpc.call("tickets.create", DEMO);
+    location.hash = `#/t/${t.id}`;
+  } catch (e) { flash(errorText(e)); }
+}
+
+// -- ticket page ---------------------------------------------------------
+function eventLine(e) {
+  const p = e.payload || {};
+  const node = p.node ? `[${p.node}] ` : "";
+  switch (e.type) {
+    case "node.output": return { cls: `out ${p.stream || ""}`, text: `${node}${p.text || ""}` };
+    case "node.message": return { cls: "msg", text: `${node}model: ${p.content || p.text || ""}` };
+    case "node.tool_call": return { cls: "tool", text: `${node}→ ${p.name}(${p.arguments || ""})` };
+    case "node.tool_result": return { cls: "tool", text: `${node}← ${p.name} ${p.ok === false ? "failed" : "ok"}: ${String(p.result || "").slice(0, 400)}` };
+    case "node.started": return { cls: "sys", text: `${node}started (${p.kind || ""}${p.attempt > 1 ? ", attempt " + p.attempt : ""})` };
+    case "node.finished": return { cls: "sys", text: `${node}finished: ${p.state}${p.error ? " — " + p.error : ""}` };
+    default: {
+      const rest = Object.keys(p).length ? " " + JSON.stringify(p) : "";
+      return { cls: "sys", text: `${e.type}${rest}` };
+    }
+  }
+}
+
+function renderDiff(pre, diff) {
+  clear(pre);
+  for (const line of diff.split("\n")) {
+    let cls = "";
+    if (line.startsWith("+++") || line.startsWith("---") || line.startsWith("diff ")) cls = "file";
+    else if (line.startsWith("+")) cls = "add";
+    else if (line.startsWith("-")) cls = "del";
+    else if (line.startsWith("@@")) cls = "hunk";
+    pre.append(h("span", { class: cls }, line + "\n"));
+  }
+}
+
+async function showTicket(id) {
+  const title = h("h1", { id: "ticket-title" });
+  const state = h("span", { id: "ticket-state", class: "badge" });
+  const meta = h("p", { class: "meta", id: "ticket-meta" });
+  const err = h("p", { class: "flash error", id: "ticket-error", hidden: true });
+  const actions = h("div", { class: "actions", id: "actions" });
+  const prBox = h("p", { id: "pr" });
+  const graph = h("div", { id: "graph", class: "graph-box" });
+  const logs = h("pre", { id: "logs", class: "logs" });
+  const tools = h("ol", { id: "tools", class: "tools" });
+  const diff = h("pre", { id: "diff", class: "diff" }, "(no changes yet)");
+  const body = h("pre", { class: "body", id: "ticket-body" });
+  clear(app).append(h("section", { class: "ticket" },
+    h("div", { class: "head" }, title, state), meta, err, actions, prBox,
+    h("h2", {}, "Workflow"), graph,
+    h("div", { class: "split" },
+      h("div", {}, h("h2", {}, "Live log"), logs),
+      h("div", {}, h("h2", {}, "Tool calls"), tools)),
+    h("h2", {}, "Diff"), diff, h("h2", {}, "Ticket"), body));
+
+  let ticket = null, stopped = false, sub = null, lastSeq = 0, refreshTimer = null, diffFor = "";
+  const render = () => {
+    if (!ticket) return;
+    title.textContent = ticket.title;
+    state.textContent = ticket.state.replace("_", " ");
+    state.dataset.state = ticket.state;
+    state.className = `badge state-${ticket.state}`;
+    meta.textContent = `${ticket.id} · workspace ${ticket.workspace} · workflow ${ticket.workflow} · created ${when(ticket.created_at_ms)}`;
+    err.hidden = !ticket.error;
+    err.textContent = ticket.error || "";
+    body.textContent = ticket.body || "(no body)";
+    clear(graph).append(drawGraph(ticket.nodes, Date.now()));
+    clear(prBox);
+    if (ticket.pr && ticket.pr.url) {
+      prBox.append("Pull request ", h("a", { href: ticket.pr.url, id: "pr-link", rel: "noopener noreferrer", target: "_blank" },
+        `#${ticket.pr.number}`), ` (${ticket.pr.state}) ${ticket.pr.head_branch} → ${ticket.pr.base_branch}`);
+    } else if (ticket.pr) {
+      prBox.append(`Pull request #${ticket.pr.number} (${ticket.pr.state})`);
+    }
+    clear(actions);
+    if (ticket.state === "waiting_approval") {
+      const reason = h("input", { id: "reject-reason", placeholder: "reason (for reject)", maxlength: 2000 });
+      actions.append(
+        h("span", { class: "muted" }, `Merge ${(ticket.awaiting_sha || "").slice(0, 12)}? `),
+        h("button", { id: "approve", type: "button", class: "good", onclick: () => act("tickets.approve", { id, sha: ticket.awaiting_sha || undefined }) }, "Approve"),
+        reason,
+        h("button", { id: "reject", type: "button", class: "bad", onclick: () => act("tickets.reject", { id, reason: reason.value }) }, "Reject"));
+    }
+    if (!TERMINAL.has(ticket.state)) {
+      actions.append(h("button", { id: "cancel", type: "button", class: "quiet", onclick: () => act("tickets.cancel", { id }) }, "Cancel ticket"));
+    }
+    if (ticket.approval) {
+      actions.append(h("span", { class: "muted", id: "approval" },
+        ` ${ticket.approval.granted ? "approved" : "rejected"} by ${ticket.approval.principal}${ticket.approval.reason ? ": " + ticket.approval.reason : ""}`));
+    }
+    const diffKey = `${ticket.state}:${ticket.awaiting_sha}:${ticket.last_seq}`;
+    if ((ticket.state === "waiting_approval" || TERMINAL.has(ticket.state) || ticket.pr) && diffKey !== diffFor) {
+      diffFor = diffKey;
+      rpc.call("tickets.diff", { id }).then((d) => renderDiff(diff, d.diff || "(no changes)")).catch(() => {});
+    }
+  };
+  const refresh = async () => {
+    try { ticket = await rpc.call("tickets.get", { id }); render(); } catch (e) { if (!stopped) flash(errorText(e)); }
+  };
+  const scheduleRefresh = () => {
+    if (refreshTimer) return;
+    refreshTimer = setTimeout(() => { refreshTimer = null; if (!stopped) refresh(); }, 150);
+  };
+  const act = async (method, params) => {
+    try { ticket = await rpc.call(method, params); render(); } catch (e) { flash(errorText(e)); }
+  };
+  const onEvent = (e) => {
+    lastSeq = Math.max(lastSeq, e.seq);
+    if (e.type === "node.tool_call") {
+      const p = e.payload || {};
+      tools.append(h("li", { class: "tool-call" }, h("b", {}, `${p.node}: ${p.name}`), " ", h("code", {}, String(p.arguments || "").slice(0, 600))));
+    }
+    const line = eventLine(e);
+    const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
+    logs.append(h("span", { class: line.cls, "data-type": e.type }, line.text.endsWith("\n") ? line.text : line.text + "\n"));
+    if (atBottom) logs.scrollTop = logs.scrollHeight;
+    if (e.type !== "node.output") scheduleRefresh();
+  };
+  const startWatch = async () => {
+    try {
+      sub = await rpc.watch(id, lastSeq + 1, onEvent, (error) => {
+        sub = null;
+        if (stopped) return;
+        refresh();
+        if (error && error.message !== "connection closed") flash(error.message);
+        else if (!ticket || !TERMINAL.has(ticket.state)) setTimeout(() => { if (!stopped) startWatch(); }, 1000);
+      });
+    } catch (e) { if (!stopped) flash(errorText(e)); }
+  };
+  await refresh();
+  if (!ticket) return;
+  await startWatch();
+  const tick = setInterval(() => { if (ticket && !TERMINAL.has(ticket.state)) clear(graph).append(drawGraph(ticket.nodes, Date.now())); }, 1000);
+  cleanup = () => { stopped = true; clearInterval(tick); if (sub) rpc.unwatch(sub); };
+}
+
+// -- routing -------------------------------------------------------------
+async function route() {
+  cleanup(); cleanup = () => {};
+  const hash = location.hash || "#/";
+  try {
+    const m = hash.match(/^#\/t\/([a-z0-9-]{1,63})$/);
+    if (m) await showTicket(m[1]);
+    else if (hash === "#/new") await showNew();
+    else await showBoard();
+  } catch (e) { flash(errorText(e)); }
+}
+
+async function start() {
+  document.getElementById("run-demo").addEventListener("click", runDemo);
+  document.getElementById("logout").addEventListener("click", async () => {
+    await fetch("/auth/logout", { method: "POST", credentials: "same-origin" });
+    if (rpc.ws) rpc.ws.close();
+    showLogin("Logged out.");
+  });
+  window.addEventListener("hashchange", () => { if (!nav.hidden) route(); });
+  const who = await fetch("/auth/session", { credentials: "same-origin" });
+  if (!who.ok) { showLogin(); return; }
+  nav.hidden = false;
+  route();
+}
+
+start();
