@@ -203,6 +203,7 @@ class Sweep:
     otlp_requests: list = field(default_factory=list)
     model_requests: list = field(default_factory=list)
     acp: bool = False
+    leftovers: list = field(default_factory=lambda: ["not checked"])
 
     def sinks(self) -> dict[str, list[tuple[str, bytes]]]:
         return {
@@ -407,6 +408,16 @@ async def scenario(sweep: Sweep, afe_proc: subprocess.Popen, out: list[str], mod
                         sweep.errors.append((f"ticket {name} node {n['id']}", n["error"]))
                 if sweep.tickets[name]["error"]:
                     sweep.errors.append((f"ticket {name}", sweep.tickets[name]["error"]))
+    # R12: every ticket is terminal now, so its sandbox, proxy and network must go
+    client = docker.from_env()
+    deadline = time.monotonic() + 60
+    while True:
+        left = [c.name for c in client.containers.list(all=True, filters={"label": f"afe.instance={sweep.instance}"})]
+        left += [n.name for n in client.networks.list(filters={"label": f"afe.instance={sweep.instance}"})]
+        if not left or time.monotonic() > deadline:
+            sweep.leftovers = left
+            break
+        await asyncio.sleep(0.5)
     for name, port in ops_ports(run_dir).items():
         sweep.metrics[f"{name} /metrics"] = fetch(f"http://127.0.0.1:{port}/metrics")
         sweep.metrics[f"{name} /readyz"] = fetch(f"http://127.0.0.1:{port}/readyz")
@@ -501,16 +512,66 @@ def _allowed(slot: str, sink: str, item: str, sweep: Sweep) -> bool:
     return False   # nothing is allowed in any sink; the ACP value's one place is checked separately
 
 
-@pytest.mark.timeout(900)
-def test_r27_no_canary_in_any_sink(sweep):
+def find(sweep: Sweep, slots=tuple(CANARIES), sinks=None, extra: dict | None = None) -> list[str]:
+    """Every (canary, sink, item) where a canary shows up; each names both."""
+    all_sinks = {**sweep.sinks(), **(extra or {})}
     found = []
-    for sink, items in sweep.sinks().items():
+    for sink, items in all_sinks.items():
+        if sinks is not None and sink not in sinks:
+            continue
         for item, data in items:
-            for slot, (name, value) in CANARIES.items():
+            for slot in slots:
+                name, value = CANARIES[slot]
                 for form, needle in forms(value).items():
                     if needle in data and not _allowed(slot, sink, item, sweep):
                         found.append(f"canary {slot} ({name}, {form}) found in {sink}: {item}")
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_r27_no_canary_in_any_sink(sweep):
+    found = find(sweep)
     assert not found, "\n".join(found[:40])
+
+
+@pytest.mark.timeout(900)
+def test_r2_token_not_in_argv_git_config_logs_events_or_outputs(sweep):
+    found = find(sweep, ("tokenEnv",))
+    assert not found, "\n".join(found)
+    configs = [k for k in sweep.files_during if k.endswith("config") and ".git" in k]
+    assert configs, "the ticket's git config must have been searched"
+
+
+@pytest.mark.timeout(900)
+def test_r9_acp_value_only_inside_its_agents_environment(sweep):
+    assert sweep.acp, "the ACP test image must be available"
+    found = find(sweep, ("acp env",))
+    assert not found, "\n".join(found)
+    value = CANARIES["acp env"][1].encode()
+    assert any(value in env for env in sweep.agent_environs.values())   # where it belongs
+
+
+@pytest.mark.timeout(900)
+def test_r13_git_forge_and_model_secrets_never_enter_a_container(sweep):
+    agents = {"agent environ " + pid: env for pid, env in sweep.agent_environs.items()}
+    found = find(sweep, ("tokenEnv", "apiKeyEnv", "UI token", "OTLP headers", "store password"),
+                 sinks={"docker inspect", "events", "agent environs"},
+                 extra={"agent environs": list(agents.items())})
+    assert not found, "\n".join(found)
+    dumped = json.dumps(sweep.events["probe"])
+    assert MARKER in dumped and "PATH=" in dumped, "the probe must have dumped the sandbox environment"
+
+
+@pytest.mark.timeout(900)
+def test_r12_sandbox_proxy_and_network_disappear_with_their_tickets(sweep):
+    assert sweep.leftovers == []
+
+
+@pytest.mark.timeout(900)
+def test_r29_store_url_password_is_never_repeated(sweep):
+    found = find(sweep, ("store password",))
+    assert not found, "\n".join(found)
+    assert sweep.store, "the store named by AFE_DATABASE_URL must exist"
 
 
 @pytest.mark.timeout(900)
