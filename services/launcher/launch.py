@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -83,7 +84,31 @@ def preflight(opts: Options, environ: Mapping[str, str],
                               "shorter --run DIR")
     if opts.check_images:
         _ensure_images(progress)
+        _check_other_images(config)
     return config
+
+
+def _check_other_images(config: Config) -> None:
+    """Images a manifest names besides the bundled ones must already exist locally."""
+    from services.sandbox.images import PROXY_IMAGE, SANDBOX_IMAGE
+
+    wanted: dict[str, str] = {}
+    for w in config.workspaces.values():
+        wanted.setdefault(w.sandbox.image, f"{w.source} Workspace {w.name} sandbox.image")
+    for a in config.agents.values():
+        if a.image:
+            wanted.setdefault(a.image, f"{a.source} Agent {a.name} image")
+    missing = []
+    for image, where in sorted(wanted.items()):
+        if image in (SANDBOX_IMAGE, PROXY_IMAGE):
+            continue
+        probe = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
+                               capture_output=True, check=False)
+        if probe.returncode != 0:
+            missing.append(f"  {image} (named by {where})")
+    if missing:
+        raise ConfigError("these Docker images do not exist on this machine; build or pull them, or fix the "
+                          "manifest:\n" + "\n".join(missing))
 
 
 def _ensure_images(progress: Callable[[str], None]) -> None:

@@ -19,6 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import Config
+from services.common.errors import ConfigError
 from services.common.grpcutil import open_channel
 from services.common.layout import Layout
 from services.common.links import new_secret
@@ -299,3 +300,21 @@ def test_child_environments_follow_the_design_table(tmp_path):
     assert set(child_env("sandbox", config, env)) == common | {"FND_AGENT_KEY", "DOCKER_HOST"}
     assert set(child_env("gateway", config, env)) == common | {"AFE_UI_TOKEN"}
     assert set(child_env("scheduler", config, env)) == common | {"AFE_DATABASE_URL"}
+
+
+def test_preflight_refuses_a_missing_custom_image_before_starting(tmp_path):
+    from services.launcher.launch import preflight
+
+    cfg = make_config(tmp_path)
+    text = (cfg / "test.yaml").read_text().replace(
+        "forge: {type: local}\n", "forge: {type: local}\nsandbox: {image: 'afe/fnd-missing-image:none'}\n")
+    (cfg / "test.yaml").write_text(text)
+    layout = Layout(tmp_path / "data", tmp_path / "run")
+    opts = Options(config_dir=cfg, layout=layout)
+    with pytest.raises(ConfigError) as info:
+        preflight(opts, base_env(**CANARIES), progress=lambda m: None)
+    assert "afe/fnd-missing-image:none (named by test.yaml#1 Workspace calc sandbox.image)" in str(info.value)
+    assert not layout.run_dir.exists()
+    # Positive control: with the bundled image the same pre-flight passes.
+    (cfg / "test.yaml").write_text(text.replace("afe/fnd-missing-image:none", "afe/sandbox:latest"))
+    assert preflight(opts, base_env(**CANARIES), progress=lambda m: None).workspaces["calc"]
