@@ -97,13 +97,13 @@ async def broker_stub(config: Config, layout: Layout, *, secrets_: dict[str, str
             yield pb_grpc.CredentialBrokerStub(ch), redactor
 
 
-def git_plain(*args: str, cwd: Path | None = None, env: dict | None = None,
-              check: bool = True) -> subprocess.CompletedProcess:
+def git_plain(*args: str, cwd: Path | None = None, env: dict | None = None, check: bool = True,
+              stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     base = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
             "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     return subprocess.run(["git", *args], cwd=cwd, env={**base, **(env or {})}, capture_output=True,
-                          check=check)
+                          check=check, input=stdin, timeout=timeout)
 
 
 def all_objects(git_dir: Path) -> bytes:
