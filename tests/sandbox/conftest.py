@@ -129,13 +129,21 @@ def test_instance() -> str:
 @pytest.fixture(scope="session")
 def target_net(docker_client, test_instance):
     """A user-defined network of our own with a target server named
-    `target-<instance>` (resolvable by Docker's DNS on that network)."""
+    `target-<instance>` and also `other-target-<instance>` (both resolvable
+    by Docker's DNS on that network)."""
     net = docker_client.networks.create(f"afe-test-{test_instance}", labels={"afe.instance": test_instance})
     net.reload()
     subnet = net.attrs["IPAM"]["Config"][0]["Subnet"]
     name = f"target-{test_instance}"
-    tgt = docker_client.containers.run(SANDBOX_IMAGE, ["python3", "-c", TARGET_SERVER], user="0", detach=True,
-                                       name=name, network=net.name, labels={"afe.instance": test_instance})
+    api = docker_client.api
+    cid = api.create_container(
+        SANDBOX_IMAGE, ["python3", "-c", TARGET_SERVER], user="0", name=name,
+        labels={"afe.instance": test_instance},
+        host_config=api.create_host_config(network_mode=net.name),
+        networking_config=api.create_networking_config(
+            {net.name: api.create_endpoint_config(aliases=[name, "other-" + name])}))["Id"]
+    tgt = docker_client.containers.get(cid)
+    tgt.start()
     for _ in range(100):
         if b"ready" in tgt.logs():
             break
