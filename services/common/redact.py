@@ -29,6 +29,19 @@ SECRET_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("bearer credential", re.compile(r"(?i)(?<=\bbearer )[A-Za-z0-9._~+/=\-]{12,}")),
 ]
 
+# Literal text that every match of a pattern contains: a pattern only runs on
+# text holding one of its literals (same result, a fraction of the cost on
+# ordinary text such as command output and events).
+_LITERALS: dict[str, tuple[str, ...]] = {
+    "GitHub token": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+    "GitHub fine-grained token": ("github_pat_",),
+    "API key (sk-)": ("sk-",),
+    "Slack token": ("xox",),
+    "AWS access key": ("AKIA", "ASIA"),
+    "JWT": ("eyJ",),
+}
+_LOWER_LITERALS: dict[str, str] = {"bearer credential": "bearer"}
+
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/@\s:]*)(?::[^/@\s]*)?@")
 _TOKENISH = re.compile(r"[A-Za-z0-9+/=_\-]{32,}")
 
@@ -106,8 +119,15 @@ class Redactor:
         rx = self._rx
         if rx is not None:
             text = rx.sub(MASK, text)
-        text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
-        for _, pat in SECRET_PATTERNS:
+        if "://" in text and "@" in text:
+            text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
+        for name, pat in SECRET_PATTERNS:
+            literals = _LITERALS.get(name)
+            if literals is not None and not any(lit in text for lit in literals):
+                continue
+            lower = _LOWER_LITERALS.get(name)
+            if lower is not None and lower not in text.lower():
+                continue
             text = pat.sub(MASK, text)
         return _TOKENISH.sub(lambda m: MASK if looks_high_entropy(m.group(0)) else m.group(0), text)
 

@@ -2,10 +2,15 @@
 group-committed to the store, then delivered to live watchers.
 
 `append` assigns the seq at once and buffers the event; the buffer is
-written with one batched insert at the end of the current loop turn (or
-when it grows large), and only then handed to watchers. So a watcher never
+written with one batched insert a moment later (2 ms, or at once when it
+grows large, or before any state change), and only then handed to watchers. So a watcher never
 sees an event the store does not hold, and `watch` (history, then live, with
 the seq as the cursor) has no gap and no duplicate.
+
+Redaction is checked once per batch: every string of the batch is joined
+with NUL separators and passed through the redactor; only when that changes
+anything are the batch's payloads redacted one by one (R27). A match inside
+one string is a match inside the joined text, so nothing is missed.
 """
 
 from __future__ import annotations
@@ -23,22 +28,69 @@ from .store import EventRecord, Store
 
 log = logging.getLogger(__name__)
 
-FLUSH_AT = 512          # events buffered before a synchronous flush
-MAX_PAYLOAD = 64 * 1024  # characters of a payload's JSON; longer strings are cut
+FLUSH_AT = 512           # events buffered before a synchronous flush
+FLUSH_DELAY_S = 0.002    # group commit: events of this window share one transaction
+MAX_STRING = 64 * 1024   # characters of one payload string; longer ones are cut
 FINAL_EVENT = "ticket.finished"
+_SEP = "\x00"
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode
+_estr = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _cap(obj: object, limit: int) -> object:
-    if isinstance(obj, str) and len(obj) > limit:
-        return obj[:limit] + f"... [{len(obj) - limit} characters cut]"
+def _cut(s: str) -> str:
+    return s[:MAX_STRING] + f"... [{len(s) - MAX_STRING} characters cut]"
+
+
+def _to_json(data: object) -> str:
+    """JSON text of a payload; flat objects of strings and ints take a fast path."""
+    if data.__class__ is dict:
+        parts = []
+        for k, v in data.items():  # type: ignore[union-attr]
+            cls = v.__class__
+            if cls is str:
+                parts.append(_estr(k) + ": " + _estr(v))
+            elif cls is int:
+                parts.append(_estr(k) + ": " + int.__repr__(v))
+            elif v is True or v is False or v is None:
+                parts.append(_estr(k) + ": " + ("true" if v is True else "false" if v is False else "null"))
+            else:
+                return _encode(data)
+        return "{" + ", ".join(parts) + "}"
+    return _encode(data)
+
+
+def _prepare(obj: object, strings: list[str], clean_keys: frozenset[str] | set[str] = frozenset()) -> object:
+    """Cap long strings and collect every string for the redaction check (keys
+    too, unless already known clean)."""
+    if isinstance(obj, str):
+        if len(obj) > MAX_STRING:
+            obj = _cut(obj)
+        strings.append(obj)
+        return obj
     if isinstance(obj, dict):
-        return {k: _cap(v, limit) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_cap(v, limit) for v in obj]
+        out = {}
+        for k, v in obj.items():
+            if k.__class__ is not str:
+                k = str(k)
+            if k not in clean_keys:
+                strings.append(k)
+            if v.__class__ is str:
+                if len(v) > MAX_STRING:
+                    v = _cut(v)
+                strings.append(v)
+                out[k] = v
+            elif isinstance(v, (int, float, bool)) or v is None:
+                out[k] = v
+            else:
+                out[k] = _prepare(v, strings, clean_keys)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_prepare(v, strings, clean_keys) for v in obj]
     return obj
 
 
@@ -47,10 +99,13 @@ class EventLog:
         self.store = store
         self.redactor = redactor
         self._seq: dict[str, int] = {}
-        self._buffer: list[EventRecord] = []
+        self._buffer: list[tuple[str, int, str, object, int, list[str]]] = []
         self._watchers: dict[str, set[asyncio.Queue]] = {}
         self._flush_scheduled = False
-        self.on_flush: list[Callable[[list[EventRecord]], None]] = []
+        # Payload keys seen in clean batches (keys are mostly constants of the
+        # code); forgotten whenever a secret is registered.
+        self._clean_keys: set[str] = set()
+        self._clean_for = -1
 
     def next_seq(self, ticket_id: str) -> int:
         seq = self._seq.get(ticket_id)
@@ -61,39 +116,64 @@ class EventLog:
         return seq
 
     def make(self, ticket_id: str, type_: str, payload: dict | None = None) -> EventRecord:
-        clean = self.redactor.redact_obj(_cap(payload or {}, MAX_PAYLOAD))
-        return EventRecord(ticket_id, self.next_seq(ticket_id), type_,
-                           json.dumps(clean, sort_keys=True, ensure_ascii=False), now_ms())
+        """A redacted event, not buffered (for events stored together with other rows)."""
+        clean = self.redactor.redact_obj(_prepare(payload or {}, []))
+        return EventRecord(ticket_id, self.next_seq(ticket_id), type_, _encode(clean), now_ms())
 
-    def append(self, ticket_id: str, type_: str, payload: dict | None = None) -> EventRecord:
-        ev = self.make(ticket_id, type_, payload)
-        self._buffer.append(ev)
+    def append(self, ticket_id: str, type_: str, payload: dict | None = None) -> int:
+        """Buffer an event; returns its seq."""
+        strings: list[str] = []
+        if self._clean_for != self.redactor.count:
+            self._clean_keys = set()
+            self._clean_for = self.redactor.count
+        data = _prepare(payload or {}, strings, self._clean_keys)
+        seq = self.next_seq(ticket_id)
+        self._buffer.append((ticket_id, seq, type_, data, now_ms(), strings))
         if len(self._buffer) >= FLUSH_AT:
             self.flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             try:
-                asyncio.get_running_loop().call_soon(self.flush)
+                asyncio.get_running_loop().call_later(FLUSH_DELAY_S, self.flush)
             except RuntimeError:
                 self.flush()
-        return ev
+        return seq
 
     def flush(self) -> None:
         self._flush_scheduled = False
         if not self._buffer:
             return
         batch, self._buffer = self._buffer, []
-        self.store.append_events(batch)
-        self.delivered(batch)
+        redact = self.redactor.redact
+        joined = _SEP.join(s for item in batch for s in item[5])
+        clean = redact(joined) == joined
+        if clean and self._clean_for == self.redactor.count and len(self._clean_keys) < 4096:
+            for item in batch:
+                d = item[3]
+                if d.__class__ is dict:
+                    self._clean_keys.update(d)  # type: ignore[arg-type]
+        records = []
+        for tid, seq, type_, data, at, strings in batch:
+            if not clean:
+                one = _SEP.join(strings)
+                if redact(one) != one:
+                    data = self.redactor.redact_obj(data)
+            records.append(EventRecord(tid, seq, type_, _to_json(data), at))
+        self.store.append_events(records)
+        self.delivered(records)
 
     def delivered(self, batch: list[EventRecord]) -> None:
         """Hand stored events to live watchers (also used for events the store
         wrote itself, e.g. together with a new ticket)."""
+        if not self._watchers:
+            return
+        per: dict[str, list[EventRecord]] = {}
         for ev in batch:
-            for q in self._watchers.get(ev.ticket_id, ()):
-                q.put_nowait(ev)
-        for cb in self.on_flush:
-            cb(batch)
+            if ev.ticket_id in self._watchers:
+                per.setdefault(ev.ticket_id, []).append(ev)
+        for tid, evs in per.items():
+            for q in self._watchers.get(tid, ()):
+                q.put_nowait(evs)
 
     async def watch(self, ticket_id: str, from_seq: int, follow: bool,
                     is_terminal: Callable[[], bool]) -> AsyncIterator[EventRecord]:
@@ -108,7 +188,7 @@ class EventLog:
         if start > last + 1:
             raise NotFound(f"event seq {from_seq} does not exist for ticket {ticket_id} "
                            f"(its last seq is {last}); resume from a seq up to {last + 1}")
-        q: asyncio.Queue[EventRecord] = asyncio.Queue()
+        q: asyncio.Queue[list[EventRecord]] = asyncio.Queue()
         self._watchers.setdefault(ticket_id, set()).add(q)
         try:
             sent = start - 1
@@ -131,17 +211,17 @@ class EventLog:
                     yield ev
                 return
             while True:
-                ev = await q.get()
-                if ev.seq <= sent:
-                    continue
-                if ev.seq != sent + 1:  # cannot happen with one writer; read the store to be sure
-                    for old in self.store.events(ticket_id, sent + 1, ev.seq - sent - 1):
-                        yield old
-                        sent = old.seq
-                yield ev
-                sent = ev.seq
-                if ev.type == FINAL_EVENT:
-                    return
+                for ev in await q.get():
+                    if ev.seq <= sent:
+                        continue
+                    if ev.seq != sent + 1:  # cannot happen with one writer; read the store to be sure
+                        for old in self.store.events(ticket_id, sent + 1, ev.seq - sent - 1):
+                            yield old
+                            sent = old.seq
+                    yield ev
+                    sent = ev.seq
+                    if ev.type == FINAL_EVENT:
+                        return
         finally:
             watchers = self._watchers.get(ticket_id)
             if watchers is not None:

@@ -65,7 +65,7 @@ class NodeRunRecord:
     error: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class EventRecord:
     ticket_id: str
     seq: int
