@@ -151,7 +151,7 @@ def write_report(outcomes: list[Outcome], out_dir: Path, info: dict[str, str]) -
     if failed:
         lines += ["", "## Failed benchmark modules", ""]
         for o in failed:
-            lines += [f"### `{o.module}`", "", "```", o.error.strip(), "```", ""]
+            lines += [f"### `{o.module}`", "", "```", (o.error or "").strip(), "```", ""]
     lines += ["", "## Modules", "", "| module | results | time | status |", "|---|---:|---:|---|"]
     for o in outcomes:
         lines.append(f"| `{o.module}` | {len(o.results)} | {o.seconds:.1f} s | "

@@ -161,7 +161,7 @@ def setup_tracing(service_name: str, redactor: Redactor, *, exporter: Any = None
 
         inner = exporter if exporter is not None else _build_exporter()
         provider = TracerProvider(resource=Resource.create({"service.name": f"afe-{service_name}"}))
-        provider.add_span_processor(BatchSpanProcessor(RedactingSpanExporter(inner, redactor),
+        provider.add_span_processor(BatchSpanProcessor(RedactingSpanExporter(inner, redactor),  # type: ignore[arg-type]
                                                        schedule_delay_millis=500))
         _active = provider
         log.info("tracing on (%s)", "custom exporter" if exporter is not None else _protocol())

@@ -51,7 +51,7 @@ def test_exists(path: str, name: str, root: Path = ROOT) -> bool:
     if not p.is_file():
         return False
     base = name.split("[", 1)[0]
-    return re.search(rf"^\s*(?:async\s+)?def {re.escape(base)}\(", p.read_text(), re.M) is not None
+    return re.search(rf"^\s*(?:async\s+)?def {re.escape(base)}\(", p.read_text(), re.MULTILINE) is not None
 
 
 def code_exists(path: str, symbol: str | None, root: Path = ROOT) -> bool:
@@ -62,7 +62,7 @@ def code_exists(path: str, symbol: str | None, root: Path = ROOT) -> bool:
         return True
     last = symbol.split(".")[-1]
     return re.search(rf"^\s*(?:async\s+def|def|class)\s+{re.escape(last)}\b|^{re.escape(last)}\s*[:=]",
-                     p.read_text(), re.M) is not None
+                     p.read_text(), re.MULTILINE) is not None
 
 
 def problems(doc: str, tests: dict[int, list[tuple[str, str]]], root: Path = ROOT) -> list[str]:
@@ -70,7 +70,7 @@ def problems(doc: str, tests: dict[int, list[tuple[str, str]]], root: Path = ROO
     for n in RULES:
         if not tests.get(n):
             out.append(f"R{n}: no test is named after it (def test_r{n}_...)")
-        if not re.search(rf"^## R{n}\b", doc, re.M):
+        if not re.search(rf"^## R{n}\b", doc, re.MULTILINE):
             out.append(f"R{n}: docs/SECURITY.md has no section '## R{n}'")
     for path, name in TEST_REF.findall(doc):
         if not test_exists(path, name, root):
@@ -79,7 +79,7 @@ def problems(doc: str, tests: dict[int, list[tuple[str, str]]], root: Path = ROO
         if not code_exists(path, symbol or None, root):
             out.append(f"docs/SECURITY.md names {path}{'::' + symbol if symbol else ''}, which does not exist")
     for n in RULES:   # a section's tests must be about that rule
-        m = re.search(rf"<!-- tests R{n} -->(.*?)<!-- end tests R{n} -->", doc, re.S)
+        m = re.search(rf"<!-- tests R{n} -->(.*?)<!-- end tests R{n} -->", doc, re.DOTALL)
         if m:
             for path, name in TEST_REF.findall(m.group(1)):
                 if n not in rules_of(name):
@@ -92,7 +92,7 @@ def render(doc: str, tests: dict[int, list[tuple[str, str]]]) -> str:
         lines = "\n".join(f"- `{p}::{t}`" for p, t in tests.get(n, [])) or "- (none yet)"
         block = f"<!-- tests R{n} -->\n{lines}\n<!-- end tests R{n} -->"
         doc, count = re.subn(rf"<!-- tests R{n} -->.*?<!-- end tests R{n} -->", lambda _m: block, doc,
-                             flags=re.S)
+                             flags=re.DOTALL)
         if not count:
             raise SystemExit(f"docs/SECURITY.md: no '<!-- tests R{n} -->' block")
     return doc

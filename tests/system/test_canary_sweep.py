@@ -80,14 +80,14 @@ def forms(value: str) -> dict[str, bytes]:
 
 
 def config_text(model_url: str, acp_image: str | None, acp_command: tuple[str, ...] | None) -> str:
-    docs = [f"""\
+    docs = ["""\
 kind: Workspace
 name: demo
 repo: repos/calc.git
 baseBranch: main
 tokenEnv: CS_GIT_TOKEN
-forge: {{type: local}}
-sandbox: {{image: afe/sandbox:latest, limits: {{cpus: 1, memory: 512m, pids: 256}}}}
+forge: {type: local}
+sandbox: {image: afe/sandbox:latest, limits: {cpus: 1, memory: 512m, pids: 256}}
 """, """\
 kind: Workspace
 name: egress
@@ -371,43 +371,42 @@ async def scenario(sweep: Sweep, afe_proc: subprocess.Popen, out: list[str], mod
     assert gw, "afe up did not come up:\n" + "".join(out)[-4000:]
     gw = gw if gw.endswith("/") else gw + "/"
     run_dir = sweep.base / "run"
-    async with aiohttp.ClientSession() as session:
-        async with session.ws_connect(gw.replace("http", "ws", 1) + "rpc",
-                                      headers={"Authorization": f"Bearer {ui_token}"}) as ws:
-            rpc = Rpc(ws)
-            await deliberate_failures(sweep, rpc, gw, session, run_dir)
+    async with aiohttp.ClientSession() as session, session.ws_connect(gw.replace("http", "ws", 1) + "rpc",
+                                  headers={"Authorization": f"Bearer {ui_token}"}) as ws:
+        rpc = Rpc(ws)
+        await deliberate_failures(sweep, rpc, gw, session, run_dir)
 
-            async def create(workflow: str, title: str) -> str:
-                t = await rpc.ok("tickets.create", {"workflow": workflow, "title": title,
-                                                    "body": f"{MARKER} body"})
-                return t["id"]
+        async def create(workflow: str, title: str) -> str:
+            t = await rpc.ok("tickets.create", {"workflow": workflow, "title": title,
+                                                "body": f"{MARKER} body"})
+            return t["id"]
 
-            ids = {"demo": await create("demo-fix", "Fix add()"),
-                   "probe": await create("probe", "dump the sandbox"),
-                   "egress": await create("egress-run", "egress env")}
-            if sweep.acp:
-                ids["acp"] = await create("acp-code", "agent says hello")
-            model.reply_text(f"Hello from the model. {MARKER}")
-            ids["ask"] = await create("ask", "greeting")
-            await rpc.wait_state(ids["ask"], {"succeeded", "failed", "cancelled"})
-            # a model API that answers 401 and echoes the key back in its error body
-            model.fail_next(401, json.dumps({"error": {"message": f"Incorrect API key provided: {model.key}"}}))
-            ids["ask-401"] = await create("ask", "greeting that fails")
+        ids = {"demo": await create("demo-fix", "Fix add()"),
+               "probe": await create("probe", "dump the sandbox"),
+               "egress": await create("egress-run", "egress env")}
+        if sweep.acp:
+            ids["acp"] = await create("acp-code", "agent says hello")
+        model.reply_text(f"Hello from the model. {MARKER}")
+        ids["ask"] = await create("ask", "greeting")
+        await rpc.wait_state(ids["ask"], {"succeeded", "failed", "cancelled"})
+        # a model API that answers 401 and echoes the key back in its error body
+        model.fail_next(401, json.dumps({"error": {"message": f"Incorrect API key provided: {model.key}"}}))
+        ids["ask-401"] = await create("ask", "greeting that fails")
 
-            demo_t = await rpc.wait_state(ids["demo"], {"waiting_approval", "failed"})
-            assert demo_t["state"] == "waiting_approval", demo_t["error"]
-            sweep.files_during = read_tree(sweep.base / "data")
-            doc = await rpc.call("tickets.approve", {"id": ids["demo"], "sha": "1" * 40})
-            sweep.errors.append(("rpc tickets.approve (wrong sha)", json.dumps(doc.get("error"))))
-            await rpc.ok("tickets.approve", {"id": ids["demo"], "sha": demo_t["awaiting_sha"]})
-            for name, tid in ids.items():
-                sweep.tickets[name] = await rpc.wait_state(tid, {"succeeded", "failed", "cancelled"})
-                sweep.events[name] = await rpc.events(tid)
-                for n in sweep.tickets[name]["nodes"]:
-                    if n.get("error"):
-                        sweep.errors.append((f"ticket {name} node {n['id']}", n["error"]))
-                if sweep.tickets[name]["error"]:
-                    sweep.errors.append((f"ticket {name}", sweep.tickets[name]["error"]))
+        demo_t = await rpc.wait_state(ids["demo"], {"waiting_approval", "failed"})
+        assert demo_t["state"] == "waiting_approval", demo_t["error"]
+        sweep.files_during = read_tree(sweep.base / "data")
+        doc = await rpc.call("tickets.approve", {"id": ids["demo"], "sha": "1" * 40})
+        sweep.errors.append(("rpc tickets.approve (wrong sha)", json.dumps(doc.get("error"))))
+        await rpc.ok("tickets.approve", {"id": ids["demo"], "sha": demo_t["awaiting_sha"]})
+        for name, tid in ids.items():
+            sweep.tickets[name] = await rpc.wait_state(tid, {"succeeded", "failed", "cancelled"})
+            sweep.events[name] = await rpc.events(tid)
+            for n in sweep.tickets[name]["nodes"]:
+                if n.get("error"):
+                    sweep.errors.append((f"ticket {name} node {n['id']}", n["error"]))
+            if sweep.tickets[name]["error"]:
+                sweep.errors.append((f"ticket {name}", sweep.tickets[name]["error"]))
     # R12: every ticket is terminal now, so its sandbox, proxy and network must go
     client = docker.from_env()
     deadline = time.monotonic() + 60

@@ -32,7 +32,8 @@ def test_positive_control_a_named_file_that_does_not_exist_is_caught():
 def test_positive_control_a_test_listed_under_the_wrong_rule_is_caught():
     tests = sm.collect()
     some = next(t for t in tests[26])
-    doc = sm.DOC.read_text().replace("<!-- end tests R5 -->", f"- `{some[0]}::{some[1]}`\n<!-- end tests R5 -->")
+    doc = sm.DOC.read_text().replace("<!-- end tests R5 -->",
+                                     f"- `{some[0]}::{some[1]}`\n<!-- end tests R5 -->")
     assert any(p.startswith("R5: lists") for p in sm.problems(doc, tests))
 
 
