@@ -81,7 +81,7 @@ def problems(doc: str, tests: dict[int, list[tuple[str, str]]], root: Path = ROO
     for n in RULES:   # a section's tests must be about that rule
         m = re.search(rf"<!-- tests R{n} -->(.*?)<!-- end tests R{n} -->", doc, re.DOTALL)
         if m:
-            for path, name in TEST_REF.findall(m.group(1)):
+            for _path, name in TEST_REF.findall(m.group(1)):
                 if n not in rules_of(name):
                     out.append(f"R{n}: lists {name}, which is not named after R{n}")
     return out
@@ -91,7 +91,7 @@ def render(doc: str, tests: dict[int, list[tuple[str, str]]]) -> str:
     for n in RULES:
         lines = "\n".join(f"- `{p}::{t}`" for p, t in tests.get(n, [])) or "- (none yet)"
         block = f"<!-- tests R{n} -->\n{lines}\n<!-- end tests R{n} -->"
-        doc, count = re.subn(rf"<!-- tests R{n} -->.*?<!-- end tests R{n} -->", lambda _m: block, doc,
+        doc, count = re.subn(rf"<!-- tests R{n} -->.*?<!-- end tests R{n} -->", lambda _m, block=block: block, doc,
                              flags=re.DOTALL)
         if not count:
             raise SystemExit(f"docs/SECURITY.md: no '<!-- tests R{n} -->' block")

@@ -453,7 +453,7 @@ def sweep():
         env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
         env.update({"TZ": "UTC", "OTEL_BSP_SCHEDULE_DELAY": "200",
                     **receiver.env(headers=f"x-api-key={values['OTLP headers']}", protocol="grpc")})
-        for slot, (name, value) in CANARIES.items():
+        for name, value in CANARIES.values():
             if name == "OTEL_EXPORTER_OTLP_HEADERS":
                 continue
             if name == "AFE_DATABASE_URL":
