@@ -220,3 +220,26 @@ def code_class(status: int) -> str:
 
 def http_method(method: str) -> str:
     return method if method in HTTP_METHODS else "other"
+
+
+def http_metrics_middleware(registry: CollectorRegistry):
+    """aiohttp middleware counting gateway requests by method and status class
+    (never the path: it can carry a ticket id)."""
+    from aiohttp import web
+
+    families = gateway_metrics(registry)
+
+    @web.middleware
+    async def count(request: web.Request, handler):
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            families.http_requests.labels(method=http_method(request.method), code_class=code_class(status)).inc()
+
+    return count

@@ -95,3 +95,27 @@ async def test_r25_grpc_server_metrics_count_method_and_code_only(short_tmp):
     assert samples == {("/grpc.health.v1.Health/Check", "OK"): 1.0,
                        ("/grpc.health.v1.Health/Check", "PERMISSION_DENIED"): 1.0}
     assert "T-20261201" not in generate_latest(reg).decode()
+
+
+@pytest.mark.timeout(60)
+async def test_r25_http_metrics_name_method_and_status_class_never_the_path():
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    reg = CollectorRegistry()
+
+    async def ok(request):
+        return web.Response(text="ok")
+
+    app = web.Application(middlewares=[metrics.http_metrics_middleware(reg)])
+    app.router.add_get("/tickets/{id}", ok)
+    async with TestClient(TestServer(app)) as client:
+        assert (await client.get("/tickets/t-20261201-abc?q=secret-input")).status == 200
+        assert (await client.get("/nowhere/t-20261201-def")).status == 404
+        assert (await client.request("PROPFIND", "/tickets/x")).status == 405
+    text = generate_latest(reg).decode()
+    assert 'afe_http_requests_total{code_class="2xx",method="GET"} 1.0' in text
+    assert 'afe_http_requests_total{code_class="4xx",method="GET"} 1.0' in text
+    assert 'afe_http_requests_total{code_class="4xx",method="other"} 1.0' in text
+    for v in ("t-20261201", "secret-input", "PROPFIND", "nowhere"):
+        assert v not in text

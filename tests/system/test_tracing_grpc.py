@@ -5,6 +5,7 @@ that links gateway -> scheduler -> brokers across processes."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -138,3 +139,40 @@ async def test_r26_redacting_exporter_masks_registered_values(memory_tracing):
     assert "canary-span-value-9z" not in exported
     # positive control: the SDK span itself (before the exporter wrapper) held the value
     assert "canary-span-value-9z" in s.attributes["a"]
+
+
+@pytest.mark.timeout(60)
+async def test_r26_header_value_in_an_error_text_is_redacted_before_it_leaves(short_tmp, monkeypatch):
+    """A servicer that (wrongly) puts the OTLP header value in an error: the
+    caller gets the text redacted, because setup_tracing registered it."""
+    from services.common.errors import InvalidArgument
+
+    value = "otlp-err-canary-77aa"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"x-api-key={value}")
+    protected = Redactor()
+    telemetry.setup_tracing("t", protected, exporter=InMemorySpanExporter())
+    telemetry.shutdown_tracing()
+    assert "OTEL_EXPORTER_OTLP_HEADERS" not in __import__("os").environ
+
+    class Leaky(sandbox_pb2_grpc.SandboxBrokerServicer):
+        async def ListSandboxes(self, request, context):
+            raise InvalidArgument(f"collector said no to x-api-key={value}")
+
+    async def details_with(redactor: Redactor) -> str:
+        secret, sock = new_secret(), str(short_tmp / f"{id(redactor)}.sock")
+        srv, hs = grpcutil.create_server(
+            sock, {"scheduler": secret}, redactor,
+            [lambda s: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(Leaky(), s)])
+        await grpcutil.start_server(srv, hs, sock)
+        try:
+            async with grpcutil.open_channel(sock, secret) as ch:
+                try:
+                    await sandbox_pb2_grpc.SandboxBrokerStub(ch).ListSandboxes(sandbox_pb2.ListSandboxesRequest())
+                except grpc.aio.AioRpcError as exc:
+                    return exc.details() or ""
+        finally:
+            await srv.stop(None)
+        return "no error"
+
+    assert value not in await details_with(protected)
+    assert value in await details_with(Redactor())   # positive control: an unaware redactor lets it through
