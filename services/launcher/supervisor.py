@@ -65,6 +65,7 @@ class Child:
     restarts: int = 0
     backoff: float = BACKOFF_FIRST
     restart_at: float | None = None
+    delays: list[float] = field(default_factory=list)   # back-off used before each restart
     _buf: bytes = field(default=b"", repr=False)
 
     @property
@@ -142,9 +143,12 @@ class Child:
 class Supervisor:
     """Starts children in order, restarts crashed ones with back-off, stops them all."""
 
-    def __init__(self, specs: list[ChildSpec], ready_timeout: float = 90.0) -> None:
-        self.children = [Child(s) for s in specs]
+    def __init__(self, specs: list[ChildSpec], ready_timeout: float = 90.0,
+                 backoff_first: float = BACKOFF_FIRST, backoff_max: float = BACKOFF_MAX) -> None:
+        self.children = [Child(s, backoff=backoff_first) for s in specs]
         self.ready_timeout = ready_timeout
+        self.backoff_first = backoff_first
+        self.backoff_max = backoff_max
         self.stopping = False
 
     def child(self, service: str) -> Child:
@@ -188,11 +192,12 @@ class Supervisor:
                     if c.status_fd is not None:
                         c._close_status()
                     if now - c.started_at > STABLE_AFTER:
-                        c.backoff = BACKOFF_FIRST
+                        c.backoff = self.backoff_first
                     c.restart_at = now + c.backoff
-                    log.warning("%s (pid %s) exited with code %s; restarting in %.0f s",
+                    log.warning("%s (pid %s) exited with code %s; restarting in %.1f s",
                                 c.name, c.pid, code, c.backoff)
-                    c.backoff = min(c.backoff * 2, BACKOFF_MAX)
+                    c.delays.append(c.backoff)
+                    c.backoff = min(c.backoff * 2, self.backoff_max)
             elif now >= c.restart_at:
                 c.restarts += 1
                 log.info("restarting %s (restart #%d)", c.name, c.restarts)

@@ -84,6 +84,8 @@ def test_r30_environment_split_each_child_gets_exactly_its_names(afe):
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         for value in CANARIES.values():
             assert value.encode() not in cmdline
+        automation = (afe.run_dir / "automation.key").read_text().strip().encode()
+        assert automation not in cmdline and automation not in raw   # link secrets travel on fds only
 
 
 def test_r30_brokers_and_gateway_scrub_their_secrets_after_start(afe):
@@ -318,3 +320,12 @@ def test_preflight_refuses_a_missing_custom_image_before_starting(tmp_path):
     # Positive control: with the bundled image the same pre-flight passes.
     (cfg / "test.yaml").write_text(text.replace("afe/fnd-missing-image:none", "afe/sandbox:latest"))
     assert preflight(opts, base_env(**CANARIES), progress=lambda m: None).workspaces["calc"]
+
+
+def test_preflight_refuses_a_runtime_dir_too_long_for_sockets(tmp_path):
+    from services.launcher.launch import preflight
+
+    cfg = make_config(tmp_path)
+    layout = Layout(tmp_path / "data", tmp_path / ("r" * 120))
+    with pytest.raises(ConfigError, match="too long for Unix sockets"):
+        preflight(Options(config_dir=cfg, layout=layout, check_images=False), base_env(**CANARIES))
