@@ -405,7 +405,7 @@ async def _follow(client: RpcClient, ticket_id: str, args: argparse.Namespace) -
                 line = _describe(e, started, t0, args.verbose)
                 if line:
                     print(line, flush=True)
-            if args.until_waiting and e["type"] in ("approval.requested", "ticket.state"):
+            if args.until_waiting and e["type"] == "approval.requested":
                 t = await client.call("tickets.get", {"id": ticket_id})
                 if t["state"] == "waiting_approval":
                     break

@@ -162,3 +162,13 @@ async def http():
 
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def live_afe():
+    """The real system (brokers, scheduler, gateway) with the demo config."""
+    from .live import HOLDER
+
+    live = HOLDER.acquire()
+    yield live
+    HOLDER.release()
