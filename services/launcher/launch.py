@@ -245,7 +245,6 @@ def _supervise(opts: Options, config: Config, environ: dict[str, str], out: Call
     _write_private(opts.layout.automation_key, automation.hex().encode() + b"\n")
     token_where = ensure_token_file(opts.layout, environ)
     sup = Supervisor(build_specs(opts, config, environ, links), ready_timeout=opts.ready_timeout)
-    code = 0
     try:
         try:
             sup.start_all(should_stop=lambda: bool(stop_requested))
@@ -254,18 +253,22 @@ def _supervise(opts: Options, config: Config, environ: dict[str, str], out: Call
             return 1
         write_state(opts.layout, sup)
         _banner(opts, sup, token_where, out)
-        restarts = 0
+        seen = _signature(sup)
         while not stop_requested:
             sup.tick(0.5)
-            now = sum(c.restarts for c in sup.children) + sum(c.ready is not None for c in sup.children)
-            if now != restarts:
-                restarts = now
+            if _signature(sup) != seen:
+                seen = _signature(sup)
                 write_state(opts.layout, sup)
         out(f"afe up: stopping ({signal.Signals(stop_requested[0]).name})")
+        return 0
     finally:
         started = time.monotonic()
         sup.stop_all()
         log.info("all processes stopped in %.1f s", time.monotonic() - started)
-        with contextlib.suppress(FileNotFoundError):
-            (opts.layout.run_dir / "launcher.json").unlink()
-    return code
+        for leftover in (opts.layout.run_dir / "launcher.json", opts.layout.automation_key):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def _signature(sup: Supervisor) -> tuple:
+    return tuple((c.pid, c.ready is not None, c.restarts) for c in sup.children)
