@@ -1,0 +1,291 @@
+"""`afe doctor`: prove on this machine that sandbox isolation really holds.
+
+Checks the Docker engine and the images, then starts a probe sandbox (no
+network), a probe egress sandbox with its squid proxy, and a local target
+HTTP server container on a probe network of its own (never a public host),
+and proves each of R5-R12 live. One PASS/FAIL line per rule with the
+evidence; exit status 1 on any FAIL; everything it created is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.layout import SANDBOX_UID, Layout
+
+TARGET_SERVER = r'''
+import http.server, socketserver, threading
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = b"TARGET-OK"
+        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a): pass
+for port in (80, 443, 8080):
+    s = socketserver.ThreadingTCPServer(("0.0.0.0", port), H)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+'''
+
+FETCH = """import urllib.request, urllib.error, sys
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())
+except urllib.error.HTTPError as e:
+    print("HTTP", e.code)
+except Exception as e:
+    print("ERR", type(e).__name__)
+"""
+
+DIRECT = """import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close(); print("CONNECTED")
+except Exception as e:
+    print("ERR", type(e).__name__)
+"""
+
+CONNECT = """import socket, os, sys
+host, port = os.environ["HTTPS_PROXY"].split("//")[1].split(":")
+s = socket.create_connection((host, int(port)), timeout=10)
+s.sendall(b"CONNECT " + sys.argv[1].encode() + b" HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+print(s.recv(200).split(b"\\r\\n")[0].decode())
+"""
+
+FORK = """import os, signal
+pids, err = [], "none"
+try:
+    for i in range(200):
+        pid = os.fork()
+        if pid == 0:
+            signal.pause(); os._exit(0)
+        pids.append(pid)
+except OSError as e:
+    err = "EAGAIN" if e.errno == 11 else str(e.errno)
+print(len(pids), err, flush=True)
+for p in pids:
+    os.kill(p, 9); os.waitpid(p, 0)
+"""
+
+
+@dataclass
+class Report:
+    lines: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    def add(self, rule: str, ok: bool, evidence: str) -> None:
+        self.lines.append((rule, ok, evidence))
+        print(f"{'PASS' if ok else 'FAIL'} {rule}: {evidence}", flush=True)
+
+    @property
+    def failed(self) -> bool:
+        return any(not ok for _, ok, _ in self.lines)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="prove the sandbox isolation rules live on this machine",
+                       description="Check the Docker engine and images, then start probe containers and prove "
+                       "R5-R12 (one PASS/FAIL line per rule). Exit status 1 on any FAIL.")
+    p.add_argument("--no-build", action="store_true", help="do not build missing images")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(doctor(build=not args.no_build))
+
+
+async def _exec(runner, ticket: str, argv: list[str], timeout_ms: int = 30000) -> tuple[int, str]:
+    from services.sandbox.execs import Exit
+    out: list[bytes] = []
+    code = -1
+    async for ev in runner.run_exec(ticket, argv, timeout_ms=timeout_ms):
+        if isinstance(ev, Exit):
+            code = ev.code
+        else:
+            out.append(ev.data)
+    return code, b"".join(out).decode("utf-8", "replace").strip()
+
+
+async def _py(runner, ticket: str, script: str, *args: str) -> str:
+    return (await _exec(runner, ticket, ["python3", "-c", script, *args]))[1]
+
+
+async def doctor(build: bool = True) -> int:
+    import docker
+
+    from services.common.errors import AfeError
+    from services.sandbox import images
+
+    report = Report()
+    try:
+        images.check_engine()
+        client = docker.from_env()
+        v = client.version()
+        report.add("engine", True, f"Docker {v.get('Version')} (API {v.get('ApiVersion')})")
+    except Exception as exc:
+        report.add("engine", False, f"Docker engine not reachable ({type(exc).__name__}); start it or set DOCKER_HOST")
+        return 1
+    try:
+        if build:
+            images.ensure_images(progress=lambda m: print("  " + m, flush=True))
+        missing = [i for i in (images.SANDBOX_IMAGE, images.PROXY_IMAGE) if not images._present(i)]
+        report.add("images", not missing, "missing: " + ", ".join(missing) if missing else
+                   f"{images.SANDBOX_IMAGE} and {images.PROXY_IMAGE} present")
+        if missing:
+            return 1
+    except AfeError as exc:
+        report.add("images", False, str(exc).splitlines()[0])
+        return 1
+
+    instance = "doctor-" + secrets.token_hex(4)
+    tmp = Path(tempfile.mkdtemp(prefix="afe-doctor-", dir="/tmp"))
+    net = target = None
+    mgr = None
+    try:
+        net = client.networks.create(f"afe-{instance}-probe", labels={"afe.instance": instance})
+        net.reload()
+        subnet = net.attrs["IPAM"]["Config"][0]["Subnet"]
+        tname = f"target-{instance}"
+        target = client.containers.run(images.SANDBOX_IMAGE, ["python3", "-c", TARGET_SERVER], user="0",
+                                       detach=True, name=tname, network=net.name,
+                                       labels={"afe.instance": instance})
+        for _ in range(100):
+            if b"ready" in target.logs():
+                break
+            await asyncio.sleep(0.1)
+        target.reload()
+        tip = target.attrs["NetworkSettings"]["Networks"][net.name]["IPAddress"]
+        await _probe(report, client, tmp, instance, net.name, subnet, tname, tip)
+    except Exception as exc:  # the probe itself broke: that is a FAIL, with what broke
+        report.add("probe", False, f"could not run the probes: {type(exc).__name__}: {str(exc)[:300]}")
+    finally:
+        from services.sandbox.sandboxes import SandboxManager
+        with contextlib.suppress(Exception):
+            mgr = SandboxManager(Layout(tmp / "data", tmp / "run"), instance=instance, client=client)
+            await mgr.reconcile([])
+        for obj in (target, net):
+            with contextlib.suppress(Exception):
+                if obj is target and obj is not None:
+                    obj.remove(force=True)
+                elif obj is not None:
+                    obj.remove()
+        shutil.rmtree(tmp, ignore_errors=True)
+        left = client.containers.list(all=True, filters={"label": f"afe.instance={instance}"})
+        left_n = client.networks.list(filters={"label": f"afe.instance={instance}"})
+        if left or left_n:
+            report.add("teardown", False, f"{len(left)} containers and {len(left_n)} networks left behind")
+        else:
+            print("teardown: every probe object removed")
+    print("afe doctor: " + ("FAIL" if report.failed else "all rules PASS"))
+    return 1 if report.failed else 0
+
+
+async def _probe(report: Report, client, tmp: Path, instance: str, network: str, subnet: str,
+                 tname: str, tip: str) -> None:
+    from services.sandbox.execs import Exit, Runner
+    from services.sandbox.hardening import SandboxSettings
+    from services.sandbox.sandboxes import SandboxManager
+
+    probe_value = "doctor-probe-" + secrets.token_hex(8)
+    layout = Layout(tmp / "data", tmp / "run")
+    layout.ensure()
+    mgr = SandboxManager(layout, instance=instance, egress_network=network, allow_private=[subnet],
+                         env_values={"AFE_DOCTOR_PROBE": probe_value}, client=client)
+    runner = Runner(mgr)
+    t0 = time.monotonic()
+    plain = await mgr.create(SandboxSettings(ticket_id="doctor-plain", pids=64, memory_bytes=64 * 1024 ** 2,
+                                             env_names=("AFE_DOCTOR_PROBE",)))
+    attrs = client.api.inspect_container(plain.container_id)
+    hc = attrs["HostConfig"]
+
+    # R4: commands run inside the container, not on the host.
+    _, hostname = await _exec(runner, "doctor-plain", ["hostname"])
+    report.add("R4 commands run in the sandbox", hostname == "sandbox",
+               f"exec ran in container {plain.container_id[:12]} (hostname={hostname})")
+
+    _, ifaces = await _exec(runner, "doctor-plain", ["ls", "/sys/class/net"])
+    report.add("R5 no network by default", hc["NetworkMode"] == "none" and ifaces.split() == ["lo"],
+               f"NetworkMode={hc['NetworkMode']}, interfaces={ifaces.split()}")
+
+    _, status = await _exec(runner, "doctor-plain", ["grep", "-E", "^(CapEff|NoNewPrivs)", "/proc/self/status"])
+    fork = await _py(runner, "doctor-plain", FORK)
+    memcode, _ = await _exec(runner, "doctor-plain",
+                             ["python3", "-c", "b = bytearray(256 * 1024 * 1024); print(len(b))"])
+    ok6 = (hc["CapDrop"] == ["ALL"] and not hc.get("CapAdd") and "no-new-privileges" in hc["SecurityOpt"]
+           and not hc["Privileged"] and "CapEff:\t0000000000000000" in status and "NoNewPrivs:\t1" in status
+           and hc["NanoCpus"] > 0 and hc["Memory"] > 0 and hc["PidsLimit"] > 0
+           and fork.endswith("EAGAIN") and memcode == 137)
+    report.add("R6 caps dropped, no-new-privileges, limits", ok6,
+               f"CapDrop={hc['CapDrop']}, {status.replace(chr(9), ' ').replace(chr(10), ', ')}, "
+               f"cpus={hc['NanoCpus'] / 1e9}, memory={hc['Memory']}, pids={hc['PidsLimit']}; "
+               f"fork probe: {fork} ; 256 MiB allocation exit={memcode}")
+
+    _, uid = await _exec(runner, "doctor-plain", ["id", "-u"])
+    report.add("R7 non-root user", uid == str(SANDBOX_UID) and attrs["Config"]["User"].split(":")[0] != "0",
+               f"User={attrs['Config']['User']}, id -u={uid}")
+
+    rootw, _ = await _exec(runner, "doctor-plain", ["touch", "/doctor-probe"])
+    wsw, _ = await _exec(runner, "doctor-plain", ["touch", "/workspace/.doctor-probe"])
+    _, socks = await _exec(runner, "doctor-plain", ["bash", "-c", "find / -xdev -name 'docker.sock' 2>/dev/null; "
+                                                     "ls /var/run/docker.sock /run/docker.sock 2>/dev/null"])
+    binds = [m["Destination"] for m in attrs["Mounts"] if m["Type"] == "bind"]
+    ok8 = attrs["HostConfig"]["ReadonlyRootfs"] and rootw != 0 and wsw == 0 and binds == ["/workspace"] \
+        and not socks
+    report.add("R8 /workspace the only writable mount, no Docker socket", ok8,
+               f"ReadonlyRootfs={hc['ReadonlyRootfs']}, write / exit={rootw}, write /workspace exit={wsw}, "
+               f"binds={binds}, docker.sock found: {socks or 'none'}")
+
+    env = [e.split("=", 1)[0] for e in attrs["Config"]["Env"]]
+    _, seen_exec = await _exec(runner, "doctor-plain", ["printenv", "AFE_DOCTOR_PROBE"])
+    proc = await runner.start_process("doctor-plain", ["printenv", "AFE_DOCTOR_PROBE"],
+                                      env_names=["AFE_DOCTOR_PROBE"])
+    proc.close_stdin()
+    seen_proc = b"".join([ev.data async for ev in proc.output() if not isinstance(ev, Exit)]).decode().strip()
+    ok9 = (set(env) <= {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE"} and probe_value not in repr(attrs)
+           and seen_exec == "" and seen_proc == probe_value)
+    report.add("R9 no environment but declared names, passed by name", ok9,
+               f"container env names={sorted(env)}; declared value absent from inspect; plain exec sees "
+               f"{'it' if seen_exec else 'nothing'}; a process given the name sees "
+               f"{'it' if seen_proc == probe_value else 'nothing'}")
+
+    eg = await mgr.create(SandboxSettings(ticket_id="doctor-egress", egress=(tname, "localhost")))
+    allowed = await _py(runner, "doctor-egress", FETCH, f"http://{tname}/")
+    other = await _py(runner, "doctor-egress", FETCH, f"http://other-{instance}.invalid/")
+    report.add("R10 egress is an allowlist", allowed == "TARGET-OK" and other.startswith("HTTP 403")
+               and hc["NetworkMode"] == "none",
+               f"no-egress sandbox NetworkMode=none; allowed name -> {allowed}; unlisted name -> {other}")
+
+    literal = await _py(runner, "doctor-egress", FETCH, f"http://{tip}/")
+    loop = await _py(runner, "doctor-egress", FETCH, "http://localhost/")
+    port = await _py(runner, "doctor-egress", CONNECT, f"{tname}:8080")
+    tls = await _py(runner, "doctor-egress", CONNECT, f"{tname}:443")
+    direct = await _py(runner, "doctor-egress", DIRECT, tip, "80")
+    _, dns = await _exec(runner, "doctor-egress", ["bash", "-c", f"getent hosts {tname} || echo FAILED"])
+    eattrs = client.api.inspect_container(eg.container_id)
+    ok11 = (literal == "HTTP 403" and loop == "HTTP 403" and "403" in port and "200" in tls
+            and direct.startswith("ERR") and dns == "FAILED"
+            and eattrs["HostConfig"]["NetworkMode"] == eg.network
+            and client.api.inspect_network(eg.network)["Internal"])
+    report.add("R11 only listed hosts via the proxy, no bypass", ok11,
+               f"internal network {eg.network}; IP literal -> {literal}; name resolving to loopback -> {loop}; "
+               f"CONNECT :8080 -> {port}; CONNECT :443 -> {tls}; direct TCP -> {direct}; DNS -> {dns}")
+
+    flt = {"label": ["afe.ticket=doctor-egress", f"afe.instance={instance}"]}
+    before = (len(client.containers.list(all=True, filters=flt)), len(client.networks.list(filters=flt)))
+    removed = await mgr.destroy("doctor-egress")
+    after = (len(client.containers.list(all=True, filters=flt)), len(client.networks.list(filters=flt)))
+    report.add("R12 labelled with afe.ticket, gone with the ticket", before == (2, 1) and after == (0, 0),
+               f"labelled (containers, networks) before destroy={before}, after={after}, removed={removed}")
+    await mgr.destroy("doctor-plain")
+    print(f"(probes took {time.monotonic() - t0:.1f}s)")
+
+
+if __name__ == "__main__":
+    sys.exit(run(argparse.Namespace(no_build=False)))

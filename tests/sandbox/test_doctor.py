@@ -1,0 +1,44 @@
+"""`afe doctor` proves R4-R12 live; with a defence removed it says FAIL."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.cli import doctor
+from services.sandbox import hardening
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = ("R4", "R5", "R6", "R7", "R8", "R9", "R10", "R11", "R12")
+
+
+def test_doctor_prints_pass_for_every_rule():
+    p = subprocess.run([sys.executable, "-m", "services.cli.main", "doctor", "--no-build"], cwd=REPO,
+                       capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    for rule in RULES:
+        assert any(line.startswith(f"PASS {rule} ") for line in lines), rule
+    assert not any(line.startswith("FAIL") for line in lines)
+    assert "every probe object removed" in p.stdout
+
+
+def test_doctor_fails_when_a_defence_is_missing(monkeypatch, capsys):
+    """Positive control: a sandbox that keeps its capabilities and runs as root is caught."""
+    original = hardening.sandbox_create_kwargs
+
+    def weakened(*a, **kw):
+        out = original(*a, **kw)
+        out.pop("cap_drop")
+        out["user"] = "0:0"
+        return out
+    monkeypatch.setattr(hardening, "sandbox_create_kwargs", weakened)
+    assert asyncio.run(doctor.doctor(build=False)) == 1
+    out = capsys.readouterr().out
+    assert "FAIL R6 " in out and "FAIL R7 " in out and "PASS R5 " in out
