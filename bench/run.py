@@ -124,6 +124,11 @@ def _fmt_s(value: float) -> str:
     return f"{value:.2f} s"
 
 
+def _fmt_rate(value: float) -> str:
+    """Throughput-style figures (higher is better) are counts per second, not times."""
+    return f"{value:,.4g}/s"
+
+
 def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -138,12 +143,13 @@ def write_report(outcomes: list[Outcome], out_dir: Path, info: dict[str, str]) -
              f"{sum(o.error is not None for o in outcomes)} modules failed.", "",
              "Each figure is a ratio against a baseline measured in the same run on the same machine "
              "(lower is better unless the target says ≥).", "",
-             "| issue | measurement | baseline | our time | baseline time | ratio | target | met? |",
+             "| issue | measurement | baseline | our figure | baseline figure | ratio | target | met? |",
              "|---:|---|---|---:|---:|---:|---:|:---:|"]
     for r in sorted(results, key=lambda r: (r.issue, r.name)):
         target = f"≥ {r.target:g}" if r.higher_is_better else f"≤ {r.target:g}"
-        lines.append(f"| {r.issue} | {_md(r.name)} | {_md(r.baseline)} | {_fmt_s(r.measured_s)} | "
-                     f"{_fmt_s(r.baseline_s)} | {r.ratio:.3g} | {target} | {'yes' if r.met else '**no**'} |")
+        fmt = _fmt_rate if r.higher_is_better else _fmt_s
+        lines.append(f"| {r.issue} | {_md(r.name)} | {_md(r.baseline)} | {fmt(r.measured_s)} | "
+                     f"{fmt(r.baseline_s)} | {r.ratio:.3g} | {target} | {'yes' if r.met else '**no**'} |")
     notes = [r for r in results if r.notes]
     if notes:
         lines += ["", "## Notes", ""] + [f"- **{_md(r.name)}**: {_md(r.notes)}" for r in notes]

@@ -17,7 +17,9 @@ def run(out_dir):
     return [Result(issue=3, name="exec round trip", baseline="docker exec CLI", measured_s=0.02,
                    baseline_s=0.05, target=1.0),
             Result(issue=4, name="clone via mirror", baseline="fresh clone", measured_s=0.9,
-                   baseline_s=0.3, target=0.5, notes="cold cache")]
+                   baseline_s=0.3, target=0.5, notes="cold cache"),
+            Result(issue=5, name="events per second", baseline="raw inserts", measured_s=4000.0,
+                   baseline_s=8000.0, target=0.4, higher_is_better=True)]
 '''
 FAIL = '''
 def run(out_dir):
@@ -47,6 +49,7 @@ def test_report_table_chart_machine_and_failure(dummy_modules, tmp_path):
     report = (out / "REPORT.md").read_text()
     assert "| 3 | exec round trip | docker exec CLI | 20.00 ms | 50.00 ms | 0.4 | ≤ 1 | yes |" in report
     assert "| 4 | clone via mirror | fresh clone | 900.00 ms | 300.00 ms | 3 | ≤ 0.5 | **no** |" in report
+    assert "| 5 | events per second | raw inserts | 4,000/s | 8,000/s | 0.5 | ≥ 0.4 | yes |" in report
     assert "dummybench.bench_broken" in report and "docker engine went away" in report
     for key in ("CPU", "cores", "memory", "kernel", "Docker", "Python"):
         assert f"**{key}**" in report
