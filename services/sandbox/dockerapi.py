@@ -122,7 +122,7 @@ class DockerAPI:
         doc = await self.request("POST", f"/containers/{container}/exec", body)
         return doc["Id"]
 
-    async def exec_start(self, exec_id: str) -> "ExecStream":
+    async def exec_start(self, exec_id: str) -> ExecStream:
         reader, writer = await self._connect()
         writer.write(_request_bytes("POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False},
                                     upgrade=True))

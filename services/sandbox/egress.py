@@ -21,7 +21,7 @@ PROXY_PORT = 3128
 
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _NAME_RE = re.compile(rf"^\.?{_LABEL}(?:\.{_LABEL})*$")
-_NUMERIC_RE = re.compile(r"^[0-9x.]+$", re.I)
+_NUMERIC_RE = re.compile(r"^[0-9x.]+$", re.IGNORECASE)
 
 # Destinations squid must never connect to, whatever name resolves there.
 BLOCKED_RANGES = (

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from services.common.errors import InvalidArgument, NotFound
+from services.common.errors import AfeError, FailedPrecondition, InvalidArgument, NotFound
 
 from .dockerapi import STDERR, STDOUT, DockerAPI, EngineError, ExecStream
 from .hardening import WORKSPACE
@@ -81,7 +81,6 @@ class Runner:
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from None
         except EngineError as exc:
             if exc.status == 409:
-                from services.common.errors import FailedPrecondition
                 raise FailedPrecondition(f"the sandbox of {ticket_id} is not running (frozen or stopped)") from exc
             raise
 
@@ -91,7 +90,7 @@ class Runner:
         for _ in range(200):
             try:
                 doc = await self.api.exec_inspect(exec_id)
-            except Exception:
+            except (AfeError, EngineError, OSError):
                 return
             if doc.get("Running") and int(doc.get("Pid") or 0) > 0:
                 break
@@ -144,7 +143,7 @@ class Runner:
                     break
                 try:
                     frame = await asyncio.wait_for(stream.frame(), remaining)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     timed_out = True
                     break
                 if frame is None:
@@ -179,7 +178,7 @@ class Runner:
                    duration_ms=int((time.monotonic() - t0) * 1000))
 
     async def start_process(self, ticket_id: str, argv: list[str], *, cwd: str = "",
-                            env_names: list[str] | tuple[str, ...] = ()) -> "Process":
+                            env_names: list[str] | tuple[str, ...] = ()) -> Process:
         info = await self.sandboxes.get(ticket_id)
         env = self.sandboxes.env_for(info, env_names)
         exec_id = await self._create(ticket_id, argv, cwd, env, stdin=True)

@@ -13,8 +13,15 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.common.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
-                                    PermissionDenied, ResourceExhausted)
+from services.common.errors import (
+    AfeError,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
 
 from .paths import MAX_DEPTH, Root, _classify_open_error, open_dir_at, show, split_relative
 
@@ -353,8 +360,8 @@ def _search_dir(dfd: int, prefix: str, rx: re.Pattern, matches: list[Match], lim
                 return
             try:
                 fd = _open_regular(dfd, name, rel)
-            except Exception:
-                continue
+            except AfeError:
+                continue      # changed under us, or not a regular file: skip it
             _search_fd(fd, rel, rx, matches, limit, state)
 
 

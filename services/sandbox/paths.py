@@ -104,7 +104,7 @@ class Root:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "Root":
+    def __enter__(self) -> Root:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import re
-import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -67,15 +66,6 @@ def _state(attrs: dict) -> str:
     if st.get("Running"):
         return "running"
     return "exited"
-
-
-def _created_ms(attrs: dict) -> int:
-    created = attrs.get("Created", "")
-    try:
-        from datetime import datetime
-        return int(datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00").timestamp() * 1000)
-    except ValueError:
-        return 0
 
 
 class SandboxManager:
@@ -221,7 +211,7 @@ class SandboxManager:
                     _, w = await asyncio.wait_for(asyncio.open_connection(ip, PROXY_PORT), 1.0)
                     w.close()
                     return
-                except (OSError, asyncio.TimeoutError):
+                except (TimeoutError, OSError):
                     pass
             state = await asyncio.to_thread(lambda: self.client.api.inspect_container(proxy_id)["State"])
             if not state.get("Running"):
@@ -361,11 +351,3 @@ def chown_tree(root: str, uid: int, gid: int) -> None:
         for name in dirnames + filenames:
             with contextlib.suppress(FileNotFoundError):
                 os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
-
-
-def local_address_reachable(ip: str, port: int) -> bool:
-    try:
-        with socket.create_connection((ip, port), timeout=1):
-            return True
-    except OSError:
-        return False

@@ -102,7 +102,7 @@ class BrokerThread:
             self.error = exc
             self.ready.set()
 
-    def start(self) -> "BrokerThread":
+    def start(self) -> BrokerThread:
         self.thread.start()
         self.ready.wait(300)
         if self.error:

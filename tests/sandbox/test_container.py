@@ -165,7 +165,7 @@ def test_r6_fork_bomb_hits_pids_limit_and_host_stays_responsive(stub, tight_sand
 
 
 def test_r6_fork_bomb_control_without_limit(control):
-    code, out = control_sh(control, FORK_BOMB)
+    _code, out = control_sh(control, FORK_BOMB)
     assert out.split() == ["400", "none"]              # positive control: no pids limit
 
 

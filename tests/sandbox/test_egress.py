@@ -36,7 +36,7 @@ EOF"""
 DIRECT = """python3 - <<'EOF'
 import socket
 try:
-    socket.create_connection(({ip!r}, {port}), timeout=3).close()
+    socket.create_connection(({ip!r}, {port}), timeout=1.5).close()
     print("CONNECTED")
 except Exception as e:
     print("ERR", type(e).__name__)
@@ -56,7 +56,7 @@ def egress(stub, target_net, docker_client):
 
 
 def in_proxy(proxy, script: str) -> str:
-    code, out = proxy.exec_run(["bash", "-c", script])
+    _code, out = proxy.exec_run(["bash", "-c", script])
     return out.decode().strip()
 
 

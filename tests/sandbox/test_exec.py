@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 
 import grpc
 import pytest

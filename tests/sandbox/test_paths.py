@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from services.common.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
-                                    PermissionDenied, ResourceExhausted)
+from services.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
 from services.sandbox.files import DEFAULT_READ_CAP, MAX_WRITE, FileTools
 
 pytestmark = pytest.mark.timeout(60)
@@ -101,7 +107,7 @@ TABLE = {
 @pytest.mark.parametrize("tool", TOOLS)
 @pytest.mark.parametrize("case", sorted(TABLE))
 def test_r17_r18_r19_path_table(ws, case, tool):
-    tools, root, outside = ws
+    tools, _root, outside = ws
     path, expected = TABLE[case]
     if path is None:
         path = str(outside / "secret.txt")

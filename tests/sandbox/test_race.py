@@ -11,7 +11,6 @@ import threading
 
 import pytest
 
-from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.errors import AfeError
 from services.sandbox.files import FileTools
 from tests.sandbox.conftest import run
@@ -64,7 +63,7 @@ def racing(stub, broker, plain_sandbox, broker_root):
 
 
 def test_r19_symlink_swapped_during_calls_never_escapes(racing, broker, plain_sandbox):
-    ws, outside = racing
+    _ws, outside = racing
     tools = FileTools(broker.layout.workspace)
     t = plain_sandbox
     stats = {"ok": 0, "refused": 0, "escaped": 0}
@@ -98,7 +97,7 @@ def test_r19_symlink_swapped_during_calls_never_escapes(racing, broker, plain_sa
 
 
 def test_r19_positive_control_naive_open_escapes_under_the_same_race(racing):
-    ws, outside = racing
+    ws, _outside = racing
     escaped = 0
     for _ in range(20000):
         try:
