@@ -243,3 +243,143 @@ def http_metrics_middleware(registry: CollectorRegistry):
             families.http_requests.labels(method=http_method(request.method), code_class=code_class(status)).inc()
 
     return count
+
+
+# ---- decorators for the brokers' cores ---------------------------------------------
+# Each wraps a core object handed to a servicer and records its families; every
+# other attribute passes through unchanged. They know only method names, so the
+# cores stay free of metrics code.
+
+def outcome_of(exc: BaseException | None) -> str:
+    """Map an exception (or None) to the bounded `outcome` label."""
+    import asyncio
+
+    from . import errors
+
+    if exc is None:
+        return "ok"
+    if isinstance(exc, (asyncio.CancelledError, errors.Cancelled)):
+        return "cancelled"
+    if isinstance(exc, (asyncio.TimeoutError, errors.DeadlineExceeded)):
+        return "timeout"
+    if isinstance(exc, (errors.PermissionDenied, errors.Unauthenticated)):
+        return "denied"
+    return "error"
+
+
+class MeteredSandboxes:
+    """The sandbox manager, timing `create` by egress mode and exposing the
+    number of live sandboxes and proxies it knows about."""
+
+    def __init__(self, inner: Any, registry: CollectorRegistry) -> None:
+        self._inner = inner
+        self._m = sandbox_metrics(registry)
+        cache = getattr(inner, "_cache", None)
+        if isinstance(cache, dict):
+            self._m.sandboxes_live.set_function(lambda: len(cache))
+            self._m.proxies_live.set_function(
+                lambda: sum(1 for i in list(cache.values()) if getattr(i, "proxy_container_id", "")))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def create(self, settings: Any, *args: Any, **kwargs: Any) -> Any:
+        import time
+
+        t0 = time.perf_counter()
+        info = await self._inner.create(settings, *args, **kwargs)
+        mode = "allowlist" if getattr(settings, "egress", ()) else "none"
+        self._m.create_seconds.labels(egress=mode).observe(time.perf_counter() - t0)
+        return info
+
+
+class MeteredRunner:
+    """The exec runner, counting commands by outcome (exit 0 ok, timeout,
+    non-zero exit or failure error)."""
+
+    def __init__(self, inner: Any, registry: CollectorRegistry) -> None:
+        self._inner = inner
+        self._m = sandbox_metrics(registry)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def run_exec(self, *args: Any, **kwargs: Any):
+        outcome = "error"   # a stream that ends without an exit status
+        try:
+            async for ev in self._inner.run_exec(*args, **kwargs):
+                if hasattr(ev, "code") and hasattr(ev, "timed_out"):
+                    outcome = "timeout" if ev.timed_out else ("ok" if ev.code == 0 else "error")
+                yield ev
+        except BaseException as e:
+            outcome = outcome_of(e)
+            raise
+        finally:
+            self._m.execs.labels(outcome=outcome).inc()
+
+
+_GIT_METHODS = {"prepare_workspace": "checkout", "commit": "commit", "diff": "diff", "push": "push"}
+_FORGE_METHODS = {"open_pull_request": "open_pr", "get_pull_request": "pr_status",
+                  "merge_pull_request": "merge"}
+
+
+class MeteredCredentials:
+    """The credential broker's core, counting git operations, forge calls
+    (by forge type) and model calls (by provider) with their outcome."""
+
+    def __init__(self, inner: Any, registry: CollectorRegistry) -> None:
+        self._inner = inner
+        self._m = credentials_metrics(registry)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name in _GIT_METHODS:
+            return self._wrap(attr, lambda a, kw, o: self._m.git_ops.labels(op=_GIT_METHODS[name], outcome=o))
+        if name in _FORGE_METHODS:
+            def forge(a: tuple, kw: dict, o: str):
+                ws = kw.get("workspace") or (a[0] if name == "get_pull_request" else a[1] if len(a) > 1 else "")
+                kind = self._forge_type(ws)
+                return self._m.forge_calls.labels(forge=kind, op=_FORGE_METHODS[name], outcome=o)
+            return self._wrap(attr, forge)
+        if name == "complete":
+            return self._wrap(attr, lambda a, kw, o: self._m.model_calls.labels(
+                provider=self._provider(kw.get("model") or (a[0] if a else "")), outcome=o), timed=True)
+        return attr
+
+    def _forge_type(self, workspace: str) -> str:
+        try:
+            kind = self._inner.workspace(workspace).forge.type
+        except Exception:
+            return "local"
+        return kind if kind in FORGE_TYPES else "local"
+
+    def _provider(self, model: str) -> str:
+        try:
+            p = self._inner.model(model).provider
+        except Exception:
+            return "replay"
+        return p if p in MODEL_PROVIDERS else "replay"
+
+    def _wrap(self, fn, family, timed: bool = False):
+        import functools
+        import time
+
+        @functools.wraps(fn)
+        async def call(*a: Any, **kw: Any) -> Any:
+            t0, exc = time.perf_counter(), None
+            try:
+                return await fn(*a, **kw)
+            except BaseException as e:
+                exc = e
+                raise
+            finally:
+                o = outcome_of(exc)
+                try:
+                    family(a, kw, o).inc()
+                    if timed:
+                        self._m.model_seconds.labels(
+                            provider=self._provider(kw.get("model") or (a[0] if a else ""))
+                        ).observe(time.perf_counter() - t0)
+                except UnboundedLabel:  # a metric must never break a call
+                    pass
+        return call

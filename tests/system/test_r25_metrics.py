@@ -119,3 +119,104 @@ async def test_r25_http_metrics_name_method_and_status_class_never_the_path():
     assert 'afe_http_requests_total{code_class="4xx",method="other"} 1.0' in text
     for v in ("t-20261201", "secret-input", "PROPFIND", "nowhere"):
         assert v not in text
+
+
+# The decorators around the brokers' cores, with stand-in cores (the real
+# ones are exercised by the canary sweep, whose /metrics pages are checked).
+
+class _Settings:
+    def __init__(self, egress=()):
+        self.ticket_id, self.egress = "t-20261201-secret-ticket", egress
+
+
+class _Info:
+    def __init__(self, proxy=""):
+        self.proxy_container_id = proxy
+
+
+class _Sandboxes:
+    def __init__(self):
+        self._cache = {}
+
+    async def create(self, settings):
+        info = _Info("p1" if settings.egress else "")
+        self._cache[settings.ticket_id + str(len(self._cache))] = info
+        return info
+
+    def other(self):
+        return "passed through"
+
+
+class _Exit:
+    def __init__(self, code, timed_out=False):
+        self.code, self.timed_out = code, timed_out
+
+
+class _Runner:
+    async def run_exec(self, ticket_id, argv, **kw):
+        if argv == ["boom"]:
+            raise metrics.UnboundedLabel("x") from None
+        yield "output"
+        yield _Exit(int(argv[0]), timed_out=argv[0] == "124")
+
+
+def _sample(reg, name, **labels):
+    return reg.get_sample_value(name, labels) or 0.0
+
+
+async def test_r25_metered_sandbox_broker_counts_without_ticket_ids():
+    reg = CollectorRegistry()
+    sb, runner = metrics.MeteredSandboxes(_Sandboxes(), reg), metrics.MeteredRunner(_Runner(), reg)
+    await sb.create(_Settings())
+    await sb.create(_Settings(egress=("pypi.org",)))
+    assert sb.other() == "passed through"
+    for argv in (["0"], ["1"], ["124"]):
+        assert [e async for e in runner.run_exec("t-1", argv)][0] == "output"
+    with pytest.raises(metrics.UnboundedLabel):
+        [e async for e in runner.run_exec("t-1", ["boom"])]
+    assert _sample(reg, "afe_sandbox_create_seconds_count", egress="none") == 1
+    assert _sample(reg, "afe_sandbox_create_seconds_count", egress="allowlist") == 1
+    assert _sample(reg, "afe_sandboxes") == 2 and _sample(reg, "afe_egress_proxies") == 1
+    for outcome, n in (("ok", 1), ("error", 2), ("timeout", 1)):
+        assert _sample(reg, "afe_sandbox_execs_total", outcome=outcome) == n
+    text = generate_latest(reg).decode()
+    assert "secret-ticket" not in text and "pypi.org" not in text
+
+
+class _Ws:
+    def __init__(self, kind):
+        self.forge = type("F", (), {"type": kind})()
+
+
+class _Core:
+    def workspace(self, name):
+        return _Ws("github" if name == "gh" else "local")
+
+    def model(self, name):
+        return type("M", (), {"provider": "openai"})()
+
+    async def push(self, ticket_id, workspace):
+        return "afe/t", "sha"
+
+    async def open_pull_request(self, ticket_id, workspace, title, body):
+        from services.common.errors import PermissionDenied
+        raise PermissionDenied("forge said no")
+
+    async def complete(self, model, messages, tools, max_tokens):
+        return "done"
+
+
+async def test_r25_metered_credentials_counts_ops_forges_and_models():
+    reg = CollectorRegistry()
+    core = metrics.MeteredCredentials(_Core(), reg)
+    await core.push("t-20261201-abc", "gh")
+    with pytest.raises(Exception):
+        await core.open_pull_request("t-20261201-abc", "gh", "title with input", "body")
+    await core.complete("remote", [], [], 10)
+    assert _sample(reg, "afe_git_operations_total", op="push", outcome="ok") == 1
+    assert _sample(reg, "afe_forge_calls_total", forge="github", op="open_pr", outcome="denied") == 1
+    assert _sample(reg, "afe_model_calls_total", provider="openai", outcome="ok") == 1
+    assert _sample(reg, "afe_model_call_seconds_count", provider="openai") == 1
+    text = generate_latest(reg).decode()
+    for v in ("t-20261201", "title with input", "remote", '"gh"'):
+        assert v not in text
