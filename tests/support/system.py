@@ -65,6 +65,7 @@ class System:
     sandbox: sandbox_pb2_grpc.SandboxBrokerStub | None = None
     _sandbox_channel: object | None = None
     log_path: Path | None = None
+    ready: dict = field(default_factory=dict)   # the subprocess's readiness line (ops_port, socket)
 
     @property
     def scheduler_links(self) -> LinkSecrets:
@@ -113,7 +114,7 @@ class System:
         if not line:
             raise RuntimeError(f"the scheduler exited before it was ready; see {self.log_path}:\n"
                                + self.log_path.read_text()[-3000:])
-        json.loads(line)
+        self.ready = json.loads(line)
 
     async def kill_scheduler(self) -> None:
         """SIGKILL (subprocess mode): no cleanup runs in the scheduler."""

@@ -1,0 +1,116 @@
+"""The event pipeline on a real SQLite store: per-ticket monotonic seq,
+history then live with no gap and no duplicate across reconnects, and
+redacted payloads (R27)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from services.common.errors import NotFound
+from services.common.redact import Redactor
+from services.scheduler.events import EventLog
+from services.scheduler.sqlite_store import SqliteStore
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "s3cr3t-Value-9f8e7d6c"
+
+
+def _log(tmp_path, redactor: Redactor | None = None) -> EventLog:
+    return EventLog(SqliteStore(tmp_path / "afe.db"), redactor or Redactor())
+
+
+async def _collect(log: EventLog, tid: str, from_seq: int, n: int) -> list[int]:
+    seqs = []
+    async for ev in log.watch(tid, from_seq, True, lambda: False):
+        seqs.append(ev.seq)
+        if len(seqs) == n:
+            break
+    return seqs
+
+
+async def test_seq_is_per_ticket_and_monotonic(tmp_path):
+    log = _log(tmp_path)
+    a = [log.append("t-a", "x", {"i": i}) for i in range(3)]
+    b = [log.append("t-b", "x", {"i": i}) for i in range(2)]
+    log.flush()
+    assert a == [1, 2, 3] and b == [1, 2]
+    # A new EventLog on the same store continues the sequence (after a restart).
+    log2 = EventLog(log.store, Redactor())
+    assert log2.append("t-a", "x", {}) == 4
+
+
+async def test_watch_has_no_gap_and_no_duplicate_while_events_arrive(tmp_path):
+    log = _log(tmp_path)
+    total = 3000
+
+    async def produce():
+        for i in range(total):
+            log.append("t-1", "node.output", {"i": i})
+            if i % 7 == 0:
+                await asyncio.sleep(0)
+
+    producer = asyncio.create_task(produce())
+    await asyncio.sleep(0)
+    first = asyncio.create_task(_collect(log, "t-1", 1, total))
+    # A second watcher joins late, reading history then live.
+    await asyncio.sleep(0.01)
+    late = asyncio.create_task(_collect(log, "t-1", 1, total))
+    await producer
+    assert await first == list(range(1, total + 1))
+    assert await late == list(range(1, total + 1))
+    # Reconnect from the middle: exactly the tail.
+    log.append("t-1", "ticket.finished", {})
+    tail = [e.seq async for e in log.watch("t-1", 2500, True, lambda: True)]
+    assert tail == list(range(2500, total + 2))
+
+
+async def test_watch_beyond_the_last_seq_is_not_found(tmp_path):
+    log = _log(tmp_path)
+    log.append("t-1", "x", {})
+    log.flush()
+    assert [e.seq async for e in log.watch("t-1", 2, False, lambda: False)] == []
+    with pytest.raises(NotFound):
+        async for _ in log.watch("t-1", 3, True, lambda: False):
+            pass
+
+
+def _stored(log: EventLog, tid: str) -> list[str]:
+    log.flush()
+    return [e.payload_json for e in log.store.events(tid, 1)]
+
+
+async def test_r27_registered_secret_and_secret_shapes_are_redacted_in_events(tmp_path):
+    token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0"
+    payloads = [{"text": f"the value is {SECRET}"}, {"nested": [{"deep": f"token={token}"}]},
+                {"clean": "nothing to hide"}, {SECRET: "as a key"}]
+    # Positive control: without the defence the values reach the store.
+    plain = EventLog(SqliteStore(tmp_path / "plain.db"), Redactor())
+    plain.redactor.redact = lambda text: text  # type: ignore[method-assign]
+    plain.redactor.redact_obj = lambda obj: obj  # type: ignore[method-assign]
+    for p in payloads:
+        plain.append("t-1", "node.output", p)
+    raw = "".join(_stored(plain, "t-1"))
+    assert SECRET in raw and token in raw
+
+    redactor = Redactor()
+    redactor.register(SECRET)
+    log = _log(tmp_path, redactor)
+    for p in payloads:
+        log.append("t-1", "node.output", p)
+    stored = _stored(log, "t-1")
+    text = "".join(stored)
+    assert SECRET not in text and token not in text and "[redacted]" in text
+    assert json.loads(stored[2]) == {"clean": "nothing to hide"}      # clean events are untouched
+    for s in stored:
+        json.loads(s)
+
+
+async def test_long_payload_strings_are_cut(tmp_path):
+    log = _log(tmp_path)
+    log.append("t-1", "node.output", {"text": "x" * 200_000})
+    (stored,) = _stored(log, "t-1")
+    assert len(stored) < 70_000 and "characters cut" in stored

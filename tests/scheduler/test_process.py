@@ -1,0 +1,90 @@
+"""The scheduler process: AFE_DATABASE_URL read once and never repeated
+(R29, R30), readiness names its dependencies, and only the gateway and local
+automation may call it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common import grpcutil
+from services.common.errors import ConfigError
+from services.common.layout import Layout
+from services.common.redact import Redactor
+from services.scheduler.database_url import store_path
+from tests.support.system import afe_system
+
+from .conftest import write_config
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
+
+PASSWORD = "hunter2-Correct-Horse"
+WORKFLOW = """\
+kind: Workflow
+name: quick
+workspace: ws
+nodes:
+  - {id: one, run: "true"}
+"""
+
+
+async def test_r29_database_url_is_used_and_never_repeated(short_tmp):
+    cfg = write_config(short_tmp, WORKFLOW)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    db = short_tmp / "elsewhere" / "sched.db"
+    url = f"sqlite://afe:{PASSWORD}@/{db}"
+    async with afe_system(cfg, layout, subprocess=True, scheduler_env={"AFE_DATABASE_URL": url}) as sys_:
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="quick", title="x"))
+        assert db.exists() and not layout.store_file.exists()
+        environ = Path(f"/proc/{sys_.proc.pid}/environ").read_bytes()
+        assert PASSWORD.encode() not in environ and url.encode() not in environ   # value scrubbed (R30)
+        port = sys_.ready["ops_port"]
+        # (in a thread: the brokers answering the probes run on this event loop)
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10).read().decode())
+        assert json.loads(body) == {"status": "ok"}
+        assert t.id
+    log = sys_.log_path.read_text()
+    assert "scheduler ready" in log           # positive control: the log is the process's log
+    assert PASSWORD not in log and url not in log
+
+
+def test_database_url_forms():
+    layout = Layout.from_args("/srv/afe/data", "/srv/afe/run")
+    r = Redactor()
+    assert store_path(layout, r, {}) == layout.store_file
+    assert str(store_path(layout, r, {"AFE_DATABASE_URL": "sqlite:///var/lib/afe.db"})) == "/var/lib/afe.db"
+    assert store_path(layout, r, {"AFE_DATABASE_URL": "sqlite:db/x.db"}) == layout.data_dir / "db" / "x.db"
+    store_path(layout, r, {"AFE_DATABASE_URL": f"sqlite://u:{PASSWORD}@/x.db"})
+    assert PASSWORD not in r.redact(f"oops {PASSWORD}")
+    with pytest.raises(ConfigError) as exc:
+        store_path(layout, Redactor(), {"AFE_DATABASE_URL": f"postgresql://u:{PASSWORD}@db/afe"})
+    assert PASSWORD not in str(exc.value) and "postgresql" not in str(exc.value)
+
+
+async def test_only_gateway_and_automation_may_call(short_tmp):
+    cfg = write_config(short_tmp, WORKFLOW)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    async with afe_system(cfg, layout) as sys_:
+        sock = str(layout.socket("scheduler"))
+        for secret, allowed in ((sys_.gateway_secret, True), (sys_.automation_secret, True),
+                                (sys_.sandbox_secret, False), (None, False), (b"x" * 32, False)):
+            async with grpcutil.open_channel(sock, secret) as ch:
+                stub = pb_grpc.SchedulerStub(ch)
+                if allowed:
+                    await stub.ListWorkflows(pb.ListWorkflowsRequest())
+                else:
+                    with pytest.raises(grpc.aio.AioRpcError) as exc:
+                        await stub.ListWorkflows(pb.ListWorkflowsRequest())
+                    assert exc.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        wfs = await sys_.stub.ListWorkflows(pb.ListWorkflowsRequest())
+        assert [w.name for w in wfs.workflows] == ["quick"] and wfs.workflows[0].nodes[0].kind == "run"
+        wss = await sys_.stub.ListWorkspaces(pb.ListWorkspacesRequest())
+        assert [w.name for w in wss.workspaces] == ["ws"] and wss.workspaces[0].forge == "local"
