@@ -267,57 +267,6 @@ def outcome_of(exc: BaseException | None) -> str:
     return "error"
 
 
-class MeteredSandboxes:
-    """The sandbox manager, timing `create` by egress mode and exposing the
-    number of live sandboxes and proxies it knows about."""
-
-    def __init__(self, inner: Any, registry: CollectorRegistry) -> None:
-        self._inner = inner
-        self._m = sandbox_metrics(registry)
-        cache = getattr(inner, "_cache", None)
-        if isinstance(cache, dict):
-            self._m.sandboxes_live.set_function(lambda: len(cache))
-            self._m.proxies_live.set_function(
-                lambda: sum(1 for i in list(cache.values()) if getattr(i, "proxy_container_id", "")))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def create(self, settings: Any, *args: Any, **kwargs: Any) -> Any:
-        import time
-
-        t0 = time.perf_counter()
-        info = await self._inner.create(settings, *args, **kwargs)
-        mode = "allowlist" if getattr(settings, "egress", ()) else "none"
-        self._m.create_seconds.labels(egress=mode).observe(time.perf_counter() - t0)
-        return info
-
-
-class MeteredRunner:
-    """The exec runner, counting commands by outcome (exit 0 ok, timeout,
-    non-zero exit or failure error)."""
-
-    def __init__(self, inner: Any, registry: CollectorRegistry) -> None:
-        self._inner = inner
-        self._m = sandbox_metrics(registry)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def run_exec(self, *args: Any, **kwargs: Any):
-        outcome = "error"   # a stream that ends without an exit status
-        try:
-            async for ev in self._inner.run_exec(*args, **kwargs):
-                if hasattr(ev, "code") and hasattr(ev, "timed_out"):
-                    outcome = "timeout" if ev.timed_out else ("ok" if ev.code == 0 else "error")
-                yield ev
-        except BaseException as e:
-            outcome = outcome_of(e)
-            raise
-        finally:
-            self._m.execs.labels(outcome=outcome).inc()
-
-
 _GIT_METHODS = {"prepare_workspace": "checkout", "commit": "commit", "diff": "diff", "push": "push"}
 _FORGE_METHODS = {"open_pull_request": "open_pr", "get_pull_request": "pr_status",
                   "merge_pull_request": "merge"}

@@ -614,3 +614,12 @@ def test_r26_one_ticket_is_one_trace_across_all_four_processes(sweep):
     assert create, f"no CreateTicket server span; services seen: {sorted({s.service for s in sweep.spans})}"
     best = max((by_trace[s.trace_id] for s in create), key=len)
     assert best >= {"afe-gateway", "afe-scheduler", "afe-sandbox", "afe-credentials"}, sorted(best)
+
+
+@pytest.mark.timeout(900)
+def test_r25_metrics_pages_carry_no_ticket_id_input_path_or_host(sweep):
+    pages = {k: v for k, v in sweep.metrics.items() if k.endswith("/metrics")}
+    assert len(pages) == 4 and all("# TYPE" in v for v in pages.values())
+    forbidden = [t["id"] for t in sweep.tickets.values()] + [MARKER, str(sweep.base), "pypi.org", "calc.py"]
+    found = [f"{needle!r} in {page}" for page, text in pages.items() for needle in forbidden if needle in text]
+    assert not found, found
