@@ -240,7 +240,8 @@ def http_metrics_middleware(registry: CollectorRegistry):
             status = exc.status
             raise
         finally:
-            families.http_requests.labels(method=http_method(request.method), code_class=code_class(status)).inc()
+            families.http_requests.labels(method=http_method(request.method),
+                                          code_class=code_class(status)).inc()
 
     return count
 
@@ -286,7 +287,8 @@ class MeteredCredentials:
             return self._wrap(attr, lambda a, kw, o: self._m.git_ops.labels(op=_GIT_METHODS[name], outcome=o))
         if name in _FORGE_METHODS:
             def forge(a: tuple, kw: dict, o: str):
-                ws = kw.get("workspace") or (a[0] if name == "get_pull_request" else a[1] if len(a) > 1 else "")
+                pos = 0 if name == "get_pull_request" else 1
+                ws = kw.get("workspace") or (a[pos] if len(a) > pos else "")
                 kind = self._forge_type(ws)
                 return self._m.forge_calls.labels(forge=kind, op=_FORGE_METHODS[name], outcome=o)
             return self._wrap(attr, forge)

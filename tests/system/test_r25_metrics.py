@@ -154,7 +154,9 @@ async def test_r25_metered_credentials_counts_ops_forges_and_models():
     reg = CollectorRegistry()
     core = metrics.MeteredCredentials(_Core(), reg)
     await core.push("t-20261201-abc", "gh")
-    with pytest.raises(Exception):
+    from services.common.errors import PermissionDenied
+
+    with pytest.raises(PermissionDenied):
         await core.open_pull_request("t-20261201-abc", "gh", "title with input", "body")
     await core.complete("remote", [], [], 10)
     assert _sample(reg, "afe_git_operations_total", op="push", outcome="ok") == 1
