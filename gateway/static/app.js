@@ -121,6 +121,17 @@ function eventLine(e) {
     case "node.tool_result": return { cls: "tool", text: `${node}← ${p.name} ${p.ok === false ? "failed" : "ok"}: ${String(p.result || "").slice(0, 400)}` };
     case "node.started": return { cls: "sys", text: `${node}started (${p.kind || ""}${p.attempt > 1 ? ", attempt " + p.attempt : ""})` };
     case "node.finished": return { cls: "sys", text: `${node}finished: ${p.state}${p.error ? " — " + p.error : ""}` };
+    case "ticket.created": return { cls: "sys", text: `ticket created${p.principal ? " by " + p.principal : ""}` };
+    case "ticket.state": return { cls: "sys", text: `ticket is ${String(p.state).replace("_", " ")}` };
+    case "ticket.finished": return { cls: "sys", text: `ticket ${p.state}${p.error ? " — " + p.error : ""}` };
+    case "sandbox.ready": return { cls: "sys", text: "sandbox ready" };
+    case "commit.done": return { cls: "sys", text: `${node}committed ${String(p.sha || "").slice(0, 12)}` };
+    case "push.done": return { cls: "sys", text: `${node}pushed ${p.branch || ""} at ${String(p.sha || "").slice(0, 12)}` };
+    case "pr.opened": return { cls: "sys", text: `${node}pull request #${p.number} opened (${p.head_branch} → ${p.base_branch})` };
+    case "approval.requested": return { cls: "sys", text: `${node}waiting for a person to approve ${String(p.sha || "").slice(0, 12)}` };
+    case "approval.granted": return { cls: "sys", text: `approved by ${p.principal}` };
+    case "approval.rejected": return { cls: "sys", text: `rejected by ${p.principal}${p.reason ? ": " + p.reason : ""}` };
+    case "merge.done": return { cls: "sys", text: `${node}merged ${String(p.merge_sha || p.sha || "").slice(0, 12)}` };
     default: {
       const rest = Object.keys(p).length ? " " + JSON.stringify(p) : "";
       return { cls: "sys", text: `${e.type}${rest}` };
@@ -173,11 +184,15 @@ async function showTicket(id) {
     body.textContent = ticket.body || "(no body)";
     clear(graph).append(drawGraph(ticket.nodes, Date.now()));
     clear(prBox);
-    if (ticket.pr && ticket.pr.url) {
-      prBox.append("Pull request ", h("a", { href: ticket.pr.url, id: "pr-link", rel: "noopener noreferrer", target: "_blank" },
-        `#${ticket.pr.number}`), ` (${ticket.pr.state}) ${ticket.pr.head_branch} → ${ticket.pr.base_branch}`);
-    } else if (ticket.pr) {
-      prBox.append(`Pull request #${ticket.pr.number} (${ticket.pr.state})`);
+    if (ticket.pr) {
+      const pr = ticket.pr;
+      // Only http(s) URLs become links: a forge URL is data, never a script.
+      const label = `#${pr.number}`;
+      const link = /^https?:\/\//i.test(pr.url || "")
+        ? h("a", { href: pr.url, id: "pr-link", rel: "noopener noreferrer", target: "_blank" }, label)
+        : h("span", { id: "pr-link", title: pr.url || "" }, `${label} ${pr.url || ""}`);
+      prBox.append("Pull request ", link, ` (${pr.state}) ${pr.head_branch} → ${pr.base_branch}`,
+        pr.merge_sha ? ` · merge ${pr.merge_sha.slice(0, 12)}` : "");
     }
     clear(actions);
     if (ticket.state === "waiting_approval") {

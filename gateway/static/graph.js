@@ -2,7 +2,7 @@
 // state through CSS classes (no inline styles: the CSP forbids them).
 
 const SVG = "http://www.w3.org/2000/svg";
-const W = 150, H = 52, GX = 60, GY = 22, PAD = 16;
+const W = 200, H = 52, GX = 60, GY = 22, PAD = 16;
 
 function el(name, attrs, text) {
   const e = document.createElementNS(SVG, name);

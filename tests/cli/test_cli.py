@@ -36,6 +36,7 @@ def as_json(proc):
 
 
 def test_demo_create_watch_approve_merged(live_afe):
+    live_afe.reset_demo_repo()
     created = afe(live_afe, "ticket", "create", "--demo", "--json")
     assert created.returncode == cli.EXIT_OK, created.stderr
     t = as_json(created)
@@ -77,6 +78,7 @@ def test_demo_create_watch_approve_merged(live_afe):
 
 
 def test_reject_fails_the_ticket(live_afe):
+    live_afe.reset_demo_repo()
     tid = as_json(afe(live_afe, "ticket", "create", "--demo", "--title", "reject me", "--json"))["id"]
     streamed = afe(live_afe, "ticket", "watch", tid, "--until-waiting", "--json")
     assert streamed.returncode == cli.EXIT_WAITING

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -30,6 +31,13 @@ class Live:
     config_dir: Path
     gateway: GatewayProc
     bare_repo: Path
+    initial_main: str
+
+    def reset_demo_repo(self) -> None:
+        """Put the demo repository's main back on its first commit (the bug
+        present), so every test that runs the demo sees the same change."""
+        subprocess.run(["git", "--git-dir", str(self.bare_repo), "update-ref", "refs/heads/main",
+                        self.initial_main], check=True, capture_output=True)
 
 
 class _Holder:
@@ -75,7 +83,10 @@ class _Holder:
         except Exception:
             self._run(self.cm.__aexit__(None, None, None))
             raise
-        self.live = Live(root, layout, cfg, gw, cfg / "repos" / "calc.git")
+        bare = cfg / "repos" / "calc.git"
+        head = subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "refs/heads/main"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        self.live = Live(root, layout, cfg, gw, bare, head)
 
     def _stop(self) -> None:
         live, self.live = self.live, None
