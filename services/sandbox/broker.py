@@ -7,10 +7,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
 from services.common import grpcutil
 from services.common.layout import Layout
+from services.common.metrics import sandbox_metrics
 from services.common.redact import Redactor
 
 from .execs import Runner
@@ -40,12 +42,14 @@ class Broker:
 def build_broker(layout: Layout, socket_path: str, accepted: dict[str, bytes], redactor: Redactor, *,
                  instance: str = "default", egress_network: str = "bridge",
                  allow_private: Iterable[str] = (), env_values: dict | None = None,
-                 interceptors: Iterable[grpc.aio.ServerInterceptor] = ()) -> Broker:
+                 interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+                 registry: CollectorRegistry | None = None) -> Broker:
     sandboxes = SandboxManager(layout, instance=instance, egress_network=egress_network,
                                allow_private=allow_private, env_values=env_values)
     runner = Runner(sandboxes)
     files = FileTools(layout.workspace)
-    servicer = SandboxServicer(sandboxes, runner, files)
+    metrics = sandbox_metrics(registry) if registry is not None else None
+    servicer = SandboxServicer(sandboxes, runner, files, metrics=metrics)
     server, health = grpcutil.create_server(
         socket_path, accepted, redactor,
         [lambda s: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(servicer, s)],

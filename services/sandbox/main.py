@@ -41,7 +41,7 @@ async def amain(argv: list[str] | None = None) -> int:
     broker = build_broker(ctx.layout, socket_path, {k: v for k, v in ctx.links.serve.items() if k == "scheduler"},
                           ctx.redactor, instance=args.instance, egress_network=args.egress_network,
                           allow_private=args.allow_private, env_values=env_values,
-                          interceptors=grpc_server_interceptors())
+                          interceptors=grpc_server_interceptors(), registry=ctx.registry)
 
     async def start() -> dict:
         await broker.start()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
 from services.common.errors import InvalidArgument
+from services.common.metrics import SandboxMetrics
 
 from .execs import Exit, Output, Runner
 from .files import Entry, FileTools
@@ -36,11 +38,17 @@ def _exit(x: Exit) -> pb.ExecExit:
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
     def __init__(self, sandboxes: SandboxManager, runner: Runner, files: FileTools,
-                 default_image: str = "") -> None:
+                 default_image: str = "", metrics: SandboxMetrics | None = None) -> None:
         self.sandboxes = sandboxes
         self.runner = runner
         self.files = files
         self.default_image = default_image
+        self.metrics = metrics
+
+    def _live(self, infos: list[SandboxInfo]) -> None:
+        if self.metrics:
+            self.metrics.sandboxes_live.set(len(infos))
+            self.metrics.proxies_live.set(sum(1 for i in infos if i.proxy_container_id))
 
     async def CreateSandbox(self, request, context):
         spec = request.spec
@@ -49,13 +57,20 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                    image=spec.image or self.default_image or SandboxSettings.image,
                                    cpus=cpus, memory_bytes=mem, pids=pids, egress=tuple(spec.egress),
                                    env_names=tuple(spec.env_names))
-        return _sandbox(await self.sandboxes.create(settings))
+        t0 = time.monotonic()
+        info = await self.sandboxes.create(settings)
+        if self.metrics:
+            self.metrics.create_seconds.labels(egress="allowlist" if settings.egress else "none").observe(
+                time.monotonic() - t0)
+        return _sandbox(info)
 
     async def DestroySandbox(self, request, context):
         return pb.DestroySandboxResponse(removed=await self.sandboxes.destroy(request.ticket_id))
 
     async def ListSandboxes(self, request, context):
-        return pb.ListSandboxesResponse(sandboxes=[_sandbox(i) for i in await self.sandboxes.list()])
+        infos = await self.sandboxes.list()
+        self._live(infos)
+        return pb.ListSandboxesResponse(sandboxes=[_sandbox(i) for i in infos])
 
     async def Reconcile(self, request, context):
         r = await self.sandboxes.reconcile(list(request.live_tickets))
@@ -67,13 +82,22 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         return pb.FreezeResponse()
 
     async def Exec(self, request, context):
-        async for ev in self.runner.run_exec(request.ticket_id, list(request.argv), cwd=request.cwd,
-                                             timeout_ms=request.timeout_ms,
-                                             output_cap=request.output_cap_bytes, stdin=request.stdin):
-            if isinstance(ev, Output):
-                yield pb.ExecEvent(stdout=ev.data) if ev.stream == "stdout" else pb.ExecEvent(stderr=ev.data)
-            else:
-                yield pb.ExecEvent(exit=_exit(ev))
+        outcome = "error"
+        try:
+            async for ev in self.runner.run_exec(request.ticket_id, list(request.argv), cwd=request.cwd,
+                                                 timeout_ms=request.timeout_ms,
+                                                 output_cap=request.output_cap_bytes, stdin=request.stdin):
+                if isinstance(ev, Output):
+                    yield pb.ExecEvent(stdout=ev.data) if ev.stream == "stdout" else pb.ExecEvent(stderr=ev.data)
+                else:
+                    outcome = "timeout" if ev.timed_out else "ok"
+                    yield pb.ExecEvent(exit=_exit(ev))
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            if self.metrics:
+                self.metrics.execs.labels(outcome=outcome).inc()
 
     async def Process(self, request_iterator, context):
         it = request_iterator.__aiter__()

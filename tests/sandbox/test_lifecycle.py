@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -103,7 +104,7 @@ def test_reconcile_removes_only_dead_tickets_of_its_own_instance(stub, broker, d
         stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=live))
 
 
-def _start_broker_process(tmp: Path, instance: str, env_extra: dict) -> tuple[subprocess.Popen, str, bytes]:
+def _start_broker_process(tmp: Path, instance: str, env_extra: dict) -> tuple[subprocess.Popen, str, bytes, int]:
     (tmp / "cfg").mkdir()
     (tmp / "cfg" / "afe.yaml").write_text(CONFIG.format(repo=tmp / "repo.git"))
     secret = new_secret()
@@ -122,8 +123,9 @@ def _start_broker_process(tmp: Path, instance: str, env_extra: dict) -> tuple[su
     with os.fdopen(status_r) as f:
         line = f.readline()
     assert line, "the broker exited before reporting ready"
-    assert json.loads(line)["service"] == "sandbox"
-    return proc, str(layout.socket("sandbox")), secret
+    status = json.loads(line)
+    assert status["service"] == "sandbox"
+    return proc, str(layout.socket("sandbox")), secret, status["ops_port"]
 
 
 def test_reconcile_after_broker_sigkill(tmp_path, docker_client):
@@ -131,7 +133,7 @@ def test_reconcile_after_broker_sigkill(tmp_path, docker_client):
     tmp = Path(f"/tmp/afe-k-{instance}")
     tmp.mkdir()
     token = "agent-token-" + new_instance("v")
-    proc, sock, secret = _start_broker_process(tmp, instance, {"AGENT_TOKEN": token})
+    proc, sock, secret, ops_port = _start_broker_process(tmp, instance, {"AGENT_TOKEN": token})
     try:
         # R30: the broker read the declared value and removed it from its environ
         assert token.encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes()
@@ -143,13 +145,21 @@ def test_reconcile_after_broker_sigkill(tmp_path, docker_client):
             ticket_id="k1", argv=["printenv", "AGENT_TOKEN"], env_names=["AGENT_TOKEN"]))]), timeout=60))
         assert out.strip() == token.encode()
         ch.close()
+        # ops: ready names the docker check; metrics count creations without any ticket id (R25)
+        with urllib.request.urlopen(f"http://127.0.0.1:{ops_port}/readyz", timeout=10) as r:
+            assert r.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{ops_port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert 'afe_sandbox_create_seconds_count{egress="allowlist"} 1.0' in metrics
+        assert 'afe_sandbox_create_seconds_count{egress="none"} 1.0' in metrics
+        assert "k1" not in metrics and "k2" not in metrics and token not in metrics
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         flt = {"label": [f"afe.instance={instance}"]}
         assert len(docker_client.containers.list(all=True, filters=flt)) == 3   # left behind
         # a new broker of the same instance reconciles them away
         (tmp / "2").mkdir()
-        proc, sock, secret = _start_broker_process(tmp / "2", instance, {})
+        proc, sock, secret, _ = _start_broker_process(tmp / "2", instance, {})
         ch, stub = sync_stub(sock, secret)
         r = stub.Reconcile(pb.ReconcileRequest(live_tickets=[]))
         ch.close()
