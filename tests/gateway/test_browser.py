@@ -63,8 +63,8 @@ async def test_ui_login_demo_live_graph_approve_merged(live_afe, artifacts_dir):
 
             await page.wait_for_selector("#approve", timeout=180_000)
             await page.wait_for_selector('#graph g.node[data-node="merge"][data-state="waiting"]')
-            await page.wait_for_function("document.querySelectorAll('#tools li').length >= 4")
-            await page.wait_for_function("document.getElementById('diff').textContent.includes('return a + b')")
+            await page.wait_for_function("() => document.querySelectorAll('#tools li').length >= 4")
+            await page.wait_for_function("() => document.getElementById('diff').textContent.includes('return a + b')")
             seen = set(await page.evaluate("[...window.__seen]"))
             log_counts = await page.evaluate("window.__logLines")
             # Live: the graph changed state under our eyes, and the log grew, on the same page.
@@ -78,7 +78,7 @@ async def test_ui_login_demo_live_graph_approve_merged(live_afe, artifacts_dir):
             await page.click("#approve")
             await page.wait_for_selector('#ticket-state[data-state="succeeded"]', timeout=120_000)
             await page.wait_for_selector('#graph g.node[data-node="merge"][data-state="succeeded"]')
-            await page.wait_for_function("document.getElementById('pr').textContent.includes('merged')")
+            await page.wait_for_function("() => document.getElementById('pr').textContent.includes('merged')")
             assert "approved by ui" in (await page.text_content("#approval"))
             assert await page.evaluate("window.__marker") == "same page"
             await page.screenshot(path=str(artifacts_dir / "ui-ticket-merged.png"), full_page=True)
