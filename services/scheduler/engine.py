@@ -69,6 +69,7 @@ class Engine:
         self._tasks: dict[str, asyncio.Task] = {}
         self._running: set[str] = set()        # tickets counted against capacity
         self._cancelling: dict[str, str] = {}  # ticket -> principal who cancelled
+        self._finishing: set[str] = set()      # tickets tearing down / recording their end
         self._waiters: dict[str, asyncio.Future] = {}
         self._background: set[asyncio.Task] = set()
         self._started = False
@@ -171,8 +172,10 @@ class Engine:
             return self.view(ticket_id)
         self._cancelling[ticket_id] = who
         if task is not None:
-            task.cancel()
+            if ticket_id not in self._finishing:
+                task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            self._cancelling.pop(ticket_id, None)
         else:
             await self._finish(t, CANCELLED, f"cancelled by {who}")
         return self.view(ticket_id)
@@ -288,9 +291,17 @@ class Engine:
     def _launch(self, t: TicketRecord, resumed: bool) -> None:
         from .runs import TicketRun
 
-        run = TicketRun(self, t, resumed=resumed)
-        task = asyncio.create_task(self._run_ticket(run), name=f"ticket-{t.id}")
+        if t.workflow not in self.config.workflows or t.workspace not in self.config.workspaces:
+            # The config changed under a live ticket: end it with the reason.
+            what = (f"workflow {t.workflow!r}" if t.workflow not in self.config.workflows
+                    else f"workspace {t.workspace!r}")
+            task = asyncio.create_task(self._finish(t, FAILED, f"{what} is no longer configured"))
+        else:
+            task = asyncio.create_task(self._run_ticket(TicketRun(self, t, resumed=resumed)),
+                                       name=f"ticket-{t.id}")
         self._tasks[t.id] = task
+        task.add_done_callback(lambda _t, tid=t.id: self._tasks.pop(tid, None)
+                               if self._tasks.get(tid) is _t else None)
 
     async def _run_ticket(self, run) -> None:
         t = run.ticket
@@ -309,9 +320,12 @@ class Engine:
                 log.error("ticket %s: internal error", t.id, exc_info=exc)
                 error = "internal error (details are in the scheduler log)"
             state = FAILED
+        # From here on a cancel waits for the end instead of interrupting it.
+        self._finishing.add(t.id)
+        try:
+            await asyncio.shield(self._finish(t, state, error))
         finally:
-            self._tasks.pop(t.id, None)
-        await self._finish(t, state, error)
+            self._finishing.discard(t.id)
 
     async def _finish_quietly(self, t: TicketRecord, state: str, error: str) -> None:
         try:

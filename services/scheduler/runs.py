@@ -13,7 +13,7 @@ import logging
 import time
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common.config import Node
+from services.common.config import Config, Node, Workflow, Workspace
 from services.common.errors import (
     AfeError,
     DeadlineExceeded,
@@ -73,6 +73,24 @@ def _keep(text: str) -> str:
     return f"[{len(text) - OUTPUT_KEEP} characters cut]...\n" + text[-OUTPUT_KEEP:]
 
 
+def sandbox_spec(config: Config, workflow: Workflow, workspace: Workspace) -> spb.SandboxSpec:
+    """The workspace's sandbox settings plus the env NAMES of the agents this
+    workflow uses, and only those (R9). An agent's own image wins."""
+    sb = workspace.sandbox
+    env_names: set[str] = set()
+    image = sb.image
+    for n in workflow.nodes:
+        if n.kind == "agent" and n.agent in config.agents:
+            agent = config.agents[n.agent]
+            env_names.update(agent.env)
+            if agent.image:
+                image = agent.image
+    return spb.SandboxSpec(
+        image=image,
+        limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids),
+        egress=list(sb.egress), env_names=sorted(env_names))
+
+
 class TicketRun:
     def __init__(self, engine, ticket: TicketRecord, resumed: bool) -> None:
         self.engine = engine
@@ -121,6 +139,11 @@ class TicketRun:
     async def execute(self) -> tuple[str, str]:
         tid = self.ticket.id
         records = {r.node_id: r for r in self.store.node_runs(tid)}
+        declared = [n.id for n in self.workflow.nodes]
+        if sorted(declared) != sorted(records):
+            raise FailedPrecondition(
+                f"workflow {self.workflow.name!r} changed since this ticket was created (nodes "
+                f"{', '.join(sorted(records))} became {', '.join(sorted(declared))}); create a new ticket")
         for r in records.values():
             if r.state in (N_RUNNING, N_WAITING):
                 # It was running when the scheduler stopped: run it again.
@@ -270,19 +293,7 @@ class TicketRun:
             self.emit("workspace.ready", {"base_sha": r.base_sha, "branch": r.branch})
 
     def sandbox_spec(self) -> spb.SandboxSpec:
-        sb = self.workspace.sandbox
-        env_names: set[str] = set()
-        image = sb.image
-        for n in self.workflow.nodes:
-            if n.kind == "agent" and n.agent in self.config.agents:
-                agent = self.config.agents[n.agent]
-                env_names.update(agent.env)   # only the agents this workflow uses (R9)
-                if agent.image:
-                    image = agent.image
-        return spb.SandboxSpec(
-            image=image,
-            limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids),
-            egress=list(sb.egress), env_names=sorted(env_names))
+        return sandbox_spec(self.config, self.workflow, self.workspace)
 
     async def ensure_sandbox(self) -> None:
         await self.ensure_workspace()

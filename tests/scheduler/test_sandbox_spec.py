@@ -1,0 +1,47 @@
+"""R9: a ticket's sandbox receives the env NAMES of the agents its workflow
+uses, and only those; the rest of the spec is the workspace's sandbox."""
+
+from __future__ import annotations
+
+from services.common.manifests import load_config
+from services.scheduler.runs import sandbox_spec
+
+from .conftest import write_config
+
+CONFIG = """\
+kind: Agent
+name: used
+type: acp
+command: [used-agent]
+env: [USED_AGENT_KEY]
+---
+kind: Agent
+name: unused
+type: acp
+command: [other-agent]
+env: [UNUSED_AGENT_KEY]
+---
+kind: Workflow
+name: with-agent
+workspace: ws
+nodes:
+  - {id: code, agent: used, prompt: "do it"}
+---
+kind: Workflow
+name: no-agent
+workspace: ws
+nodes:
+  - {id: test, run: "true"}
+"""
+
+
+def test_r9_only_the_workflows_agents_env_names_reach_the_sandbox(tmp_path):
+    cfg = load_config(write_config(tmp_path, CONFIG, sandbox_extra="  egress: [pypi.org]\n"))
+    ws = cfg.workspaces["ws"]
+    spec = sandbox_spec(cfg, cfg.workflows["with-agent"], ws)
+    assert list(spec.env_names) == ["USED_AGENT_KEY"]
+    # Positive control: the config does declare the other name, for another agent.
+    assert "UNUSED_AGENT_KEY" in cfg.agent_env_names()
+    assert list(sandbox_spec(cfg, cfg.workflows["no-agent"], ws).env_names) == []
+    assert list(spec.egress) == ["pypi.org"] and spec.image == ws.sandbox.image
+    assert spec.limits.memory_bytes == 256 * 1024 * 1024 and spec.limits.pids == 128
