@@ -75,6 +75,8 @@ def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()
         "icp_port 0",
         "htcp_port 0",
         "snmp_port 0",
+        "pinger_enable off",
+        "digest_generation off",
         "pid_filename none",
         "cache deny all",
         "cache_mem 0 MB",

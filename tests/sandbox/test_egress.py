@@ -155,3 +155,11 @@ def test_r11_ticket_a_cannot_reach_ticket_b(stub, egress, docker_client, broker)
     flt = {"label": [f"afe.ticket={ticket_b}", f"afe.instance={broker.instance}"]}
     assert docker_client.containers.list(all=True, filters=flt) == []
     assert docker_client.networks.list(filters=flt) == []
+
+
+def test_r11_proxy_listens_only_on_its_port_and_caches_nothing(egress):
+    _, _, proxy = egress
+    listening = in_proxy(proxy, "ss -Hlnt | awk '{print $4}'").split()
+    assert [a for a in listening if not a.startswith("127.0.0.11:")] == ["0.0.0.0:3128"]
+    conf = proxy.attrs["Config"]["Env"]
+    assert any("cache deny all" in e for e in conf) and not any("cache_dir" in e for e in conf)
