@@ -121,12 +121,13 @@ class SandboxManager:
         st = os.lstat(path)
         if not os.path.isdir(path) or os.path.islink(path):
             raise FailedPrecondition("the ticket's workspace is not a directory")
-        if (st.st_uid, st.st_gid) != (SANDBOX_UID, SANDBOX_GID):
-            if os.geteuid() != 0:
-                log.warning("workspace of %s is not owned by the sandbox uid and the broker cannot chown it",
-                            ticket_id)
-            else:
-                chown_tree(str(path), SANDBOX_UID, SANDBOX_GID)
+        if os.geteuid() == 0:
+            # Files the host wrote (a clone, a checkout) become the sandbox's,
+            # so it can change them; checked on every (idempotent) create.
+            chown_tree(str(path), SANDBOX_UID, SANDBOX_GID)
+        elif (st.st_uid, st.st_gid) != (SANDBOX_UID, SANDBOX_GID):
+            log.warning("workspace of %s is not owned by the sandbox uid and the broker cannot chown it",
+                        ticket_id)
         return str(path)
 
     # -- lifecycle -----------------------------------------------------------
@@ -140,6 +141,7 @@ class SandboxManager:
         async with self._lock(ticket_id):
             existing = await asyncio.to_thread(self._find, ticket_id)
             if existing is not None:
+                await asyncio.to_thread(self.prepare_workspace, ticket_id)
                 if existing.state == "exited":
                     await asyncio.to_thread(self.client.api.start, existing.container_id)
                     existing = replace(existing, state="running")
@@ -344,10 +346,23 @@ class SandboxManager:
         return out
 
 
-def chown_tree(root: str, uid: int, gid: int) -> None:
-    """chown a tree without following any symlink (lchown semantics)."""
-    os.chown(root, uid, gid, follow_symlinks=False)
-    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+def chown_tree(root: str, uid: int, gid: int) -> int:
+    """Give every entry of a tree to uid:gid without following any symlink.
+
+    os.fwalk walks by directory fds and re-checks each directory it enters,
+    and fchownat(AT_SYMLINK_NOFOLLOW) changes a link itself, so a sandbox
+    swapping links during the walk cannot redirect it. Returns the count changed.
+    """
+    changed = 0
+    st = os.stat(root, follow_symlinks=False)
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        os.chown(root, uid, gid, follow_symlinks=False)
+        changed += 1
+    for _dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
         for name in dirnames + filenames:
             with contextlib.suppress(FileNotFoundError):
-                os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                if (st.st_uid, st.st_gid) != (uid, gid):
+                    os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+                    changed += 1
+    return changed

@@ -175,3 +175,16 @@ def test_reconcile_after_broker_sigkill(tmp_path, docker_client):
         for n in docker_client.networks.list(filters={"label": [f"afe.instance={instance}"]}):
             n.remove()
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+def test_host_written_files_are_given_to_the_sandbox_on_create(stub, broker, plain_sandbox, broker_root):
+    ws = broker.layout.workspace(plain_sandbox)
+    (ws / "hostdir").mkdir(exist_ok=True)
+    (ws / "hostdir" / "root-owned.txt").write_text("x")     # as a root clone would leave it
+    outside = broker_root / "not-yours.txt"
+    outside.write_text("keep")
+    os.symlink(outside, ws / "hostdir" / "link-out")
+    assert run(stub, plain_sandbox, "echo y >> hostdir/root-owned.txt && echo ok").stdout.strip() != b"ok"  # control
+    stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=plain_sandbox))      # idempotent create fixes ownership
+    assert run(stub, plain_sandbox, "echo y >> hostdir/root-owned.txt && echo ok").stdout.strip() == b"ok"
+    assert os.stat(outside).st_uid == 0                      # the link's target was not chowned
