@@ -21,7 +21,10 @@ PROXY_PORT = 3128
 
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _NAME_RE = re.compile(rf"^\.?{_LABEL}(?:\.{_LABEL})*$")
-_NUMERIC_RE = re.compile(r"^[0-9x.]+$", re.IGNORECASE)
+# An IPv4 literal in any spelling inet_aton accepts: dotted parts that are
+# decimal, octal (leading 0) or hex (0x) numbers, 1 to 4 of them.
+_NUMERIC_PART = r"(0x[0-9a-f]*|[0-9]+)"
+_NUMERIC_RE = re.compile(rf"^{_NUMERIC_PART}(\.{_NUMERIC_PART})*$", re.IGNORECASE)
 
 # Destinations squid must never connect to, whatever name resolves there.
 BLOCKED_RANGES = (
@@ -42,7 +45,7 @@ def check_egress_names(names: list[str] | tuple[str, ...]) -> list[str]:
                 f"egress entry {raw!r} is not a host name: use an exact name (api.example.com) "
                 "or a suffix (.example.com)")
         bare = name.lstrip(".")
-        if _NUMERIC_RE.match(bare) or "." not in bare and bare.isdigit():
+        if _NUMERIC_RE.match(bare) or bare.rsplit(".", 1)[-1].isdigit():
             raise InvalidArgument(f"egress entry {raw!r} is an IP address: list host names only")
         out.append(name)
     # squid refuses overlapping dstdomain entries (a.b and .b): keep the suffix.
@@ -93,7 +96,7 @@ def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()
         "acl Safe_ports port 80 443",
         "acl CONNECT method CONNECT",
         # IP literals in every spelling: dotted/decimal/octal/hex v4 and v6.
-        r"acl ip_literal dstdom_regex -i ^[0-9x.]+$ ^\[.*\]$ :",
+        f"acl ip_literal dstdom_regex -i ^{_NUMERIC_PART}(\\.{_NUMERIC_PART})*\\.?$ ^\\[.*\\]$ :",
         f"acl blocked_dst dst {' '.join(BLOCKED_RANGES)}",
     ]
     if exempt:
