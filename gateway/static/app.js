@@ -121,6 +121,13 @@ function eventLine(e) {
     case "node.tool_result": return { cls: "tool", text: `${node}← ${p.name} ${p.ok === false ? "failed" : "ok"}: ${String(p.result || "").slice(0, 400)}` };
     case "node.started": return { cls: "sys", text: `${node}started (${p.kind || ""}${p.attempt > 1 ? ", attempt " + p.attempt : ""})` };
     case "node.finished": return { cls: "sys", text: `${node}finished: ${p.state}${p.error ? " — " + p.error : ""}` };
+    case "agent.message": return { cls: "msg", text: `${node}agent: ${p.text || ""}` };
+    case "agent.thought": return { cls: "msg thought", text: `${node}agent (thinking): ${p.text || ""}` };
+    case "agent.tool_call": return { cls: "tool", text: `${node}agent → ${p.title || p.kind} [${p.status}]` };
+    case "agent.tool_call_update": return { cls: "tool", text: `${node}agent tool ${p.id}: ${p.status || "updated"}` };
+    case "agent.fs": return { cls: "tool", text: `${node}agent ${p.op} ${p.path}${p.ok === false ? " (refused)" : ""}` };
+    case "agent.terminal": return { cls: "tool", text: `${node}agent terminal ${p.op}${p.command ? ": " + p.command : ""}${p.ok === false ? " (refused)" : ""}` };
+    case "agent.permission": return { cls: "tool", text: `${node}agent permission ${JSON.stringify(p)}` };
     case "ticket.created": return { cls: "sys", text: `ticket created${p.principal ? " by " + p.principal : ""}` };
     case "ticket.state": return { cls: "sys", text: `ticket is ${String(p.state).replace("_", " ")}` };
     case "ticket.finished": return { cls: "sys", text: `ticket ${p.state}${p.error ? " — " + p.error : ""}` };
@@ -228,9 +235,16 @@ async function showTicket(id) {
   };
   const onEvent = (e) => {
     lastSeq = Math.max(lastSeq, e.seq);
+    const p = e.payload || {};
     if (e.type === "node.tool_call") {
-      const p = e.payload || {};
-      tools.append(h("li", { class: "tool-call" }, h("b", {}, `${p.node}: ${p.name}`), " ", h("code", {}, String(p.arguments || "").slice(0, 600))));
+      tools.append(h("li", { class: "tool-call", "data-kind": "model" }, h("b", {}, `${p.node}: ${p.name}`), " ", h("code", {}, String(p.arguments || "").slice(0, 600))));
+    } else if (e.type === "agent.tool_call") {
+      tools.append(h("li", { class: "tool-call", "data-kind": "agent", "data-call": p.id || "" },
+        h("b", {}, `${p.node ? p.node + ": " : ""}${p.title || p.kind}`), " ", h("code", { class: "status" }, p.status || "")));
+    } else if (e.type === "agent.tool_call_update" && p.status) {
+      for (const li of tools.querySelectorAll("li[data-call]")) {
+        if (li.dataset.call === p.id) { const st = li.querySelector(".status"); if (st) st.textContent = p.status; }
+      }
     }
     const line = eventLine(e);
     const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;

@@ -378,6 +378,10 @@ def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str |
         return "\n".join(f"{'':>10} {node:<16} | {ln}" for ln in str(text or "").rstrip("\n").split("\n"))
     if typ == "node.message":
         return f"{at} {node:<16} model: {str(p.get('content') or p.get('text') or '')[:200]}" if verbose else None
+    if typ == "agent.tool_call":
+        return f"{at} {node:<16} -> agent {p.get('title') or p.get('kind', '')} [{p.get('status', '')}]"
+    if typ in ("agent.message", "agent.thought"):
+        return f"{at} {node:<16} agent: {str(p.get('text') or '')[:200]}" if verbose else None
     if typ == "pr.opened":
         return f"{at} pull request opened {p.get('url') or p.get('number') or ''}".rstrip()
     if typ == "approval.requested":

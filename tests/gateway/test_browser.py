@@ -86,6 +86,28 @@ async def test_ui_login_demo_live_graph_approve_merged(live_afe, artifacts_dir):
             await page.goto(gw.url + "/#/")
             await page.wait_for_selector(f'.col-succeeded [data-ticket="{ticket_id}"]')
             await page.screenshot(path=str(artifacts_dir / "ui-board.png"), full_page=True)
+            # The create form: a ticket with a title and body, then cancelled from its page.
+            await page.click("nav a[href='#/new']")
+            await page.wait_for_selector("#new-form")
+            await page.select_option("#f-workflow", "demo-fix")
+            await page.select_option("#f-workspace", "demo")
+            await page.fill("#f-title", "made with the form")
+            await page.fill("#f-body", "body text <b>not html</b>")
+            await page.click("#new-form button[type=submit]")
+            await page.wait_for_url(re.compile(r".*#/t/[a-z0-9-]+$"))
+            await page.wait_for_selector("#cancel")
+            assert await page.text_content("#ticket-body") == "body text <b>not html</b>"  # text, never markup
+            await page.click("#cancel")
+            await page.wait_for_selector('#ticket-state[data-state="cancelled"]', timeout=60_000)
+
+            # Rotating the token ends this browser session at once: the open socket
+            # is closed (4401) and the page asks for a login again.
+            from gateway.tokens import write_token_file
+
+            write_token_file(gw.token_file)
+            await page.wait_for_selector("#login-form", timeout=30_000)
+            assert "session ended" in (await page.text_content("#login-note"))
+
             # R21: neither the session cookie nor the token reached the gateway's log.
             logs = gw.logs()
             assert "login from" in logs  # control: the log was captured
