@@ -15,6 +15,7 @@ from services.common.layout import SANDBOX_GID, SANDBOX_UID
 from .egress import PROXY_PORT
 
 WORKSPACE = "/workspace"
+PROXY_ALIAS = "afe-proxy"   # the proxy's name on a ticket's internal network
 NO_DNS = "192.0.2.53"   # TEST-NET-1: never routable
 TMPFS_TMP = "size=256m,noexec,nosuid,nodev,mode=1777"
 
@@ -61,8 +62,8 @@ def labels(instance: str, ticket_id: str, role: str) -> dict[str, str]:
     return {LABEL_TICKET: ticket_id, LABEL_ROLE: role, LABEL_INSTANCE: instance}
 
 
-def proxy_env(proxy_ip: str) -> dict[str, str]:
-    url = f"http://{proxy_ip}:{PROXY_PORT}"
+def proxy_env(proxy_host: str) -> dict[str, str]:
+    url = f"http://{proxy_host}:{PROXY_PORT}"
     return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
             "NO_PROXY": "", "no_proxy": ""}
 

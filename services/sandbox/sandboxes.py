@@ -9,6 +9,7 @@ The Docker SDK is synchronous; its calls run in worker threads.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -29,6 +30,8 @@ from .egress import PROXY_PORT, check_cidrs, check_egress_names, squid_conf
 from .hardening import LABEL_ENV, LABEL_INSTANCE, LABEL_ROLE, LABEL_TICKET, SandboxSettings
 
 log = logging.getLogger(__name__)
+
+_STARTER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="afe-proxy-start")
 
 INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -165,6 +168,7 @@ class SandboxManager:
         network = ""
         proxy_id = ""
         env: dict[str, str] = {}
+        starting: concurrent.futures.Future | None = None
         try:
             if s.egress:
                 network = self.network_name(ticket_id)
@@ -178,21 +182,28 @@ class SandboxManager:
                                                    image=self.proxy_image)
                 proxy = self.client.containers.create(**kw)
                 proxy_id = proxy.id
-                self.client.networks.get(network).connect(proxy_id)
-                proxy.start()
-                proxy.reload()
-                ip = proxy.attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
-                env.update(hardening.proxy_env(ip))
+                # The sandbox finds its proxy by this alias (Docker's DNS on the
+                # internal network answers it; nothing else resolves), so the
+                # proxy and the sandbox can start at the same time.
+                self.client.networks.get(network).connect(proxy_id, aliases=[hardening.PROXY_ALIAS])
+                starting = _STARTER.submit(proxy.start)
+                env.update(hardening.proxy_env(hardening.PROXY_ALIAS))
             kw = hardening.sandbox_create_kwargs(s, name=self.container_name(ticket_id), instance=self.instance,
                                                  workspace=workspace, network=network or None, env=env)
             kw.pop("detach", None)
             c = self.client.containers.create(**kw)
             c.start()
+            if starting is not None:
+                starting.result()
         except docker.errors.ImageNotFound as exc:
             raise FailedPrecondition(f"image not found: {s.image if 'proxy' not in str(exc) else self.proxy_image}; "
                                      "run `afe images build`") from exc
         except docker.errors.APIError as exc:
             raise Unavailable(f"Docker refused to create the sandbox: {exc.explanation or exc}") from exc
+        finally:
+            if starting is not None and not starting.done():
+                with contextlib.suppress(Exception):
+                    starting.result()
         return SandboxInfo(ticket_id=ticket_id, container_id=c.id, state="running", image=s.image,
                            network=network, proxy_container_id=proxy_id,
                            created_at_ms=int(time.time() * 1000), env_names=s.env_names)
