@@ -155,7 +155,8 @@ async def _read_token(request: web.Request) -> str | None:
         elif ctype == "application/x-www-form-urlencoded":
             from urllib.parse import parse_qs
 
-            token = (parse_qs(raw.decode("utf-8"), keep_blank_values=True).get("token") or [None])[0]
+            found = parse_qs(raw.decode("utf-8"), keep_blank_values=True).get("token")
+            token = found[0] if found else None
         else:
             return None
     except (UnicodeDecodeError, ValueError):

@@ -114,7 +114,7 @@ METHOD_FIELDS: dict[str, dict[str, Field]] = {
 class _Request:
     id: str | int | None
     method: str
-    params: dict[str, Any]
+    params: Any
 
 
 class RpcConnection:

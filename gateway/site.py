@@ -61,7 +61,7 @@ class Site:
         return cls(u.scheme, host, port, frozenset(allowed))
 
     def host_allowed(self, host_header: str | None) -> bool:
-        return bool(host_header) and host_header.strip().lower() in self.allowed_hosts
+        return host_header is not None and host_header.strip().lower() in self.allowed_hosts
 
     def origin_is_ours(self, origin: str | None) -> bool:
         """Exact match with the configured origin; absent and `null` are not ours."""

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 EXIT_OK = 0             # done / the ticket succeeded
 EXIT_FAILED = 1         # the ticket failed (watch), or an unexpected server error
@@ -66,8 +66,8 @@ class RpcClient:
         self.url = url.rstrip("/")
         self._token = token
         self._ids = itertools.count(1)
-        self._session = None
-        self._ws = None
+        self._session: Any = None
+        self._ws: Any = None
         self._backlog: list[dict] = []
 
     def __repr__(self) -> str:
@@ -301,7 +301,7 @@ def _read_body(value: str) -> str:
 
 async def _create(client: RpcClient, args: argparse.Namespace) -> int:
     if args.demo:
-        params = dict(DEMO)
+        params: dict[str, Any] = dict(DEMO)
         if args.title:
             params["title"] = args.title
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -287,3 +288,16 @@ def test_r21_no_cookie_or_token_in_any_log_line(gateway):
         head = secret.split(".")[0]
         assert len(head) < 16 or head not in logs
     assert "afe_session=" not in logs and not re.search(r"Bearer [A-Za-z0-9_-]{8}", logs)
+
+
+async def test_r28_token_from_the_environment_is_used_and_scrubbed(http, gw_layout, link_secret, scheduler):
+    env_token = "env-token-" + "k" * 30
+    g = start_gateway(gw_layout, link_secret, env={"AFE_UI_TOKEN": env_token})
+    try:
+        assert (await login(http, g, env_token)).status == 200
+        assert (await login(http, g, g.token)).status == 401  # the file is not used when the env is set
+        environ = Path(f"/proc/{g.proc.pid}/environ").read_bytes()
+        assert env_token.encode() not in environ
+    finally:
+        g.stop()
+    assert env_token not in g.logs()
