@@ -26,6 +26,7 @@ MAX_EVENTS = 1000
 MAX_TEXT = 4000            # characters per event text
 MAX_OUTPUT = 64 * 1024     # characters of the final message kept as the node output
 MAX_TITLE = 200
+IDLE_FLUSH_S = 0.5       # pending message/thought text is recorded after this much quiet
 
 
 def clip(text: object, limit: int = MAX_TITLE) -> str:
@@ -118,7 +119,12 @@ class EventLog:
 
     async def _run(self) -> None:
         while True:
-            item = await self._queue.get()
+            try:
+                item = await asyncio.wait_for(self._queue.get(), IDLE_FLUSH_S)
+            except asyncio.TimeoutError:
+                # A quiet agent: show the text streamed so far.
+                self._flush_chunks()
+                continue
             if item is None:
                 return
             try:

@@ -4,6 +4,7 @@ stderr, then one JSON-RPC line far larger than the message cap."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -20,6 +21,7 @@ class FloodAgent(BaseAgent):
         for _ in range(64):                       # 4 MiB of stderr
             sys.stderr.write(chunk)
         sys.stderr.flush()
+        os.set_blocking(1, True)                  # the SDK made stdout non-blocking
         out = sys.stdout.buffer
         out.write(b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess-1","x":"')
         block = b"A" * (1024 * 1024)

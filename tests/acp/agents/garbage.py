@@ -5,6 +5,7 @@ a bad id, a message without jsonrpc."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -23,6 +24,7 @@ LINES = [
 
 class GarbageAgent(BaseAgent):
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any):
+        os.set_blocking(1, True)
         out = sys.stdout.buffer
         for _ in range(3):
             for line in LINES:
