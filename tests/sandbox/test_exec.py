@@ -163,3 +163,15 @@ def test_only_the_scheduler_link_secret_is_accepted(broker, plain_sandbox):
     ch, good = sync_stub(broker.socket, broker.secret)      # positive control
     assert run(good, plain_sandbox, "echo ok").stdout == b"ok\n"
     ch.close()
+
+
+def test_exec_cancelled_by_the_caller_kills_the_process(stub, plain_sandbox):
+    call = stub.Exec(pb.ExecRequest(ticket_id=plain_sandbox, argv=["bash", "-c", "echo go; exec sleep 301"]),
+                     timeout=60)
+    assert next(iter(call)).stdout == b"go\n"
+    assert run(stub, plain_sandbox, "pgrep -c -f '^sleep 301' || true").stdout.strip() == b"1"   # control
+    call.cancel()
+    for _ in range(100):
+        if run(stub, plain_sandbox, "pgrep -c -f '^sleep 301' || true").stdout.strip() == b"0":
+            break
+    assert run(stub, plain_sandbox, "pgrep -c -f '^sleep 301' || true").stdout.strip() == b"0"
