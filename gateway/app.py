@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from .rpc import MAX_MESSAGE, RpcConnection
 
 log = logging.getLogger(__name__)
 
+SWEEP_INTERVAL = 15.0
 STATIC_DIR = Path(__file__).with_name("static")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -63,6 +66,7 @@ async def _rpc(request: web.Request) -> web.StreamResponse:
     try:
         principal = auth.authenticate_rpc(request)
     except Denied as exc:
+        auth.metrics.handshakes.labels(str(exc.status)).inc()
         log.info("rpc handshake refused (%s): %s", exc.status, exc.reason)
         return _plain(exc.status, exc.reason)
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, heartbeat=30, autoping=True)
@@ -74,9 +78,13 @@ async def _rpc(request: web.Request) -> web.StreamResponse:
     conn = RpcConnection(ws, principal, request.app[BACKEND_KEY], auth, request.app["redactor"])
     conns = request.app[CONNS_KEY]
     conns.add(conn)
+    auth.metrics.handshakes.labels("ok").inc()
+    gauge = auth.metrics.connections.labels(principal.name)
+    gauge.inc()
     try:
         await conn.serve()
     finally:
+        gauge.dec()
         conns.discard(conn)
     return ws
 
@@ -102,6 +110,22 @@ def build_app(auth: Authenticator, backend: SchedulerBackend, redactor: Redactor
     app.router.add_get("/auth/session", auth.whoami)
     app.router.add_get("/rpc", _rpc)
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
+
+    async def _sweep(app: web.Application):
+        """Close cookie sessions whose cookie expired while the socket stayed open."""
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(SWEEP_INTERVAL)
+                for conn in list(conns):
+                    if not auth.still_valid(conn.principal):
+                        conn.close_for_auth()
+        task = asyncio.get_running_loop().create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.cleanup_ctx.append(_sweep)
 
     async def _close_all(app: web.Application) -> None:
         for conn in list(conns):

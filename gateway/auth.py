@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from . import cookies
+from .metrics import GatewayMetrics
 from .ratelimit import FailureLimiter
 from .site import Site
 from .tokens import TokenSource
@@ -44,7 +45,8 @@ class Denied(Exception):
 
 class Authenticator:
     def __init__(self, tokens: TokenSource, site: Site, limiter: FailureLimiter,
-                 cookie_ttl: int = cookies.DEFAULT_TTL) -> None:
+                 cookie_ttl: int = cookies.DEFAULT_TTL, metrics: GatewayMetrics | None = None) -> None:
+        self.metrics = metrics or GatewayMetrics(None)
         self.tokens = tokens
         self.site = site
         self.limiter = limiter
@@ -108,21 +110,25 @@ class Authenticator:
 
     async def login(self, request: web.Request) -> web.Response:
         if not self.site.origin_is_ours(request.headers.get("Origin")):
+            self.metrics.logins.labels("foreign_origin").inc()
             return _json_error(403, "login is only accepted from this server's own pages")
         client = self._client(request)
         wait = self.limiter.retry_after(client)
         if wait > 0:
+            self.metrics.logins.labels("rate_limited").inc()
             return _json_error(429, "too many failed logins; wait and try again",
                                headers={"Retry-After": str(int(wait) + 1)})
         token = await _read_token(request)
         if token is None or not self.token_matches(token):
             self.limiter.failed(client)
+            self.metrics.logins.labels("failed").inc()
             log.info("failed login from %s", client)
             return _json_error(401, "that token is not valid")
         value = cookies.sign(self.key(), ttl=self.cookie_ttl)
         resp = web.json_response({"ok": True}, headers={"Cache-Control": "no-store"})
         resp.headers["Set-Cookie"] = cookies.set_cookie_header(value, secure=self.site.secure,
                                                                max_age=self.cookie_ttl)
+        self.metrics.logins.labels("ok").inc()
         log.info("login from %s", client)
         return resp
 
@@ -144,7 +150,7 @@ class Authenticator:
 async def _read_token(request: web.Request) -> str | None:
     if request.content_length is not None and request.content_length > MAX_LOGIN_BODY:
         return None
-    raw = await request.content.read(MAX_LOGIN_BODY + 1)
+    raw = await request.read()  # bounded by the app's client_max_size
     if len(raw) > MAX_LOGIN_BODY:
         return None
     ctype = request.content_type

@@ -27,6 +27,7 @@ from services.common.secrets import take_secret_env
 from .app import build_app
 from .auth import Authenticator
 from .backend import SchedulerBackend
+from .metrics import GatewayMetrics
 from .ratelimit import FailureLimiter
 from .site import Site, parse_listen
 from .tokens import TokenSource
@@ -59,7 +60,8 @@ async def _main(argv: list[str] | None) -> None:
     token_file = Path(args.token_file) if args.token_file else ctx.layout.token_file
     fixed = env["AFE_UI_TOKEN"].reveal() if "AFE_UI_TOKEN" in env else None
     tokens = TokenSource(ctx.redactor, fixed=fixed, path=None if fixed else token_file)
-    auth = Authenticator(tokens, site, FailureLimiter(max_failures=args.max_failed_logins))
+    auth = Authenticator(tokens, site, FailureLimiter(max_failures=args.max_failed_logins),
+                         metrics=GatewayMetrics(ctx.registry))
     backend = SchedulerBackend(ctx.layout.socket("scheduler"), ctx.links.call.get("scheduler"))
     app = build_app(auth, backend, ctx.redactor)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)

@@ -205,6 +205,7 @@ class RpcConnection:
             return
         req, problem = self._envelope(doc)
         if req is None:
+            self.auth.metrics.requests.labels("invalid", problem[0][1]).inc()
             rid = doc.get("id") if isinstance(doc, dict) and isinstance(doc.get("id"), (str, int)) else None
             await self._error(rid, *problem)
             return
@@ -239,6 +240,7 @@ class RpcConnection:
         return _Request(rid, method, doc.get("params")), ()
 
     async def _run(self, req: _Request) -> None:
+        outcome = "ok"
         try:
             try:
                 params = validate(req.params, METHOD_FIELDS[req.method])
@@ -249,16 +251,19 @@ class RpcConnection:
             except asyncio.CancelledError:
                 raise
             except errors.AfeError as exc:
+                outcome = ERROR_CODES.get(exc.code, INTERNAL)[1]
                 log.info("rpc %s -> %s", req.method, exc.code)
                 await self._send({"jsonrpc": "2.0", "id": req.id, "error": error_body(exc, self.redactor)})
                 return
             except Exception as exc:
+                outcome = INTERNAL[1]
                 log.exception("rpc %s failed", req.method)
                 await self._send({"jsonrpc": "2.0", "id": req.id, "error": error_body(exc, self.redactor)})
                 return
             await self._reply(req.id, result)
         finally:
             self._slots.release()
+            self.auth.metrics.requests.labels(req.method, outcome).inc()
 
     # -- methods -----------------------------------------------------------
     async def _create(self, p: dict) -> dict:

@@ -157,3 +157,15 @@ async def test_binary_frames_are_refused(ws):
     doc = json.loads((await ws.receive(timeout=30)).data)
     assert doc["error"]["data"]["code"] == "invalid_request"
     assert (await result(ws, "session.info"))["principal"] == "cli"
+
+
+async def test_r25_metrics_have_bounded_labels_only(http, gateway, ws):
+    await call(ws, "tickets.get", {"id": "metric-probe-ticket"})
+    await call(ws, "no.such.method-xyz")
+    text = await (await http.get(f"http://127.0.0.1:{gateway.ops_port}/metrics")).text()
+    # Control: the counters exist and counted what this test did.
+    assert 'afe_gateway_rpc_requests_total{method="tickets.get",outcome="not_found"}' in text
+    assert 'afe_gateway_rpc_requests_total{method="invalid",outcome="method_not_found"}' in text
+    assert 'afe_gateway_rpc_connections{principal="cli"}' in text
+    assert "metric-probe-ticket" not in text and "no.such.method-xyz" not in text
+    assert gateway.token not in text and "127.0.0.1" not in text
