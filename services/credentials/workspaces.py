@@ -198,10 +198,22 @@ class WorkspaceGit:
         self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
         work.mkdir(mode=0o755)
         index = gitdir / "afe-checkout.index"
-        await self.git.run(["read-tree", "--reset", "-u", "--end-of-options", sha], git_dir=gitdir,
+        await self.git.run(["-c", "checkout.workers=0", "read-tree", "--reset", "-u", "--end-of-options", sha],
+                           git_dir=gitdir,
                            work_tree=work, env={"GIT_INDEX_FILE": str(index)}, what="git checkout")
         index.unlink(missing_ok=True)
         if os.geteuid() == 0:
+            await self._chown(work)
+
+    async def _chown(self, work: Path) -> None:
+        """Hand the checkout to the sandbox user; links are changed, never followed."""
+        owner = f"{layout_mod.SANDBOX_UID}:{layout_mod.SANDBOX_GID}"
+        proc = await asyncio.create_subprocess_exec(
+            "chown", "-R", "-P", "-h", owner, "--", str(work), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"})
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            log.warning("chown of a workspace failed (%s); falling back", err.decode(errors="replace")[-200:])
             await asyncio.to_thread(_chown_tree, work, layout_mod.SANDBOX_UID, layout_mod.SANDBOX_GID)
 
     # -- snapshot ----------------------------------------------------------
