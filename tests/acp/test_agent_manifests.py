@@ -1,0 +1,84 @@
+"""`afe check` refuses bad Agent manifests (R9, R28) and accepts the fixed
+version of the same folder (the control that shows the refusals are caused
+by the Agent documents)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(60)
+
+WORKFLOW = """\
+kind: Workflow
+name: wf
+workspace: ws
+nodes:
+  - id: code
+    agent: coder
+    prompt: "do it"
+    deny: [%(deny)s]
+---
+kind: Workspace
+name: ws
+repo: /tmp/nowhere.git
+"""
+
+GOOD_AGENT = """\
+kind: Agent
+name: coder
+type: acp
+command: [claude-code-acp]
+env: [ANTHROPIC_API_KEY]
+image: afe/sandbox-acp-test:latest
+---
+"""
+
+
+def afe_check(cfg: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli.main", "check", "--config", str(cfg)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+
+
+def write(tmp: Path, agent: str, deny: str = "execute") -> Path:
+    cfg = tmp / "cfg"
+    cfg.mkdir(exist_ok=True)
+    (cfg / "afe.yaml").write_text(agent + WORKFLOW % {"deny": deny})
+    return cfg
+
+
+def test_a_good_agent_manifest_passes(tmp_path):
+    r = afe_check(write(tmp_path, GOOD_AGENT))
+    assert r.returncode == 0, r.stderr
+    assert "1 agent(s)" in r.stdout
+
+
+@pytest.mark.parametrize("agent, deny, needle", [
+    (GOOD_AGENT.replace("command: [claude-code-acp]\n", ""), "execute", "command"),
+    (GOOD_AGENT.replace("command: [claude-code-acp]", "command: []"), "execute", "command"),
+    (GOOD_AGENT.replace("type: acp", "type: mcp"), "execute", "type"),
+    (GOOD_AGENT.replace("image: afe", "imagez: afe"), "execute", "imagez"),
+    (GOOD_AGENT, "launch_missiles", "deny"),
+])
+def test_afe_check_refuses_a_bad_agent_manifest(tmp_path, agent, deny, needle):
+    r = afe_check(write(tmp_path, agent, deny))
+    assert r.returncode == 1, r.stdout
+    assert needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("env_line", [
+    "env: [sk-ant-api03-abcdefghijklmnopqrstuvwxyz012345]",
+    "env: [ANTHROPIC_API_KEY=sk-ant-api03-abcdefghijklmnopqrstuvwxyz012345]",
+    "env: [ghp_abcdefghijklmnopqrstuvwxyz0123456789]",
+])
+def test_r28_afe_check_refuses_a_secret_value_in_agent_env(tmp_path, env_line):
+    secret = env_line.split("[", 1)[1].rstrip("]").split("=")[-1]
+    r = afe_check(write(tmp_path, GOOD_AGENT.replace("env: [ANTHROPIC_API_KEY]", env_line)))
+    assert r.returncode == 1, r.stdout
+    assert "env" in r.stderr
+    assert secret not in r.stderr and secret not in r.stdout     # the value is never echoed
