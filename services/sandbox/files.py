@@ -284,6 +284,8 @@ class FileTools:
             rx = re.compile(pattern if regex else re.escape(pattern))
         except re.error as exc:
             raise InvalidArgument(f"pattern is not a valid regular expression: {exc.msg}") from None
+        if regex:
+            check_regex_is_linear(pattern)
         parts = split_relative(path, allow_root=True)
         state = {"files": 0, "bytes": 0, "truncated": False}
         matches: list[Match] = []
@@ -305,6 +307,40 @@ class FileTools:
             finally:
                 os.close(dfd)
         return matches, bool(state["truncated"])
+
+
+def check_regex_is_linear(pattern: str) -> None:
+    """Refuse the regex shapes that backtrack catastrophically (a repeat
+    inside a repeat, a repeated alternation, backreferences): a search must
+    not hang a broker thread."""
+    try:
+        import re._parser as sre_parse  # Python >= 3.11
+    except ImportError:  # pragma: no cover
+        import sre_parse  # type: ignore[no-redef]
+    repeats = {sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, sre_parse.POSSESSIVE_REPEAT} \
+        if hasattr(sre_parse, "POSSESSIVE_REPEAT") else {sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT}
+
+    def walk(items, inside_repeat: bool) -> None:
+        for op, av in items:
+            if op in (sre_parse.GROUPREF, sre_parse.GROUPREF_EXISTS):
+                raise InvalidArgument("regex backreferences are not supported in search")
+            if op in repeats:
+                lo, hi, sub = av
+                if inside_repeat and hi > 1:
+                    raise InvalidArgument("nested repetition like (a+)+ is not supported in search; simplify the regex")
+                walk(sub, inside_repeat or hi > 1)
+            elif op is sre_parse.SUBPATTERN:
+                walk(av[-1], inside_repeat)
+            elif op is sre_parse.BRANCH:
+                if inside_repeat:
+                    raise InvalidArgument("a repeated alternation like (a|b)* is not supported in search; "
+                                          "use a character class")
+                for b in av[1]:
+                    walk(b, inside_repeat)
+            elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+                walk(av[1], inside_repeat)
+
+    walk(sre_parse.parse(pattern), False)
 
 
 def _empty_dir(dfd: int, depth: int) -> None:

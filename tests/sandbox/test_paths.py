@@ -223,3 +223,16 @@ def test_mkdir_parents_and_exists(ws):
         tools.mkdir("t", "a/b/c")
     with pytest.raises(NotFound):
         tools.mkdir("t", "x/y")
+
+
+@pytest.mark.parametrize("pattern", [r"(a+)+$", r"(a*)*b", r"(a|aa)*c", r"(x+x+)+y", r"(a)\1", r"(?:a{2,}){2,}"])
+def test_search_refuses_catastrophic_regex(ws, pattern):
+    tools, _, _ = ws
+    with pytest.raises(InvalidArgument):
+        tools.search("t", pattern, "", regex=True)
+
+
+@pytest.mark.parametrize("pattern", [r"def \w+\(", r"[a-z]+_[0-9]*", r"^import (os|sys)$", r"inside-.*marker"])
+def test_search_accepts_ordinary_regex(ws, pattern):
+    tools, _, _ = ws
+    tools.search("t", pattern, "", regex=True)
