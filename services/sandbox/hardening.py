@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from docker.types import Ulimit
+
 from services.common.config import DEFAULT_PROXY_IMAGE, DEFAULT_SANDBOX_IMAGE, Limits
 from services.common.errors import InvalidArgument
 from services.common.layout import SANDBOX_GID, SANDBOX_UID
@@ -96,6 +98,7 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
         mem_limit=s.memory_bytes,
         memswap_limit=s.memory_bytes,
         pids_limit=s.pids,
+        ulimits=[Ulimit(name="nofile", soft=4096, hard=4096), Ulimit(name="core", soft=0, hard=0)],
         init=True,
         ipc_mode="private",
         hostname="sandbox",

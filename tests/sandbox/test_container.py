@@ -51,6 +51,8 @@ def test_r6_inspect_limits_are_set(inspected):
     assert hc["NanoCpus"] == 1_000_000_000
     assert hc["Memory"] == 1024 ** 3
     assert hc["PidsLimit"] == 256
+    assert hc["MemorySwap"] == hc["Memory"]                     # no swap beyond the limit
+    assert {u["Name"]: u["Hard"] for u in hc["Ulimits"]} == {"nofile": 4096, "core": 0}
 
 
 def test_r5_r7_r8_inspect_network_user_rootfs_mounts(inspected):
