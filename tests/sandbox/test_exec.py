@@ -175,3 +175,19 @@ def test_exec_cancelled_by_the_caller_kills_the_process(stub, plain_sandbox):
         if run(stub, plain_sandbox, "pgrep -c -f '^sleep 301' || true").stdout.strip() == b"0":
             break
     assert run(stub, plain_sandbox, "pgrep -c -f '^sleep 301' || true").stdout.strip() == b"0"
+
+
+def test_exec_timeout_kills_from_inside_when_the_host_may_not(stub, plain_sandbox, monkeypatch):
+    """A broker not running as root cannot signal the sandbox uid's processes:
+    it kills the process group from inside the sandbox instead."""
+    import services.sandbox.execs as execs
+
+    refused = []
+
+    def denied(pid, sig):
+        refused.append(pid)
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(execs.os, "killpg", denied)
+    r = run(stub, plain_sandbox, "sleep 302 & sleep 302", timeout_ms=500)
+    assert r.exit.timed_out and refused          # the host-side kill was really refused
+    assert run(stub, plain_sandbox, "pgrep -c -f '^sleep 302' || true").stdout.strip() == b"0"
