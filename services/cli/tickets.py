@@ -126,8 +126,9 @@ class RpcClient:
             raise CliError(f"{err.get('message', 'error')} ({name})", _BY_ERROR.get(name, EXIT_FAILED))
         return doc["result"]
 
-    async def watch(self, ticket_id: str, from_seq: int = 1) -> AsyncIterator[dict]:
-        sub = (await self.call("tickets.watch", {"id": ticket_id, "from_seq": from_seq}))["subscription"]
+    async def watch(self, ticket_id: str, from_seq: int = 1, follow: bool = True) -> AsyncIterator[dict]:
+        sub = (await self.call("tickets.watch", {"id": ticket_id, "from_seq": from_seq,
+                                                 "follow": follow}))["subscription"]
         while True:
             doc = self._backlog.pop(0) if self._backlog else await self._next()
             params = doc.get("params") or {}
@@ -387,7 +388,8 @@ def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str |
     if typ == "approval.requested":
         return f"{at} waiting for approval of {p.get('sha', '')}".rstrip()
     if typ in ("approval.granted", "approval.rejected"):
-        return f"{at} {typ.split('.')[1]} by {p.get('principal', '?')}"
+        word = "approved" if typ == "approval.granted" else "rejected"
+        return f"{at} {word} by {p.get('principal', '?')}" + (f": {p['reason']}" if p.get("reason") else "")
     if typ == "merge.done":
         return f"{at} merged {p.get('merge_sha') or p.get('sha') or ''}".rstrip()
     if typ == "ticket.finished":
@@ -401,19 +403,21 @@ async def _follow(client: RpcClient, ticket_id: str, args: argparse.Namespace) -
     started: dict[str, int] = {}
     if not args.json:
         print(f"{t['id']}  {t['title']}  ({t['workflow']})", flush=True)
-    if t["state"] not in TERMINAL and not (args.until_waiting and t["state"] == "waiting_approval"):
-        async for e in client.watch(ticket_id):
-            if args.json:
-                _emit_json(e)
-            else:
-                line = _describe(e, started, t0, args.verbose)
-                if line:
-                    print(line, flush=True)
-            if args.until_waiting and e["type"] == "approval.requested":
-                t = await client.call("tickets.get", {"id": ticket_id})
-                if t["state"] == "waiting_approval":
-                    break
-        t = await client.call("tickets.get", {"id": ticket_id})
+    # A ticket that has already ended (or already waits, with --until-waiting)
+    # gets its history printed and no live follow.
+    settled = t["state"] in TERMINAL or (args.until_waiting and t["state"] == "waiting_approval")
+    async for e in client.watch(ticket_id, follow=not settled):
+        if args.json:
+            _emit_json(e)
+        else:
+            line = _describe(e, started, t0, args.verbose)
+            if line:
+                print(line, flush=True)
+        if args.until_waiting and e["type"] == "approval.requested":
+            t = await client.call("tickets.get", {"id": ticket_id})
+            if t["state"] == "waiting_approval":
+                break
+    t = await client.call("tickets.get", {"id": ticket_id})
     if not args.json:
         print(f"{t['id']} {t['state']}" + (f": {t['error']}" if t.get("error") else ""), flush=True)
     if t["state"] == "waiting_approval":

@@ -71,7 +71,9 @@ def test_demo_create_watch_approve_merged(live_afe):
     assert final["approval"]["principal"] == "cli" and final["approval"]["granted"]
 
     events = [json.loads(line) for line in afe(live_afe, "ticket", "watch", tid, "--json").stdout.splitlines()]
-    assert events == []  # already terminal: nothing to follow, the outcome is the exit code
+    # Already terminal: the history is replayed, nothing is followed, the outcome is the exit code.
+    assert events[0]["type"] == "ticket.created" and events[-1]["type"] == "ticket.finished"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     listed = afe(live_afe, "ticket", "list", "--state", "succeeded", "--json")
     assert tid in [x["id"] for x in as_json(listed)]
     assert tid in afe(live_afe, "ticket", "list").stdout
