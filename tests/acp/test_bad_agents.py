@@ -86,3 +86,12 @@ async def test_failed_node_leaves_a_sandbox_that_destroy_removes(acp_env):
     assert acp_env.containers(), "control: the ticket's sandbox exists before destroy"
     await acp_env.stub.DestroySandbox(sandbox_pb2.DestroySandboxRequest(ticket_id=acp_env.ticket_id))
     assert acp_env.containers() == []
+
+
+async def test_request_swarm_is_capped_and_its_terminal_killed(acp_env):
+    with pytest.raises(ResourceExhausted, match=r"more than 64 requests waiting for an answer"):
+        await acp_env.run("swarm")
+    creates = [e for e in acp_env.events.of("agent.terminal") if e["op"] == "create"]
+    assert [e["command"] for e in creates] == ["sleep 600"]        # control: the long command did start
+    left = await acp_env.processes()
+    assert not [p for p in left if "/opt/acp/agents/" in p or p.startswith("sleep 600")], left

@@ -10,8 +10,10 @@ close) and is where an untrusted agent's bytes are first judged:
   (ResourceExhausted) without ever being buffered whole;
 - a line that is not a JSON-RPC 2.0 object is a protocol error; after
   `max_garbage` of them the node ends (FailedPrecondition);
-- stderr is counted and only a short tail is kept (never logged, never sent
-  anywhere: it may hold whatever the agent prints);
+- more than `max_inflight` of the agent's requests waiting for an answer
+  ends the node (ResourceExhausted): each one holds a task in the scheduler;
+- stderr is only counted (never logged, never sent anywhere: it may hold
+  whatever the agent prints, including its own API key);
 - the process's exit or the stream's failure is EOF for the connection.
 """
 
@@ -34,7 +36,7 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_GARBAGE = 3
-STDERR_TAIL = 2048
+MAX_INFLIGHT = 64          # agent requests we have not answered yet
 QUEUE_DEPTH = 256
 
 ProtocolErrorSink = Callable[[str], Awaitable[None]]
@@ -81,8 +83,11 @@ class ProcessTransport:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_garbage: int = MAX_GARBAGE,
         known_methods: frozenset[str] = frozenset(),
+        max_inflight: int = MAX_INFLIGHT,
     ) -> None:
         self._known = known_methods
+        self._max_inflight = max_inflight
+        self._inflight: set[tuple[str, object]] = set()
         self._sandbox = sandbox
         self._start = start
         self._on_protocol_error = on_protocol_error
@@ -101,7 +106,6 @@ class ProcessTransport:
         self.failure: AfeError | None = None
         self.garbage = 0
         self.stderr_bytes = 0
-        self._stderr_tail = bytearray()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -117,9 +121,6 @@ class ProcessTransport:
     @property
     def exited(self) -> bool:
         return self._exited.is_set()
-
-    def stderr_tail(self) -> str:
-        return self._stderr_tail.decode("utf-8", "replace")
 
     async def wait_exit(self, timeout: float) -> bool:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -146,6 +147,8 @@ class ProcessTransport:
     async def send(self, message: dict[str, Any]) -> None:
         if self._closed or self._exited.is_set() or self._dead:
             raise ConnectionError("agent process is not running")
+        if "method" not in message and "id" in message:      # our answer to an agent request
+            self._inflight.discard(_key(message["id"]))
         data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
         self._inputs.put_nowait(sandbox_pb2.ProcessInput(stdin=data))
 
@@ -219,8 +222,6 @@ class ProcessTransport:
                             "the node was stopped"))
                 elif kind == "stderr":
                     self.stderr_bytes += len(out.stderr)
-                    self._stderr_tail += out.stderr
-                    del self._stderr_tail[:-STDERR_TAIL]
                 elif kind == "exit":
                     self.exit = out.exit
                     self._exited.set()
@@ -283,4 +284,22 @@ class ProcessTransport:
         if self._known and method is not None and not method.startswith("_") and method not in self._known:
             # The SDK answers it with "method not found"; record that it was tried.
             await self._protocol_error(f"unknown method {method[:80]!r} refused")
+        if method is not None and "id" in message:
+            key = _key(message["id"])
+            if key in self._inflight:
+                await self._protocol_error("request id reused while the first request is unanswered")
+                self._fail(FailedPrecondition(
+                    "the agent reused a JSON-RPC request id before its first request was answered"))
+                return
+            self._inflight.add(key)
+            if len(self._inflight) > self._max_inflight:
+                await self._protocol_error(f"more than {self._max_inflight} requests in flight")
+                self._fail(ResourceExhausted(
+                    f"the agent had more than {self._max_inflight} requests waiting for an answer; "
+                    "the node was stopped"))
+                return
         await self._messages.put(message)
+
+
+def _key(message_id: object) -> tuple[str, object]:
+    return (type(message_id).__name__, message_id)
