@@ -18,21 +18,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start afe (all four processes) and supervise them",
                        description="Start the scheduler, sandbox broker, credential broker and gateway as "
                        "separate processes; restart crashed ones; stop them all on Ctrl-C.")
-    p.add_argument("--config", default=None,
+    p.add_argument("--config", default=None, metavar="DIR",
                    help="manifest folder (default: ./afe.d when it exists, else the bundled demo)")
-    p.add_argument("--data", default=".afe/data", help="data folder (default: .afe/data)")
-    p.add_argument("--run", default=None, help="runtime folder for sockets (default: .afe/run)")
-    p.add_argument("--ops-host", default="127.0.0.1",
+    p.add_argument("--data", default=".afe/data", metavar="DIR", help="data folder (default: .afe/data)")
+    p.add_argument("--run", default=None, metavar="DIR", help="runtime folder for sockets (default: .afe/run)")
+    p.add_argument("--ops-host", default="127.0.0.1", metavar="HOST",
                    help="address the /livez /readyz /metrics endpoints bind to (default: 127.0.0.1)")
     p.add_argument("--ops-port", action="append", default=[], metavar="[SERVICE=]PORT",
                    help="ops port for a service (sandbox, credentials, scheduler, gateway), or PORT for "
                    "all; 0 picks a free port. Defaults: " + ", ".join(
                        f"{s} {DEFAULT_PORTS[s + '_ops']}" for s in SERVICES))
-    p.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORTS['gateway']}",
+    p.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORTS['gateway']}", metavar="HOST:PORT",
                    help="HOST:PORT the web UI listens on")
-    p.add_argument("--public-url", default=None, help="the URL users open (e.g. behind a TLS proxy)")
-    p.add_argument("--max-running", type=int, default=None, help="tickets running at once (all workspaces)")
-    p.add_argument("--instance", default=None,
+    p.add_argument("--public-url", default=None, metavar="URL", help="the URL users open (e.g. behind a TLS proxy)")
+    p.add_argument("--max-running", type=int, default=None, metavar="N", help="tickets running at once (all workspaces)")
+    p.add_argument("--instance", default=None, metavar="ID",
                    help="label value afe.instance=<ID> on every Docker object this afe owns (default: "
                    "default); two afe installations on one Docker engine need different ids")
     p.add_argument("--no-images", action="store_true",

@@ -329,3 +329,14 @@ def test_preflight_refuses_a_runtime_dir_too_long_for_sockets(tmp_path):
     layout = Layout(tmp_path / "data", tmp_path / ("r" * 120))
     with pytest.raises(ConfigError, match="too long for Unix sockets"):
         preflight(Options(config_dir=cfg, layout=layout, check_images=False), base_env(**CANARIES))
+
+
+def test_ops_port_option_forms():
+    from services.cli.up import parse_ops_ports
+
+    assert parse_ops_ports([]) == {"sandbox": 9462, "credentials": 9463, "scheduler": 9461, "gateway": 9464}
+    assert parse_ops_ports(["0"]) == dict.fromkeys(("sandbox", "credentials", "scheduler", "gateway"), 0)
+    assert parse_ops_ports(["0", "gateway=9999"])["gateway"] == 9999
+    for bad in ("x", "nope=1", "70000"):
+        with pytest.raises(SystemExit):
+            parse_ops_ports([bad])
