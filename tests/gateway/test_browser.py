@@ -55,10 +55,10 @@ async def test_ui_login_demo_live_graph_approve_merged(live_afe, artifacts_dir):
             assert await page.evaluate("document.cookie") == ""  # HttpOnly: not visible to scripts
 
             await page.evaluate("window.__marker = 'same page'")
+            await page.evaluate(RECORDER)  # before the click: #app outlives hash navigation
             await page.click("#run-demo")
             await page.wait_for_url(re.compile(r".*#/t/[a-z0-9-]+$"))
             await page.wait_for_selector("#graph g.node")
-            await page.evaluate(RECORDER)
             ticket_id = page.url.rsplit("/", 1)[1]
 
             await page.wait_for_selector("#approve", timeout=180_000)

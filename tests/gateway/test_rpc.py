@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
@@ -169,3 +170,16 @@ async def test_r25_metrics_have_bounded_labels_only(http, gateway, ws):
     assert 'afe_gateway_rpc_connections{principal="cli"}' in text
     assert "metric-probe-ticket" not in text and "no.such.method-xyz" not in text
     assert gateway.token not in text and "127.0.0.1" not in text
+
+
+async def test_oversized_messages_close_the_socket_and_plain_get_is_refused(http, gateway):
+    status, ws = await open_rpc(http, gateway, bearer=gateway.token)
+    assert status == 101
+    assert (await result(ws, "session.info"))["principal"] == "cli"  # control: a normal message works
+    await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tickets.create",
+                                  "params": {"workflow": "demo-fix", "title": "t", "body": "x" * 400_000}}))
+    msg = await ws.receive(timeout=30)
+    assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    resp = await http.get(gateway.ws_url.replace("ws", "http", 1),
+                          headers={"Authorization": f"Bearer {gateway.token}"})
+    assert resp.status == 400
