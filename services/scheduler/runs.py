@@ -177,6 +177,9 @@ class TicketRun:
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     nid = running.pop(task)
+                    if task.cancelled():   # stopped because another node failed
+                        records[nid].state = N_CANCELLED
+                        continue
                     exc = task.exception()
                     if exc is None:
                         records[nid].state = N_SUCCEEDED
@@ -217,6 +220,8 @@ class TicketRun:
             self.emit("node.started", {"node": node.id, "kind": kind, "attempt": attempt})
             outcome = "error"
             try:
+                if node.kind in SANDBOX_KINDS:
+                    await self.ensure_sandbox()  # preparation does not count against the node's timeout
                 if kind in WAITING_KINDS:
                     out = await self._dispatch(node)
                 else:
