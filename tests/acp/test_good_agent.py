@@ -45,7 +45,7 @@ async def test_good_agent_works_and_events_show_it(acp_env):
     assert (acp_env.workspace / "hello.txt").read_text() == "hello from the agent: make hello\n"
     # The command ran inside the sandbox (uid 10001), exit code passed back.
     assert rep["terminal"]["exit_code"] == 7
-    assert rep["terminal"]["output"] == "hello from the agent: make hello\n10001\n"
+    assert rep["terminal"]["output"] == "hello from the agent: make hello\n10001\nkey=\n"
     ops = [(e["op"], e.get("exit_code")) for e in ev.of("agent.terminal")]
     assert ops == [("create", None), ("exit", 7), ("release", None)]
 

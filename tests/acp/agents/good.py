@@ -11,7 +11,9 @@ unknown method. Each result goes into its final message as
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
 from typing import Any
 
 from acp import (
@@ -41,6 +43,10 @@ class GoodAgent(BaseAgent):
         caps = self.client_capabilities
         report: dict[str, Any] = {
             "cwd": self.cwd,
+            # Which variables reached the agent (names only; a value as a hash).
+            "env_names": sorted(os.environ),
+            "key_sha256": hashlib.sha256(os.environ["ACP_TEST_KEY"].encode()).hexdigest()
+            if "ACP_TEST_KEY" in os.environ else None,
             "caps": {"read": bool(caps and caps.fs and caps.fs.read_text_file),
                      "write": bool(caps and caps.fs and caps.fs.write_text_file),
                      "terminal": bool(caps and caps.terminal)},
@@ -81,7 +87,8 @@ class GoodAgent(BaseAgent):
         await c.session_update(sid, start_tool_call("t2", "Run a command", kind="execute", status="in_progress"))
         try:
             term = await c.create_terminal(
-                sid, "bash", ["-c", "cat hello.txt; id -u; ln -s /etc/passwd link; ln -s hello.txt inlink; exit 7"],
+                sid, "bash", ["-c", "cat hello.txt; id -u; echo key=${ACP_TEST_KEY:+set}; "
+                             "ln -s /etc/passwd link; ln -s hello.txt inlink; exit 7"],
                 cwd="/workspace")
             ex = await c.wait_for_terminal_exit(sid, term.terminal_id)
             out = await c.terminal_output(sid, term.terminal_id)
