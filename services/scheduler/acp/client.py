@@ -85,7 +85,7 @@ class SandboxClient:
             raise RequestError.invalid_params({"details": "unknown sessionId"})
 
     def _check_kind(self, kind: str, what: str) -> None:
-        if kind in self._deny or "*" in self._deny:
+        if kind in self._deny:
             raise PermissionDenied(f"{what} is denied by this node's policy (deny: {kind})")
 
     # -- session/update --------------------------------------------------------
@@ -114,7 +114,7 @@ class SandboxClient:
                                  **kwargs: Any) -> RequestPermissionResponse:
         self._check_session(session_id)
         kind = tool_call.kind or "other"
-        denied = kind in self._deny or "*" in self._deny
+        denied = kind in self._deny
         wanted = ("reject_once", "reject_always") if denied else ("allow_once", "allow_always")
         chosen = None
         for want in wanted:
