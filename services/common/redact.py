@@ -56,6 +56,21 @@ def shannon_entropy(s: str) -> float:
     return -sum(c / n * math.log2(c / n) for c in counts.values())
 
 
+# A path segment made of words: "src", "ShoppingCartButton", "my-module_2".
+_WORDY_SEGMENT = re.compile(r"(?:[A-Z]?[a-z]+|[0-9]+|[_\-]+)+")
+
+
+def _looks_like_path(s: str) -> bool:
+    """`src/components/ShoppingCartCheckoutButton/index` is a path, not a key.
+
+    Every '/'-separated segment must read as words (lower-case runs, Camel
+    case, digits, '-' and '_'): random base64 almost never does, since any
+    segment with two capitals in a row or a capital after a digit fails.
+    """
+    parts = s.strip("/").split("/")
+    return len(parts) >= 2 and all(p and _WORDY_SEGMENT.fullmatch(p) for p in parts)
+
+
 def looks_high_entropy(s: str) -> bool:
     """A long run of token characters with the entropy of random bytes.
 
@@ -65,6 +80,8 @@ def looks_high_entropy(s: str) -> bool:
     if len(s) < 32 or not _TOKENISH.fullmatch(s):
         return False
     if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", s):
+        return False
+    if _looks_like_path(s):
         return False
     classes = sum(bool(re.search(p, s)) for p in (r"[a-z]", r"[A-Z]", r"[0-9]"))
     return classes >= 2 and shannon_entropy(s) >= 4.0
