@@ -91,7 +91,9 @@ class SandboxClient:
     # -- session/update --------------------------------------------------------
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        if self.session_id is None or session_id != self.session_id:
+        if self.session_id is None:
+            return      # sent before we saw session/new's answer (e.g. available commands)
+        if session_id != self.session_id:
             self.wrong_session += 1
             if self.wrong_session == 1:
                 self._events.record("agent.protocol_error",
