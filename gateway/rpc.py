@@ -206,7 +206,9 @@ class RpcConnection:
         req, problem = self._envelope(doc)
         if req is None:
             self.auth.metrics.requests.labels("invalid", problem[0][1]).inc()
-            rid = doc.get("id") if isinstance(doc, dict) and isinstance(doc.get("id"), (str, int)) else None
+            rid = doc.get("id") if isinstance(doc, dict) else None
+            if isinstance(rid, bool) or not isinstance(rid, (str, int)) or (isinstance(rid, str) and len(rid) > 64):
+                rid = None
             await self._error(rid, *problem)
             return
         if self._slots.locked():
