@@ -95,3 +95,9 @@ async def test_request_swarm_is_capped_and_its_terminal_killed(acp_env):
     assert [e["command"] for e in creates] == ["sleep 600"]        # control: the long command did start
     left = await acp_env.processes()
     assert not [p for p in left if "/opt/acp/agents/" in p or p.startswith("sleep 600")], left
+
+
+async def test_reply_outside_the_acp_schema_fails_the_node(acp_env):
+    with pytest.raises(FailedPrecondition, match=r"reply to session/prompt that does not follow the ACP schema"):
+        await acp_env.run("badreply")
+    assert await agent_processes(acp_env) == []
