@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import secrets
 import shutil
 import sys
@@ -196,6 +197,12 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
     probe_value = "doctor-probe-" + secrets.token_hex(8)
     layout = Layout(tmp / "data", tmp / "run")
     layout.ensure()
+    if os.geteuid() != 0:
+        # Without root the broker cannot give the probe workspaces to the
+        # sandbox uid; open them up instead (they are throwaway).
+        for t in ("doctor-plain", "doctor-egress"):
+            layout.workspace(t).mkdir(parents=True, exist_ok=True)
+            os.chmod(layout.workspace(t), 0o777)
     mgr = SandboxManager(layout, instance=instance, egress_network=network, allow_private=[subnet],
                          env_values={"AFE_DOCTOR_PROBE": probe_value}, client=client)
     runner = Runner(mgr)
