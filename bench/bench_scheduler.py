@@ -165,7 +165,7 @@ async def _event_pipeline(root: Path) -> Result:
     import sqlite3
 
     from services.common.redact import Redactor
-    from services.scheduler.events import EventLog
+    from services.scheduler.events import FLUSH_AT, EventLog
     from services.scheduler.sqlite_store import SqliteStore
 
     path = root / "events.db"
@@ -202,10 +202,10 @@ async def _event_pipeline(root: Path) -> Result:
                  json.dumps({"node": "test", "stream": "stdout", "text": f"line {i}: ok test_something"}), 0)
                 for i in range(EVENTS)]
         t0 = time.perf_counter()
-        for j in range(0, EVENTS, 512):
+        for j in range(0, EVENTS, FLUSH_AT):   # the same batch size as the pipeline's largest
             raw.execute("BEGIN")
             raw.executemany("INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (?,?,?,?,?)",
-                            rows[j:j + 512])
+                            rows[j:j + FLUSH_AT])
             raw.execute("COMMIT")
         base.append(EVENTS / (time.perf_counter() - t0))
     raw.close()

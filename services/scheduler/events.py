@@ -28,7 +28,7 @@ from .store import EventRecord, Store
 
 log = logging.getLogger(__name__)
 
-FLUSH_AT = 512           # events buffered before a synchronous flush
+FLUSH_AT = 2048          # events buffered before a synchronous flush
 FLUSH_DELAY_S = 0.002    # group commit: events of this window share one transaction
 MAX_STRING = 64 * 1024   # characters of one payload string; longer ones are cut
 FINAL_EVENT = "ticket.finished"
@@ -72,6 +72,23 @@ def _prepare(obj: object, strings: list[str], clean_keys: frozenset[str] | set[s
             obj = _cut(obj)
         strings.append(obj)
         return obj
+    if obj.__class__ is dict:
+        # Fast path: a flat payload of short strings and scalars is kept as is
+        # (payloads are built for the call and not mutated afterwards).
+        flat = True
+        for k, v in obj.items():  # type: ignore[union-attr]
+            cls = v.__class__
+            if k.__class__ is not str or not (cls is str and len(v) <= MAX_STRING or cls is int
+                                               or v is None or cls is bool or cls is float):
+                flat = False
+                break
+        if flat:
+            for k, v in obj.items():  # type: ignore[union-attr]
+                if k not in clean_keys:
+                    strings.append(k)
+                if v.__class__ is str:
+                    strings.append(v)
+            return obj
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
@@ -99,13 +116,14 @@ class EventLog:
         self.store = store
         self.redactor = redactor
         self._seq: dict[str, int] = {}
-        self._buffer: list[tuple[str, int, str, object, int, list[str]]] = []
+        self._buffer: list[tuple[str, int, str, object, int]] = []
+        self._strings: list[str] = []   # every string of the buffered events, for the redaction check
         self._watchers: dict[str, set[asyncio.Queue]] = {}
         self._flush_scheduled = False
         # Payload keys seen in clean batches (keys are mostly constants of the
         # code); forgotten whenever a secret is registered.
         self._clean_keys: set[str] = set()
-        self._clean_for = -1
+        self._clean_for = redactor.count
 
     def next_seq(self, ticket_id: str) -> int:
         seq = self._seq.get(ticket_id)
@@ -122,13 +140,13 @@ class EventLog:
 
     def append(self, ticket_id: str, type_: str, payload: dict | None = None) -> int:
         """Buffer an event; returns its seq."""
-        strings: list[str] = []
-        if self._clean_for != self.redactor.count:
-            self._clean_keys = set()
-            self._clean_for = self.redactor.count
-        data = _prepare(payload or {}, strings, self._clean_keys)
-        seq = self.next_seq(ticket_id)
-        self._buffer.append((ticket_id, seq, type_, data, now_ms(), strings))
+        data = _prepare(payload or {}, self._strings, self._clean_keys)
+        seq = self._seq.get(ticket_id)
+        if seq is None:
+            seq = self.store.last_seq(ticket_id)
+        seq += 1
+        self._seq[ticket_id] = seq
+        self._buffer.append((ticket_id, seq, type_, data, int(time.time() * 1000)))
         if len(self._buffer) >= FLUSH_AT:
             self.flush()
         elif not self._flush_scheduled:
@@ -144,21 +162,30 @@ class EventLog:
         if not self._buffer:
             return
         batch, self._buffer = self._buffer, []
+        strings, self._strings = self._strings, []
         redact = self.redactor.redact
-        joined = _SEP.join(s for item in batch for s in item[5])
-        clean = redact(joined) == joined
-        if clean and self._clean_for == self.redactor.count and len(self._clean_keys) < 4096:
-            for item in batch:
-                d = item[3]
-                if d.__class__ is dict:
-                    self._clean_keys.update(d)  # type: ignore[arg-type]
-        records = []
-        for tid, seq, type_, data, at, strings in batch:
-            if not clean:
-                one = _SEP.join(strings)
+        joined = _SEP.join(strings)
+        # Keys skipped as "known clean" were checked against the secrets known
+        # then; if one was registered since, check every event in full.
+        clean = redact(joined) == joined and self._clean_for == self.redactor.count
+        if clean:
+            if len(self._clean_keys) < 4096:
+                for item in batch:
+                    d = item[3]
+                    if d.__class__ is dict:
+                        self._clean_keys.update(d)  # type: ignore[arg-type]
+            records = [EventRecord(tid, seq, type_, _to_json(data), at) for tid, seq, type_, data, at in batch]
+        else:
+            self._clean_keys = set()
+            self._clean_for = self.redactor.count
+            records = []
+            for tid, seq, type_, data, at in batch:
+                mine: list[str] = []
+                _prepare(data, mine)
+                one = _SEP.join(mine)
                 if redact(one) != one:
                     data = self.redactor.redact_obj(data)
-            records.append(EventRecord(tid, seq, type_, _to_json(data), at))
+                records.append(EventRecord(tid, seq, type_, _to_json(data), at))
         self.store.append_events(records)
         self.delivered(records)
 
