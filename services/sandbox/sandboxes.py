@@ -209,11 +209,18 @@ class SandboxManager:
                            created_at_ms=int(time.time() * 1000), env_names=s.env_names)
 
     async def _wait_proxy(self, proxy_id: str, timeout: float = 20.0) -> None:
-        """Wait until squid accepts connections (reached on its outside network)."""
+        """Wait until squid accepts connections: probed from the host on the
+        proxy's outside network, or from inside the proxy container when the
+        host cannot route there."""
         def addr() -> str:
             attrs = self.client.api.inspect_container(proxy_id)
             nets = attrs["NetworkSettings"]["Networks"]
             return (nets.get(self.egress_network) or {}).get("IPAddress", "")
+
+        def inside() -> bool:
+            e = self.client.api.exec_create(proxy_id, ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}"])
+            self.client.api.exec_start(e["Id"])
+            return self.client.api.exec_inspect(e["Id"])["ExitCode"] == 0
 
         ip = await asyncio.to_thread(addr)
         deadline = time.monotonic() + timeout
@@ -224,8 +231,12 @@ class SandboxManager:
                     _, w = await asyncio.wait_for(asyncio.open_connection(ip, PROXY_PORT), 1.0)
                     w.close()
                     return
+                except ConnectionRefusedError:
+                    pass                    # reachable, squid not listening yet
                 except (TimeoutError, OSError):
-                    pass
+                    ip = ""                 # not routable from here: probe from inside
+            elif await asyncio.to_thread(inside):
+                return
             state = await asyncio.to_thread(lambda: self.client.api.inspect_container(proxy_id)["State"])
             if not state.get("Running"):
                 logs = await asyncio.to_thread(self.client.api.logs, proxy_id, tail=20)
@@ -233,7 +244,7 @@ class SandboxManager:
                 raise Unavailable("the egress proxy failed to start (see the sandbox broker log)")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.25)
-        log.warning("egress proxy %s not reachable from the broker after %ss; continuing", proxy_id[:12], timeout)
+        raise Unavailable(f"the egress proxy did not start listening within {timeout:.0f}s")
 
     def _find(self, ticket_id: str) -> SandboxInfo | None:
         cs = self.client.api.containers(all=True, filters=self._filters(ticket_id))
