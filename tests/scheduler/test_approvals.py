@@ -81,3 +81,23 @@ async def test_ticket_text_is_data_not_a_command(short_tmp):
         sandbox_ready = next(payload(e) for e in events if e.type == "sandbox.ready")
         assert sandbox_ready["egress"] == []
         await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="tester"))
+
+
+async def test_cancel_while_waiting_for_approval(short_tmp):
+    cfg = write_config(short_tmp, CONFIG)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    bare = cfg / "repos" / "calc.git"
+    base = git(bare, "rev-parse", "main").strip()
+    async with afe_system(cfg, layout) as sys_:
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="change", title="A change"))
+        t = await wait_for_state(sys_.stub, t.id, {"waiting_approval", "failed"})
+        assert state_name(t) == "waiting_approval", t.error
+        t = await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="dave"))
+        assert state_name(t) == "cancelled" and not t.awaiting_sha
+        assert {n.id: n.state for n in t.nodes}["merge"] == pb.NODE_CANCELLED
+        assert git(bare, "rev-parse", "main").strip() == base
+        live = await sys_.sandbox.ListSandboxes(spb.ListSandboxesRequest())
+        assert t.id not in [s.ticket_id for s in live.sandboxes]
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await sys_.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="dave"))
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
