@@ -188,3 +188,28 @@ def test_host_written_files_are_given_to_the_sandbox_on_create(stub, broker, pla
     stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=plain_sandbox))      # idempotent create fixes ownership
     assert run(stub, plain_sandbox, "echo y >> hostdir/root-owned.txt && echo ok").stdout.strip() == b"ok"
     assert os.stat(outside).st_uid == 0                      # the link's target was not chowned
+
+
+def test_proxy_readiness_is_probed_from_inside_when_the_host_cannot_route(monkeypatch, broker_root):
+    import asyncio
+
+    from services.sandbox.hardening import SandboxSettings
+    from services.sandbox.sandboxes import SandboxManager
+
+    tried = []
+
+    async def unreachable(host, port, *a, **kw):
+        tried.append(host)
+        raise OSError(113, "No route to host")
+
+    async def body():
+        root = broker_root / "route"
+        mgr = SandboxManager(Layout(root / "data", root / "run"), instance=new_instance("route"))
+        try:
+            info = await mgr.create(SandboxSettings(ticket_id="route", egress=("x.invalid",)))
+            return mgr.client.containers.get(info.proxy_container_id).exec_run(
+                ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/3128 && echo listening"]).output
+        finally:
+            await mgr.reconcile([])
+    monkeypatch.setattr(asyncio, "open_connection", unreachable)
+    assert asyncio.run(body()).strip() == b"listening" and tried
