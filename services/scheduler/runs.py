@@ -226,10 +226,12 @@ class TicketRun:
                     out = await self._dispatch(node)
                 else:
                     try:
-                        out = await asyncio.wait_for(self._dispatch(node), node.timeout_s)
+                        async with asyncio.timeout(node.timeout_s):
+                            out = await self._dispatch(node)
                     except TimeoutError:
                         outcome = "timeout"
-                        raise DeadlineExceeded(f"timed out after {node.timeout_s:g}s (the node's timeout)")
+                        raise DeadlineExceeded(
+                            f"timed out after {node.timeout_s:g}s (the node's timeout)") from None
                 out = out or ""
                 self.store.update_node(tid, node.id, state=N_SUCCEEDED, finished_at_ms=now_ms(),
                                        output=self.engine.redactor.redact(_keep(out)))
