@@ -146,6 +146,8 @@ class ProcessTransport:
 
     async def send(self, message: dict[str, Any]) -> None:
         if self._closed or self._exited.is_set() or self._dead:
+            if "method" not in message:
+                return      # an answer to a request of an agent that is gone: moot
             raise ConnectionError("agent process is not running")
         if "method" not in message and "id" in message:      # our answer to an agent request
             self._inflight.discard(_key(message["id"]))
