@@ -150,6 +150,7 @@ class CredentialCore:
         return await provider.complete(m, messages, tools, limit)
 
     async def close(self) -> None:
+        await self.git.close()
         for f in self.forges.values():
             await f.close()
         for p in self.providers.values():

@@ -70,13 +70,19 @@ class Committed:
 
 class WorkspaceGit:
     def __init__(self, runner: GitRunner, layout: Layout, tokens: dict[str, SecretValue],
-                 askpass: Path, config_dir: Path | None = None) -> None:
+                 askpass: Path, config_dir: Path | None = None, spares_dir: Path | None = None) -> None:
+        """`spares_dir` (private, on the data dir's filesystem) enables spare
+        checkouts: after preparing a workspace, the next checkout of the same
+        base commit is made in the background, so the next ticket on that
+        repository only renames it into place."""
         self.git = runner
         self.layout = layout
         self.tokens = tokens
         self.askpass = askpass
         self.config_dir = config_dir
+        self.spares_dir = spares_dir
         self._locks: dict[str, asyncio.Lock] = {}
+        self._spare_tasks: dict[Path, asyncio.Task] = {}
 
     # -- remotes -----------------------------------------------------------
     def remote(self, ws: Workspace) -> Remote:
@@ -187,23 +193,79 @@ class WorkspaceGit:
             await self.git.run(["update-ref", "--end-of-options", "refs/afe/base", base], git_dir=gitdir)
             await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", base], git_dir=gitdir)
             await self.git.run(["symbolic-ref", "HEAD", f"refs/heads/{branch}"], git_dir=gitdir)
-            await self._checkout(gitdir, work, base)
+            if work.exists() or work.is_symlink():
+                await asyncio.to_thread(_remove_tree, work)
+            self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+            if not self._take_spare(mirror, base, work):
+                await self._populate(gitdir, work, base, gitdir / "afe-checkout.index")
             (gitdir / "afe-ready").write_text(ws.name + "\n")
             log.info("prepared workspace for ticket %s from %s@%s", ticket_id, ws.name, base[:12])
+            self._schedule_spare(mirror, base)
             return Prepared(base, branch)
 
-    async def _checkout(self, gitdir: Path, work: Path, sha: str) -> None:
-        if work.exists() or work.is_symlink():
-            await asyncio.to_thread(_remove_tree, work)
-        self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
-        work.mkdir(mode=0o755)
-        index = gitdir / "afe-checkout.index"
-        await self.git.run(["-c", "checkout.workers=0", "read-tree", "--reset", "-u", "--end-of-options", sha],
-                           git_dir=gitdir,
-                           work_tree=work, env={"GIT_INDEX_FILE": str(index)}, what="git checkout")
-        index.unlink(missing_ok=True)
+    async def _populate(self, git_dir: Path, target: Path, sha: str, index: Path) -> None:
+        """Check `sha` out into the new folder `target` and hand it to the sandbox user."""
+        target.mkdir(mode=0o755)
+        try:
+            await self.git.run(["-c", "checkout.workers=0", "read-tree", "--reset", "-u", "--end-of-options", sha],
+                               git_dir=git_dir, work_tree=target, env={"GIT_INDEX_FILE": str(index)},
+                               what="git checkout")
+        finally:
+            index.unlink(missing_ok=True)
         if os.geteuid() == 0:
-            await self._chown(work)
+            await self._chown(target)
+
+    # -- spare checkouts ---------------------------------------------------
+    def _spare_path(self, mirror: Path, base: str) -> Path | None:
+        if self.spares_dir is None:
+            return None
+        return self.spares_dir / f"{mirror.name}-{base}"
+
+    def _take_spare(self, mirror: Path, base: str, work: Path) -> bool:
+        """Move a ready spare checkout of `base` into place (atomic rename)."""
+        spare = self._spare_path(mirror, base)
+        if spare is None:
+            return False
+        try:
+            os.rename(spare, work)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _schedule_spare(self, mirror: Path, base: str) -> None:
+        spare = self._spare_path(mirror, base)
+        if spare is None or spare.exists() or spare in self._spare_tasks:
+            return
+        task = asyncio.get_running_loop().create_task(self._make_spare(mirror, base, spare))
+        self._spare_tasks[spare] = task
+        task.add_done_callback(lambda _t: self._spare_tasks.pop(spare, None))
+
+    async def _make_spare(self, mirror: Path, base: str, spare: Path) -> None:
+        assert self.spares_dir is not None
+        self.spares_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=self.spares_dir))
+        try:
+            os.rmdir(tmp)
+            await self._populate(mirror, tmp, base, self.spares_dir / (tmp.name + ".index"))
+            for old in self.spares_dir.glob(f"{mirror.name}-*"):
+                await asyncio.to_thread(_remove_tree, old)  # one spare per repository: the newest base
+            os.rename(tmp, spare)
+        except asyncio.CancelledError:
+            await asyncio.to_thread(_remove_tree, tmp)
+            raise
+        except Exception as exc:  # a spare is an optimisation: never fail a ticket for it
+            log.warning("spare checkout failed: %s", exc)
+            await asyncio.to_thread(_remove_tree, tmp)
+
+    async def idle(self) -> None:
+        """Wait for background spare checkouts."""
+        while self._spare_tasks:
+            await asyncio.gather(*list(self._spare_tasks.values()), return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in list(self._spare_tasks.values()):
+            task.cancel()
+        await asyncio.gather(*list(self._spare_tasks.values()), return_exceptions=True)
 
     async def _chown(self, work: Path) -> None:
         """Hand the checkout to the sandbox user; links are changed, never followed."""

@@ -254,10 +254,39 @@ async def test_r1_r2_host_git_fires_no_workspace_trap(trap, git_server, tls, git
     assert trap.marker in os.listdir(fired), f"control for {trap.name} did not fire: not a real trap"
 
 
+FLIPPER = """
+import os, shutil, sys
+work, canary, canary_dir = sys.argv[1:4]
+f, d = os.path.join(work, "racy.txt"), os.path.join(work, "racydir")
+def clear(p):
+    try:
+        if os.path.islink(p) or os.path.isfile(p):
+            os.unlink(p)
+        elif os.path.isdir(p):
+            shutil.rmtree(p)
+    except OSError:
+        pass
+while True:
+    for make_link in (True, False):
+        clear(f); clear(d)
+        try:
+            if make_link:
+                os.symlink(canary, f); os.symlink(canary_dir, d)
+            else:
+                with open(f, "w") as fh:
+                    fh.write("plain\\n")
+                os.mkdir(d)
+                with open(os.path.join(d, "f.txt"), "w") as fh:
+                    fh.write("plain\\n")
+        except OSError:
+            pass
+"""
+
+
 async def test_r2_symlink_swapped_during_commit_never_reaches_a_blob(local_origin, layout, short_tmp):
-    """The sandbox flips a file and a folder to links at a host canary while we commit."""
-    import shutil
-    import threading
+    """A sandbox process flips a file and a folder to links at a host canary while we commit."""
+    import subprocess
+    import sys
 
     from tests.credentials.conftest import local_workspace
 
@@ -267,36 +296,10 @@ async def test_r2_symlink_swapped_during_commit_never_reaches_a_blob(local_origi
     canary_dir.mkdir()
     (canary_dir / "f.txt").write_text(CANARY + "\n")
     config = make_config(layout.data_dir.parent, local_workspace(local_origin))
-    stop = threading.Event()
-
-    def flip(work: Path) -> None:
-        f, d = work / "racy.txt", work / "racydir"
-        while not stop.is_set():
-            for make_link in (True, False):
-                for p in (f, d):
-                    try:
-                        if p.is_symlink() or p.is_file():
-                            p.unlink()
-                        elif p.is_dir():
-                            shutil.rmtree(p)
-                    except OSError:
-                        pass
-                try:
-                    if make_link:
-                        os.symlink(canary, f)
-                        os.symlink(canary_dir, d)
-                    else:
-                        f.write_text("plain\n")
-                        d.mkdir()
-                        (d / "f.txt").write_text("plain\n")
-                except OSError:
-                    pass
-
     async with broker_stub(config, layout) as (s, _):
         await s.PrepareWorkspace(pb.PrepareWorkspaceRequest(ticket_id="race", workspace="local"))
         work = layout.workspace("race")
-        t = threading.Thread(target=flip, args=(work,), daemon=True)
-        t.start()
+        flipper = subprocess.Popen([sys.executable, "-c", FLIPPER, str(work), str(canary), str(canary_dir)])
         try:
             for i in range(15):
                 (work / "README.md").write_text(f"round {i}\n")
@@ -304,15 +307,16 @@ async def test_r2_symlink_swapped_during_commit_never_reaches_a_blob(local_origi
                 await s.Diff(pb.DiffRequest(ticket_id="race", workspace="local"))
             # Positive control: a path-following reader under the same flipping reads the canary.
             naive_hit = False
-            for _ in range(20000):
+            for _ in range(200000):
                 try:
                     if CANARY in (work / "racy.txt").read_text() or CANARY in (work / "racydir" / "f.txt").read_text():
                         naive_hit = True
                         break
                 except OSError:
                     continue
+            assert flipper.poll() is None, "the flipper died"
         finally:
-            stop.set()
-            t.join()
+            flipper.kill()
+            flipper.wait()
     assert CANARY.encode() not in all_objects(layout.gitdir("race"))
     assert naive_hit, "the flipper never exposed the canary: the race is not a real race"
