@@ -11,6 +11,7 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2
 from services.common.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted, Unavailable
 from services.scheduler.acp.events import MAX_EVENTS
+from services.scheduler.acp.transport import MAX_MESSAGE_BYTES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,7 +61,7 @@ async def test_missing_agent_command_fails_clearly(acp_env):
 
 
 async def test_flooding_agent_is_capped_and_stopped(acp_env):
-    with pytest.raises(ResourceExhausted, match=r"JSON-RPC message longer than 4194304 bytes"):
+    with pytest.raises(ResourceExhausted, match=rf"JSON-RPC message longer than {MAX_MESSAGE_BYTES} bytes"):
         await acp_env.run("flood")
     ev = acp_env.events.items
     # 1500 tool calls were sent; at most MAX_EVENTS are recorded, plus the notices.

@@ -34,7 +34,7 @@ from services.common.grpcutil import error_from_rpc
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024   # room for a 4 MiB file write plus JSON escaping
 MAX_GARBAGE = 3
 MAX_INFLIGHT = 64          # agent requests we have not answered yet
 QUEUE_DEPTH = 256
