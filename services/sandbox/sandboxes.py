@@ -145,6 +145,13 @@ class SandboxManager:
             existing = await asyncio.to_thread(self._find, ticket_id)
             if existing is not None:
                 await asyncio.to_thread(self.prepare_workspace, ticket_id)
+                if existing.proxy_container_id:
+                    # after an engine restart the proxy is stopped too: bring it back first
+                    state = await asyncio.to_thread(
+                        lambda: self.client.api.inspect_container(existing.proxy_container_id)["State"])
+                    if not state.get("Running"):
+                        await asyncio.to_thread(self.client.api.start, existing.proxy_container_id)
+                        await self._wait_proxy(existing.proxy_container_id)
                 if existing.state == "exited":
                     await asyncio.to_thread(self.client.api.start, existing.container_id)
                     existing = replace(existing, state="running")

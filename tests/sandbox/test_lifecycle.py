@@ -213,3 +213,22 @@ def test_proxy_readiness_is_probed_from_inside_when_the_host_cannot_route(monkey
             await mgr.reconcile([])
     monkeypatch.setattr(asyncio, "open_connection", unreachable)
     assert asyncio.run(body()).strip() == b"listening" and tried
+
+
+def test_create_restarts_a_stopped_sandbox_and_its_proxy(stub, docker_client):
+    ticket = "restart-" + new_instance("s")
+    try:
+        sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(egress=["x.invalid"])))
+        for cid in (sb.container_id, sb.proxy_container_id):
+            docker_client.containers.get(cid).stop(timeout=1)       # as after an engine restart
+        import grpc
+        with pytest.raises(grpc.RpcError) as ei:
+            run(stub, ticket, "true")
+        assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        again = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket))
+        assert again.container_id == sb.container_id and again.state == "running"
+        assert docker_client.containers.get(sb.proxy_container_id).status == "running"
+        assert "403" in run(stub, ticket, "python3 -c \"import urllib.request as u\ntry: u.urlopen('http://y.invalid/')\n"
+                                          "except Exception as e: print(e)\"").stdout.decode()
+    finally:
+        stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
