@@ -21,8 +21,10 @@ from pathlib import Path
 from services.common import grpcutil
 from services.common.layout import DEFAULT_PORTS
 from services.common.manifests import load_config
+from services.common.metrics import MeteredCredentials
 from services.common.process import make_context, parse_args, run_until_signalled
 from services.common.secrets import take_secret_env
+from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 
 from .compose import build_core
 from .servicer import SERVICE_NAME, register
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 async def serve(argv: list[str] | None = None) -> None:
     args = parse_args("credentials", DEFAULT_PORTS["credentials_ops"], argv)
     ctx = make_context("credentials", args)
+    setup_tracing("credentials", ctx.redactor)
     config = load_config(ctx.config_dir)
     secrets = take_secret_env(config.credential_env_names(), ctx.redactor)
     missing = [n for n in config.credential_env_names() if n not in secrets]
@@ -43,8 +46,10 @@ async def serve(argv: list[str] | None = None) -> None:
     core = build_core(config, ctx.layout, secrets, ctx.redactor, ca_file=Path(ca) if ca else None)
     socket_path = str(ctx.layout.socket("credentials"))
     accepted = {k: v for k, v in ctx.links.serve.items() if k == "scheduler"}
-    server, health = grpcutil.create_server(socket_path, accepted, ctx.redactor, [register(core)],
-                                            service_names=[SERVICE_NAME])
+    server, health = grpcutil.create_server(socket_path, accepted, ctx.redactor,
+                                            [register(MeteredCredentials(core, ctx.registry))],
+                                            service_names=[SERVICE_NAME],
+                                            interceptors=grpc_server_interceptors(), registry=ctx.registry)
 
     async def git_ready() -> bool:
         return shutil.which("git") is not None
@@ -56,6 +61,7 @@ async def serve(argv: list[str] | None = None) -> None:
     async def stop() -> None:
         await server.stop(2)
         await core.close()
+        shutdown_tracing()
 
     await run_until_signalled(ctx, {"git": git_ready}, start, stop)
 

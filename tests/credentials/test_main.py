@@ -74,6 +74,10 @@ async def test_r30_process_serves_the_scheduler_and_drops_secrets_from_its_envir
                 await stub.Complete(pb.CompleteRequest(model="gpt", messages=[pb.Message(role="user", content="x")]))
             assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
             assert key_value not in info.value.details()
+        metrics = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{ready['ops_port']}/metrics", timeout=5).read())
+        assert b'afe_git_operations_total{op="checkout",outcome="ok"} 1.0' in metrics
+        assert b"p1" not in metrics and key_value.encode() not in metrics   # R25
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
