@@ -64,12 +64,12 @@ async def test_r30_process_serves_the_scheduler_and_drops_secrets_from_its_envir
         async with grpcutil.open_channel(sock, other) as ch:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await pb_grpc.CredentialBrokerStub(ch).PrepareWorkspace(
-                    pb.PrepareWorkspaceRequest(ticket_id="p1", workspace="local"))
+                    pb.PrepareWorkspaceRequest(ticket_id="tkt-zq7x", workspace="local"))
             assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
         async with grpcutil.open_channel(sock, scheduler) as ch:
             stub = pb_grpc.CredentialBrokerStub(ch)
-            prep = await stub.PrepareWorkspace(pb.PrepareWorkspaceRequest(ticket_id="p1", workspace="local"))
-            assert len(prep.base_sha) == 40 and prep.branch == "afe/p1"
+            prep = await stub.PrepareWorkspace(pb.PrepareWorkspaceRequest(ticket_id="tkt-zq7x", workspace="local"))
+            assert len(prep.base_sha) == 40 and prep.branch == "afe/tkt-zq7x"
             with pytest.raises(grpc.aio.AioRpcError) as info:  # nothing listens on :9
                 await stub.Complete(pb.CompleteRequest(model="gpt", messages=[pb.Message(role="user", content="x")]))
             assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -77,7 +77,7 @@ async def test_r30_process_serves_the_scheduler_and_drops_secrets_from_its_envir
         metrics = await asyncio.to_thread(
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{ready['ops_port']}/metrics", timeout=5).read())
         assert b'afe_git_operations_total{op="checkout",outcome="ok"} 1.0' in metrics
-        assert b"p1" not in metrics and key_value.encode() not in metrics   # R25
+        assert b"zq7x" not in metrics and key_value.encode() not in metrics   # R25
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
