@@ -141,7 +141,8 @@ async def _error(coro) -> grpc.aio.AioRpcError:
     return info.value
 
 
-async def test_bad_inputs_get_clear_errors_without_secrets(git_server, tls, git_token, layout, short_tmp):
+async def test_bad_inputs_get_clear_errors_without_secrets(git_server, tls, git_token, layout, short_tmp, caplog):
+    caplog.set_level("DEBUG")
     wrong = "wrong" + git_token[::-1]
     config = make_config(
         layout.data_dir.parent,
@@ -178,3 +179,6 @@ async def test_bad_inputs_get_clear_errors_without_secrets(git_server, tls, git_
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
         err = await _error(s.Commit(pb.CommitRequest(ticket_id="never-prepared", workspace="no-token")))
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "prepare" in err.details()
+    # The broker's own log lines (git stderr included) hold neither token (R27).
+    assert "the remote refused" in caplog.text or "failed" in caplog.text
+    assert git_token not in caplog.text and wrong not in caplog.text
