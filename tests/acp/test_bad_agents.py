@@ -53,6 +53,7 @@ async def test_crashing_agent_fails_the_node_as_unavailable(acp_env):
 async def test_missing_agent_command_fails_clearly(acp_env):
     agent = acp_env.agent("good")
     from dataclasses import replace
+
     from services.scheduler.acp import run_agent_node
     with pytest.raises(Unavailable, match=r"exited with code 12[67] during initialize"):
         await run_agent_node(ticket_id=acp_env.ticket_id, node=acp_env.node(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -80,7 +81,7 @@ async def test_r17_r19_agent_path_attacks_are_refused_with_acp_errors(acp_env):
     # and `inlink` would let a write land on hello.txt; and `..` resolves
     # outside the workspace.
     assert os.path.islink(ws / "link") and os.readlink(ws / "link") == "/etc/passwd"
-    assert (ws / "link").read_text() == open("/etc/passwd").read()
+    assert (ws / "link").read_text() == Path("/etc/passwd").read_text()
     assert os.path.realpath(ws / "inlink") == str(ws / "hello.txt")
     assert not os.path.realpath(os.path.join(ws, "../x")).startswith(str(ws) + "/")
 

@@ -13,7 +13,6 @@ plan update starts a new message).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -121,7 +120,7 @@ class EventLog:
         while True:
             try:
                 item = await asyncio.wait_for(self._queue.get(), IDLE_FLUSH_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 # A quiet agent: show the text streamed so far.
                 self._flush_chunks()
                 continue
@@ -143,7 +142,7 @@ class EventLog:
         assert self._worker is not None
         try:
             await asyncio.wait_for(asyncio.shield(self._worker), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("agent events were not all delivered within %ss", timeout)
             self._worker.cancel()
         except asyncio.CancelledError:

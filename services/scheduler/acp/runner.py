@@ -89,14 +89,14 @@ class _Run:
                                     terminals=self.terminals, deny=tuple(node.deny))
         start = sandbox_pb2.ProcessStart(ticket_id=ticket_id, argv=list(agent.command), cwd="",
                                          env_names=list(agent.env))
-        self.transport = ProcessTransport(sandbox, start, on_protocol_error=self._protocol_error,
+        self.transport = ProcessTransport(sandbox, start, on_protocol_error=self.protocol_error,
                                           known_methods=SERVED_METHODS)
         self.conn: ClientSideConnection | None = None
         self.session_id: str | None = None
         self.prompt_task: asyncio.Task | None = None
         self.step = "start"
 
-    async def _protocol_error(self, reason: str) -> None:
+    async def protocol_error(self, reason: str) -> None:
         self.events.record("agent.protocol_error", {"reason": clip(reason, 300)})
 
     def _lost(self) -> AfeError:
@@ -123,7 +123,7 @@ class _Run:
             raise FailedPrecondition(
                 f"agent {self.agent.name!r} answered {step} with error {exc.code}: {clip(str(exc), 300)}") from None
         except ValidationError:
-            await self._protocol_error(f"reply to {step} does not follow the ACP schema")
+            await self.protocol_error(f"reply to {step} does not follow the ACP schema")
             raise FailedPrecondition(
                 f"agent {self.agent.name!r} sent a reply to {step} that does not follow the ACP schema") from None
         except (ConnectionError, EOFError):
@@ -133,7 +133,7 @@ class _Run:
         self.events.start()
         self.step = "start"
         await self.transport.open()
-        self.conn = ClientSideConnection(self.client, self.transport)
+        self.conn = ClientSideConnection(self.client, self.transport)  # type: ignore[arg-type]  # duck-typed Client
         init = await self.call("initialize", self.conn.initialize(
             protocol_version=PROTOCOL_VERSION, client_capabilities=CAPABILITIES, client_info=CLIENT_INFO))
         if init.protocol_version != PROTOCOL_VERSION:
@@ -193,7 +193,7 @@ async def run_agent_node(*, ticket_id: str, node: Node, agent: Agent, prompt: st
                 return await run.run(prompt)
         except TimeoutError:
             stopping = True
-            await run._protocol_error(f"no result within the node timeout of {node.timeout_s:g}s")
+            await run.protocol_error(f"no result within the node timeout of {node.timeout_s:g}s")
             raise DeadlineExceeded(
                 f"agent {agent.name!r} did not finish within the node timeout of {node.timeout_s:g}s "
                 f"(during {run.step}); it was cancelled and killed") from None

@@ -142,7 +142,7 @@ class Terminals:
                         term.exit = out.exit
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any broker failure ends this terminal only
             term.error = str(exc)
             if not started.done():
                 started.set_exception(exc if isinstance(exc, Exception) else Unavailable(str(exc)))
@@ -181,7 +181,7 @@ class Terminals:
             self._kill(term)
         tasks = [t.task for t in terms if t.task is not None and not t.task.done()]
         if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=timeout)
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
             for task in pending:
                 task.cancel()
             for task in pending:

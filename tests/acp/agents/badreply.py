@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from acp import run_agent
-
 from _base import BaseAgent
+from acp import run_agent
 
 
 class BadReplyAgent(BaseAgent):

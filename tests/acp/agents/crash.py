@@ -7,9 +7,8 @@ import os
 import sys
 from typing import Any
 
-from acp import run_agent, update_agent_message_text
-
 from _base import BaseAgent
+from acp import run_agent, update_agent_message_text
 
 
 class CrashAgent(BaseAgent):

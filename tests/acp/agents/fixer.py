@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from _base import BaseAgent
 from acp import run_agent, start_tool_call, update_agent_message_text, update_tool_call
 from acp.schema import PermissionOption, PromptResponse, ToolCallUpdate
-
-from _base import BaseAgent
 
 
 class FixerAgent(BaseAgent):

@@ -8,9 +8,8 @@ import os
 import sys
 from typing import Any
 
-from acp import run_agent, start_tool_call
-
 from _base import BaseAgent
+from acp import run_agent, start_tool_call
 
 
 class FloodAgent(BaseAgent):

@@ -9,9 +9,8 @@ import os
 import sys
 from typing import Any
 
-from acp import run_agent
-
 from _base import BaseAgent
+from acp import run_agent
 
 LINES = [
     b"this is not json\n",

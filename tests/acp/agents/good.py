@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any
 
+from _base import BaseAgent, prompt_text
 from acp import (
     RequestError,
     plan_entry,
@@ -27,8 +28,6 @@ from acp import (
     update_tool_call,
 )
 from acp.schema import PermissionOption, PromptResponse, ToolCallUpdate
-
-from _base import BaseAgent, prompt_text
 
 
 def _err(exc: BaseException) -> dict:
@@ -74,27 +73,27 @@ class GoodAgent(BaseAgent):
         try:
             await c.write_text_file(sid, "/workspace/hello.txt", content)
             report["write"] = {"ok": True}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report whatever the client answered
             report["write"] = _err(exc)
         await c.session_update(sid, update_tool_call("t1", status="completed"))
         try:
             got = await c.read_text_file(sid, "/workspace/hello.txt")
             report["read"] = {"ok": True, "same": got.content == content}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report whatever the client answered
             report["read"] = _err(exc)
 
         # A command in the sandbox, through terminal/*.
         await c.session_update(sid, start_tool_call("t2", "Run a command", kind="execute", status="in_progress"))
         try:
             term = await c.create_terminal(
-                sid, "bash", ["-c", "cat hello.txt; id -u; echo key=${ACP_TEST_KEY:+set}; "
-                             "ln -s /etc/passwd link; ln -s hello.txt inlink; exit 7"],
+                sid, "bash", ["-c", ("cat hello.txt; id -u; echo key=${ACP_TEST_KEY:+set}; "
+                                     "ln -s /etc/passwd link; ln -s hello.txt inlink; exit 7")],
                 cwd="/workspace")
             ex = await c.wait_for_terminal_exit(sid, term.terminal_id)
             out = await c.terminal_output(sid, term.terminal_id)
             await c.release_terminal(sid, term.terminal_id)
             report["terminal"] = {"ok": True, "exit_code": ex.exit_code, "output": out.output}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report whatever the client answered
             report["terminal"] = _err(exc)
         await c.session_update(sid, update_tool_call("t2", status="completed"))
 
@@ -106,17 +105,17 @@ class GoodAgent(BaseAgent):
             try:
                 got = await c.read_text_file(sid, path)
                 attacks[name] = {"ok": True, "content": got.content[:200]}
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - report whatever the client answered
                 attacks[name] = _err(exc)
         try:
             await c.write_text_file(sid, "/workspace/inlink", "overwritten through a symlink\n")
             attacks["write_symlink"] = {"ok": True}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report whatever the client answered
             attacks["write_symlink"] = _err(exc)
         try:
             await c.write_text_file(sid, "/workspace/../escape.txt", "escaped\n")
             attacks["write_dotdot"] = {"ok": True}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report whatever the client answered
             attacks["write_dotdot"] = _err(exc)
         report["attacks"] = attacks
 
@@ -124,7 +123,7 @@ class GoodAgent(BaseAgent):
         try:
             await c._conn.send_request("evil/method", {"x": 1})
             report["unknown_method"] = {"ok": True}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report whatever the client answered
             report["unknown_method"] = _err(exc)
 
         await c.session_update(sid, update_plan([

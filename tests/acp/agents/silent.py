@@ -7,11 +7,11 @@ test can see the engine cancelled before killing) and keeps hanging.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
-from acp import run_agent, update_agent_message_text
-
 from _base import BaseAgent
+from acp import run_agent, update_agent_message_text
 
 
 class SilentAgent(BaseAgent):
@@ -20,8 +20,7 @@ class SilentAgent(BaseAgent):
         await asyncio.Event().wait()
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
-        with open("/workspace/.cancel-received", "w") as f:
-            f.write(session_id)
+        Path("/workspace/.cancel-received").write_text(session_id)
 
 
 if __name__ == "__main__":
