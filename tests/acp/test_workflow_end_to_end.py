@@ -22,6 +22,31 @@ from tests.support.system import afe_system
 pytestmark = pytest.mark.timeout(300)
 
 CONFIG = """\
+kind: Agent
+name: crasher
+type: acp
+command: %(crash)s
+image: %(image)s
+---
+kind: Agent
+name: sleeper
+type: acp
+command: %(silent)s
+image: %(image)s
+---
+kind: Workflow
+name: agent-crash
+workspace: ws
+nodes:
+  - {id: code, agent: crasher, prompt: "go"}
+  - {id: pr, uses: "builtin:open_pr", needs: [code]}
+---
+kind: Workflow
+name: agent-hang
+workspace: ws
+nodes:
+  - {id: code, agent: sleeper, prompt: "go"}
+---
 kind: Workspace
 name: ws
 repo: repos/calc.git
@@ -71,12 +96,31 @@ def git(bare, *args: str) -> str:
                           text=True).stdout
 
 
-async def test_agent_then_tests_then_open_pr_on_the_demo_repository(short_tmp, acp_image):
-    cfg = short_tmp / "cfg"
+def write_config(root):
+    cfg = root / "cfg"
     cfg.mkdir()
     bare = make_repo(cfg / "repos" / "calc.git")
-    (cfg / "afe.yaml").write_text(CONFIG % {"command": json.dumps(list(agent_command("fixer"))),
-                                             "image": IMAGE})
+    (cfg / "afe.yaml").write_text(CONFIG % {
+        "command": json.dumps(list(agent_command("fixer"))), "crash": json.dumps(list(agent_command("crash"))),
+        "silent": json.dumps(list(agent_command("silent"))), "image": IMAGE})
+    return cfg, bare
+
+
+async def events_of(stub, ticket_id: str) -> list[tuple[str, dict]]:
+    return [(e.type, json.loads(e.payload_json))
+            async for e in stub.WatchTicket(pb.WatchTicketRequest(id=ticket_id, from_seq=1, follow=False))]
+
+
+def containers_of(ticket_id: str) -> list:
+    client = docker.from_env()
+    try:
+        return client.containers.list(all=True, filters={"label": f"afe.ticket={ticket_id}"})
+    finally:
+        client.close()
+
+
+async def test_agent_then_tests_then_open_pr_on_the_demo_repository(short_tmp, acp_image):
+    cfg, bare = write_config(short_tmp)
     layout = Layout(short_tmp / "data", short_tmp / "run")
     async with afe_system(cfg, layout) as sys_:
         t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(
@@ -106,8 +150,36 @@ async def test_agent_then_tests_then_open_pr_on_the_demo_repository(short_tmp, a
         assert order == sorted(order)
 
         # Terminal ticket: the sandbox is gone.
-        client = docker.from_env()
-        try:
-            assert client.containers.list(all=True, filters={"label": f"afe.ticket={t.id}"}) == []
-        finally:
-            client.close()
+        assert containers_of(t.id) == []
+
+
+async def test_crashing_agent_fails_the_ticket_with_the_reason_and_no_pr(short_tmp, acp_image):
+    cfg, bare = write_config(short_tmp)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    async with afe_system(cfg, layout) as sys_:
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="agent-crash", title="x",
+                                                                principal="tester"))
+        t = await wait_done(sys_.stub, t.id)
+        assert t.state == pb.FAILED
+        assert "exited with code 3 during session/prompt" in t.error, t.error
+        assert not t.pr.number
+        assert git(bare, "branch", "--list", f"afe/{t.id}").strip() == ""     # nothing was pushed
+        assert ("agent.message", {"node": "code", "text": "about to crash"}) in await events_of(sys_.stub, t.id)
+        assert containers_of(t.id) == []
+
+
+async def test_ticket_cancel_reaches_the_agent_as_session_cancel(short_tmp, acp_image):
+    cfg, _ = write_config(short_tmp)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    async with afe_system(cfg, layout) as sys_:
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="agent-hang", title="x",
+                                                                principal="tester"))
+        while ("agent.message", {"node": "code", "text": "thinking forever"}) not in await events_of(
+                sys_.stub, t.id):
+            await asyncio.sleep(0.1)
+        assert containers_of(t.id), "control: the sandbox runs while the agent works"
+        await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="tester"))
+        t = await wait_done(sys_.stub, t.id)
+        assert t.state == pb.CANCELLED
+        assert ("agent.cancel", {"node": "code", "sent": "session/cancel"}) in await events_of(sys_.stub, t.id)
+        assert containers_of(t.id) == []
