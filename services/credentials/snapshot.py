@@ -40,14 +40,21 @@ class Entry:
 
 
 class ObjectWriter:
-    """Writes loose objects into a git object directory (idempotent)."""
+    """Writes loose objects into a git object directory (idempotent).
 
-    def __init__(self, objects_dir: Path) -> None:
+    `known` holds blob ids already in the repository (or its alternates),
+    e.g. every blob of the base tree, so unchanged files are not written again.
+    """
+
+    def __init__(self, objects_dir: Path, known: set[str] | None = None) -> None:
         self.objects_dir = objects_dir
+        self.known = known if known is not None else set()
 
     def write_blob(self, data: bytes) -> str:
         header = b"blob %d\0" % len(data)
         sha = hashlib.sha1(header + data).hexdigest()
+        if sha in self.known:
+            return sha
         folder = self.objects_dir / sha[:2]
         path = folder / sha[2:]
         if path.exists():

@@ -291,7 +291,7 @@ class WorkspaceGit:
         work = self.layout.workspace(ticket_id)
         found = await asyncio.to_thread(snapshot.scan, work)
         ignored = await self._ignored(gitdir, found)
-        writer = snapshot.ObjectWriter(gitdir / "objects")
+        writer = snapshot.ObjectWriter(gitdir / "objects", await self._known_blobs(gitdir, ticket_id))
         entries = await asyncio.to_thread(snapshot.materialize, work, found, ignored, writer)
         fd, index = tempfile.mkstemp(prefix="afe-snapshot-", suffix=".index", dir=gitdir)
         os.close(fd)
@@ -304,6 +304,18 @@ class WorkspaceGit:
         finally:
             Path(index).unlink(missing_ok=True)
         return res.out.strip(), len(entries)
+
+    async def _known_blobs(self, gitdir: Path, ticket_id: str) -> set[str]:
+        """Blob ids of the base and of the branch head: already stored, never rewritten."""
+        known: set[str] = set()
+        for ref in ("refs/afe/base", f"refs/heads/{branch_for(ticket_id)}"):
+            res = await self.git.run(["ls-tree", "-r", "-z", "--end-of-options", ref], git_dir=gitdir,
+                                     check=False, what="git ls-tree")
+            for item in res.stdout.split(b"\0"):
+                meta = item.partition(b"\t")[0].split()
+                if len(meta) == 3 and meta[1] == b"blob":
+                    known.add(meta[2].decode())
+        return known
 
     async def _ignored(self, gitdir: Path, found: snapshot.Scan) -> set[bytes]:
         """Paths the workspace's .gitignore files exclude, decided by git on a private copy
