@@ -12,8 +12,8 @@ from services.common.secrets import SecretValue
 
 from .askpass import write_helper
 from .broker import CredentialCore
-from .github import GitHubForge
 from .gitcmd import GitRunner
+from .github import GitHubForge
 from .httpclient import HttpClient, RetryPolicy
 from .localforge import LocalForge
 from .models.anthropic import AnthropicProvider

@@ -138,7 +138,7 @@ class GitRunner:
         )
         try:
             out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s or self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
             raise DeadlineExceeded(f"{what} took longer than {timeout_s or self.timeout_s:.0f}s") from None
@@ -156,4 +156,4 @@ class GitRunner:
         return res
 
 
-__all__ = ["GitRunner", "GitResult", "GitFailed", "HARDENING", "SAFE_PATH"]
+__all__ = ["HARDENING", "SAFE_PATH", "GitFailed", "GitResult", "GitRunner"]

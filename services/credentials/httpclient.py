@@ -19,8 +19,17 @@ from typing import Any
 
 import aiohttp
 
-from services.common.errors import (AfeError, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
-                                    PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable)
+from services.common.errors import (
+    AfeError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
 from services.common.redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -108,7 +117,7 @@ class HttpClient:
                     except ValueError:
                         body = text
                     resp = Response(r.status, rh, body)
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ClientPayloadError) as exc:
+            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last_exc = exc
             if resp is not None and not _retryable(resp):
                 return resp

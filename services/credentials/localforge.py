@@ -32,7 +32,7 @@ class LocalForge(Forge):
         if repo.startswith("https://") or ("://" in repo and not repo.startswith("file://")):
             raise InvalidArgument(f"workspace {ws.name!r}: the local forge needs a local bare repository "
                                   "as repo; use forge type github for a remote repository")
-        path = Path(repo[len("file://"):] if repo.startswith("file://") else repo)
+        path = Path(repo.removeprefix("file://"))
         if not path.is_absolute():
             path = (self.config_dir or Path.cwd()) / path
         if not path.exists():

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import cast
 
 from services.common import grpcutil
 from services.common.layout import DEFAULT_PORTS
@@ -26,6 +27,7 @@ from services.common.process import make_context, parse_args, run_until_signalle
 from services.common.secrets import take_secret_env
 from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 
+from .broker import CredentialCore
 from .compose import build_core
 from .servicer import SERVICE_NAME, register
 
@@ -47,7 +49,7 @@ async def serve(argv: list[str] | None = None) -> None:
     socket_path = str(ctx.layout.socket("credentials"))
     accepted = {k: v for k, v in ctx.links.serve.items() if k == "scheduler"}
     server, health = grpcutil.create_server(socket_path, accepted, ctx.redactor,
-                                            [register(MeteredCredentials(core, ctx.registry))],
+                                            [register(cast(CredentialCore, MeteredCredentials(core, ctx.registry)))],
                                             service_names=[SERVICE_NAME],
                                             interceptors=grpc_server_interceptors(), registry=ctx.registry)
 

@@ -25,8 +25,14 @@ from pathlib import Path
 
 from services.common import layout as layout_mod
 from services.common.config import Workspace
-from services.common.errors import (FailedPrecondition, InvalidArgument, NotFound, PermissionDenied,
-                                    Unauthenticated, Unavailable)
+from services.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
 from services.common.layout import Layout, check_ticket_id
 from services.common.secrets import SecretValue
 
@@ -101,7 +107,7 @@ class WorkspaceGit:
         if "://" in repo and not repo.startswith("file://"):
             raise InvalidArgument(f"workspace {ws.name!r}: repo must be an https:// URL or a local path "
                                   f"(got a {repo.split('://')[0]}:// URL)")
-        path = Path(repo[len("file://"):] if repo.startswith("file://") else repo)
+        path = Path(repo.removeprefix("file://"))
         if not path.is_absolute():
             path = (self.config_dir or Path.cwd()) / path
         if not path.exists():
@@ -253,7 +259,7 @@ class WorkspaceGit:
         except asyncio.CancelledError:
             await asyncio.to_thread(_remove_tree, tmp)
             raise
-        except Exception as exc:  # a spare is an optimisation: never fail a ticket for it
+        except Exception as exc:  # noqa: BLE001 -- a spare is an optimisation: never fail a ticket for it
             log.warning("spare checkout failed: %s", exc)
             await asyncio.to_thread(_remove_tree, tmp)
 

@@ -92,9 +92,9 @@ async def broker_stub(config: Config, layout: Layout, *, secrets_: dict[str, str
     from services.common.redact import Redactor
 
     redactor = Redactor()
-    async with credential_broker(config, layout, secrets=secrets_, redactor=redactor, ca_file=ca_file) as (sock, key):
-        async with grpcutil.open_channel(sock, key) as ch:
-            yield pb_grpc.CredentialBrokerStub(ch), redactor
+    async with credential_broker(config, layout, secrets=secrets_, redactor=redactor,
+                                 ca_file=ca_file) as (sock, key), grpcutil.open_channel(sock, key) as ch:
+        yield pb_grpc.CredentialBrokerStub(ch), redactor
 
 
 def git_plain(*args: str, cwd: Path | None = None, env: dict | None = None, check: bool = True,

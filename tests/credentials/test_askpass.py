@@ -9,7 +9,7 @@ from services.credentials.askpass import askpass_env, write_helper
 
 
 def _ask(helper, env, prompt: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(helper), prompt], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True)
+    return subprocess.run([str(helper), prompt], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, check=False)
 
 
 def test_r1_askpass_answers_only_for_the_expected_origin(short_tmp):

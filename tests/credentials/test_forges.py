@@ -160,7 +160,7 @@ async def test_r27_r30_github_errors_echoing_the_token_are_redacted(layout, stat
     token = "tok" + "Zx9" * 10       # not shaped like a known token: only registration can hide it
     async with FakeGitHub(token) as gh:
         config = make_config(layout.data_dir.parent, gh_workspace(gh))
-        gh.fail_next(status, '{"message": "we got token %s from you, Bearer %s"}' % (token, token), times=5)
+        gh.fail_next(status, f'{{"message": "we got token {token} from you, Bearer {token}"}}', times=5)
         async with broker_stub(config, layout, secrets_={TOKEN_ENV: token}) as (s, _):
             err = await _error(s.GetPullRequest(pb.GetPullRequestRequest(workspace="gh", number="7")))
         assert err.code() == code, err.details()

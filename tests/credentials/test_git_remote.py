@@ -12,8 +12,17 @@ import grpc
 import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
-from tests.credentials.conftest import (TOKEN_ENV, WRONG_ENV, broker_stub, closed_port, files_under, git_plain,
-                                        local_workspace, make_config, remote_workspace)
+from tests.credentials.conftest import (
+    TOKEN_ENV,
+    WRONG_ENV,
+    broker_stub,
+    closed_port,
+    files_under,
+    git_plain,
+    local_workspace,
+    make_config,
+    remote_workspace,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,9 +48,8 @@ class ProcWatch:
                         cmd = f.read()
                 except OSError:
                     continue
-                if cmd.startswith(b"git\0") or b"/git\0" in cmd or cmd.startswith(b"git-remote"):
-                    if b"http-backend" not in cmd:
-                        self.git_seen += 1
+                if (cmd.startswith((b"git\0", b"git-remote")) or b"/git\0" in cmd) and b"http-backend" not in cmd:
+                    self.git_seen += 1
                 if self.needle in cmd:
                     self.hits.append(f"cmdline of pid {pid}")
             for path in files_under(self.root) if self.root.exists() else []:
@@ -51,7 +59,7 @@ class ProcWatch:
                 except OSError:
                     continue
 
-    def __enter__(self) -> "ProcWatch":
+    def __enter__(self) -> ProcWatch:
         self._thread.start()
         return self
 

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
-from tests.credentials.conftest import (TOKEN_ENV, all_objects, broker_stub, git_plain, make_config,
-                                        remote_workspace, tree_listing)
+from tests.credentials.conftest import (
+    TOKEN_ENV,
+    all_objects,
+    broker_stub,
+    git_plain,
+    make_config,
+    remote_workspace,
+    tree_listing,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

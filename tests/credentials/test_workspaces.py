@@ -79,7 +79,7 @@ async def test_snapshot_honours_gitignore_and_skips_special_files(local_origin, 
         files = git_plain("--git-dir", str(layout.gitdir("gi")), "ls-tree", "-r", done.sha).stdout.decode()
         assert "src/new.py" in files and "build/" not in files and "cache.pyc" not in files
         assert "pipe" not in files and ".git" not in files.replace(".gitignore", "")
-        assert "100755 blob" in [line for line in files.splitlines() if "run.sh" in line][0]
+        assert "100755 blob" in next(line for line in files.splitlines() if "run.sh" in line)
         assert done.files_changed == 2
         again = await core.commit("gi", "local", "nothing new")
         assert not again.changed and again.sha == done.sha

@@ -42,7 +42,7 @@ class OpenAIProvider(ModelProvider):
 
     @staticmethod
     def body(model: Model, messages: list[Msg], tools: list[Tool], max_tokens: int) -> dict:
-        out = []
+        out: list[dict] = []
         for m in messages:
             if m.role == "tool":
                 out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})

@@ -45,7 +45,7 @@ class GitHttpServer:
         scheme = "https" if self.ssl_context else "http"
         return f"{scheme}://127.0.0.1:{self.port}/{repo}"
 
-    def start(self) -> "GitHttpServer":
+    def start(self) -> GitHttpServer:
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -77,7 +77,7 @@ class GitHttpServer:
                 if auth.startswith("Basic "):
                     owner.auth_headers.append(auth)
                     try:
-                        user, _, pw = base64.b64decode(auth[6:]).decode().partition(":")
+                        _user, _, pw = base64.b64decode(auth[6:]).decode().partition(":")
                         ok = pw == owner.token
                     except ValueError:
                         ok = False
@@ -100,7 +100,7 @@ class GitHttpServer:
                     env["HTTP_CONTENT_ENCODING"] = self.headers["Content-Encoding"]
                 if self.headers.get("Git-Protocol"):
                     env["GIT_PROTOCOL"] = self.headers["Git-Protocol"]
-                proc = subprocess.run(["git", "http-backend"], input=body, capture_output=True, env=env)
+                proc = subprocess.run(["git", "http-backend"], input=body, capture_output=True, env=env, check=False)
                 head, _, payload = proc.stdout.partition(b"\r\n\r\n")
                 if not _:
                     head, _, payload = proc.stdout.partition(b"\n\n")
@@ -135,7 +135,7 @@ class GitHttpServer:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> "GitHttpServer":
+    def __enter__(self) -> GitHttpServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

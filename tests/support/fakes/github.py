@@ -5,7 +5,6 @@ merge and refuses a stale `sha` with 409 like GitHub does."""
 
 from __future__ import annotations
 
-
 import hashlib
 
 from aiohttp import web
