@@ -183,17 +183,19 @@ class SandboxManager:
                                             labels=hardening.labels(self.instance, ticket_id, "network"),
                                             options={"com.docker.network.bridge.enable_icc": "true"})
                 conf = squid_conf(list(s.egress), self.allow_private)
-                kw = hardening.proxy_create_kwargs(ticket_id=ticket_id, name=self.proxy_name(ticket_id),
-                                                   instance=self.instance,
-                                                   outside_network=self.egress_network, conf=conf,
-                                                   image=self.proxy_image)
-                proxy = self.client.containers.create(**kw)
-                proxy_id = proxy.id
+                proxy_kw = hardening.proxy_create_kwargs(
+                    ticket_id=ticket_id, name=self.proxy_name(ticket_id), instance=self.instance,
+                    outside_network=self.egress_network, conf=conf, image=self.proxy_image)
+
+                def start_proxy() -> str:
+                    proxy = self.client.containers.create(**proxy_kw)
+                    self.client.networks.get(network).connect(proxy.id, aliases=[hardening.PROXY_ALIAS])
+                    proxy.start()
+                    return proxy.id
                 # The sandbox finds its proxy by this alias (Docker's DNS on the
                 # internal network answers it; nothing else resolves), so the
-                # proxy and the sandbox can start at the same time.
-                self.client.networks.get(network).connect(proxy_id, aliases=[hardening.PROXY_ALIAS])
-                starting = _STARTER.submit(proxy.start)
+                # proxy and the sandbox are made at the same time.
+                starting = _STARTER.submit(start_proxy)
                 env.update(hardening.proxy_env(hardening.PROXY_ALIAS))
             kw = hardening.sandbox_create_kwargs(s, name=self.container_name(ticket_id), instance=self.instance,
                                                  workspace=workspace, network=network or None, env=env)
@@ -201,7 +203,7 @@ class SandboxManager:
             c = self.client.containers.create(**kw)
             c.start()
             if starting is not None:
-                starting.result()
+                proxy_id = starting.result()
         except docker.errors.ImageNotFound as exc:
             raise FailedPrecondition(f"image not found: {s.image if 'proxy' not in str(exc) else self.proxy_image}; "
                                      "run `afe images build`") from exc
