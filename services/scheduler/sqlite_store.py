@@ -235,9 +235,9 @@ class SqliteStore(Store):
     # events
     def _insert_events(self, events: list[EventRecord]) -> None:
         if events:
+            # EventRecord is a tuple in column order: no copy.
             self.db.executemany(
-                "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (?,?,?,?,?)",
-                [(e.ticket_id, e.seq, e.type, e.payload_json, e.at_ms) for e in events])
+                "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (?,?,?,?,?)", events)
 
     def append_events(self, events: list[EventRecord]) -> None:
         if not events:

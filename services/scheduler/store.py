@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Ticket states.
 QUEUED = "queued"
@@ -65,8 +66,9 @@ class NodeRunRecord:
     error: str = ""
 
 
-@dataclass(slots=True)
-class EventRecord:
+class EventRecord(NamedTuple):
+    """One event; a tuple in the column order of the events table."""
+
     ticket_id: str
     seq: int
     type: str
