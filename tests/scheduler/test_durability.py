@@ -97,3 +97,21 @@ async def test_restart_after_merge_does_not_merge_again(short_tmp):
         assert state_name(t) == "succeeded", t.error
         assert git(bare, "rev-list", "--merges", f"{base_before}..main").split() == [t.pr.merge_sha]
         assert len(forge_records(layout.data_dir, t.id)) == 1
+
+
+async def test_graceful_stop_is_not_a_cancel_and_the_ticket_resumes(short_tmp):
+    cfg = write_config(short_tmp, WORKFLOW)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    async with afe_system(cfg, layout) as sys_:
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="slow-fix", title="notes"))
+        await wait_for_event(sys_.stub, t.id, lambda e: e.type == "node.output"
+                             and "edit-started" in payload(e)["text"])
+        await sys_.stop_scheduler()                      # SIGTERM-style stop of the in-process scheduler
+        await sys_.start_scheduler()
+        t = await wait_for_state(sys_.stub, t.id, {"waiting_approval", "failed", "cancelled"})
+        assert state_name(t) == "waiting_approval", t.error
+        assert next(n for n in t.nodes if n.id == "edit").attempt == 2
+        events = await all_events(sys_.stub, t.id)
+        assert not any(e.type == "node.finished" and payload(e).get("state") == "cancelled" for e in events)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="tester"))
