@@ -13,6 +13,7 @@ tests/acp/agents/. Its label `afe.acp-test.digest` hashes every input
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import shutil
@@ -66,9 +67,12 @@ def ensure_acp_test_image() -> str:
         with open(LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             digest = _digest(client)
+            stale = None
             try:
-                if client.images.get(IMAGE).labels.get(LABEL) == digest:
+                current = client.images.get(IMAGE)
+                if current.labels.get(LABEL) == digest:
                     return IMAGE
+                stale = current.id if LABEL in current.labels else None
             except docker.errors.ImageNotFound:
                 pass
             with tempfile.TemporaryDirectory(prefix="afe-acp-img-") as tmp:
@@ -80,6 +84,9 @@ def ensure_acp_test_image() -> str:
                 _download_wheels(ctx / "wheels")
                 client.images.build(path=str(ctx), tag=IMAGE, labels={LABEL: digest},
                                     buildargs={"BASE": BASE}, rm=True, forcerm=True, network_mode="none")
+            if stale is not None:       # our previous build, now untagged; in use elsewhere -> kept
+                with contextlib.suppress(docker.errors.APIError):
+                    client.images.remove(stale, noprune=False)
             return IMAGE
     finally:
         client.close()
