@@ -76,17 +76,20 @@ class Committed:
 
 class WorkspaceGit:
     def __init__(self, runner: GitRunner, layout: Layout, tokens: dict[str, SecretValue],
-                 askpass: Path, config_dir: Path | None = None, spares_dir: Path | None = None) -> None:
+                 askpass: Path, config_dir: Path | None = None, spares_dir: Path | None = None,
+                 scratch_git: bool = True) -> None:
         """`spares_dir` (private, on the data dir's filesystem) enables spare
         checkouts: after preparing a workspace, the next checkout of the same
         base commit is made in the background, so the next ticket on that
-        repository only renames it into place."""
+        repository only renames it into place. `scratch_git` gives each
+        workspace a `.git` of its own for the sandbox's use (see _scratch_repo)."""
         self.git = runner
         self.layout = layout
         self.tokens = tokens
         self.askpass = askpass
         self.config_dir = config_dir
         self.spares_dir = spares_dir
+        self.scratch_git = scratch_git
         self._locks: dict[str, asyncio.Lock] = {}
         self._spare_tasks: dict[Path, asyncio.Task] = {}
 
@@ -218,8 +221,27 @@ class WorkspaceGit:
                                what="git checkout")
         finally:
             index.unlink(missing_ok=True)
+        if self.scratch_git:
+            await self._scratch_repo(git_dir, target, sha)
         if os.geteuid() == 0:
             await self._chown(target)
+
+    async def _scratch_repo(self, git_dir: Path, target: Path, sha: str) -> None:
+        """Give the workspace a `.git` of its own, for the sandbox's `git status`/`git diff`:
+        a shallow repository holding only the base commit, on branch `workspace`.
+        It is written now, before any sandbox exists; host git never reads it again."""
+        scratch = target / ".git"
+        await self.git.run(["init", "-q", "--bare", "--", str(scratch)], what="git init (scratch)")
+        objects = await self.git.run(["rev-list", "--objects", "--no-walk", "--end-of-options", sha],
+                                     git_dir=git_dir, what="git rev-list")
+        await self.git.run(["pack-objects", "-q", "--", str(scratch / "objects" / "pack" / "pack")],
+                           git_dir=git_dir, stdin=objects.stdout, what="git pack-objects")
+        (scratch / "shallow").write_text(sha + "\n")
+        await self.git.run(["config", "core.bare", "false"], git_dir=scratch)
+        await self.git.run(["update-ref", "--end-of-options", "refs/heads/workspace", sha], git_dir=scratch)
+        await self.git.run(["symbolic-ref", "HEAD", "refs/heads/workspace"], git_dir=scratch)
+        await self.git.run(["read-tree", "--end-of-options", sha], git_dir=scratch,
+                           env={"GIT_INDEX_FILE": str(scratch / "index")}, what="git read-tree (scratch)")
 
     # -- spare checkouts ---------------------------------------------------
     def _spare_path(self, mirror: Path, base: str) -> Path | None:

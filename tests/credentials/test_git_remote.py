@@ -59,7 +59,7 @@ class ProcWatch:
                 except OSError:
                     continue
 
-    def __enter__(self) -> ProcWatch:
+    def __enter__(self) -> ProcWatch:  # noqa: PYI034
         self._thread.start()
         return self
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -38,7 +39,7 @@ async def test_r30_process_serves_the_scheduler_and_drops_secrets_from_its_envir
     status_r, status_w = os.pipe()
     os.set_inheritable(status_w, True)
     env = {**os.environ, "AFE_TEST_MODEL_KEY": key_value}
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # noqa: ASYNC220 -- started once, waited on in a thread
         [sys.executable, "-m", "services.credentials.main", "--config", str(config_dir),
          "--data", str(layout.data_dir), "--run", str(layout.run_dir), "--link-fd", str(link_fd),
          "--status-fd", str(status_w), "--ops-port", "0"],
@@ -51,11 +52,10 @@ async def test_r30_process_serves_the_scheduler_and_drops_secrets_from_its_envir
         ready = json.loads(line)
         assert ready["service"] == "credentials" and ready["pid"] == proc.pid
         # R30: the key is gone from the process environment, even the raw block.
-        with open(f"/proc/{proc.pid}/environ", "rb") as f:
-            assert key_value.encode() not in f.read()
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        assert key_value.encode() not in environ
         # Positive control: a variable that is not a manifest secret is still there.
-        with open(f"/proc/{proc.pid}/environ", "rb") as f:
-            assert b"PATH=" in f.read()
+        assert b"PATH=" in environ
         body = await asyncio.to_thread(
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{ready['ops_port']}/readyz", timeout=5).read())
         assert body

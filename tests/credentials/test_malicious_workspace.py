@@ -9,6 +9,7 @@ the trap was broken.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -166,11 +167,18 @@ def _evil_repo(e: Env) -> Path:
     return repo
 
 
+def _drop_scratch(e: Env) -> None:
+    if (e.work / ".git").exists():
+        shutil.rmtree(e.work / ".git")
+
+
 def plant_gitfile(e: Env) -> None:
+    _drop_scratch(e)
     (e.work / ".git").write_text(f"gitdir: {_evil_repo(e)}\n")
 
 
 def plant_git_symlink(e: Env) -> None:
+    _drop_scratch(e)
     os.symlink(_evil_repo(e), e.work / ".git")
 
 
@@ -306,7 +314,8 @@ async def test_r2_symlink_swapped_during_commit_never_reaches_a_blob(local_origi
     async with broker_stub(config, layout) as (s, _):
         await s.PrepareWorkspace(pb.PrepareWorkspaceRequest(ticket_id="race", workspace="local"))
         work = layout.workspace("race")
-        flipper = subprocess.Popen([sys.executable, "-c", FLIPPER, str(work), str(canary), str(canary_dir)])
+        flipper = subprocess.Popen(  # noqa: ASYNC220 -- the "sandbox" process, killed below
+            [sys.executable, "-c", FLIPPER, str(work), str(canary), str(canary_dir)])
         try:
             for i in range(15):
                 (work / "README.md").write_text(f"round {i}\n")

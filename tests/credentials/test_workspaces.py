@@ -40,7 +40,10 @@ async def test_spare_checkout_is_used_once_and_follows_the_base(local_origin, la
         assert second.base_sha == first.base_sha
         work = layout.workspace("sp-2")
         assert (work / "src" / "app.py").read_text() == "print('hi')\n"
-        assert not (work / ".git").exists()
+        # The sandbox's scratch repository: the base commit, nothing of the host's.
+        head = git_plain("--git-dir", str(work / ".git"), "rev-parse", "HEAD").stdout.decode().strip()
+        assert head == first.base_sha
+        assert "url" not in (work / ".git" / "config").read_text()
         if os.geteuid() == 0:
             assert {os.lstat(p).st_uid for p in [work, *work.rglob("*")]} == {SANDBOX_UID}
         await core.git.idle()

@@ -135,7 +135,7 @@ class GitHttpServer:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> GitHttpServer:
+    def __enter__(self) -> GitHttpServer:  # noqa: PYI034
         return self.start()
 
     def __exit__(self, *exc) -> None:
