@@ -103,3 +103,11 @@ async def test_reply_outside_the_acp_schema_fails_the_node(acp_env):
     with pytest.raises(FailedPrecondition, match=r"reply to session/prompt that does not follow the ACP schema"):
         await acp_env.run("badreply")
     assert await agent_processes(acp_env) == []
+
+
+async def test_agent_that_stops_reading_its_stdin_is_stopped(acp_env):
+    with pytest.raises(ResourceExhausted, match=r"bytes of its stdin unread"):
+        await acp_env.run("deaf", timeout_s=90)
+    reads = [e for e in acp_env.events.of("agent.fs") if e["op"] == "read" and e["ok"]]
+    assert len(reads) > 20                                        # control: the answers were produced
+    assert await agent_processes(acp_env) == []

@@ -29,8 +29,8 @@ from .paths import workspace_cwd
 log = logging.getLogger(__name__)
 
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
-MAX_OUTPUT_LIMIT = 8 * 1024 * 1024
-MAX_TERMINALS = 16
+MAX_OUTPUT_LIMIT = 4 * 1024 * 1024
+MAX_TERMINALS = 8
 MAX_ARGS = 1024
 MAX_ARGV_BYTES = 128 * 1024
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -77,7 +77,7 @@ class Terminals:
         self._max = max_terminals
         self._terms: dict[str, Terminal] = {}
         self._ids = itertools.count(1)
-        self._all: list[Terminal] = []
+        self._tasks: set[asyncio.Task] = set()
 
     def get(self, terminal_id: str) -> Terminal:
         term = self._terms.get(terminal_id)
@@ -111,7 +111,8 @@ class Terminals:
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         term.task = asyncio.create_task(self._run(term, started), name=f"acp.{term.id}")
         self._terms[term.id] = term
-        self._all.append(term)
+        self._tasks.add(term.task)
+        term.task.add_done_callback(self._tasks.discard)
         try:
             await started
         except BaseException:
@@ -137,7 +138,8 @@ class Terminals:
                     elif kind in ("stdout", "stderr"):
                         if not started.done():
                             started.set_result(None)
-                        term.append(out.stdout if kind == "stdout" else out.stderr)
+                        if term.id in self._terms:          # released terminals keep nothing
+                            term.append(out.stdout if kind == "stdout" else out.stderr)
                     elif kind == "exit":
                         term.exit = out.exit
         except asyncio.CancelledError:
@@ -171,15 +173,15 @@ class Terminals:
         term = self.get(terminal_id)
         self._kill(term)
         del self._terms[terminal_id]
+        term.output = bytearray()
         # The run task ends on its own once the broker reports the exit.
 
     async def close(self, timeout: float = 5.0) -> None:
         """Kill every terminal and wait (bounded) for them to end."""
-        terms = list(self._all)
-        self._terms.clear()
-        for term in terms:
+        for term in self._terms.values():
             self._kill(term)
-        tasks = [t.task for t in terms if t.task is not None and not t.task.done()]
+        self._terms.clear()
+        tasks = [t for t in self._tasks if not t.done()]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout)
             for task in pending:

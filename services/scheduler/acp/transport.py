@@ -12,6 +12,7 @@ close) and is where an untrusted agent's bytes are first judged:
   `max_garbage` of them the node ends (FailedPrecondition);
 - more than `max_inflight` of the agent's requests waiting for an answer
   ends the node (ResourceExhausted): each one holds a task in the scheduler;
+  so does an agent that leaves more than MAX_UNREAD_STDIN bytes unread;
 - stderr is only counted (never logged, never sent anywhere: it may hold
   whatever the agent prints, including its own API key);
 - the process's exit or the stream's failure is EOF for the connection.
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024   # room for a 4 MiB file write plus JSON escaping
 MAX_GARBAGE = 3
 MAX_INFLIGHT = 64          # agent requests we have not answered yet
+MAX_UNREAD_STDIN = 32 * 1024 * 1024   # bytes written for the agent that the broker has not taken
 QUEUE_DEPTH = 256
 
 ProtocolErrorSink = Callable[[str], Awaitable[None]]
@@ -88,6 +90,7 @@ class ProcessTransport:
         self._known = known_methods
         self._max_inflight = max_inflight
         self._inflight: set[tuple[str, object]] = set()
+        self._unread = 0
         self._sandbox = sandbox
         self._start = start
         self._on_protocol_error = on_protocol_error
@@ -152,6 +155,13 @@ class ProcessTransport:
         if "method" not in message and "id" in message:      # our answer to an agent request
             self._inflight.discard(_key(message["id"]))
         data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        self._unread += len(data)
+        if self._unread > MAX_UNREAD_STDIN:
+            self._fail(ResourceExhausted(
+                f"the agent left more than {MAX_UNREAD_STDIN} bytes of its stdin unread; the node was stopped"))
+            if "method" not in message:
+                return
+            raise ConnectionError("agent is not reading its stdin")
         self._inputs.put_nowait(sandbox_pb2.ProcessInput(stdin=data))
 
     async def receive(self) -> dict[str, Any] | None:
@@ -178,6 +188,8 @@ class ProcessTransport:
             item = await self._inputs.get()
             if item is None:
                 return
+            if item.WhichOneof("input") == "stdin":
+                self._unread -= len(item.stdin)
             yield item
 
     def _fail(self, error: AfeError) -> None:
