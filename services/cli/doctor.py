@@ -130,7 +130,7 @@ async def doctor(build: bool = True) -> int:
         client = docker.from_env()
         v = client.version()
         report.add("engine", True, f"Docker {v.get('Version')} (API {v.get('ApiVersion')})")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure here means "no engine"
         report.add("engine", False, f"Docker engine not reachable ({type(exc).__name__}); start it or set DOCKER_HOST")
         return 1
     try:
@@ -164,7 +164,7 @@ async def doctor(build: bool = True) -> int:
         target.reload()
         tip = target.attrs["NetworkSettings"]["Networks"][net.name]["IPAddress"]
         await _probe(report, client, tmp, instance, net.name, subnet, tname, tip)
-    except Exception as exc:  # the probe itself broke: that is a FAIL, with what broke
+    except Exception as exc:  # noqa: BLE001 - the probe itself broke: a FAIL, with what broke
         report.add("probe", False, f"could not run the probes: {type(exc).__name__}: {str(exc)[:300]}")
     finally:
         from services.sandbox.sandboxes import SandboxManager
@@ -240,8 +240,9 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
 
     rootw, _ = await _exec(runner, "doctor-plain", ["touch", "/doctor-probe"])
     wsw, _ = await _exec(runner, "doctor-plain", ["touch", "/workspace/.doctor-probe"])
-    _, socks = await _exec(runner, "doctor-plain", ["bash", "-c", "find / -xdev -name 'docker.sock' 2>/dev/null; "
-                                                     "ls /var/run/docker.sock /run/docker.sock 2>/dev/null"])
+    find_socket = ("find / -xdev -name 'docker.sock' 2>/dev/null; "
+                   "ls /var/run/docker.sock /run/docker.sock 2>/dev/null")
+    _, socks = await _exec(runner, "doctor-plain", ["bash", "-c", find_socket])
     binds = [m["Destination"] for m in attrs["Mounts"] if m["Type"] == "bind"]
     ok8 = attrs["HostConfig"]["ReadonlyRootfs"] and rootw != 0 and wsw == 0 and binds == ["/workspace"] \
         and not socks

@@ -81,7 +81,8 @@ class Runner:
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from None
         except EngineError as exc:
             if exc.status == 409:
-                raise FailedPrecondition(f"the sandbox of {ticket_id} is not running (frozen or stopped)") from exc
+                raise FailedPrecondition(
+                    f"the sandbox of {ticket_id} is not running (frozen or stopped)") from exc
             raise
 
     async def kill(self, exec_id: str) -> None:

@@ -129,7 +129,8 @@ class FileTools:
               mode: int = 0) -> int:
         parts = split_relative(path)
         if len(content) > MAX_WRITE:
-            raise ResourceExhausted(f"content is larger than the {MAX_WRITE // (1024 * 1024)} MiB write limit")
+            raise ResourceExhausted(
+                f"content is larger than the {MAX_WRITE // (1024 * 1024)} MiB write limit")
         mode = mode or 0o644
         if mode & ~0o777:
             raise InvalidArgument("mode must be permission bits only (e.g. 0o644)")
@@ -177,7 +178,7 @@ class FileTools:
         return len(content)
 
     # -- list / stat -----------------------------------------------------------
-    def list(self, ticket_id: str, path: str = "") -> tuple[list[Entry], bool]:
+    def list_dir(self, ticket_id: str, path: str = "") -> tuple[list[Entry], bool]:
         parts = split_relative(path, allow_root=True)
         with self._root(ticket_id) as root:
             dfd = root.open_dir(parts, shown=show(path))
@@ -241,7 +242,8 @@ class FileTools:
                         os.rmdir(name, dir_fd=dfd)
                     except OSError as exc:
                         if exc.errno == errno.ENOTEMPTY:
-                            raise FailedPrecondition(f"{shown} is a non-empty directory: pass recursive") from None
+                            raise FailedPrecondition(
+                                f"{shown} is a non-empty directory: pass recursive") from None
                         raise _classify_open_error(exc, dfd, name, shown) from None
                 else:
                     try:
@@ -264,7 +266,8 @@ class FileTools:
                 except FileExistsError:
                     st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
                     if stat.S_ISLNK(st.st_mode):
-                        raise PermissionDenied(f"{shown} is a symbolic link; symlinks are refused (R19)") from None
+                        raise PermissionDenied(
+                            f"{shown} is a symbolic link; symlinks are refused (R19)") from None
                     if parents and stat.S_ISDIR(st.st_mode):
                         return
                     raise AlreadyExists(f"{shown} already exists") from None
@@ -301,7 +304,7 @@ class FileTools:
                 finally:
                     os.close(dfd)
                 _search_fd(fd, "/".join(parts), rx, matches, limit, state)
-                return matches, state["truncated"]
+                return matches, bool(state["truncated"])
             try:
                 _search_dir(dfd, "/".join(parts), rx, matches, limit, state, 0)
             finally:
@@ -325,9 +328,10 @@ def check_regex_is_linear(pattern: str) -> None:
             if op in (sre_parse.GROUPREF, sre_parse.GROUPREF_EXISTS):
                 raise InvalidArgument("regex backreferences are not supported in search")
             if op in repeats:
-                lo, hi, sub = av
+                _lo, hi, sub = av
                 if inside_repeat and hi > 1:
-                    raise InvalidArgument("nested repetition like (a+)+ is not supported in search; simplify the regex")
+                    raise InvalidArgument(
+                        "nested repetition like (a+)+ is not supported in search; simplify the regex")
                 walk(sub, inside_repeat or hi > 1)
             elif op is sre_parse.SUBPATTERN:
                 walk(av[-1], inside_repeat)

@@ -117,10 +117,10 @@ def proxy_create_kwargs(*, ticket_id: str, name: str, instance: str, outside_net
     """The squid proxy is hardened too: no capabilities, read-only root, its
     config passed in the environment (it is not secret: only host names) and
     written to a tmpfs by the entrypoint, so no host path is mounted."""
-    return dict(
+    return dict(  # noqa: C408 - reads like the docker run flags it mirrors
         image=image,
-        command=["sh", "-c", 'printf "%s" "$AFE_SQUID_CONF" > /tmp/squid.conf && '
-                             'exec squid -N -f /tmp/squid.conf'],
+        command=["sh", "-c", ('printf "%s" "$AFE_SQUID_CONF" > /tmp/squid.conf && '
+                              'exec squid -N -f /tmp/squid.conf')],
         entrypoint=[],
         name=name,
         user="proxy",

@@ -38,8 +38,8 @@ async def amain(argv: list[str] | None = None) -> int:
     env_values = take_secret_env(config.agent_env_names(), ctx.redactor)
     ctx.layout.ensure()
     socket_path = str(ctx.layout.socket("sandbox"))
-    broker = build_broker(ctx.layout, socket_path, {k: v for k, v in ctx.links.serve.items() if k == "scheduler"},
-                          ctx.redactor, instance=args.instance, egress_network=args.egress_network,
+    accepted = {k: v for k, v in ctx.links.serve.items() if k == "scheduler"}
+    broker = build_broker(ctx.layout, socket_path, accepted, ctx.redactor, instance=args.instance, egress_network=args.egress_network,
                           allow_private=args.allow_private, env_values=env_values,
                           interceptors=grpc_server_interceptors(), registry=ctx.registry)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import Self
 
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 
@@ -104,7 +105,7 @@ class Root:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> Root:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -126,7 +127,8 @@ class Root:
                     try:
                         nfd = os.open(name, DIR_FLAGS, dir_fd=fd)
                     except OSError as exc:
-                        raise _classify_open_error(exc, fd, name, shown or show("/".join(parts[:i + 1]))) from None
+                        where = shown or show("/".join(parts[:i + 1]))
+                        raise _classify_open_error(exc, fd, name, where) from None
                 except OSError as exc:
                     raise _classify_open_error(exc, fd, name, show("/".join(parts[:i + 1]))) from None
                 os.close(fd)

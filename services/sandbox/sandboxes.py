@@ -145,13 +145,13 @@ class SandboxManager:
             existing = await asyncio.to_thread(self._find, ticket_id)
             if existing is not None:
                 await asyncio.to_thread(self.prepare_workspace, ticket_id)
-                if existing.proxy_container_id:
+                proxy_id = existing.proxy_container_id
+                if proxy_id:
                     # after an engine restart the proxy is stopped too: bring it back first
-                    state = await asyncio.to_thread(
-                        lambda: self.client.api.inspect_container(existing.proxy_container_id)["State"])
-                    if not state.get("Running"):
-                        await asyncio.to_thread(self.client.api.start, existing.proxy_container_id)
-                        await self._wait_proxy(existing.proxy_container_id)
+                    attrs = await asyncio.to_thread(self.client.api.inspect_container, proxy_id)
+                    if not attrs["State"].get("Running"):
+                        await asyncio.to_thread(self.client.api.start, proxy_id)
+                        await self._wait_proxy(proxy_id)
                 if existing.state == "exited":
                     await asyncio.to_thread(self.client.api.start, existing.container_id)
                     existing = replace(existing, state="running")
@@ -197,16 +197,17 @@ class SandboxManager:
                 # proxy and the sandbox are made at the same time.
                 starting = _STARTER.submit(start_proxy)
                 env.update(hardening.proxy_env(hardening.PROXY_ALIAS))
-            kw = hardening.sandbox_create_kwargs(s, name=self.container_name(ticket_id), instance=self.instance,
-                                                 workspace=workspace, network=network or None, env=env)
+            kw = hardening.sandbox_create_kwargs(
+                s, name=self.container_name(ticket_id), instance=self.instance,
+                workspace=workspace, network=network or None, env=env)
             kw.pop("detach", None)
             c = self.client.containers.create(**kw)
             c.start()
             if starting is not None:
                 proxy_id = starting.result()
         except docker.errors.ImageNotFound as exc:
-            raise FailedPrecondition(f"image not found: {s.image if 'proxy' not in str(exc) else self.proxy_image}; "
-                                     "run `afe images build`") from exc
+            image = self.proxy_image if "proxy" in str(exc) else s.image
+            raise FailedPrecondition(f"image not found: {image}; run `afe images build`") from exc
         except docker.errors.APIError as exc:
             raise Unavailable(f"Docker refused to create the sandbox: {exc.explanation or exc}") from exc
         finally:
@@ -227,7 +228,8 @@ class SandboxManager:
             return (nets.get(self.egress_network) or {}).get("IPAddress", "")
 
         def inside() -> bool:
-            e = self.client.api.exec_create(proxy_id, ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}"])
+            probe = ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}"]
+            e = self.client.api.exec_create(proxy_id, probe)
             self.client.api.exec_start(e["Id"])
             return self.client.api.exec_inspect(e["Id"])["ExitCode"] == 0
 
@@ -310,7 +312,7 @@ class SandboxManager:
                 removed += 1
         return removed
 
-    async def list(self) -> list[SandboxInfo]:
+    async def list_all(self) -> list[SandboxInfo]:
         def run() -> list[SandboxInfo]:
             cs = self.client.api.containers(all=True, filters=self._filters())
             proxies = {c["Labels"][LABEL_TICKET]: c for c in cs if c["Labels"].get(LABEL_ROLE) == "proxy"}
@@ -344,7 +346,8 @@ class SandboxManager:
             return ReconcileResult(tuple(sorted(tickets)), nc, nn)
         res = await asyncio.to_thread(run)
         if res.removed_tickets:
-            log.info("reconcile removed %d containers, %d networks", res.removed_containers, res.removed_networks)
+            log.info("reconcile removed %d containers, %d networks",
+                     res.removed_containers, res.removed_networks)
         return res
 
     async def freeze(self, ticket_id: str, frozen: bool) -> None:

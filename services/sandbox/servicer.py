@@ -68,14 +68,15 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         return pb.DestroySandboxResponse(removed=await self.sandboxes.destroy(request.ticket_id))
 
     async def ListSandboxes(self, request, context):
-        infos = await self.sandboxes.list()
+        infos = await self.sandboxes.list_all()
         self._live(infos)
         return pb.ListSandboxesResponse(sandboxes=[_sandbox(i) for i in infos])
 
     async def Reconcile(self, request, context):
         r = await self.sandboxes.reconcile(list(request.live_tickets))
         return pb.ReconcileResponse(removed_tickets=list(r.removed_tickets),
-                                    removed_containers=r.removed_containers, removed_networks=r.removed_networks)
+                                    removed_containers=r.removed_containers,
+                                    removed_networks=r.removed_networks)
 
     async def Freeze(self, request, context):
         await self.sandboxes.freeze(request.ticket_id, request.frozen)
@@ -88,7 +89,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                                  timeout_ms=request.timeout_ms,
                                                  output_cap=request.output_cap_bytes, stdin=request.stdin):
                 if isinstance(ev, Output):
-                    yield pb.ExecEvent(stdout=ev.data) if ev.stream == "stdout" else pb.ExecEvent(stderr=ev.data)
+                    yield (pb.ExecEvent(stdout=ev.data) if ev.stream == "stdout"
+                           else pb.ExecEvent(stderr=ev.data))
                 else:
                     outcome = "timeout" if ev.timed_out else "ok"
                     yield pb.ExecEvent(exit=_exit(ev))
@@ -151,7 +153,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         return pb.WriteFileResponse(size=n)
 
     async def ListDir(self, request, context):
-        entries, truncated = self.files.list(request.ticket_id, request.path)
+        entries, truncated = self.files.list_dir(request.ticket_id, request.path)
         return pb.ListDirResponse(entries=[_entry(e) for e in entries], truncated=truncated)
 
     async def Stat(self, request, context):

@@ -98,7 +98,7 @@ class BrokerThread:
                 await self.stop_event.wait()
         try:
             asyncio.run(body())
-        except BaseException as exc:  # surfaced by start()
+        except BaseException as exc:  # noqa: BLE001 - surfaced by start()
             self.error = exc
             self.ready.set()
 

@@ -20,7 +20,7 @@ RULES = ("R4", "R5", "R6", "R7", "R8", "R9", "R10", "R11", "R12")
 
 def test_doctor_prints_pass_for_every_rule():
     p = subprocess.run([sys.executable, "-m", "services.cli.main", "doctor", "--no-build"], cwd=REPO,
-                       capture_output=True, text=True, timeout=200)
+                       capture_output=True, text=True, timeout=200, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     for rule in RULES:

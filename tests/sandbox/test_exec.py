@@ -180,7 +180,7 @@ def test_exec_cancelled_by_the_caller_kills_the_process(stub, plain_sandbox):
 def test_exec_timeout_kills_from_inside_when_the_host_may_not(stub, plain_sandbox, monkeypatch):
     """A broker not running as root cannot signal the sandbox uid's processes:
     it kills the process group from inside the sandbox instead."""
-    import services.sandbox.execs as execs
+    from services.sandbox import execs
 
     refused = []
 

@@ -60,7 +60,7 @@ def call(tools: FileTools, tool: str, path: str):
     if tool == "write":
         return tools.write("t", path, b"written")
     if tool == "list":
-        return tools.list("t", path)
+        return tools.list_dir("t", path)
     if tool == "stat":
         return tools.stat("t", path)
     if tool == "remove":
@@ -186,7 +186,7 @@ def test_write_replaces_atomically_and_leaves_no_temp(ws):
 
 def test_list_shows_symlinks_without_following(ws):
     tools, _, _ = ws
-    entries, truncated = tools.list("t", "")
+    entries, truncated = tools.list_dir("t", "")
     kinds = {e.name: e.type for e in entries}
     assert kinds["esc"] == "symlink" and kinds["realdir"] == "directory" and kinds["fifo"] == "other"
     assert not truncated

@@ -83,7 +83,7 @@ def test_r19_symlink_swapped_during_calls_never_escapes(racing, broker, plain_sa
                 elif op == "stat":
                     tools.stat(t, "race/d/f")
                 elif op == "list":
-                    names = [e.name for e in tools.list(t, "race/d")[0]]
+                    names = [e.name for e in tools.list_dir(t, "race/d")[0]]
                     if any(n.startswith("w") and n not in {f"w{k}" for k in range(7)} for n in names):
                         stats["escaped"] += 1
                 elif op == "mkdir":
