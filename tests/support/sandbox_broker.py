@@ -7,7 +7,13 @@
 It serves only the "scheduler" caller (link_secret is that caller's secret),
 labels every Docker object with a unique `afe.instance`, and removes all of
 its own objects (and only those) on exit. `env_values` are the values the
-broker would have read from its environment for declared ACP names.
+broker would have read from its environment for declared ACP names: a
+sandbox receives none of them in its container environment; a Process gets
+exactly the `ProcessStart.env_names` it asks for, each of which must be in
+the `SandboxSpec.env_names` the sandbox was created with. Exec gets none.
+
+`egress_network`/`allow_private`: the proxies' outside network and a private
+subnet they may reach (tests put a target server container there).
 """
 
 from __future__ import annotations
