@@ -5,6 +5,8 @@
 
 `secrets` maps env var NAMES to values (what the real process would take from
 its environment); values are registered with the given/own redactor.
+`spare_checkouts` is off by default here: background checkouts would only add
+disk work to other areas' tests (tests/credentials/test_workspaces.py covers them).
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ FAST_RETRY = RetryPolicy(attempts=4, backoff_s=0.05, max_wait_s=2.0)
 async def credential_broker(config: Config, layout: Layout, *, secrets: dict[str, str] | None = None,
                             redactor: Redactor | None = None, ca_file: Path | None = None,
                             retry: RetryPolicy | None = FAST_RETRY,
-                            socket_path: Path | None = None) -> AsyncIterator[tuple[str, bytes]]:
+                            socket_path: Path | None = None,
+                            spare_checkouts: bool = False) -> AsyncIterator[tuple[str, bytes]]:
     redactor = redactor or Redactor()
     held = {}
     for name, value in (secrets or {}).items():
         redactor.register(value)
         held[name] = SecretValue(name, value)
-    core = build_core(config, layout, held, redactor, ca_file=ca_file, retry=retry)
+    core = build_core(config, layout, held, redactor, ca_file=ca_file, retry=retry,
+                      spare_checkouts=spare_checkouts)
     tmp = None
     if socket_path is None:
         tmp = tempfile.mkdtemp(prefix="afe-cb-", dir="/tmp")
