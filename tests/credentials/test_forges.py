@@ -194,3 +194,34 @@ async def test_github_wrong_token_names_the_variable(layout):
             assert "wrong-token-value-456" not in err.details()
             err = await _error(s.GetPullRequest(pb.GetPullRequestRequest(workspace="gh", number="1; rm")))
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_r3_r13_r15_push_pr_and_merge_happen_on_the_host_only(git_server, tls, git_token, layout):
+    """The whole forge path through the broker: push over askpass, PR and merge over
+    the REST API. The workspace the agent sees (its scratch .git included) never
+    holds the token, a remote or a credential setting."""
+    from tests.credentials.conftest import remote_workspace
+
+    async with FakeGitHub(git_token) as gh:
+        ws = remote_workspace(git_server, "gh-e2e")
+        ws = Workspace(name=ws.name, repo=ws.repo, token_env=ws.token_env,
+                       forge=ForgeConfig(type="github", repo="acme/widgets", base_url=gh.url))
+        config = make_config(layout.data_dir.parent, ws)
+        async with broker_stub(config, layout, secrets_={TOKEN_ENV: git_token}, ca_file=tls.cert_file) as (s, _):
+            await s.PrepareWorkspace(pb.PrepareWorkspaceRequest(ticket_id="e2e", workspace="gh-e2e"))
+            pushed = await _work(s, layout, "e2e", "gh-e2e", {"README.md": "# e2e\n"})
+            gh.branches[pushed.branch] = pushed.sha       # what GitHub would see after the push
+            pr = await s.OpenPullRequest(pb.OpenPullRequestRequest(ticket_id="e2e", workspace="gh-e2e", title="E2E"))
+            merged = await s.MergePullRequest(pb.MergePullRequestRequest(
+                ticket_id="e2e", workspace="gh-e2e", number=pr.number, approval=approval(pushed.sha)))
+    assert merged.merged and gh.merges[0]["sha"] == pushed.sha
+    served = git_plain("--git-dir", str(git_server.root / "origin.git"), "rev-parse", "refs/heads/afe/e2e")
+    assert served.stdout.decode().strip() == pushed.sha
+    # Positive control: the token was really used, by git (Basic) and by the API (Bearer).
+    assert git_server.token_in_authorization() and gh.seen[0].headers["Authorization"] == f"Bearer {git_token}"
+    work = layout.workspace("e2e")
+    for path in work.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert git_token.encode() not in path.read_bytes(), path
+    scratch_config = (work / ".git" / "config").read_text()
+    assert "[remote" not in scratch_config and "credential" not in scratch_config and "url" not in scratch_config
