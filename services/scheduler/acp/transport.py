@@ -140,6 +140,8 @@ class ProcessTransport:
     def abort(self) -> None:
         """Synchronous last resort: cancel the stream (the broker kills the process)."""
         self._closed = True
+        if self._started is not None and not self._started.done():
+            self._started.cancel()
         if self._call is not None and not self._exited.is_set():
             self._call.cancel()
         if self._reader is not None and not self._reader.done():
