@@ -71,7 +71,10 @@ class ObjectWriter:
 
 
 def _is_dot_git(name: bytes) -> bool:
-    return name.lower() == b".git"
+    """`.git` and the names Windows/macOS file systems treat as `.git`
+    (`.GIT`, `.git.`, `.git ` and the 8.3 short name `git~1`): never content."""
+    low = name.lower().rstrip(b". ")
+    return low in (b".git", b"git~1")
 
 
 def _read_fd(fd: int, size_hint: int) -> bytes:

@@ -78,10 +78,14 @@ async def test_snapshot_honours_gitignore_and_skips_special_files(local_origin, 
         (work / "sub").mkdir()
         (work / "sub" / ".git").mkdir()
         (work / "sub" / ".git" / "config").write_text("[core]\n")
+        for alias in ("GIT~1", ".GIT."):  # what NTFS/HFS would treat as .git on a reviewer's machine
+            (work / alias / "hooks").mkdir(parents=True)
+            (work / alias / "hooks" / "post-checkout").write_text("#!/bin/sh\n")
         done = await core.commit("gi", "local", "work")
         files = git_plain("--git-dir", str(layout.gitdir("gi")), "ls-tree", "-r", done.sha).stdout.decode()
         assert "src/new.py" in files and "build/" not in files and "cache.pyc" not in files
         assert "pipe" not in files and ".git" not in files.replace(".gitignore", "")
+        assert "GIT~1" not in files and ".GIT" not in files and "post-checkout" not in files
         assert "100755 blob" in next(line for line in files.splitlines() if "run.sh" in line)
         assert done.files_changed == 2
         again = await core.commit("gi", "local", "nothing new")
