@@ -35,6 +35,7 @@ class ProcWatch:
         self.root = root
         self.hits: list[str] = []
         self.git_seen = 0
+        self.env_holders: set[bytes] = set()     # argv[0] of processes whose environment holds it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -52,6 +53,12 @@ class ProcWatch:
                     self.git_seen += 1
                 if self.needle in cmd:
                     self.hits.append(f"cmdline of pid {pid}")
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        if self.needle in f.read():
+                            self.env_holders.add(cmd.split(b"\0")[0])
+                except OSError:
+                    pass
             for path in files_under(self.root) if self.root.exists() else []:
                 try:
                     if path.is_file() and not path.is_symlink() and self.needle in path.read_bytes():
@@ -94,6 +101,11 @@ async def test_r1_r2_clone_and_push_only_through_askpass(git_server, tls, git_to
     # The poller really watched git run (so "no hit" means something).
     assert watch.git_seen > 0
     assert watch.hits == []
+    # R1: the token is in the environment of git processes (and the askpass helper) only.
+    assert watch.env_holders, "no git process was seen holding the token: the check would be vacuous"
+    for argv0 in watch.env_holders:
+        name = argv0.rsplit(b"/", 1)[-1]
+        assert name in (b"git", b"git-remote-https", b"git-remote-http", b"sh", b"askpass.sh"), argv0
     # Nothing on disk holds the token, and no remote URL with credentials was written.
     for path in files_under(layout.data_dir):
         if path.is_file() and not path.is_symlink():
