@@ -59,10 +59,12 @@ def git_server(session_dir, tls, git_token):
         yield server
 
 
-def closed_port() -> int:
+@pytest.fixture
+def closed_port():
+    """A loopback port that refuses connections: bound (so nobody else takes it), never listening."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def make_config(directory: Path, *workspaces: Workspace, models: tuple[Model, ...] = ()) -> Config:
