@@ -16,7 +16,6 @@ from tests.credentials.conftest import (
     TOKEN_ENV,
     WRONG_ENV,
     broker_stub,
-    closed_port,
     files_under,
     git_plain,
     local_workspace,
@@ -161,7 +160,8 @@ async def _error(coro) -> grpc.aio.AioRpcError:
     return info.value
 
 
-async def test_bad_inputs_get_clear_errors_without_secrets(git_server, tls, git_token, layout, short_tmp, caplog):
+async def test_bad_inputs_get_clear_errors_without_secrets(git_server, tls, git_token, layout, short_tmp, caplog,
+                                                           closed_port):
     caplog.set_level("DEBUG")
     wrong = "wrong" + git_token[::-1]
     config = make_config(
@@ -173,7 +173,7 @@ async def test_bad_inputs_get_clear_errors_without_secrets(git_server, tls, git_
         remote_workspace(git_server, "no-branch", base_branch="no-such-branch"),
         local_workspace(short_tmp / "missing.git", "missing-path"),
         remote_workspace(git_server, "unreachable").__class__(
-            name="unreachable", repo=f"https://127.0.0.1:{closed_port()}/x.git", token_env=TOKEN_ENV),
+            name="unreachable", repo=f"https://127.0.0.1:{closed_port}/x.git", token_env=TOKEN_ENV),
     )
     secrets_ = {TOKEN_ENV: git_token, WRONG_ENV: wrong}
     async with broker_stub(config, layout, secrets_=secrets_, ca_file=tls.cert_file) as (s, _):
