@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -159,43 +160,53 @@ class SandboxManager:
                 return existing
             workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id)
             try:
-                info = await asyncio.to_thread(self._create_sync, settings, workspace)
+                info, proxy_ip = await asyncio.to_thread(self._create_sync, settings, workspace)
             except BaseException:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self._destroy_sync, ticket_id)
                 raise
             if info.proxy_container_id:
-                await self._wait_proxy(info.proxy_container_id)
+                await self._wait_proxy(info.proxy_container_id, proxy_ip)
             self._cache[ticket_id] = info
             log.info("sandbox created for %s (egress: %s)", ticket_id, ",".join(egress) or "none")
             return info
 
-    def _create_sync(self, s: SandboxSettings, workspace: str) -> SandboxInfo:
+    def _create_sync(self, s: SandboxSettings, workspace: str) -> tuple[SandboxInfo, str]:
+        """Create (and start) the containers; returns the info and the
+        proxy's address on its outside network ("" without egress)."""
         ticket_id = s.ticket_id
         network = ""
         proxy_id = ""
+        proxy_ip = ""
         env: dict[str, str] = {}
         starting: concurrent.futures.Future | None = None
+        network_made = threading.Event()
         try:
             if s.egress:
                 network = self.network_name(ticket_id)
-                self.client.networks.create(network, driver="bridge", internal=True,
-                                            labels=hardening.labels(self.instance, ticket_id, "network"),
-                                            options={"com.docker.network.bridge.enable_icc": "true"})
                 conf = squid_conf(list(s.egress), self.allow_private)
                 proxy_kw = hardening.proxy_create_kwargs(
                     ticket_id=ticket_id, name=self.proxy_name(ticket_id), instance=self.instance,
                     outside_network=self.egress_network, conf=conf, image=self.proxy_image)
 
-                def start_proxy() -> str:
+                def start_proxy() -> tuple[str, str]:
                     proxy = self.client.containers.create(**proxy_kw)
+                    if not network_made.wait(60):
+                        raise Unavailable("the ticket's network was not created")
                     self.client.networks.get(network).connect(proxy.id, aliases=[hardening.PROXY_ALIAS])
                     proxy.start()
-                    return proxy.id
+                    nets = self.client.api.inspect_container(proxy.id)["NetworkSettings"]["Networks"]
+                    return proxy.id, (nets.get(self.egress_network) or {}).get("IPAddress", "")
                 # The sandbox finds its proxy by this alias (Docker's DNS on the
                 # internal network answers it; nothing else resolves), so the
                 # proxy and the sandbox are made at the same time.
                 starting = _STARTER.submit(start_proxy)
+                try:
+                    self.client.networks.create(network, driver="bridge", internal=True,
+                                                labels=hardening.labels(self.instance, ticket_id, "network"),
+                                                options={"com.docker.network.bridge.enable_icc": "true"})
+                finally:
+                    network_made.set()
                 env.update(hardening.proxy_env(hardening.PROXY_ALIAS))
             kw = hardening.sandbox_create_kwargs(
                 s, name=self.container_name(ticket_id), instance=self.instance,
@@ -204,7 +215,7 @@ class SandboxManager:
             c = self.client.containers.create(**kw)
             c.start()
             if starting is not None:
-                proxy_id = starting.result()
+                proxy_id, proxy_ip = starting.result()
         except docker.errors.ImageNotFound as exc:
             image = self.proxy_image if "proxy" in str(exc) else s.image
             raise FailedPrecondition(f"image not found: {image}; run `afe images build`") from exc
@@ -214,11 +225,12 @@ class SandboxManager:
             if starting is not None and not starting.done():
                 with contextlib.suppress(Exception):
                     starting.result()
-        return SandboxInfo(ticket_id=ticket_id, container_id=c.id, state="running", image=s.image,
+        info = SandboxInfo(ticket_id=ticket_id, container_id=c.id, state="running", image=s.image,
                            network=network, proxy_container_id=proxy_id,
                            created_at_ms=int(time.time() * 1000), env_names=s.env_names)
+        return info, proxy_ip
 
-    async def _wait_proxy(self, proxy_id: str, timeout: float = 20.0) -> None:
+    async def _wait_proxy(self, proxy_id: str, ip: str | None = None, timeout: float = 20.0) -> None:
         """Wait until squid accepts connections: probed from the host on the
         proxy's outside network, or from inside the proxy container when the
         host cannot route there."""
@@ -233,7 +245,8 @@ class SandboxManager:
             self.client.api.exec_start(e["Id"])
             return self.client.api.exec_inspect(e["Id"])["ExitCode"] == 0
 
-        ip = await asyncio.to_thread(addr)
+        if ip is None:
+            ip = await asyncio.to_thread(addr)
         deadline = time.monotonic() + timeout
         delay = 0.02
         while time.monotonic() < deadline:
