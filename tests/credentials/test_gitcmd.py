@@ -31,7 +31,7 @@ async def test_r1_git_never_inherits_the_broker_environment(short_tmp, monkeypat
         assert item in listed, item
     assert len(HARDENING) >= 15
     # Positive control: plain git run with the same environment does pick them up.
-    plain = subprocess.run(["git", "config", "--list"], capture_output=True, text=True, env=dict(os.environ),
+    plain = subprocess.run(["git", "config", "--list"], capture_output=True, text=True, env=dict(os.environ),  # noqa: ASYNC221
                            cwd=short_tmp, check=False)
     assert "alias.version" in plain.stdout
     assert trace.exists()
