@@ -3,7 +3,10 @@ interactive Process stream (EOF, kill), plus the link-secret guard."""
 
 from __future__ import annotations
 
+import os
 import queue
+import secrets
+import subprocess
 import threading
 
 import grpc
@@ -191,3 +194,18 @@ def test_exec_timeout_kills_from_inside_when_the_host_may_not(stub, plain_sandbo
     r = run(stub, plain_sandbox, "sleep 302 & sleep 302", timeout_ms=500)
     assert r.exit.timed_out and refused          # the host-side kill was really refused
     assert run(stub, plain_sandbox, "pgrep -c -f '^sleep 302' || true").stdout.strip() == b"0"
+
+
+def test_r4_exec_runs_inside_the_sandbox_not_on_the_host(stub, plain_sandbox):
+    marker = f"/tmp/afe-r4-{os.getpid()}-{secrets.token_hex(6)}"
+    r = run(stub, plain_sandbox, f"touch {marker} && cat /proc/1/cmdline | tr '\\0' ' ' && echo && id -u && hostname")
+    assert r.code == 0
+    init_cmd, uid, host = r.stdout.decode().splitlines()
+    assert "docker-init" in init_cmd and "sleep infinity" in init_cmd     # PID 1 is the container's init
+    assert uid == "10001" and host == "sandbox"
+    assert not os.path.exists(marker)              # the write happened in the container's /tmp
+    subprocess.run(["touch", marker], check=True)  # positive control: the same command on the host does
+    try:
+        assert os.path.exists(marker)
+    finally:
+        os.unlink(marker)
