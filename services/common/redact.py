@@ -57,7 +57,10 @@ def shannon_entropy(s: str) -> float:
 
 
 # A path segment made of words: "src", "ShoppingCartButton", "my-module_2".
-_WORDY_SEGMENT = re.compile(r"(?:[A-Z]?[a-z]+|[0-9]+|[_\-]+)+")
+# Possessive quantifiers: the runs cannot overlap, so this is the same language
+# without catastrophic backtracking (the plain form took minutes on a
+# 100-character run of digits and letters: a ReDoS through command output).
+_WORDY_SEGMENT = re.compile(r"(?:[A-Z]?[a-z]++|[0-9]++|[_\-]++)++")
 
 
 def _looks_like_path(s: str) -> bool:
@@ -146,6 +149,8 @@ class Redactor:
             if lower is not None and lower not in text.lower():
                 continue
             text = pat.sub(MASK, text)
+        if _TOKENISH.search(text) is None:  # the common case: no long token-like run at all
+            return text
         return _TOKENISH.sub(lambda m: MASK if looks_high_entropy(m.group(0)) else m.group(0), text)
 
     def redact_obj(self, obj: object) -> object:
