@@ -114,3 +114,15 @@ async def test_long_payload_strings_are_cut(tmp_path):
     log.append("t-1", "node.output", {"text": "x" * 200_000})
     (stored,) = _stored(log, "t-1")
     assert len(stored) < 70_000 and "characters cut" in stored
+
+
+@pytest.mark.timeout(30)
+async def test_pathological_output_does_not_hang_the_event_log(tmp_path):
+    # A token-like run that ends in a near-miss used to make the redactor
+    # backtrack for minutes; command output is attacker-controlled.
+    nasty = "x" + "0123456789abcdef" * 8 + "AKIA" + "B" * 16
+    log = _log(tmp_path)
+    for i in range(50):
+        log.append("t-1", "node.output", {"text": f"https://u:p@h/{nasty}{i}"})
+    stored = _stored(log, "t-1")
+    assert len(stored) == 50 and all("[redacted]" in s for s in stored)
