@@ -485,7 +485,18 @@ class TicketRun:
         if current.head_sha and current.head_sha != pr.head_sha:
             pr.head_sha = current.head_sha
             self.store.put_pr(pr)
-        appr = await self._approval_for(node, pr.head_sha, pr)
+        while True:
+            appr = await self._approval_for(node, pr.head_sha, pr)
+            # The branch may have moved while it waited: a person approved
+            # `appr.sha`, so only that SHA may be merged (R16); ask again.
+            current = await self.credentials.get_pr(ws, pr.number)
+            if current.head_sha and current.head_sha != appr.sha and current.state != "merged":
+                self.emit("approval.stale", {"node": node.id, "approved_sha": appr.sha,
+                                             "head_sha": current.head_sha})
+                pr.head_sha = current.head_sha
+                self.store.put_pr(pr)
+                continue
+            break
         r = await self.credentials.merge(tid, ws, pr.number, appr.principal, appr.sha, appr.at_ms,
                                          str(node.with_.get("method") or ""))
         pr.state, pr.merge_sha = "merged", r.merge_sha

@@ -11,7 +11,16 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
 from tests.support.system import afe_system
 
-from .conftest import all_events, forge_records, git, payload, state_name, wait_for_state, write_config
+from .conftest import (
+    all_events,
+    forge_records,
+    git,
+    payload,
+    state_name,
+    wait_for_event,
+    wait_for_state,
+    write_config,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
@@ -101,3 +110,34 @@ async def test_cancel_while_waiting_for_approval(short_tmp):
         with pytest.raises(grpc.aio.AioRpcError) as exc:
             await sys_.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="dave"))
         assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_r16_a_head_that_moved_after_the_request_is_not_merged_with_the_old_approval(short_tmp):
+    cfg = write_config(short_tmp, CONFIG)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    bare = cfg / "repos" / "calc.git"
+    async with afe_system(cfg, layout) as sys_:
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="change", title="A change"))
+        t = await wait_for_state(sys_.stub, t.id, {"waiting_approval", "failed"})
+        assert state_name(t) == "waiting_approval", t.error
+        old = t.awaiting_sha
+        # Someone pushes to the PR branch after the approval was requested.
+        tree = git(bare, "rev-parse", f"{old}^{{tree}}").strip()
+        moved = git(bare, "-c", "user.name=x", "-c", "user.email=x@x", "commit-tree", tree, "-p", old,
+                    "-m", "sneaky").strip()
+        git(bare, "update-ref", f"refs/heads/afe/{t.id}", moved, old)
+
+        # The person approves what they saw: the old head. It is not merged; a new request follows.
+        await sys_.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="alice", sha=old))
+        await wait_for_event(sys_.stub, t.id, lambda e: e.type == "approval.requested" and payload(e)["sha"] == moved)
+        t = await sys_.stub.GetTicket(pb.GetTicketRequest(id=t.id))
+        assert state_name(t) == "waiting_approval" and t.awaiting_sha == moved
+        assert git(bare, "rev-list", "--merges", "main") == ""            # nothing merged yet
+
+        await sys_.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="alice", sha=moved))
+        t = await wait_for_state(sys_.stub, t.id, {"succeeded", "failed"})
+        assert state_name(t) == "succeeded", t.error
+        parents = git(bare, "rev-list", "--parents", "-n", "1", "main").split()
+        assert parents[0] == t.pr.merge_sha and moved in parents[1:]
+        requested = [payload(e)["sha"] for e in await all_events(sys_.stub, t.id) if e.type == "approval.requested"]
+        assert requested == [old, moved]
