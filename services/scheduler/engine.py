@@ -300,8 +300,12 @@ class Engine:
             task = asyncio.create_task(self._run_ticket(TicketRun(self, t, resumed=resumed)),
                                        name=f"ticket-{t.id}")
         self._tasks[t.id] = task
-        task.add_done_callback(lambda _t, tid=t.id: self._tasks.pop(tid, None)
-                               if self._tasks.get(tid) is _t else None)
+
+        def forget(done: asyncio.Task, tid: str = t.id) -> None:
+            if self._tasks.get(tid) is done:
+                del self._tasks[tid]
+
+        task.add_done_callback(forget)
 
     async def _run_ticket(self, run) -> None:
         t = run.ticket

@@ -90,7 +90,7 @@ def _prepare(obj: object, strings: list[str], clean_keys: frozenset[str] | set[s
                     strings.append(v)
             return obj
     if isinstance(obj, dict):
-        out = {}
+        out: dict[str, object] = {}
         for k, v in obj.items():
             if k.__class__ is not str:
                 k = str(k)

@@ -37,7 +37,7 @@ def ticket_pb(v: TicketView) -> pb.Ticket:
         state=TICKET_STATES.get(t.state, pb.TICKET_STATE_UNSPECIFIED), created_at_ms=t.created_at_ms,
         updated_at_ms=t.updated_at_ms, error=t.error, last_seq=v.last_seq, awaiting_sha=t.awaiting_sha)
     for n in v.nodes:
-        msg.nodes.append(pb.NodeRun(id=n.node_id, kind=n.kind, state=NODE_STATES.get(n.state, 0),
+        msg.nodes.append(pb.NodeRun(id=n.node_id, kind=n.kind, state=NODE_STATES.get(n.state, pb.NODE_STATE_UNSPECIFIED),
                                     needs=list(n.needs), attempt=n.attempt, started_at_ms=n.started_at_ms,
                                     finished_at_ms=n.finished_at_ms, output=n.output, error=n.error))
     if v.pr is not None:

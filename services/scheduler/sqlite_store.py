@@ -181,7 +181,8 @@ class SqliteStore(Store):
 
     def list_tickets(self, states: list[str] | None = None, workspace: str | None = None,
                      limit: int = 50, before_rowid: int | None = None) -> list[TicketRecord]:
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         if states:
             where.append(f"state IN ({','.join('?' * len(states))})")
             args.extend(states)

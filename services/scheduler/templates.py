@@ -42,14 +42,14 @@ def check(template: str, earlier_nodes: Iterable[str], inputs: Iterable[str], wh
 
 
 def render(template: str, ticket: Mapping[str, object], outputs: Mapping[str, str]) -> str:
-    inputs = ticket.get("inputs") or {}
+    inputs: Mapping[str, object] = ticket.get("inputs") or {}  # type: ignore[assignment]
 
     def sub(m: re.Match[str]) -> str:
         parts = m.group(1).split(".")
         if parts[0] == "ticket" and len(parts) == 2 and parts[1] in ("title", "body", "id"):
             return str(ticket.get(parts[1], ""))
         if parts[:2] == ["ticket", "inputs"] and len(parts) == 3:
-            return str(inputs.get(parts[2], ""))  # type: ignore[union-attr]
+            return str(inputs.get(parts[2], ""))
         if parts[0] == "nodes" and len(parts) == 3 and parts[2] == "output":
             return outputs.get(parts[1], "")
         return m.group(0)
