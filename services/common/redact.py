@@ -16,6 +16,7 @@ import urllib.parse
 from collections.abc import Iterable
 
 MASK = "[redacted]"
+_SCAN_VALUES = 24  # registered forms checked with substring scans before the regex runs
 
 # Secret-looking shapes. Used both to redact text and (by the manifest
 # validator) to refuse values.
@@ -31,7 +32,9 @@ SECRET_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 
 # Literal text that every match of a pattern contains: a pattern only runs on
 # text holding one of its literals (same result, a fraction of the cost on
-# ordinary text such as command output and events).
+# ordinary text such as command output and events). `_GATES` are shorter
+# literals that each of those contains: one scan of the text for the gate
+# stands for the scans of all the literals behind it.
 _LITERALS: dict[str, tuple[str, ...]] = {
     "GitHub token": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
     "GitHub fine-grained token": ("github_pat_",),
@@ -40,10 +43,26 @@ _LITERALS: dict[str, tuple[str, ...]] = {
     "AWS access key": ("AKIA", "ASIA"),
     "JWT": ("eyJ",),
 }
+_GATES: dict[str, str] = {
+    "GitHub token": "gh",
+    "AWS access key": "IA",
+}
 _LOWER_LITERALS: dict[str, str] = {"bearer credential": "bearer"}
 
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/@\s:]*)(?::[^/@\s]*)?@")
+_TOKEN_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=_-"
 _TOKENISH = re.compile(r"[A-Za-z0-9+/=_\-]{32,}")
+# `_TOKENISH.search(text) is not None` without the regex engine's cost per
+# character: the text's UTF-8 bytes mapped to b"a" (a token character) or
+# b" " (anything else, including every byte of a non-ASCII character: the
+# class is ASCII only), then one substring search for 32 token characters.
+_TOKEN_TABLE = bytes(0x61 if chr(b) in _TOKEN_CHARS else 0x20 for b in range(256))
+_TOKEN_RUN = b"a" * 32
+
+
+def has_token_run(text: str) -> bool:
+    """True when `text` holds a run of 32 or more token characters."""
+    return _TOKEN_RUN in text.encode("utf-8", "surrogatepass").translate(_TOKEN_TABLE)
 
 
 def shannon_entropy(s: str) -> float:
@@ -109,7 +128,9 @@ class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
         self._values: list[str] = []
-        self._rx: re.Pattern[str] | None = None
+        # (values, their regex), replaced as a whole so a reader on another
+        # thread never sees a half-updated pair.
+        self._compiled: tuple[tuple[str, ...], re.Pattern[str] | None] = ((), None)
         for s in secrets:
             self.register(s)
 
@@ -127,7 +148,8 @@ class Redactor:
                 if f not in self._values:
                     self._values.append(f)
             self._values.sort(key=len, reverse=True)
-            self._rx = re.compile("|".join(re.escape(v) for v in self._values))
+            values = tuple(self._values)
+            self._compiled = (values, re.compile("|".join(re.escape(v) for v in values)))
 
     @property
     def count(self) -> int:
@@ -136,12 +158,19 @@ class Redactor:
     def redact(self, text: str) -> str:
         if not text:
             return text
-        rx = self._rx
-        if rx is not None:
+        values, rx = self._compiled
+        # A few values: plain substring scans are far cheaper than the
+        # alternation; the regex still does the replacing.
+        if rx is not None and (len(values) > _SCAN_VALUES or any(v in text for v in values)):
             text = rx.sub(MASK, text)
         if "://" in text and "@" in text:
             text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
+        gates_absent: set[str] = set()
         for name, pat in SECRET_PATTERNS:
+            gate = _GATES.get(name)
+            if gate is not None and (gate in gates_absent or gate not in text):
+                gates_absent.add(gate)
+                continue
             literals = _LITERALS.get(name)
             if literals is not None and not any(lit in text for lit in literals):
                 continue
@@ -149,7 +178,7 @@ class Redactor:
             if lower is not None and lower not in text.lower():
                 continue
             text = pat.sub(MASK, text)
-        if _TOKENISH.search(text) is None:  # the common case: no long token-like run at all
+        if not has_token_run(text):  # the common case: no long token-like run at all
             return text
         return _TOKENISH.sub(lambda m: MASK if looks_high_entropy(m.group(0)) else m.group(0), text)
 
