@@ -1,16 +1,21 @@
 """The event pipeline: per-ticket monotonic `seq`, redacted JSON payloads,
 group-committed to the store, then delivered to live watchers.
 
-`append` assigns the seq at once and buffers the event; the buffer is
-written with one batched insert a moment later (2 ms, or at once when it
-grows large, or before any state change), and only then handed to watchers. So a watcher never
-sees an event the store does not hold, and `watch` (history, then live, with
-the seq as the cursor) has no gap and no duplicate.
+`append` encodes the payload, assigns the seq at once and buffers the
+event; the buffer is written with one batched insert a moment later (2 ms,
+or at once when it grows large, or before any state change), and only then
+handed to watchers. So a watcher never sees an event the store does not
+hold, and `watch` (history, then live, with the seq as the cursor) has no
+gap and no duplicate.
 
-Redaction is checked once per batch: every string of the batch is joined
-with NUL separators and passed through the redactor; only when that changes
-anything are the batch's payloads redacted one by one (R27). A match inside
-one string is a match inside the joined text, so nothing is missed.
+Redaction is checked once per batch, on the batch's JSON texts joined with
+NUL separators (R27). A JSON text without a backslash holds every string of
+its payload verbatim, each between quotes: a match inside one string is a
+match inside the joined text, so nothing is missed. Payloads whose JSON has
+escapes (or strings to cut, or keys that are not strings) add their strings
+themselves to the checked text. Only when the check changes anything is
+each event of the batch checked on its own, and the ones that need it
+re-encoded from their redacted, decoded payload.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from operator import itemgetter
+
+import orjson
 
 from services.common.errors import NotFound
 from services.common.redact import Redactor
@@ -34,8 +42,14 @@ MAX_STRING = 64 * 1024   # characters of one payload string; longer ones are cut
 FINAL_EVENT = "ticket.finished"
 _SEP = "\x00"
 
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode
-_estr = json.encoder.encode_basestring  # type: ignore[attr-defined]
+# JSON types only: dataclasses, datetimes and subclasses of str/int/dict/list
+# take the slow path (which refuses what the standard encoder refuses).
+_OPTS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
+_dumps = orjson.dumps
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_new_event = tuple.__new__   # EventRecord without its Python-level __new__
+_payload = itemgetter(3)
+_type = itemgetter(2)
 
 
 def now_ms() -> int:
@@ -47,68 +61,60 @@ def _cut(s: str) -> str:
 
 
 def _to_json(data: object) -> str:
-    """JSON text of a payload; flat objects of strings and ints take a fast path."""
-    if data.__class__ is dict:
-        parts = []
-        for k, v in data.items():  # type: ignore[union-attr]
-            cls = v.__class__
-            if cls is str:
-                parts.append(_estr(k) + ": " + _estr(v))
-            elif cls is int:
-                parts.append(_estr(k) + ": " + int.__repr__(v))
-            elif v is True or v is False or v is None:
-                parts.append(_estr(k) + ": " + ("true" if v is True else "false" if v is False else "null"))
-            else:
-                return _encode(data)
-        return "{" + ", ".join(parts) + "}"
-    return _encode(data)
+    """Compact JSON text of a payload made of JSON types."""
+    try:
+        return _dumps(data, option=_OPTS).decode()
+    except TypeError:   # orjson.JSONEncodeError: a big int, a str subclass, ...
+        return _encode(data)
 
 
-def _prepare(obj: object, strings: list[str], clean_keys: frozenset[str] | set[str] = frozenset()) -> object:
-    """Cap long strings and collect every string for the redaction check (keys
-    too, unless already known clean)."""
+def _prepare(obj: object, strings: list[str]) -> object:
+    """Cap long strings, turn keys into strings, and collect every string
+    (keys too) for the redaction check."""
     if isinstance(obj, str):
         if len(obj) > MAX_STRING:
             obj = _cut(obj)
-        strings.append(obj)
+        strings.append(obj)  # type: ignore[arg-type]
         return obj
-    if obj.__class__ is dict:
-        # Fast path: a flat payload of short strings and scalars is kept as is
-        # (payloads are built for the call and not mutated afterwards).
-        flat = True
-        for k, v in obj.items():  # type: ignore[union-attr]
-            cls = v.__class__
-            if k.__class__ is not str or not (cls is str and len(v) <= MAX_STRING or cls is int
-                                               or v is None or cls is bool or cls is float):
-                flat = False
-                break
-        if flat:
-            for k, v in obj.items():  # type: ignore[union-attr]
-                if k not in clean_keys:
-                    strings.append(k)
-                if v.__class__ is str:
-                    strings.append(v)
-            return obj
     if isinstance(obj, dict):
         out: dict[str, object] = {}
         for k, v in obj.items():
             if k.__class__ is not str:
                 k = str(k)
-            if k not in clean_keys:
-                strings.append(k)
-            if v.__class__ is str:
-                if len(v) > MAX_STRING:
-                    v = _cut(v)
-                strings.append(v)
-                out[k] = v
-            elif isinstance(v, (int, float, bool)) or v is None:
-                out[k] = v
-            else:
-                out[k] = _prepare(v, strings, clean_keys)
+            strings.append(k)
+            out[k] = _prepare(v, strings)
         return out
     if isinstance(obj, (list, tuple)):
-        return [_prepare(v, strings, clean_keys) for v in obj]
+        return [_prepare(v, strings) for v in obj]
     return obj
+
+
+def _strings_of(obj: object, strings: list[str]) -> None:
+    """Every string of a decoded JSON value, keys included."""
+    if obj.__class__ is str:
+        strings.append(obj)  # type: ignore[arg-type]
+    elif obj.__class__ is dict:
+        for k, v in obj.items():  # type: ignore[attr-defined]
+            strings.append(k)
+            _strings_of(v, strings)
+    elif obj.__class__ is list:
+        for v in obj:  # type: ignore[attr-defined]
+            _strings_of(v, strings)
+
+
+def _encode_payload(payload: object, strings: list[str]) -> str:
+    """The payload's JSON text. When that text alone cannot stand for the
+    payload's strings in the redaction check, the strings go to `strings`."""
+    try:
+        text = _dumps(payload, option=_OPTS).decode()
+    except TypeError:
+        text = None
+    if text is None or "\\" in text or len(text) > MAX_STRING:
+        # Escapes, strings to cut, keys to convert or types orjson leaves to
+        # the standard encoder (which raises on what is not JSON, here, before
+        # any seq is taken).
+        text = _to_json(_prepare(payload, strings))
+    return text
 
 
 class EventLog:
@@ -116,14 +122,10 @@ class EventLog:
         self.store = store
         self.redactor = redactor
         self._seq: dict[str, int] = {}
-        self._buffer: list[tuple[str, int, str, object, int]] = []
-        self._strings: list[str] = []   # every string of the buffered events, for the redaction check
+        self._buffer: list[EventRecord] = []
+        self._strings: list[str] = []   # strings of buffered events whose JSON has escapes
         self._watchers: dict[str, set[asyncio.Queue]] = {}
         self._flush_scheduled = False
-        # Payload keys seen in clean batches (keys are mostly constants of the
-        # code); forgotten whenever a secret is registered.
-        self._clean_keys: set[str] = set()
-        self._clean_for = redactor.count
 
     def next_seq(self, ticket_id: str) -> int:
         seq = self._seq.get(ticket_id)
@@ -133,21 +135,33 @@ class EventLog:
         self._seq[ticket_id] = seq
         return seq
 
+    def _redacted(self, text: str) -> str:
+        """One event's JSON text with its strings redacted (decoded, checked,
+        re-encoded only when something changes)."""
+        data = json.loads(text)   # the standard decoder: big ints stay ints
+        strings: list[str] = []
+        _strings_of(data, strings)
+        one = _SEP.join(strings)
+        if self.redactor.redact(one) == one:
+            return text
+        return _to_json(self.redactor.redact_obj(data))
+
     def make(self, ticket_id: str, type_: str, payload: dict | None = None) -> EventRecord:
         """A redacted event, not buffered (for events stored together with other rows)."""
-        clean = self.redactor.redact_obj(_prepare(payload or {}, []))
-        return EventRecord(ticket_id, self.next_seq(ticket_id), type_, _encode(clean), now_ms())
+        text = self._redacted(_encode_payload(payload or {}, []))
+        return EventRecord(ticket_id, self.next_seq(ticket_id), type_, text, now_ms())
 
     def append(self, ticket_id: str, type_: str, payload: dict | None = None) -> int:
         """Buffer an event; returns its seq."""
-        data = _prepare(payload or {}, self._strings, self._clean_keys)
-        seq = self._seq.get(ticket_id)
-        if seq is None:
-            seq = self.store.last_seq(ticket_id)
-        seq += 1
+        text = _encode_payload(payload or {}, self._strings)
+        try:
+            seq = self._seq[ticket_id] + 1
+        except KeyError:
+            seq = self.store.last_seq(ticket_id) + 1
         self._seq[ticket_id] = seq
-        self._buffer.append((ticket_id, seq, type_, data, int(time.time() * 1000)))
-        if len(self._buffer) >= FLUSH_AT:
+        buffer = self._buffer
+        buffer.append(_new_event(EventRecord, (ticket_id, seq, type_, text, int(time.time() * 1000))))
+        if len(buffer) >= FLUSH_AT:
             self.flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
@@ -163,44 +177,31 @@ class EventLog:
             return
         batch, self._buffer = self._buffer, []
         strings, self._strings = self._strings, []
-        redact = self.redactor.redact
-        joined = _SEP.join(strings)
-        # Keys skipped as "known clean" were checked against the secrets known
-        # then; if one was registered since, check every event in full.
-        clean = redact(joined) == joined and self._clean_for == self.redactor.count
-        if clean:
-            if len(self._clean_keys) < 4096:
-                for item in batch:
-                    d = item[3]
-                    if d.__class__ is dict:
-                        self._clean_keys.update(d)  # type: ignore[arg-type]
-            records = [EventRecord(tid, seq, type_, _to_json(data), at) for tid, seq, type_, data, at in batch]
-        else:
-            self._clean_keys = set()
-            self._clean_for = self.redactor.count
-            records = []
-            for tid, seq, type_, data, at in batch:
-                mine: list[str] = []
-                _prepare(data, mine)
-                one = _SEP.join(mine)
-                if redact(one) != one:
-                    data = self.redactor.redact_obj(data)
-                records.append(EventRecord(tid, seq, type_, _to_json(data), at))
-        self.store.append_events(records)
-        self.delivered(records)
+        joined = _SEP.join(map(_payload, batch))
+        if strings:
+            joined += _SEP + _SEP.join(strings)
+        if self.redactor.redact(joined) != joined:
+            redacted = self._redacted
+            batch = [ev if (text := redacted(ev[3])) is ev[3] else ev._replace(payload_json=text)
+                     for ev in batch]
+        self.store.append_events(batch)
+        if self._watchers:
+            self.delivered(batch)
 
     def delivered(self, batch: list[EventRecord]) -> None:
         """Hand stored events to live watchers (also used for events the store
-        wrote itself, e.g. together with a new ticket)."""
-        if not self._watchers:
+        wrote itself, e.g. together with a new ticket). Each watcher gets the
+        list of its ticket's events, in seq order."""
+        watchers = self._watchers
+        if not watchers:
             return
-        per: dict[str, list[EventRecord]] = {}
-        for ev in batch:
-            if ev.ticket_id in self._watchers:
-                per.setdefault(ev.ticket_id, []).append(ev)
-        for tid, evs in per.items():
-            for q in self._watchers.get(tid, ()):
-                q.put_nowait(evs)
+        tids = {ev[0] for ev in batch}
+        for tid in tids:
+            queues = watchers.get(tid)
+            if queues:
+                evs = batch if len(tids) == 1 else [ev for ev in batch if ev[0] == tid]
+                for q in queues:
+                    q.put_nowait(evs)
 
     async def watch(self, ticket_id: str, from_seq: int, follow: bool,
                     is_terminal: Callable[[], bool]) -> AsyncIterator[EventRecord]:
@@ -238,7 +239,15 @@ class EventLog:
                     yield ev
                 return
             while True:
-                for ev in await q.get():
+                evs = await q.get()
+                # The common case: the next events in order, none of them final.
+                if (evs[0][1] == sent + 1 and evs[-1][1] == sent + len(evs)
+                        and FINAL_EVENT not in map(_type, evs)):
+                    for ev in evs:
+                        yield ev
+                    sent = evs[-1][1]
+                    continue
+                for ev in evs:
                     if ev.seq <= sent:
                         continue
                     if ev.seq != sent + 1:  # cannot happen with one writer; read the store to be sure

@@ -236,9 +236,11 @@ class SqliteStore(Store):
     # events
     def _insert_events(self, events: list[EventRecord]) -> None:
         if events:
-            # EventRecord is a tuple in column order: no copy.
+            # EventRecord is a tuple in column order. The module binds exact
+            # tuples much faster than tuple subclasses: plain copies are cheaper.
             self.db.executemany(
-                "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (?,?,?,?,?)", events)
+                "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (?,?,?,?,?)",
+                map(tuple, events))
 
     def append_events(self, events: list[EventRecord]) -> None:
         if not events:
