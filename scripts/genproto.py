@@ -44,8 +44,8 @@ def generate(out: pathlib.Path) -> None:
         raise SystemExit("protoc failed")
     for path in out.rglob("*.py*"):
         text = path.read_text()
-        fixed = re.sub(r"^from afe\.", "from services._gen.afe.", text, flags=re.M)
-        fixed = re.sub(r"^import afe\.", "import services._gen.afe.", fixed, flags=re.M)
+        fixed = re.sub(r"^from afe\.", "from services._gen.afe.", text, flags=re.MULTILINE)
+        fixed = re.sub(r"^import afe\.", "import services._gen.afe.", fixed, flags=re.MULTILINE)
         if fixed != text:
             path.write_text(fixed)
     for d in [out, *[p for p in out.rglob("*") if p.is_dir()]]:

@@ -34,7 +34,7 @@ class LinkSecrets:
         }).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "LinkSecrets":
+    def from_json(cls, data: bytes) -> LinkSecrets:
         doc = json.loads(data or b"{}")
         return cls(
             serve={k: bytes.fromhex(v) for k, v in doc.get("serve", {}).items()},

@@ -45,7 +45,7 @@ class OpsServer:
     async def _probe(self, name: str, check: ReadyCheck) -> bool:
         try:
             return bool(await asyncio.wait_for(check(), self.timeout))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of a probe means "not ready"
             log.warning("readiness check %s failed: %s", name, exc)
             return False
 
