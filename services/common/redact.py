@@ -48,6 +48,17 @@ _GATES: dict[str, str] = {
     "AWS access key": "IA",
 }
 _LOWER_LITERALS: dict[str, str] = {"bearer credential": "bearer"}
+# The shortest run of token characters (`_TOKEN_CHARS`) that every match of a
+# pattern contains, e.g. "ghp_" + 16 letters or digits for a GitHub token:
+# text without such a run cannot match, whatever its literals.
+_MIN_RUNS: dict[str, int] = {
+    "GitHub token": 20,
+    "GitHub fine-grained token": 31,
+    "API key (sk-)": 19,
+    "Slack token": 15,
+    "AWS access key": 20,
+    "JWT": 11,
+}
 
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/@\s:]*)(?::[^/@\s]*)?@")
 _TOKEN_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=_-"
@@ -56,13 +67,35 @@ _TOKENISH = re.compile(r"[A-Za-z0-9+/=_\-]{32,}")
 # character: the text's UTF-8 bytes mapped to b"a" (a token character) or
 # b" " (anything else, including every byte of a non-ASCII character: the
 # class is ASCII only), then one substring search for 32 token characters.
+# The same map rules out the patterns whose matches hold long runs.
 _TOKEN_TABLE = bytes(0x61 if chr(b) in _TOKEN_CHARS else 0x20 for b in range(256))
-_TOKEN_RUN = b"a" * 32
 
 
-def has_token_run(text: str) -> bool:
-    """True when `text` holds a run of 32 or more token characters."""
-    return _TOKEN_RUN in text.encode("utf-8", "surrogatepass").translate(_TOKEN_TABLE)
+def _token_map(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass").translate(_TOKEN_TABLE)
+
+
+def has_token_run(text: str, length: int = 32) -> bool:
+    """True when `text` holds a run of `length` or more token characters."""
+    return b"a" * length in _token_map(text)
+
+
+# (pattern, its shortest token run, gate, literals, lower-case literal): the
+# checks `Redactor.redact` makes, cheapest first, before it runs a pattern.
+_PLAN = [(pat, _MIN_RUNS.get(name, 0), _GATES.get(name), _LITERALS.get(name), _LOWER_LITERALS.get(name))
+         for name, pat in SECRET_PATTERNS]
+_RUN_STEPS = [(n, b"a" * n) for n in sorted({*_MIN_RUNS.values(), 32})]
+
+
+def _longest_run_step(text: str) -> int:
+    """The largest of `_RUN_STEPS` that `text` holds a token run of (0 if none)."""
+    runs = _token_map(text)
+    found = 0
+    for n, needle in _RUN_STEPS:
+        if needle not in runs:
+            break
+        found = n
+    return found
 
 
 def shannon_entropy(s: str) -> float:
@@ -165,20 +198,25 @@ class Redactor:
             text = rx.sub(MASK, text)
         if "://" in text and "@" in text:
             text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
-        gates_absent: set[str] = set()
-        for name, pat in SECRET_PATTERNS:
-            gate = _GATES.get(name)
-            if gate is not None and (gate in gates_absent or gate not in text):
-                gates_absent.add(gate)
+        longest = -1   # the text's longest token run step, found when first needed and after any change
+        for pat, run, gate, literals, lower in _PLAN:
+            if run:
+                if longest < 0:
+                    longest = _longest_run_step(text)
+                if run > longest:
+                    continue
+            if gate is not None and gate not in text:
                 continue
-            literals = _LITERALS.get(name)
             if literals is not None and not any(lit in text for lit in literals):
                 continue
-            lower = _LOWER_LITERALS.get(name)
             if lower is not None and lower not in text.lower():
                 continue
-            text = pat.sub(MASK, text)
-        if not has_token_run(text):  # the common case: no long token-like run at all
+            new = pat.sub(MASK, text)
+            if new != text:
+                text, longest = new, -1
+        if longest < 0:
+            longest = _longest_run_step(text)
+        if longest < 32:  # the common case: no long token-like run at all
             return text
         return _TOKENISH.sub(lambda m: MASK if looks_high_entropy(m.group(0)) else m.group(0), text)
 

@@ -36,6 +36,9 @@ SECRETS = [
     base64.b64encode(bytes(range(7, 37))).decode(),
     "a-registered-secret-value",
     base64.b64encode(b"a-registered-secret-value").decode(),
+    # the shortest match of each pattern
+    "ghp_" + "A" * 16, "github_pat_" + "A" * 20, "sk-" + "A" * 16, "xoxb-" + "A" * 10, "AKIA" + "A" * 16,
+    "eyJ" + "A" * 8 + ".bbbbbbbb.cccccccc", "bearer " + "A" * 12,
 ]
 WORDS = ["line", "ok", "test_something", "(12 ms)", "gh", "IA", "sk", "xo", "ey", "bearer", "://", "@",
          "é", "日本", "\x00", "\t", "\n", '"', "\\", "src/components/Button/index", "a" * 31, "Ab1" * 11]
@@ -91,6 +94,31 @@ def test_token_run_check_matches_the_regex():
                     for _ in range(rng.randint(0, 80)))
         assert has_token_run(s) == (R._TOKENISH.search(s) is not None), s
     assert has_token_run("x" * 32) and not has_token_run("x" * 31 + "é" + "x" * 31)
+
+
+def test_every_pattern_match_holds_its_shortest_token_run():
+    jwt_tail = ".bbbbbbbb.cccccccc"
+    shortest = {"GitHub token": ("ghp_", 16), "GitHub fine-grained token": ("github_pat_", 20),
+                "API key (sk-)": ("sk-", 16), "Slack token": ("xoxb-", 10), "AWS access key": ("AKIA", 16),
+                "JWT": ("eyJ", 8)}
+    patterns = dict(R.SECRET_PATTERNS)
+    assert set(shortest) == set(R._MIN_RUNS)
+    for name, (prefix, n) in shortest.items():   # the claimed run is the shortest match's: tight
+        tail = jwt_tail if name == "JWT" else ""
+        text = prefix + "A" * n + tail
+        assert patterns[name].fullmatch(text) and not patterns[name].search(prefix + "A" * (n - 1) + tail)
+        assert has_token_run(text, R._MIN_RUNS[name]) and not has_token_run(text, R._MIN_RUNS[name] + 1)
+    rng = random.Random(11)
+    pieces = ["ghp_", "github_pat_", "sk-", "xoxb-", "AKIA", "eyJ", ".", "a", "Z", "9", "_", "-", " ", "é", "+"]
+    hits = 0
+    for _ in range(20000):
+        s = "".join(rng.choice(pieces) if rng.random() < 0.3 else "aZ9"[rng.randrange(3)]
+                    for _ in range(rng.randint(0, 60)))
+        for name, run in R._MIN_RUNS.items():
+            if patterns[name].search(s):
+                hits += 1
+                assert has_token_run(s, run), (name, s)
+    assert hits > 1000   # positive control: the samples do match the patterns
 
 
 def test_every_literal_holds_its_gate():
