@@ -196,7 +196,7 @@ class Redactor:
         # alternation; the regex still does the replacing.
         if rx is not None and (len(values) > _SCAN_VALUES or any(v in text for v in values)):
             text = rx.sub(MASK, text)
-        if "://" in text and "@" in text:
+        if "@" in text and "://" in text:
             text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
         longest = -1   # the text's longest token run step, found when first needed and after any change
         for pat, run, gate, literals, lower in _PLAN:

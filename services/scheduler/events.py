@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from operator import itemgetter
+from time import time_ns
 
 import orjson
 
@@ -53,7 +53,7 @@ _type = itemgetter(2)
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    return time_ns() // 1_000_000
 
 
 def _cut(s: str) -> str:
@@ -110,10 +110,17 @@ def _encode_payload(payload: object, strings: list[str]) -> str:
     except TypeError:
         text = None
     if text is None or "\\" in text or len(text) > MAX_STRING:
-        # Escapes, strings to cut, keys to convert or types orjson leaves to
-        # the standard encoder (which raises on what is not JSON, here, before
-        # any seq is taken).
-        text = _to_json(_prepare(payload, strings))
+        text = _encode_slow(payload, strings)
+    return text
+
+
+def _encode_slow(payload: object, strings: list[str]) -> str:
+    """Escapes, strings to cut, keys to convert or types orjson leaves to the
+    standard encoder (which raises on what is not JSON, here, before any seq
+    is taken)."""
+    mine: list[str] = []
+    text = _to_json(_prepare(payload, mine))
+    strings.extend(mine)
     return text
 
 
@@ -153,14 +160,20 @@ class EventLog:
 
     def append(self, ticket_id: str, type_: str, payload: dict | None = None) -> int:
         """Buffer an event; returns its seq."""
-        text = _encode_payload(payload or {}, self._strings)
+        # _encode_payload, inlined: this runs for every line of command output.
+        try:
+            text = _dumps(payload or {}, option=_OPTS).decode()
+        except TypeError:
+            text = None
+        if text is None or "\\" in text or len(text) > MAX_STRING:
+            text = _encode_slow(payload or {}, self._strings)
         try:
             seq = self._seq[ticket_id] + 1
         except KeyError:
             seq = self.store.last_seq(ticket_id) + 1
         self._seq[ticket_id] = seq
         buffer = self._buffer
-        buffer.append(_new_event(EventRecord, (ticket_id, seq, type_, text, int(time.time() * 1000))))
+        buffer.append(_new_event(EventRecord, (ticket_id, seq, type_, text, time_ns() // 1_000_000)))
         if len(buffer) >= FLUSH_AT:
             self.flush()
         elif not self._flush_scheduled:
