@@ -147,6 +147,11 @@ class SqliteStore(Store):
     def close(self) -> None:
         self.db.close()
 
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database file now (SQLite otherwise does it
+        when a commit finds the WAL past 1000 pages)."""
+        self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+
     def ping(self) -> bool:
         return self.db.execute("SELECT 1").fetchone()[0] == 1
 
