@@ -242,10 +242,12 @@ class SqliteStore(Store):
     def _insert_events(self, events: list[EventRecord]) -> None:
         if events:
             # EventRecord is a tuple in column order. The module binds exact
-            # tuples much faster than tuple subclasses: plain copies are cheaper.
+            # tuples much faster than tuple subclasses: plain copies are cheaper
+            # (the event log hands over plain tuples already).
+            if events[0].__class__ is not tuple:
+                events = list(map(tuple, events))  # type: ignore[arg-type]
             self.db.executemany(
-                "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (?,?,?,?,?)",
-                map(tuple, events))
+                "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (?,?,?,?,?)", events)
 
     def append_events(self, events: list[EventRecord]) -> None:
         if not events:
