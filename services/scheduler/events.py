@@ -24,7 +24,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from functools import partial
 from operator import itemgetter
 from time import time_ns
 from typing import cast
@@ -49,7 +48,6 @@ _SEP = "\x00"
 _OPTS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
 _dumps = orjson.dumps
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-_as_record = partial(tuple.__new__, EventRecord)   # a tuple as an EventRecord, in C
 _payload = itemgetter(3)
 _type = itemgetter(2)
 
@@ -212,11 +210,12 @@ class EventLog:
         if not watchers:
             return
         tids = {ev[0] for ev in batch}
+        new = tuple.__new__   # EventRecord from a tuple, without its Python-level __new__
         for tid in tids:
             queues = watchers.get(tid)
             if queues:
                 mine = batch if len(tids) == 1 else [ev for ev in batch if ev[0] == tid]
-                evs = list(map(_as_record, mine))   # the buffer holds plain tuples
+                evs = [new(EventRecord, ev) for ev in mine]   # the buffer holds plain tuples
                 for q in queues:
                     q.put_nowait(evs)
 
