@@ -125,8 +125,7 @@ class CredentialsMetrics:
 @dataclass(frozen=True)
 class GatewayMetrics:
     http_requests: Bounded        # counter {method, code_class}
-    rpc_calls: Bounded            # counter {outcome}
-    logins: Bounded               # counter {outcome}
+    # logins, /rpc handshakes and JSON-RPC calls are counted by gateway/metrics.py
 
 
 @dataclass(frozen=True)
@@ -197,8 +196,6 @@ def gateway_metrics(registry: CollectorRegistry) -> GatewayMetrics:
         return GatewayMetrics(
             http_requests=_counter(registry, "afe_http_requests_total", "Gateway HTTP requests.",
                                    method=HTTP_METHODS, code_class=CODE_CLASSES),
-            rpc_calls=_counter(registry, "afe_rpc_calls_total", "JSON-RPC calls on /rpc.", outcome=OUTCOMES),
-            logins=_counter(registry, "afe_logins_total", "Login attempts.", outcome=OUTCOMES),
         )
     return _once(registry, "gateway", build)
 
