@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from services.common import errors
+from services.common import errors, metrics, telemetry
 from services.common.layout import DEFAULT_PORTS
 from services.common.process import make_context, parse_args, run_until_signalled
 from services.common.secrets import take_secret_env
@@ -50,6 +50,7 @@ def _extra(p: argparse.ArgumentParser) -> None:
 async def _main(argv: list[str] | None) -> None:
     args = parse_args("gateway", DEFAULT_PORTS["gateway_ops"], argv, extra=_extra)
     ctx = make_context("gateway", args)
+    telemetry.setup_tracing("gateway", ctx.redactor)
     env = take_secret_env(["AFE_UI_TOKEN"], ctx.redactor)
     host, port = parse_listen(args.listen)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -64,6 +65,8 @@ async def _main(argv: list[str] | None) -> None:
                          metrics=GatewayMetrics(ctx.registry))
     backend = SchedulerBackend(ctx.layout.socket("scheduler"), ctx.links.call.get("scheduler"))
     app = build_app(auth, backend, ctx.redactor)
+    app.middlewares.insert(0, metrics.http_metrics_middleware(ctx.registry))
+    app.middlewares.insert(0, telemetry.aiohttp_middleware())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
     async def start() -> dict:
@@ -77,6 +80,7 @@ async def _main(argv: list[str] | None) -> None:
         await tokens.stop()
         await runner.cleanup()
         await backend.close()
+        telemetry.shutdown_tracing()
 
     await run_until_signalled(ctx, {"scheduler": backend.healthy}, start, stop)
 
