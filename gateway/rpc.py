@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from services.common import errors
+from services.common import errors, telemetry
 from services.common.layout import TICKET_ID_RE
 from services.common.redact import Redactor
 
@@ -242,6 +242,12 @@ class RpcConnection:
         return _Request(rid, method, doc.get("params")), ()
 
     async def _run(self, req: _Request) -> None:
+        # Each JSON-RPC call starts its own trace (tickets.create -> scheduler -> brokers).
+        name = req.method if req.method in METHOD_FIELDS else "unknown"
+        with telemetry.span(f"rpc {name}", root=True, attributes={"rpc.method": name}):
+            await self._run_call(req)
+
+    async def _run_call(self, req: _Request) -> None:
         outcome = "ok"
         try:
             try:
