@@ -59,5 +59,5 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
     accepted = {k: v for k, v in links.serve.items() if k in CALLERS}
     server, health = grpcutil.create_server(socket_path, accepted, redactor,
                                             [register(SchedulerServicer(engine))], service_names=[SERVICE],
-                                            interceptors=interceptors)
+                                            interceptors=interceptors, registry=registry)
     return SchedulerApp(engine, store, sandbox, credentials, server, health, socket_path)
