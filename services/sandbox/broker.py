@@ -53,5 +53,5 @@ def build_broker(layout: Layout, socket_path: str, accepted: dict[str, bytes], r
     server, health = grpcutil.create_server(
         socket_path, accepted, redactor,
         [lambda s: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(servicer, s)],
-        service_names=[SERVICE_NAME], interceptors=interceptors)
+        service_names=[SERVICE_NAME], interceptors=interceptors, registry=registry)
     return Broker(sandboxes, runner, files, server, health, socket_path)
