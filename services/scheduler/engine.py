@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from services.common import telemetry
 from services.common.config import Config
 from services.common.errors import AfeError, FailedPrecondition, InvalidArgument, NotFound
 from services.common.logs import ticket_var
@@ -67,6 +68,7 @@ class Engine:
         self.events = EventLog(store, redactor)
         self.metrics = scheduler_metrics(registry) if registry is not None else None
         self._tasks: dict[str, asyncio.Task] = {}
+        self._traceparents: dict[str, str | None] = {}   # ticket -> trace of its CreateTicket call
         self._running: set[str] = set()        # tickets counted against capacity
         self._cancelling: dict[str, str] = {}  # ticket -> principal who cancelled
         self._finishing: set[str] = set()      # tickets tearing down / recording their end
@@ -122,6 +124,7 @@ class Engine:
         t = TicketRecord(id=new_ticket_id(), workspace=nt.workspace.name, workflow=nt.workflow.name,
                          title=nt.title, body=nt.body, inputs=nt.inputs, state=QUEUED,
                          created_at_ms=now, updated_at_ms=now, principal=nt.principal)
+        self._traceparents[t.id] = telemetry.current_traceparent()
         nodes = [NodeRunRecord(ticket_id=t.id, node_id=n.id, kind=n.label, needs=n.needs)
                  for n in nt.workflow.nodes]
         self.events.flush()
@@ -307,11 +310,18 @@ class Engine:
 
         task.add_done_callback(forget)
 
+    async def _traced(self, run):
+        """Run a ticket in a span continuing the trace of the call that created it
+        (a new trace when it resumes after a restart)."""
+        with telemetry.span("ticket.run", parent=self._traceparents.pop(run.ticket.id, None), root=True,
+                            attributes={"afe.ticket": run.ticket.id}):
+            return await run.execute()
+
     async def _run_ticket(self, run) -> None:
         t = run.ticket
         ticket_var.set(t.id)
         try:
-            state, error = await run.execute()
+            state, error = await self._traced(run)
         except asyncio.CancelledError:
             who = self._cancelling.get(t.id)
             if who is not None and not self._stopping:
