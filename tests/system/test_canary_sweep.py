@@ -607,13 +607,25 @@ def test_sweep_positive_controls_every_sink_was_really_searched(sweep):
 
 @pytest.mark.timeout(900)
 def test_r26_one_ticket_is_one_trace_across_all_four_processes(sweep):
-    by_trace: dict[str, set[str]] = {}
-    for s in sweep.spans:
-        by_trace.setdefault(s.trace_id, set()).add(s.service)
-    create = [s for s in sweep.spans if s.name.endswith("/CreateTicket") and s.service == "afe-scheduler"]
-    assert create, f"no CreateTicket server span; services seen: {sorted({s.service for s in sweep.spans})}"
-    best = max((by_trace[s.trace_id] for s in create), key=len)
-    assert best >= {"afe-gateway", "afe-scheduler", "afe-sandbox", "afe-credentials"}, sorted(best)
+    """The demo ticket's spans — the gateway's JSON-RPC call, the scheduler's
+    CreateTicket and ticket run, the brokers' calls — share one trace id, and
+    another ticket has a trace of its own."""
+    def trace_of(ticket: str) -> str:
+        runs = [s for s in sweep.spans if s.name == "ticket.run"
+                and s.attributes.get("afe.ticket") == sweep.tickets[ticket]["id"]]
+        assert runs, f"no ticket.run span for {ticket}; services: {sorted({s.service for s in sweep.spans})}"
+        return runs[0].trace_id
+
+    demo = trace_of("demo")
+    spans = [s for s in sweep.spans if s.trace_id == demo]
+    services = {s.service for s in spans}
+    assert services >= {"afe-gateway", "afe-scheduler", "afe-sandbox", "afe-credentials"}, sorted(services)
+    names = {(s.service, s.name) for s in spans}
+    assert ("afe-gateway", "rpc tickets.create") in names
+    assert ("afe-scheduler", "/afe.scheduler.v1.Scheduler/CreateTicket") in names
+    assert any(svc == "afe-credentials" and n.endswith("/Push") for svc, n in names)
+    assert any(svc == "afe-sandbox" and n.endswith("/Exec") for svc, n in names)
+    assert trace_of("probe") != demo
 
 
 @pytest.mark.timeout(900)
