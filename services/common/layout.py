@@ -82,7 +82,10 @@ class Layout:
     def ensure(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.run_dir, 0o700)
+        # A shared runtime dir made by the deployment (deploy/systemd: root-owned
+        # /run/afe, one user per process) is left as it is; ours is made private.
+        if self.run_dir.stat().st_uid == os.geteuid():
+            os.chmod(self.run_dir, 0o700)
 
 # The uid:gid every sandbox runs as (R7): never root, never the brokers' own.
 # Workspace files are owned by it so the sandbox can write them; host tools
