@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InvalidArgument
+from .errors import FailedPrecondition, InvalidArgument
 
 # Ticket ids double as workspace handles, Docker label values, network names
 # and branch suffixes, so they are kept to a safe alphabet.
@@ -82,10 +82,15 @@ class Layout:
     def ensure(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # A shared runtime dir made by the deployment (deploy/systemd: root-owned
-        # /run/afe, one user per process) is left as it is; ours is made private.
-        if self.run_dir.stat().st_uid == os.geteuid():
+        # Ours is made private. A shared runtime dir made by the deployment
+        # (deploy/systemd: /run/afe owned by root, not writable by others, one
+        # user per process) is left as it is; anything else is refused.
+        st = self.run_dir.stat()
+        if st.st_uid == os.geteuid():
             os.chmod(self.run_dir, 0o700)
+        elif st.st_uid != 0 or st.st_mode & 0o022:
+            raise FailedPrecondition(f"the runtime folder {self.run_dir} belongs to another user; "
+                                     "use a folder of your own (--run DIR)")
 
 # The uid:gid every sandbox runs as (R7): never root, never the brokers' own.
 # Workspace files are owned by it so the sandbox can write them; host tools
