@@ -5,7 +5,9 @@ hardening) and the compose file (only the sandbox broker sees docker.sock)."""
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -79,3 +81,40 @@ def test_units_pass_systemd_analyze(svc):
              if ln.strip() and "is not executable" not in ln]   # /opt/afe is not installed here
     assert lines == []
     assert dc.analyze_security(path) <= 2.5   # systemd's exposure score: "OK" band
+
+
+def test_layout_refuses_a_run_dir_of_another_user(short_tmp):
+    from services.common.errors import FailedPrecondition
+    from services.common.layout import Layout
+
+    run = short_tmp / "run"
+    run.mkdir(mode=0o777)
+    os.chown(run, 12345, 12345)
+    with pytest.raises(FailedPrecondition):
+        Layout(short_tmp / "data", run).ensure()
+
+
+@pytest.mark.timeout(60)
+def test_layout_leaves_the_root_owned_shared_run_dir_to_a_service_user(short_tmp):
+    """deploy/systemd: /run/afe is root:root 0711 and each process runs as its
+    own user; ensure() must neither fail nor change it."""
+    run, data = short_tmp / "run", short_tmp / "data"
+    run.mkdir(mode=0o711)
+    os.chmod(run, 0o711)
+    data.mkdir(mode=0o700)
+    os.chown(data, 65534, 65534)
+    os.chmod(short_tmp, 0o755)
+
+    def drop() -> None:
+        os.setgid(65534)
+        os.setuid(65534)
+
+    code = ("from services.common.layout import Layout; from pathlib import Path; "
+            f"Layout(Path({str(data)!r}), Path({str(run)!r})).ensure()")
+    # the system interpreter: the venv's base Python may sit under a 0700 /root
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    proc = subprocess.run([python, "-c", code], cwd=dc.ROOT, preexec_fn=drop,  # noqa: PLW1509
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(dc.ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert run.stat().st_mode & 0o777 == 0o711
