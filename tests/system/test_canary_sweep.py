@@ -635,3 +635,30 @@ def test_r25_metrics_pages_carry_no_ticket_id_input_path_or_host(sweep):
     forbidden = [t["id"] for t in sweep.tickets.values()] + [MARKER, str(sweep.base), "pypi.org", "calc.py"]
     found = [f"{needle!r} in {page}" for page, text in pages.items() for needle in forbidden if needle in text]
     assert not found, found
+
+
+@pytest.mark.timeout(900)
+def test_metrics_pages_record_the_run(sweep):
+    """Each process's families moved during the run (bounded labels only)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def value(page: str, name: str, **labels: str) -> float:
+        total = 0.0
+        for fam in text_string_to_metric_families(sweep.metrics[f"{page} /metrics"]):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    total += s.value
+        return total
+
+    for page in ("scheduler", "sandbox", "credentials"):
+        assert value(page, "afe_grpc_server_handled_total", code="OK") > 0, page
+    assert value("scheduler", "afe_grpc_server_handled_total", code="PERMISSION_DENIED") >= 1
+    assert value("scheduler", "afe_ticket_transitions_total", state="succeeded") >= 3
+    assert value("scheduler", "afe_node_duration_seconds_count", kind="run") >= 1
+    assert value("sandbox", "afe_sandbox_execs_total", outcome="ok") >= 1
+    assert value("sandbox", "afe_sandbox_create_seconds_count", egress="allowlist") >= 1
+    assert value("credentials", "afe_git_operations_total", op="push", outcome="ok") >= 1
+    assert value("credentials", "afe_forge_calls_total", forge="local", op="open_pr", outcome="ok") >= 1
+    assert value("credentials", "afe_model_calls_total", provider="openai", outcome="ok") >= 1
+    assert value("credentials", "afe_model_calls_total", provider="openai", outcome="denied") >= 1   # the 401
+    assert value("gateway", "afe_http_requests_total", method="GET") >= 1
