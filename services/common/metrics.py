@@ -297,14 +297,14 @@ class MeteredCredentials:
     def _forge_type(self, workspace: str) -> str:
         try:
             kind = self._inner.workspace(workspace).forge.type
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unknown workspace counts as local
             return "local"
         return kind if kind in FORGE_TYPES else "local"
 
     def _provider(self, model: str) -> str:
         try:
             p = self._inner.model(model).provider
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unknown model counts as replay
             return "replay"
         return p if p in MODEL_PROVIDERS else "replay"
 

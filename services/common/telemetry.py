@@ -182,7 +182,7 @@ def shutdown_tracing() -> None:
     if provider is not None:
         try:
             provider.shutdown()
-        except Exception as exc:  # an exporter failing at exit must not crash shutdown
+        except Exception as exc:  # noqa: BLE001 - an exporter failing at exit must not crash shutdown
             log.warning("tracing shutdown failed: %s", exc)
 
 

@@ -156,7 +156,7 @@ class OtlpReceiver:
             self._http.server_close()
             self._http = None
 
-    def __enter__(self) -> OtlpReceiver:
+    def __enter__(self) -> OtlpReceiver:  # noqa: PYI034
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -174,7 +174,7 @@ class Poller(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 self.fn()
-            except Exception as exc:   # a vanished process or container is normal here
+            except Exception as exc:  # noqa: BLE001 - a vanished process or container is normal here
                 if len(self.errors) < 20:
                     self.errors.append(repr(exc))
             self.stop_event.wait(self.interval)

@@ -76,7 +76,8 @@ def test_positive_control_compose_checker_catches_a_broken_file(compose, mutate,
 @pytest.mark.parametrize("svc", dc.SERVICES)
 def test_units_pass_systemd_analyze(svc):
     path = dc.SYSTEMD / f"afe-{svc}.service"
-    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60,
+                         check=False)
     lines = [ln for ln in (out.stdout + out.stderr).splitlines()
              if ln.strip() and "is not executable" not in ln]   # /opt/afe is not installed here
     assert lines == []
@@ -113,7 +114,7 @@ def test_layout_leaves_the_root_owned_shared_run_dir_to_a_service_user(short_tmp
             f"Layout(Path({str(data)!r}), Path({str(run)!r})).ensure()")
     # the system interpreter: the venv's base Python may sit under a 0700 /root
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-    proc = subprocess.run([python, "-c", code], cwd=dc.ROOT, preexec_fn=drop,  # noqa: PLW1509
+    proc = subprocess.run([python, "-c", code], cwd=dc.ROOT, preexec_fn=drop,
                           capture_output=True, text=True, timeout=60, check=False,
                           env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(dc.ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -98,7 +98,7 @@ async def test_traceparent_carries_a_ticket_run_into_the_same_trace(memory_traci
     with telemetry.span("ticket.run", parent=tp):
         pass
     telemetry.force_flush()
-    run = [s for s in exporter.get_finished_spans() if s.name == "ticket.run"][0]
+    run = next(s for s in exporter.get_finished_spans() if s.name == "ticket.run")
     assert run.context.trace_id == create.get_span_context().trace_id
     assert run.parent.span_id == create.get_span_context().span_id
 
