@@ -126,7 +126,7 @@ def _fmt_s(value: float) -> str:
 
 def _fmt_rate(value: float) -> str:
     """Throughput-style figures (higher is better) are counts per second, not times."""
-    return f"{value:,.4g}/s"
+    return f"{value:,.0f}/s" if abs(value) >= 1000 else f"{value:.4g}/s"
 
 
 def _md(text: str) -> str:
