@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -175,15 +176,36 @@ def active_provider() -> Any:
     return _active
 
 
-def shutdown_tracing() -> None:
-    """Flush and stop the exporter; afterwards every helper is a no-op again."""
+SHUTDOWN_GRACE_S = 3.0
+
+
+def shutdown_tracing(grace_s: float = SHUTDOWN_GRACE_S) -> bool:
+    """Flush and stop the exporter, waiting at most `grace_s` seconds.
+
+    A collector that is down must not hold a process past the launcher's
+    stop budget (SIGTERM to gone in under 10 s), so the flush runs in a
+    daemon thread and is abandoned when the grace is over: the spans still
+    queued are lost, which is logged. Returns True when the flush finished.
+    Afterwards every helper is a no-op again.
+    """
     global _active
     provider, _active = _active, None
-    if provider is not None:
+    if provider is None:
+        return True
+
+    def _stop() -> None:
         try:
             provider.shutdown()
         except Exception as exc:  # noqa: BLE001 - an exporter failing at exit must not crash shutdown
             log.warning("tracing shutdown failed: %s", exc)
+
+    worker = threading.Thread(target=_stop, name="afe-tracing-shutdown", daemon=True)
+    worker.start()
+    worker.join(grace_s)
+    if worker.is_alive():
+        log.warning("tracing: the collector did not take the last spans within %.0f s; dropped", grace_s)
+        return False
+    return True
 
 
 def force_flush(timeout_millis: int = 5000) -> None:
