@@ -241,7 +241,7 @@ class RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             msg = record.getMessage()
-        except Exception:  # a bad format string must not lose the record
+        except Exception:  # noqa: BLE001 - a bad format string must not lose the record
             msg = str(record.msg)
         record.msg = self.redactor.redact(msg)
         record.args = None
