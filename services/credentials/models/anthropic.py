@@ -6,20 +6,22 @@ from __future__ import annotations
 import json
 
 from services.common.errors import Unavailable
-from services.common.secrets import SecretValue
 
-from ..httpclient import HttpClient
-from .base import Completion, ModelProvider, Msg, Tool, ToolCallData
-from .openai import _schema, key_for
+from .base import Completion, HttpModelProvider, Msg, Tool, ToolCallData, tool_schema
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 
 
-class AnthropicProvider(ModelProvider):
-    def __init__(self, http: HttpClient, keys: dict[str, SecretValue]) -> None:
-        self.http = http
-        self.keys = keys
+class AnthropicProvider(HttpModelProvider):
+    default_base_url = DEFAULT_BASE_URL
+    path = "/v1/messages"
+
+    def headers(self) -> dict[str, str]:
+        return {"Content-Type": "application/json", "anthropic-version": API_VERSION}
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"x-api-key": key}
 
     @staticmethod
     def body(model, messages: list[Msg], tools: list[Tool], max_tokens: int) -> dict:
@@ -52,22 +54,12 @@ class AnthropicProvider(ModelProvider):
         if system:
             body["system"] = system
         if tools:
-            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": _schema(t)}
+            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": tool_schema(t)}
                              for t in tools]
         return body
 
     async def complete(self, model, messages, tools, max_tokens):
-        headers = {"Content-Type": "application/json", "anthropic-version": API_VERSION}
-        key = key_for(model, self.keys)
-        if key:
-            headers["x-api-key"] = key
-        url = (model.base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
-        what = f"model {model.name!r}"
-        resp = await self.http.request("POST", url, headers=headers,
-                                       json_body=self.body(model, messages, tools, max_tokens),
-                                       timeout_s=model.timeout_s, what=what)
-        if not resp.ok:
-            raise self.http.error(resp, what, hint_auth=f"check the key in {model.api_key_env}")
+        resp = await self.post(model, self.body(model, messages, tools, max_tokens))
         try:
             text = []
             calls = []
@@ -85,4 +77,4 @@ class AnthropicProvider(ModelProvider):
                 stop_reason=str(resp.body.get("stop_reason") or ("tool_use" if calls else "end_turn")),
             )
         except (KeyError, TypeError, ValueError):
-            raise Unavailable(f"{what}: the server's answer is not a Messages API response") from None
+            raise Unavailable(f"model {model.name!r}: the server's answer is not a Messages API response") from None

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from services.common.config import Model
+from services.common.errors import FailedPrecondition
+from services.common.secrets import SecretValue
+
+if TYPE_CHECKING:
+    from ..httpclient import HttpClient
 
 
 @dataclass(frozen=True)
@@ -46,3 +53,53 @@ class ModelProvider(abc.ABC):
 
     async def close(self) -> None:
         return None
+
+
+def key_for(model: Model, keys: dict[str, SecretValue]) -> str | None:
+    """The API key of `model` (None when it names no apiKeyEnv)."""
+    if not model.api_key_env:
+        return None
+    secret = keys.get(model.api_key_env)
+    if secret is None:
+        raise FailedPrecondition(f"model {model.name!r}: environment variable {model.api_key_env} (its apiKeyEnv) "
+                                 "is not set in the credential broker's environment")
+    return secret.reveal()
+
+
+def tool_schema(t: Tool) -> dict:
+    try:
+        schema = json.loads(t.parameters_json_schema) if t.parameters_json_schema else {}
+    except ValueError:
+        schema = {}
+    return schema or {"type": "object", "properties": {}}
+
+
+class HttpModelProvider(ModelProvider):
+    """A provider speaking JSON over HTTPS. The key goes only into the
+    header(s) that `auth_headers` builds (never a URL, a body or a log)."""
+
+    default_base_url = ""
+    path = ""
+
+    def __init__(self, http: HttpClient, keys: dict[str, SecretValue]) -> None:
+        self.http = http
+        self.keys = keys
+
+    def headers(self) -> dict[str, str]:
+        return {"Content-Type": "application/json"}
+
+    @abc.abstractmethod
+    def auth_headers(self, key: str) -> dict[str, str]: ...
+
+    async def post(self, model: Model, body: dict) -> Any:
+        headers = self.headers()
+        key = key_for(model, self.keys)
+        if key:
+            headers.update(self.auth_headers(key))
+        url = (model.base_url or self.default_base_url).rstrip("/") + self.path
+        what = f"model {model.name!r}"
+        resp = await self.http.request("POST", url, headers=headers, json_body=body,
+                                       timeout_s=model.timeout_s, what=what)
+        if not resp.ok:
+            raise self.http.error(resp, what, hint_auth=f"check the key in {model.api_key_env}")
+        return resp
