@@ -88,6 +88,14 @@ def open_dir_at(parent_fd: int, name: str, shown: str) -> int:
         raise _classify_open_error(exc, parent_fd, name, shown) from None
 
 
+def changed_during_call(exc: OSError) -> NotFound | FailedPrecondition:
+    """The AfeError for an OSError raised because the tree changed mid-call."""
+    code = errno.errorcode.get(exc.errno or 0, "error")
+    if exc.errno == errno.ENOENT:
+        return NotFound("a directory on the path was removed while the call ran; retry")
+    return FailedPrecondition(f"the workspace changed while the call ran ({code}); retry")
+
+
 class Root:
     """An open workspace root. Use as a context manager; every method takes
     components from `split_relative`."""
@@ -108,8 +116,14 @@ class Root:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         self.close()
+        if isinstance(exc, OSError):
+            # The sandbox changed the tree under a call (a directory we hold
+            # open was removed or swapped): a clear error, never a raw OSError
+            # that would surface as an internal error.
+            raise changed_during_call(exc) from None
+
 
     def open_dir(self, parts: list[str], *, create: bool = False, shown: str = "") -> int:
         """An fd for the directory named by `parts` (the root itself when
