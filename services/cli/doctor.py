@@ -31,6 +31,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers()
         self.wfile.write(b)
     def log_message(self, *a): pass
+socketserver.ThreadingTCPServer.allow_reuse_address = True
 for port in (80, 443, 8080):
     s = socketserver.ThreadingTCPServer(("0.0.0.0", port), H)
     threading.Thread(target=s.serve_forever, daemon=True).start()

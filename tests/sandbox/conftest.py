@@ -19,6 +19,7 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
+from services.cli.doctor import TARGET_SERVER
 from services.common.grpcutil import _LinkAuth, socket_target
 from services.common.layout import Layout
 from services.sandbox.images import SANDBOX_IMAGE, ensure_images
@@ -26,23 +27,8 @@ from tests.support.sandbox_broker import new_instance, sandbox_broker
 
 pytestmark = pytest.mark.docker
 
-# A tiny HTTP server run in the target container: port 80 and 443 (plain
-# HTTP; a CONNECT tunnel only needs the TCP connection) and 8080.
-TARGET_SERVER = r'''
-import http.server, socketserver, threading
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        b = b"TARGET-OK"
-        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers()
-        self.wfile.write(b)
-    def log_message(self, *a): pass
-socketserver.ThreadingTCPServer.allow_reuse_address = True
-for port in (80, 443, 8080):
-    s = socketserver.ThreadingTCPServer(("0.0.0.0", port), H)
-    threading.Thread(target=s.serve_forever, daemon=True).start()
-print("ready", flush=True)
-threading.Event().wait()
-'''
+# The target container runs the doctor's tiny HTTP server: ports 80 and 443
+# (plain HTTP; a CONNECT tunnel only needs the TCP connection) and 8080.
 
 
 def sync_stub(socket_path: str, secret: bytes | None) -> tuple[grpc.Channel, sandbox_pb2_grpc.SandboxBrokerStub]:
