@@ -71,6 +71,8 @@ GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
 MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
 MIN_MEMORY = 6 * 1024 * 1024   # Docker's own minimum
+MIN_DISK = 16 * 1024 * 1024    # smallest workspace disk cap (R34): a filesystem and a checkout must fit
+MAX_DISK = 16 * 1024 ** 4
 
 _MISSING = object()
 
@@ -196,7 +198,9 @@ class _Doc:
 
     def str_list(self, obj: Mapping[str, Any], key: str, path: str, *,
                  pattern: re.Pattern[str] | None = None, what: str = "",
-                 choices: tuple[str, ...] | None = None, nonempty: bool = False) -> tuple[str, ...]:
+                 choices: tuple[str, ...] | None = None, nonempty: bool = False,
+                 unique: bool = True) -> tuple[str, ...]:
+        """A list of non-empty strings; a set unless `unique=False` (an argv)."""
         v = obj.get(key, _MISSING)
         if v is _MISSING or v is None:
             if nonempty:
@@ -219,7 +223,7 @@ class _Doc:
             if choices is not None and item not in choices:
                 self.error(p, f"{_show(item)} is not one of: {', '.join(choices)}")
                 continue
-            if item in out:
+            if unique and item in out:
                 self.error(p, f"{_show(item)} is listed twice; remove the duplicate")
                 continue
             out.append(item)
@@ -331,7 +335,7 @@ class _Loader:
             limits = Limits()
             ld = doc.mapping(sd, "limits", "sandbox.limits")
             if ld is not None:
-                doc.fields(ld, "sandbox.limits", ("cpus", "memory", "pids"))
+                doc.fields(ld, "sandbox.limits", ("cpus", "memory", "pids", "disk"))
                 cpus = doc.number(ld, "cpus", "sandbox.limits.cpus", limits.cpus)
                 memory = limits.memory_bytes
                 if ld.get("memory") is not None:
@@ -344,7 +348,21 @@ class _Loader:
                     else:
                         memory = parsed
                 pids = doc.integer(ld, "pids", "sandbox.limits.pids", limits.pids, minimum=1)
-                limits = Limits(cpus=cpus, memory_bytes=memory, pids=pids)
+                disk = limits.disk_bytes
+                if "disk" in ld:
+                    parsed = parse_memory(ld["disk"])
+                    if parsed is None or parsed <= 0:
+                        doc.error("sandbox.limits.disk", f"{_show(ld['disk'])} is not a disk size; write a "
+                                  "positive size such as 512m or 10g (the workspace's disk cap)")
+                    elif parsed < MIN_DISK:
+                        doc.error("sandbox.limits.disk", f"{_show(ld['disk'])} is below the minimum of 16m; "
+                                  "raise it")
+                    elif parsed > MAX_DISK:
+                        doc.error("sandbox.limits.disk", f"{_show(ld['disk'])} is above the maximum of 16t; "
+                                  "lower it")
+                    else:
+                        disk = parsed
+                limits = Limits(cpus=cpus, memory_bytes=memory, pids=pids, disk_bytes=disk)
             egress = doc.str_list(sd, "egress", "sandbox.egress", pattern=EGRESS_RE,
                                   what="write a lower-case host name such as pypi.org, or .example.com for "
                                   "a domain and its subdomains (no scheme, port, path or IP address)")
@@ -452,7 +470,8 @@ class _Loader:
     def load_agent(self, doc: _Doc, d: Mapping[str, Any], name: str | None) -> None:
         doc.fields(d, "", ("kind", "name", "type", "command", "env", "image"), ("type", "command"))
         atype = doc.choice(d, "type", "type", ("acp",))
-        command = doc.str_list(d, "command", "command", nonempty="command" in d)
+        # An argv: repeated items are meaningful (`[codex-acp, -c, a=1, -c, b=2]`).
+        command = doc.str_list(d, "command", "command", nonempty="command" in d, unique=False)
         env = doc.str_list(d, "env", "env", pattern=ENV_NAME_RE,
                            what="list environment variable NAMES (A-Z, 0-9, _), never values")
         image = doc.text(d, "image", "image", None)

@@ -82,3 +82,27 @@ def test_r28_afe_check_refuses_a_secret_value_in_agent_env(tmp_path, env_line):
     assert r.returncode == 1, r.stdout
     assert "env" in r.stderr
     assert secret not in r.stderr and secret not in r.stdout     # the value is never echoed
+
+
+REPEATED = "command: [codex-acp, -c, 'model=\"o3\"', -c, 'sandbox=\"workspace-write\"']"
+
+
+def test_agent_command_keeps_repeated_items_in_order(tmp_path):
+    """An argv is not a set: `-c a -c b` passes `afe check` and loads as written."""
+    from services.common.manifests import load_config
+    cfg = write(tmp_path, GOOD_AGENT.replace("command: [claude-code-acp]", REPEATED))
+    r = afe_check(cfg)
+    assert r.returncode == 0, r.stderr
+    assert load_config(cfg).agents["coder"].command == (
+        "codex-acp", "-c", 'model="o3"', "-c", 'sandbox="workspace-write"')
+
+
+@pytest.mark.parametrize("agent, deny", [
+    (GOOD_AGENT.replace("env: [ANTHROPIC_API_KEY]", "env: [ANTHROPIC_API_KEY, ANTHROPIC_API_KEY]"), "execute"),
+    (GOOD_AGENT, "execute, execute"),
+])
+def test_lists_meant_as_sets_still_refuse_a_repeated_item(tmp_path, agent, deny):
+    """Control for the test above: only `command` gave up the duplicate check."""
+    r = afe_check(write(tmp_path, agent.replace("command: [claude-code-acp]", REPEATED), deny))
+    assert r.returncode == 1, r.stdout
+    assert "is listed twice" in r.stderr, r.stderr
