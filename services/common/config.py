@@ -23,6 +23,7 @@ class Limits:
     cpus: float = 1.0
     memory_bytes: int = 1024 * 1024 * 1024
     pids: int = 256
+    disk_bytes: int = 10 * 1024 ** 3       # the workspace's disk cap (R34)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class SandboxSettings:
     cpus: float = DEFAULT_LIMITS.cpus
     memory_bytes: int = DEFAULT_LIMITS.memory_bytes
     pids: int = DEFAULT_LIMITS.pids
+    disk_bytes: int = DEFAULT_LIMITS.disk_bytes   # the workspace's disk cap (R34, diskcap.py)
     egress: tuple[str, ...] = ()
     env_names: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)

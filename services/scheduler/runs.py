@@ -87,7 +87,8 @@ def sandbox_spec(config: Config, workflow: Workflow, workspace: Workspace) -> sp
                 image = agent.image
     return spb.SandboxSpec(
         image=image,
-        limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids),
+        limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids,
+                          disk_bytes=sb.limits.disk_bytes),
         egress=list(sb.egress), env_names=sorted(env_names))
 
 

@@ -51,22 +51,28 @@ class Limits(_message.Message):
     CPUS_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     PIDS_FIELD_NUMBER: _builtins.int
+    DISK_BYTES_FIELD_NUMBER: _builtins.int
     cpus: _builtins.float
     """0 = default"""
     memory_bytes: _builtins.int
     """0 = default"""
     pids: _builtins.int
     """0 = default"""
+    disk_bytes: _builtins.int
+    """Cap on the workspace's disk use (R34): writing past it gives ENOSPC
+    (loop-mounted image) or stops the sandbox (watchdog). 0 = default (10g).
+    """
     def __init__(
         self,
         *,
         cpus: _builtins.float = ...,
         memory_bytes: _builtins.int = ...,
         pids: _builtins.int = ...,
+        disk_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "memory_bytes", b"memory_bytes", "pids", b"pids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus", b"cpus", "disk_bytes", b"disk_bytes", "memory_bytes", b"memory_bytes", "pids", b"pids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
