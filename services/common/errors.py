@@ -50,6 +50,14 @@ class Unavailable(AfeError):
     code = "UNAVAILABLE"
 
 
+class PeerUnavailable(Unavailable):
+    """The process at the other end of a local link did not answer at all: it
+    is not running, or it went away during the call (its connection closed).
+    Unlike an `Unavailable` the peer itself returned, this one is worth
+    retrying while the launcher restarts the peer. Built only by the gRPC
+    client helpers (`grpcutil.rpc_errors`), never sent as a status."""
+
+
 class DeadlineExceeded(AfeError):
     code = "DEADLINE_EXCEEDED"
 

@@ -30,6 +30,13 @@ caller_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("afe_cal
 
 _CODES = {name: getattr(grpc.StatusCode, name) for name in errors.BY_CODE}
 
+# Every status an afe server sets on purpose carries this trailing metadata,
+# so a client can tell "the peer answered with an error" from "the peer went
+# away" (a status made up by the gRPC library from a closed connection).
+ORIGIN_KEY = "afe-status"
+_ORIGIN = ((ORIGIN_KEY, "1"),)
+_TRANSPORT_CODES = ("UNAVAILABLE", "UNKNOWN", "INTERNAL", "CANCELLED")
+
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, errors.AfeError):
@@ -85,7 +92,7 @@ class _Guard(grpc.aio.ServerInterceptor):
             else:
                 code, msg = status_for(exc)
                 log.error("%s failed: %s", method, redact(repr(exc)), exc_info=exc)
-            await context.abort(code, redact(msg))
+            await context.abort(code, redact(msg), _ORIGIN)
 
         def wrap_unary(fn):
             async def call(request_or_iter, context):
@@ -286,17 +293,40 @@ def open_channel(socket_path: str, secret: bytes | None) -> grpc.aio.Channel:
                                    interceptors=telemetry.grpc_client_interceptors() or None)
 
 
-def error_from_rpc(exc: grpc.aio.AioRpcError) -> errors.AfeError:
-    return errors.from_code(exc.code().name, exc.details() or exc.code().name.lower())
+def _from_peer(exc: grpc.aio.AioRpcError) -> bool:
+    with contextlib.suppress(Exception):
+        for key, _value in exc.trailing_metadata() or ():
+            if key == ORIGIN_KEY:
+                return True
+    return False
+
+
+def error_from_rpc(exc: grpc.aio.AioRpcError, peer: str = "", what: str = "") -> errors.AfeError:
+    """The AfeError for a failed call. A status the peer set keeps its code and
+    text; one the gRPC library made up (the peer is not running, or its
+    connection closed mid-call) becomes a `PeerUnavailable` that names the
+    process and the step, never the transport's own words."""
+    code = exc.code().name
+    if _from_peer(exc):
+        return errors.from_code(code, exc.details() or code.lower())
+    who = peer or "the afe process at the other end"
+    during = f" during {what}" if what else ""
+    log.info("%s%s: transport status %s: %s", who, during, code, exc.details())
+    if code == "DEADLINE_EXCEEDED":
+        return errors.DeadlineExceeded(f"{who} did not answer{during} in time")
+    if code in _TRANSPORT_CODES:
+        return errors.PeerUnavailable(f"{who} went away{during} (it is not running or its connection closed)")
+    return errors.from_code(code, exc.details() or code.lower())
 
 
 @contextlib.asynccontextmanager
-async def rpc_errors() -> AsyncIterator[None]:
-    """Turn gRPC status errors raised inside the block into AfeErrors."""
+async def rpc_errors(peer: str = "", what: str = "") -> AsyncIterator[None]:
+    """Turn gRPC status errors raised inside the block into AfeErrors
+    (`peer`, `what`: the process called and the step, for the message)."""
     try:
         yield
     except grpc.aio.AioRpcError as exc:
-        raise error_from_rpc(exc) from exc
+        raise error_from_rpc(exc, peer, what) from exc
 
 
 async def check_health(socket_path: str, secret: bytes | None, timeout: float = 2.0) -> bool:
