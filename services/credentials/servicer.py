@@ -43,7 +43,8 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
     @_names_ticket
     async def Commit(self, request, context):
         r = await self.core.commit(request.ticket_id, request.workspace, request.message)
-        return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed)
+        return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed,
+                                 nested_repositories=list(r.nested_repositories))
 
     @_names_ticket
     async def Diff(self, request, context):

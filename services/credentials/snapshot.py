@@ -7,7 +7,16 @@ fails instead of being followed. Regular files are read through the fd we
 opened (checked again with `fstat`), symlinks are recorded as links (mode
 120000, target from `readlink` relative to the parent fd) and never
 followed, FIFOs, sockets and devices are skipped, and every `.git` entry is
-skipped (the sandbox's scratch repository is not content).
+skipped (the sandbox's scratch repository is not content). Names are bytes:
+a newline, a tab or a non-UTF-8 byte in a name is committed as it is (the
+index is fed NUL-separated).
+
+The walk is iterative and bounded (`SNAPSHOT_LIMITS`, R34): a tree deeper
+or larger than the limits fails the commit with a message naming the limit.
+Any other git repository found inside the workspace (a directory holding a
+`.git`, or a bare repository's HEAD + objects/ + refs/) is reported in
+`Scan.repos`, so the commit can warn the reviewer that it is committed as
+plain files.
 
 Blobs are written straight into the ticket's private object store as loose
 objects; the caller builds the tree with `git update-index --index-info` into
@@ -21,15 +30,22 @@ import hashlib
 import os
 import stat
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.common import treewalk
 from services.common.errors import FailedPrecondition
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 MAX_FILE_BYTES = 100 * 1024 * 1024
+MAX_PATH_BYTES = 4096                                     # git's own limit on Linux (PATH_MAX)
+SNAPSHOT_LIMITS = treewalk.Limits("the commit snapshot")   # depth 256, 1,000,000 entries (R34)
+
+# A directory holding `.git` (a directory or a gitlink file), or HEAD + objects/ + refs/
+# (a bare repository), is another repository: committed as plain content, so reported.
+_BARE_SHAPE = {b"HEAD", b"objects", b"refs"}
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,7 @@ class Scan:
     links: dict[bytes, bytes]
     dirs: list[bytes]
     gitignores: dict[bytes, bytes]
+    repos: list[bytes] = field(default_factory=list)   # nested repositories ('' = the root's bare shape)
 
 
 def _open_root(root: Path) -> int:
@@ -112,12 +129,12 @@ def _open_root(root: Path) -> int:
         raise FailedPrecondition(f"the ticket's workspace cannot be opened ({exc.strerror})") from None
 
 
-def scan(root: Path) -> Scan:
+def scan(root: Path, limits: treewalk.Limits = SNAPSHOT_LIMITS) -> Scan:
     """Walk `root` without following anything; list what could be content."""
     result = Scan([], {}, [], {})
     root_fd = _open_root(root)
     try:
-        _walk(root_fd, b"", result)
+        _walk(root_fd, result, limits)
     finally:
         os.close(root_fd)
     return result
@@ -137,50 +154,78 @@ def _open_file(dir_fd: int, name: bytes) -> int | None:
     return fd
 
 
-def _open_dir(dir_fd: int, name: bytes) -> int | None:
+def _shown(rel: bytes) -> str:
+    return repr(rel[:80].decode("utf-8", "backslashreplace") + ("..." if len(rel) > 80 else ""))
+
+
+def skeleton(root_fd: int, found: Scan) -> None:
+    """Recreate, under the empty directory root_fd, the directories of `found`
+    and their .gitignore bytes: every mkdir relative to its parent's fd, so a
+    path of any length works (for `git check-ignore` on a private copy)."""
+    stack: list[tuple[bytes, int]] = [(b"", root_fd)]
+
+    def put_gitignore(prefix: bytes, fd: int) -> None:
+        data = found.gitignores.get(prefix)
+        if data is not None:
+            gfd = os.open(b".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          0o600, dir_fd=fd)
+            try:
+                os.write(gfd, data)
+            finally:
+                os.close(gfd)
+
+    put_gitignore(b"", root_fd)
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
-            return None  # removed, or swapped for a link/file after the stat
-        raise
+        for rel in found.dirs:  # pre-order: a parent comes before its children
+            while not rel.startswith(stack[-1][0]):
+                os.close(stack.pop()[1])
+            name = rel[len(stack[-1][0]):]
+            os.mkdir(name, 0o700, dir_fd=stack[-1][1])
+            fd = os.open(name, treewalk.DIR_FLAGS, dir_fd=stack[-1][1])
+            stack.append((rel + b"/", fd))
+            put_gitignore(rel + b"/", fd)
+    finally:
+        for _prefix, fd in stack[1:]:
+            os.close(fd)
 
 
-def _walk(dir_fd: int, prefix: bytes, out: Scan) -> None:
-    with os.scandir(dir_fd) as it:
-        names = sorted(os.fsencode(e.name) for e in it)
-    for name in names:
-        if _is_dot_git(name) or b"\n" in name:
+def _walk(root_fd: int, out: Scan, limits: treewalk.Limits) -> None:
+    """One iterative, bounded walk (R34); `.git` entries are never entered or kept."""
+    seen: dict[bytes, set[bytes]] = {}   # directory -> names that make a repository shape
+    for item in treewalk.walk(root_fd, limits, descend=lambda it: not _is_dot_git(it.name)):
+        name, rel, st = item.name, item.rel, item.st
+        if len(rel) > MAX_PATH_BYTES:
+            raise treewalk.TreeTooLarge(
+                f"a workspace path is longer than {MAX_PATH_BYTES} bytes (limit of the commit snapshot): "
+                f"{_shown(rel)}; shorten its directory or file names", "path", MAX_PATH_BYTES)
+        if _is_dot_git(name):
+            seen.setdefault(item.parent, set()).add(b".git")  # a directory or a gitlink file
             continue
-        rel = prefix + name
-        try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue  # removed while we walked
+        if (name == b"HEAD" and stat.S_ISREG(st.st_mode)) or (name in _BARE_SHAPE and stat.S_ISDIR(st.st_mode)):
+            seen.setdefault(item.parent, set()).add(name)
         if stat.S_ISLNK(st.st_mode):
             try:
-                out.links[rel] = os.fsencode(os.readlink(name, dir_fd=dir_fd))
+                out.links[rel] = os.fsencode(os.readlink(name, dir_fd=item.dir_fd))
             except OSError:
                 continue
         elif stat.S_ISDIR(st.st_mode):
-            fd = _open_dir(dir_fd, name)
-            if fd is None:
-                continue
             out.dirs.append(rel)
-            try:
-                _walk(fd, rel + b"/", out)
-            finally:
-                os.close(fd)
         elif stat.S_ISREG(st.st_mode):
             out.files.append(rel)
             if name == b".gitignore":
-                fd = _open_file(dir_fd, name)
+                fd = _open_file(item.dir_fd, name)
                 if fd is not None:
                     try:
-                        out.gitignores[prefix] = _read_fd(fd, 65536)[:1 << 20]
+                        out.gitignores[item.parent] = _read_fd(fd, 65536)[:1 << 20]
                     finally:
                         os.close(fd)
         # FIFOs, sockets and devices are never content.
+    for parent, marks in seen.items():
+        if parent == b"" and marks == {b".git"}:
+            continue  # the workspace's own scratch repository (never content)
+        if b".git" in marks or _BARE_SHAPE <= marks:
+            out.repos.append(parent.rstrip(b"/"))
+    out.repos.sort()
 
 
 def materialize(root: Path, found: Scan, ignored: set[bytes], writer: ObjectWriter) -> list[Entry]:
@@ -223,13 +268,15 @@ def materialize(root: Path, found: Scan, ignored: set[bytes], writer: ObjectWrit
 
 
 def _dir_fd(cache: dict[bytes, int | None], rel: bytes) -> int | None:
-    if rel in cache:
-        return cache[rel]
-    parent, _, name = rel.rpartition(b"/")
-    pfd = _dir_fd(cache, parent)
-    fd = None if pfd is None else _open_dir(pfd, name)
-    cache[rel] = fd
-    return fd
+    """The fd of directory `rel`, opening missing ancestors one by one (no recursion)."""
+    missing = []
+    while rel not in cache:
+        missing.append(rel)
+        rel = rel.rpartition(b"/")[0]
+    for sub in reversed(missing):
+        pfd = cache[sub.rpartition(b"/")[0]]
+        cache[sub] = None if pfd is None else treewalk.open_dir_at(pfd, sub.rpartition(b"/")[2])
+    return cache[missing[0]] if missing else cache[rel]
 
 
 def capture(root: Path, writer: ObjectWriter, ignored: set[bytes] | None = None) -> list[Entry]:

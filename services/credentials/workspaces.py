@@ -18,12 +18,12 @@ import asyncio
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from services.common import layout as layout_mod
+from services.common import treewalk
 from services.common.config import Workspace
 from services.common.errors import (
     FailedPrecondition,
@@ -72,6 +72,26 @@ class Committed:
     sha: str
     changed: bool
     files_changed: int
+    # Other git repositories inside the workspace whose files are in the commit as
+    # plain content (paths relative to the workspace root, "." for the root itself).
+    nested_repositories: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    tree: str
+    entries: int
+    nested_repositories: tuple[str, ...]
+
+
+def _repos_in(found: snapshot.Scan, entries: list[snapshot.Entry]) -> tuple[str, ...]:
+    """The nested repositories of a scan that contribute at least one committed entry."""
+    out = []
+    for repo in found.repos:
+        prefix = repo + b"/" if repo else b""
+        if any(e.path.startswith(prefix) for e in entries):
+            out.append(repo.decode("utf-8", "backslashreplace") or ".")
+    return tuple(out)
 
 
 class WorkspaceGit:
@@ -158,7 +178,7 @@ class WorkspaceGit:
                 try:
                     await self._fetch(ws, remote, tmp)
                 except BaseException:
-                    shutil.rmtree(tmp, ignore_errors=True)
+                    await asyncio.to_thread(_remove_tree, tmp)
                     raise
                 os.replace(tmp, mirror)
             else:
@@ -194,7 +214,7 @@ class WorkspaceGit:
             if base is None:
                 raise NotFound(f"workspace {ws.name!r}: branch {ws.base_branch!r} does not exist in "
                                f"{self.remote(ws).url}; check the Workspace's baseBranch")
-            shutil.rmtree(gitdir, ignore_errors=True)
+            await asyncio.to_thread(_remove_tree, gitdir)
             self.layout.gitdirs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             await self.git.run(["init", "--bare", "-q", "--", str(gitdir)], what="git init")
             alternates = gitdir / "objects" / "info" / "alternates"
@@ -313,8 +333,8 @@ class WorkspaceGit:
             raise FailedPrecondition(f"ticket {ticket_id} has no prepared workspace; prepare it first")
         return gitdir
 
-    async def snapshot_tree(self, ticket_id: str) -> tuple[str, int]:
-        """Capture the workspace into the ticket's git dir; return (tree sha, entries)."""
+    async def snapshot_tree(self, ticket_id: str) -> Snapshot:
+        """Capture the workspace into the ticket's git dir."""
         gitdir = self._ticket_gitdir(ticket_id)
         work = self.layout.workspace(ticket_id)
         found = await asyncio.to_thread(snapshot.scan, work)
@@ -331,7 +351,7 @@ class WorkspaceGit:
             res = await self.git.run(["write-tree"], git_dir=gitdir, env=env, what="git write-tree")
         finally:
             Path(index).unlink(missing_ok=True)
-        return res.out.strip(), len(entries)
+        return Snapshot(res.out.strip(), len(entries), _repos_in(found, entries))
 
     async def _known_blobs(self, gitdir: Path, ticket_id: str) -> set[str]:
         """Blob ids of the base and of the branch head: already stored, never rewritten."""
@@ -353,22 +373,23 @@ class WorkspaceGit:
         candidates = [*found.files, *found.links]
         if not candidates:
             return set()
-        with tempfile.TemporaryDirectory(prefix="afe-ignore-", dir=gitdir) as tmp:
-            root = Path(tmp)
-
+        tmp = Path(tempfile.mkdtemp(prefix="afe-ignore-", dir=gitdir))
+        try:
             def build() -> None:
-                for d in found.dirs:
-                    os.makedirs(os.path.join(os.fsencode(tmp), d), exist_ok=True)
-                for prefix, data in found.gitignores.items():
-                    with open(os.path.join(os.fsencode(tmp), prefix, b".gitignore"), "wb") as f:
-                        f.write(data)
+                fd = os.open(tmp, treewalk.DIR_FLAGS)
+                try:
+                    snapshot.skeleton(fd, found)
+                finally:
+                    os.close(fd)
 
             await asyncio.to_thread(build)
             res = await self.git.run(["check-ignore", "--no-index", "-z", "--stdin"], git_dir=gitdir,
-                                     work_tree=root, stdin=b"".join(p + b"\0" for p in candidates),
+                                     work_tree=tmp, stdin=b"".join(p + b"\0" for p in candidates),
                                      check=False, what="git check-ignore")
             if res.returncode not in (0, 1):
                 raise GitFailed("git check-ignore failed", res.returncode, "")
+        finally:
+            await asyncio.to_thread(treewalk.remove_tree, tmp)
         return {p for p in res.stdout.split(b"\0") if p}
 
     # -- commit ------------------------------------------------------------
@@ -376,13 +397,17 @@ class WorkspaceGit:
         branch = branch_for(ticket_id)
         async with self._lock("ticket:" + ticket_id):
             gitdir = self._ticket_gitdir(ticket_id)
-            tree, _ = await self.snapshot_tree(ticket_id)
+            snap = await self.snapshot_tree(ticket_id)
+            tree, repos = snap.tree, snap.nested_repositories
+            if repos:
+                log.warning("ticket %s: the workspace holds other git repositories, committed as plain files: %s",
+                            ticket_id, ", ".join(repos[:20]))
             parent = await self._rev(gitdir, f"refs/heads/{branch}")
             if parent is None:
                 raise FailedPrecondition(f"ticket {ticket_id}: branch {branch} is missing; prepare the workspace again")
             parent_tree = await self._rev(gitdir, f"{parent}^{{tree}}")
             if parent_tree == tree:
-                return Committed(parent, False, 0)
+                return Committed(parent, False, 0, repos)
             env = {
                 "GIT_AUTHOR_NAME": ws.author.name, "GIT_AUTHOR_EMAIL": ws.author.email,
                 "GIT_COMMITTER_NAME": ws.author.name, "GIT_COMMITTER_EMAIL": ws.author.email,
@@ -398,7 +423,7 @@ class WorkspaceGit:
                                          git_dir=gitdir, what="git diff-tree")
             files = len([p for p in changed.stdout.split(b"\0") if p])
             log.info("committed %s files for ticket %s as %s", files, ticket_id, sha[:12])
-            return Committed(sha, True, files)
+            return Committed(sha, True, files, repos)
 
     # -- diff --------------------------------------------------------------
     async def diff(self, ticket_id: str, max_bytes: int = 0) -> tuple[str, bool]:
@@ -406,7 +431,7 @@ class WorkspaceGit:
         limit = max_bytes if max_bytes > 0 else DEFAULT_DIFF_BYTES
         async with self._lock("ticket:" + ticket_id):
             gitdir = self._ticket_gitdir(ticket_id)
-            tree, _ = await self.snapshot_tree(ticket_id)
+            tree = (await self.snapshot_tree(ticket_id)).tree
             base = await self._rev(gitdir, "refs/afe/base")
             res = await self.git.run(["diff", "--no-ext-diff", "--no-textconv", "--no-color", "--no-renames",
                                       "--end-of-options", f"{base}^{{tree}}", tree],
@@ -444,14 +469,15 @@ class WorkspaceGit:
 
 
 def _remove_tree(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
+    """Remove a workspace (or any tree) whatever its depth, iteratively, never
+    following a link (R34: a ticket's workspace never outlives it)."""
+    treewalk.remove_tree(path)
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    os.lchown(root, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), uid, gid)
+    """Fallback when `chown -R` failed: an iterative, bounded walk (R34)."""
+    fd = os.open(root, treewalk.DIR_FLAGS)
+    try:
+        treewalk.chown_tree_at(fd, uid, gid, treewalk.Limits("the workspace hand-over to the sandbox"))
+    finally:
+        os.close(fd)

@@ -22,8 +22,17 @@ from services.common.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
+from services.common.treewalk import Limits, empty_dir, walk
 
-from .paths import MAX_DEPTH, Root, _classify_open_error, open_dir_at, show, split_relative
+from .paths import (
+    MAX_DEPTH,
+    Root,
+    _classify_open_error,
+    changed_during_call,
+    open_dir_at,
+    show,
+    split_relative,
+)
 
 DEFAULT_READ_CAP = 1024 * 1024
 MAX_READ_CAP = 16 * 1024 * 1024
@@ -235,7 +244,9 @@ class FileTools:
                     if recursive:
                         sub = open_dir_at(dfd, name, shown)
                         try:
-                            _empty_dir(sub, 0)
+                            empty_dir(sub)  # iterative, any depth, never follows a link (R34)
+                        except OSError as exc:
+                            raise changed_during_call(exc) from None
                         finally:
                             os.close(sub)
                     try:
@@ -306,7 +317,7 @@ class FileTools:
                 _search_fd(fd, "/".join(parts), rx, matches, limit, state)
                 return matches, bool(state["truncated"])
             try:
-                _search_dir(dfd, "/".join(parts), rx, matches, limit, state, 0)
+                _search_dir(dfd, "/".join(parts), rx, matches, limit, state)
             finally:
                 os.close(dfd)
         return matches, bool(state["truncated"])
@@ -347,62 +358,28 @@ def check_regex_is_linear(pattern: str) -> None:
     walk(sre_parse.parse(pattern), False)
 
 
-def _empty_dir(dfd: int, depth: int) -> None:
-    if depth > MAX_DEPTH:
-        raise FailedPrecondition(f"directory tree is deeper than {MAX_DEPTH} levels")
-    with os.scandir(dfd) as it:
-        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-    for name, is_dir in entries:
-        if is_dir:
-            try:
-                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-            except OSError:
-                raise FailedPrecondition("the directory changed while being removed; retry") from None
-            try:
-                _empty_dir(sub, depth + 1)
-            finally:
-                os.close(sub)
-            os.rmdir(name, dir_fd=dfd)
-        else:
-            # unlink never follows: a symlink inside the tree is removed itself.
-            try:
-                os.unlink(name, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
+SEARCH_LIMITS = Limits("search", "the searched directory", max_depth=MAX_DEPTH)
 
 
 def _search_dir(dfd: int, prefix: str, rx: re.Pattern, matches: list[Match], limit: int,
-                state: dict, depth: int) -> None:
-    if depth > MAX_DEPTH:
-        return
-    with os.scandir(dfd) as it:
-        entries = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
-                         for e in it)
-    for name, is_dir, is_file in entries:
+                state: dict) -> None:
+    """An iterative, bounded walk (R34); `.git` directories are not searched."""
+    base = os.fsencode(prefix + "/") if prefix else b""
+    for item in walk(dfd, SEARCH_LIMITS, descend=lambda it: it.name != b".git"):
         if state["truncated"]:
             return
-        rel = f"{prefix}/{name}" if prefix else name
-        if is_dir:
-            if name == ".git":
-                continue
-            try:
-                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-            except OSError:
-                continue
-            try:
-                _search_dir(sub, rel, rx, matches, limit, state, depth + 1)
-            finally:
-                os.close(sub)
-        elif is_file:
-            state["files"] += 1
-            if state["files"] > SEARCH_MAX_FILES or state["bytes"] > SEARCH_TOTAL_CAP:
-                state["truncated"] = True
-                return
-            try:
-                fd = _open_regular(dfd, name, rel)
-            except AfeError:
-                continue      # changed under us, or not a regular file: skip it
-            _search_fd(fd, rel, rx, matches, limit, state)
+        if not stat.S_ISREG(item.st.st_mode):
+            continue
+        rel = os.fsdecode(base + item.rel)
+        state["files"] += 1
+        if state["files"] > SEARCH_MAX_FILES or state["bytes"] > SEARCH_TOTAL_CAP:
+            state["truncated"] = True
+            return
+        try:
+            fd = _open_regular(item.dir_fd, os.fsdecode(item.name), rel)
+        except AfeError:
+            continue      # changed under us, or not a regular file: skip it
+        _search_fd(fd, rel, rx, matches, limit, state)
 
 
 def _search_fd(fd: int, rel: str, rx: re.Pattern, matches: list[Match], limit: int, state: dict) -> None:

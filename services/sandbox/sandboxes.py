@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import docker
 import docker.errors
 
+from services.common import treewalk
 from services.common.config import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
@@ -393,23 +394,21 @@ class SandboxManager:
         return out
 
 
+CHOWN_LIMITS = treewalk.Limits("the sandbox's workspace ownership check")  # depth 256, 1,000,000 entries
+
+
 def chown_tree(root: str, uid: int, gid: int) -> int:
     """Give every entry of a tree to uid:gid without following any symlink.
 
-    os.fwalk walks by directory fds and re-checks each directory it enters,
-    and fchownat(AT_SYMLINK_NOFOLLOW) changes a link itself, so a sandbox
-    swapping links during the walk cannot redirect it. Returns the count changed.
+    An iterative walk by directory fds opened with O_NOFOLLOW|O_DIRECTORY
+    (`services.common.treewalk`), and fchownat(AT_SYMLINK_NOFOLLOW) changes a
+    link itself, so a sandbox swapping links during the walk cannot redirect
+    it. The tree is the sandbox's: the walk is bounded (R34; Python's own
+    os.fwalk recurses and holds one fd per level), and a deeper or larger tree
+    fails with a message naming the limit. Returns the count changed.
     """
-    changed = 0
-    st = os.stat(root, follow_symlinks=False)
-    if (st.st_uid, st.st_gid) != (uid, gid):
-        os.chown(root, uid, gid, follow_symlinks=False)
-        changed += 1
-    for _dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
-        for name in dirnames + filenames:
-            with contextlib.suppress(FileNotFoundError):
-                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-                if (st.st_uid, st.st_gid) != (uid, gid):
-                    os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
-                    changed += 1
-    return changed
+    fd = os.open(root, treewalk.DIR_FLAGS)
+    try:
+        return treewalk.chown_tree_at(fd, uid, gid, CHOWN_LIMITS)
+    finally:
+        os.close(fd)

@@ -28,8 +28,14 @@ def _sandbox(i: SandboxInfo) -> pb.Sandbox:
                       created_at_ms=i.created_at_ms)
 
 
+def _name(name: str) -> str:
+    """A file name for a proto string: a name that is not UTF-8 (surrogate-escaped
+    bytes) is shown with `\\xNN` escapes instead of failing the whole reply."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _entry(e: Entry) -> pb.FileEntry:
-    return pb.FileEntry(name=e.name, type=_TYPES[e.type], size=e.size, mode=e.mode, mtime_ms=e.mtime_ms)
+    return pb.FileEntry(name=_name(e.name), type=_TYPES[e.type], size=e.size, mode=e.mode, mtime_ms=e.mtime_ms)
 
 
 def _exit(x: Exit) -> pb.ExecExit:
@@ -171,5 +177,5 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         matches, truncated = await asyncio.to_thread(
             self.files.search, request.ticket_id, request.pattern, request.path,
             regex=request.regex, max_results=request.max_results)
-        return pb.SearchResponse(matches=[pb.SearchMatch(path=m.path, line=m.line, text=m.text)
+        return pb.SearchResponse(matches=[pb.SearchMatch(path=_name(m.path), line=m.line, text=m.text)
                                           for m in matches], truncated=truncated)

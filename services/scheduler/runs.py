@@ -67,6 +67,21 @@ class CommandFailed(FailedPrecondition):
     """A `run` command exited non-zero."""
 
 
+NESTED_REPOS_SHOWN = 20          # nested repository paths named in an event or a PR body
+
+
+def nested_repositories_warning(paths) -> str:
+    """One line for people (event, PR description): the workspace held other git
+    repositories, committed as plain files. Paths are sandbox-made: each is shown
+    as inline code with backticks and line breaks removed, and the list is bounded."""
+    shown = ["`" + "".join(ch for ch in p[:200] if ch not in "`\r\n") + "`"
+             for p in list(paths)[:NESTED_REPOS_SHOWN]]
+    more = f" and {len(paths) - len(shown)} more" if len(paths) > len(shown) else ""
+    return (f"the workspace holds {len(paths)} other git "
+            f"repositor{'y' if len(paths) == 1 else 'ies'} ({', '.join(shown)}{more}), committed as plain "
+            "files, not as submodules; review them before merging")
+
+
 def _keep(text: str) -> str:
     if len(text) <= OUTPUT_KEEP:
         return text
@@ -400,22 +415,32 @@ class TicketRun:
     def _default_message(self) -> str:
         return f"{self.ticket.title}\n\nafe ticket {self.ticket.id}"
 
-    async def builtin_commit(self, node: Node) -> str:
-        r = await self._commit(node, self._default_message())
+    def _commit_done(self, node: Node, r) -> None:
         self.emit("commit.done", {"node": node.id, "sha": r.sha, "changed": r.changed,
                                   "files_changed": r.files_changed})
+        if r.nested_repositories:
+            self.emit("commit.warning", {"node": node.id, "sha": r.sha, "kind": "nested_repository",
+                                         "paths": list(r.nested_repositories)[:NESTED_REPOS_SHOWN],
+                                         "count": len(r.nested_repositories),
+                                         "message": nested_repositories_warning(r.nested_repositories)})
+
+    async def builtin_commit(self, node: Node) -> str:
+        r = await self._commit(node, self._default_message())
+        self._commit_done(node, r)
         return r.sha
+
 
     async def builtin_open_pr(self, node: Node) -> str:
         tid, ws = self.ticket.id, self.workspace.name
         c = await self._commit(node, self._default_message())
-        self.emit("commit.done", {"node": node.id, "sha": c.sha, "changed": c.changed,
-                                  "files_changed": c.files_changed})
+        self._commit_done(node, c)
         p = await self.credentials.push(tid, ws)
         self.emit("push.done", {"node": node.id, "branch": p.branch, "sha": p.sha})
         title = self.render(str(node.with_.get("title") or "{{ticket.title}}"), node.id)
         body = self.render(str(node.with_.get("body") or
                                "{{ticket.body}}\n\n---\nOpened by afe for ticket {{ticket.id}}."), node.id)
+        if c.nested_repositories:
+            body += "\n\n> [!WARNING]\n> " + nested_repositories_warning(c.nested_repositories)
         pr = await self.credentials.open_pr(tid, ws, title, body)
         known = self.store.get_pr(tid)
         rec = PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha,

@@ -62,6 +62,38 @@ def _str(args: dict, key: str, default: str | None = None) -> str:
     return v
 
 
+def valid_text(text: str) -> str:
+    """`text` with anything that is not valid UTF-8 (lone surrogates) replaced,
+    so it can go into a protobuf string (the conversation sent to the model)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _not_utf8(args: dict) -> str | None:
+    """The name of the first argument holding a string that is not valid UTF-8
+    (a key included), or None. Iterative: the JSON is the model's."""
+    stack: list[tuple[str, object]] = [(k, v) for k, v in args.items()]
+    for key in args:
+        if valid_text(key) != key:
+            return valid_text(key)
+    while stack:
+        top, value = stack.pop()
+        if isinstance(value, str):
+            if valid_text(value) != value:
+                return valid_text(top)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if valid_text(k) != k:
+                    return valid_text(top)
+                stack.append((top, v))
+        elif isinstance(value, list):
+            stack.extend((top, v) for v in value)
+    return None
+
+
 class Toolbox:
     """Executes tool calls for one ticket; `allowed` is the node's tool list."""
 
@@ -83,12 +115,18 @@ class Toolbox:
             args = json.loads(arguments_json or "{}")
             if not isinstance(args, dict):
                 raise InvalidArgument("arguments must be a JSON object")
-        except (ValueError, InvalidArgument):
+        except (ValueError, InvalidArgument, RecursionError):
             return "error: the arguments are not a JSON object", False
+        bad = _not_utf8(args)
+        if bad is not None:
+            # JSON may escape a lone surrogate ("\udc80"): such a string cannot cross
+            # gRPC (protobuf strings are UTF-8) nor name a file. A tool error, not a failed node.
+            return (f"error: argument {bad!r} is not valid UTF-8 text (it holds a lone surrogate "
+                    "escape such as \\udc80); use only valid Unicode characters in tool arguments"), False
         try:
-            return await getattr(self, "_" + name)(args), True
+            return valid_text(await getattr(self, "_" + name)(args)), True
         except AfeError as exc:
-            return f"error: {exc.message}", False
+            return valid_text(f"error: {exc.message}"), False
 
     async def _read_file(self, args: dict) -> str:
         r = await self.sandbox.read_file(self.ticket_id, _str(args, "path"), OUTPUT_CAP)

@@ -99,20 +99,29 @@ class CommitResponse(_message.Message):
     SHA_FIELD_NUMBER: _builtins.int
     CHANGED_FIELD_NUMBER: _builtins.int
     FILES_CHANGED_FIELD_NUMBER: _builtins.int
+    NESTED_REPOSITORIES_FIELD_NUMBER: _builtins.int
     sha: _builtins.str
     changed: _builtins.bool
     """false when the tree equals the parent's"""
     files_changed: _builtins.int
+    @_builtins.property
+    def nested_repositories(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Other git repositories found inside the workspace (a directory holding a
+        .git, or a bare repository's HEAD + objects/ + refs/), committed as plain
+        files: paths relative to the workspace root ("." for the root itself).
+        """
+
     def __init__(
         self,
         *,
         sha: _builtins.str = ...,
         changed: _builtins.bool = ...,
         files_changed: _builtins.int = ...,
+        nested_repositories: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "files_changed", b"files_changed", "sha", b"sha"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "files_changed", b"files_changed", "nested_repositories", b"nested_repositories", "sha", b"sha"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
