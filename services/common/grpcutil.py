@@ -13,7 +13,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -44,12 +44,45 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error (details are in the server log)"
 
 
+class CallerSecrets:
+    """The secrets a server accepts, by caller name. A caller's secret may be
+    replaced while the server runs (the scheduler follows `<run>/automation.key`
+    so `afe token rotate --automation` takes effect without a restart); the set
+    of callers never changes."""
+
+    def __init__(self, secrets: Mapping[str, bytes]) -> None:
+        self._secrets = dict(secrets)
+
+    def __repr__(self) -> str:  # never show the secrets
+        return f"CallerSecrets({sorted(self._secrets)})"
+
+    def items(self) -> list[tuple[str, bytes]]:
+        return list(self._secrets.items())
+
+    def get(self, caller: str) -> bytes | None:
+        return self._secrets.get(caller)
+
+    def replace(self, caller: str, secret: bytes) -> None:
+        if caller not in self._secrets:
+            raise KeyError(f"{caller!r} is not a caller of this server")
+        self._secrets[caller] = secret
+
+
+NO_KEY = ("no link key presented: send the caller's key as hex in the `" + METADATA_KEY
+          + "` metadata (local automation: the contents of <run>/automation.key)")
+WRONG_KEY = "this caller is not allowed on this socket (the key is not one this server accepts)"
+
+
 class _Guard(grpc.aio.ServerInterceptor):
     """Checks the link secret, then maps exceptions to redacted statuses."""
 
-    def __init__(self, accepted: dict[str, bytes], redactor: Redactor) -> None:
-        self.accepted = dict(accepted)
+    def __init__(self, accepted: Mapping[str, bytes] | CallerSecrets, redactor: Redactor) -> None:
+        self.accepted = accepted if isinstance(accepted, CallerSecrets) else CallerSecrets(accepted)
         self.redactor = redactor
+
+    @staticmethod
+    def _presented(metadata: Iterable[Any] | None) -> bool:
+        return any(key == METADATA_KEY and value for key, value in metadata or ())
 
     def _who(self, metadata: Iterable[Any] | None) -> str | None:
         presented: bytes | None = None
@@ -76,13 +109,14 @@ class _Guard(grpc.aio.ServerInterceptor):
         method = details.method
         redact = self.redactor.redact
 
+        # PERMISSION_DENIED either way (the documented contract); the text says which mistake it was.
+        why = WRONG_KEY if self._presented(details.invocation_metadata) else NO_KEY
+
         async def deny(request_or_iter, context):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                "this caller is not allowed on this socket")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
 
         async def deny_stream(request_or_iter, context):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                "this caller is not allowed on this socket")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
             yield  # pragma: no cover
 
         async def fail(context, exc: BaseException):
@@ -220,18 +254,21 @@ _OPTIONS = [
 ]
 
 
-def create_server(socket_path: str, accepted: dict[str, bytes], redactor: Redactor,
+def create_server(socket_path: str, accepted: Mapping[str, bytes] | CallerSecrets, redactor: Redactor,
                   register: Iterable[Callable[[grpc.aio.Server], None]],
                   service_names: Iterable[str] = (),
                   interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
-                  registry: CollectorRegistry | None = None) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+                  registry: CollectorRegistry | None = None,
+                  reflection: bool = False) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """A grpc.aio server on a Unix socket (0600), guarded by link secrets.
 
     `register` callables add servicers (`add_XServicer_to_server(core, server)`).
     The socket file is created with mode 0600 (umask set around bind).
     When tracing is on (telemetry.setup_tracing), every call gets a server
     span continuing the caller's trace; with `registry`, every call is
-    counted in `afe_grpc_server_handled_total{method,code}`.
+    counted in `afe_grpc_server_handled_total{method,code}`. With
+    `reflection`, the server also answers gRPC server reflection for
+    `service_names` and health — behind the same key check as every call.
     """
     chain: list[grpc.aio.ServerInterceptor] = [*telemetry.grpc_server_interceptors()]
     if registry is not None:
@@ -244,12 +281,29 @@ def create_server(socket_path: str, accepted: dict[str, bytes], redactor: Redact
         reg(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if reflection:
+        from grpc_reflection.v1alpha import reflection as grpc_reflection
+
+        grpc_reflection.enable_server_reflection(
+            [*service_names, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME], server)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
     server.add_secure_port(socket_target(socket_path),
                            grpc.local_server_credentials(grpc.LocalConnectionType.UDS))
     server._afe_service_names = list(service_names)  # type: ignore[attr-defined]
     return server, health_servicer
+
+
+async def send_within(context: grpc.aio.ServicerContext, message: Any, timeout: float, resume_hint: str) -> None:
+    """Write one message of a server stream, or give up on a caller that has
+    not read for `timeout` seconds: the call ends RESOURCE_EXHAUSTED (after
+    whatever the transport already holds for it), so a reader that stopped
+    reading costs the server nothing more and never holds up other calls."""
+    try:
+        await asyncio.wait_for(context.write(message), timeout)
+    except TimeoutError:
+        raise errors.ResourceExhausted(f"the stream was dropped: the caller read nothing for {timeout:g} s; "
+                                       f"{resume_hint}") from None
 
 
 def socket_mode() -> int:

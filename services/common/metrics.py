@@ -36,9 +36,11 @@ GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEED
               "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
               "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
               "UNAUTHENTICATED")
-# A gRPC method path of our own contracts or the health service: a fixed set
-# of names compiled into the servers, never user input.
-GRPC_METHOD = re.compile(r"/(?:afe\.[a-z]+\.v1\.[A-Za-z]+|grpc\.health\.v1\.Health)/[A-Za-z]+")
+# A gRPC method path of our own contracts, the health service or server
+# reflection: a fixed set of names compiled into the servers, never user input
+# (a path no server registered is not counted at all).
+GRPC_METHOD = re.compile(r"/(?:afe\.[a-z]+\.v1\.[A-Za-z]+|grpc\.health\.v1\.Health"
+                         r"|grpc\.reflection\.v1alpha\.ServerReflection)/[A-Za-z]+")
 
 
 class UnboundedLabel(InvalidArgument):

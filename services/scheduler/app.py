@@ -17,9 +17,10 @@ from services.common.layout import Layout
 from services.common.links import LinkSecrets
 from services.common.redact import Redactor
 
+from .automation_key import AutomationKeyFile
 from .brokers import CredentialsClient, SandboxClient
 from .engine import Engine
-from .servicer import SERVICE, SchedulerServicer, register
+from .servicer import SERVICE, WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
 from .sqlite_store import SqliteStore
 
 CALLERS = ("gateway", "automation")
@@ -34,12 +35,18 @@ class SchedulerApp:
     server: grpc.aio.Server
     health: object
     socket_path: str
+    automation_key: AutomationKeyFile | None = None
 
     async def start(self) -> None:
+        if self.automation_key is not None:
+            self.automation_key.load()      # a key rotated before a restart stays rotated
+            self.automation_key.start()
         await grpcutil.start_server(self.server, self.health, self.socket_path)
         await self.engine.start()
 
     async def stop(self, grace: float = 2.0) -> None:
+        if self.automation_key is not None:
+            await self.automation_key.stop()
         await self.server.stop(grace)
         await self.engine.stop()
         await self.sandbox.close()
@@ -49,15 +56,20 @@ class SchedulerApp:
 
 def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Redactor, *,
               store_path: Path | None = None, max_running: int = 4,
-              registry: CollectorRegistry | None = None, interceptors=()) -> SchedulerApp:
+              registry: CollectorRegistry | None = None, interceptors=(),
+              watch_send_timeout: float = WATCH_SEND_TIMEOUT_S) -> SchedulerApp:
     store = SqliteStore(store_path or layout.store_file)
     sandbox = SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
     credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))
     engine = Engine(config, store, sandbox, credentials, redactor, max_running=max_running,
                     registry=registry if registry is not None else CollectorRegistry())
     socket_path = str(layout.socket("scheduler"))
-    accepted = {k: v for k, v in links.serve.items() if k in CALLERS}
+    accepted = grpcutil.CallerSecrets({k: v for k, v in links.serve.items() if k in CALLERS})
+    # Automation callers get server reflection too (behind the same key check) so generic tools work
+    # without the .proto files; see docs/AUTOMATION.md.
     server, health = grpcutil.create_server(socket_path, accepted, redactor,
-                                            [register(SchedulerServicer(engine))], service_names=[SERVICE],
-                                            interceptors=interceptors, registry=registry)
-    return SchedulerApp(engine, store, sandbox, credentials, server, health, socket_path)
+                                            [register(SchedulerServicer(engine, watch_send_timeout))],
+                                            service_names=[SERVICE], interceptors=interceptors,
+                                            registry=registry, reflection=True)
+    key_file = AutomationKeyFile(layout.automation_key, accepted) if "automation" in links.serve else None
+    return SchedulerApp(engine, store, sandbox, credentials, server, health, socket_path, key_file)

@@ -41,6 +41,11 @@ FLUSH_AT = 2048          # events buffered before a synchronous flush
 FLUSH_DELAY_S = 0.002    # group commit: events of this window share one transaction
 MAX_STRING = 64 * 1024   # characters of one payload string; longer ones are cut
 FINAL_EVENT = "ticket.finished"
+# Batches a live watcher may have waiting. A watcher that falls further behind
+# (a caller reading slower than the ticket writes) stops being handed batches
+# and reads what it missed from the store instead, so its memory is bounded
+# and it still gets every event once, in order.
+WATCH_BACKLOG = 256
 _SEP = "\x00"
 
 # JSON types only: dataclasses, datetimes and subclasses of str/int/dict/list
@@ -50,6 +55,13 @@ _dumps = orjson.dumps
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _payload = itemgetter(3)
 _type = itemgetter(2)
+
+
+class _Inbox(asyncio.Queue):
+    """A watcher's queue of delivered batches; `behind` is set when a batch was
+    dropped because the queue was full (the store has it)."""
+
+    behind = False
 
 
 def now_ms() -> int:
@@ -131,7 +143,7 @@ class EventLog:
         self._seq: dict[str, int] = {}
         self._buffer: list[tuple[str, int, str, str, int]] = []   # EventRecord's fields, in order
         self._strings: list[str] = []   # strings of buffered events whose JSON has escapes
-        self._watchers: dict[str, set[asyncio.Queue]] = {}
+        self._watchers: dict[str, set[_Inbox]] = {}
         self._flush_scheduled = False
 
     def next_seq(self, ticket_id: str) -> int:
@@ -217,7 +229,10 @@ class EventLog:
                 mine = batch if len(tids) == 1 else [ev for ev in batch if ev[0] == tid]
                 evs = [new(EventRecord, ev) for ev in mine]   # the buffer holds plain tuples
                 for q in queues:
-                    q.put_nowait(evs)
+                    try:
+                        q.put_nowait(evs)
+                    except asyncio.QueueFull:
+                        q.behind = True
 
     async def watch(self, ticket_id: str, from_seq: int, follow: bool,
                     is_terminal: Callable[[], bool]) -> AsyncIterator[EventRecord]:
@@ -232,7 +247,7 @@ class EventLog:
         if start > last + 1:
             raise NotFound(f"event seq {from_seq} does not exist for ticket {ticket_id} "
                            f"(its last seq is {last}); resume from a seq up to {last + 1}")
-        q: asyncio.Queue[list[EventRecord]] = asyncio.Queue()
+        q: _Inbox = _Inbox(maxsize=WATCH_BACKLOG)
         self._watchers.setdefault(ticket_id, set()).add(q)
         try:
             sent = start - 1
@@ -256,6 +271,19 @@ class EventLog:
                 return
             while True:
                 evs = await q.get()
+                if q.behind:
+                    # Batches were dropped: forget the queue, read the store from the cursor on. Batches
+                    # delivered meanwhile are skipped below by their seq.
+                    while not q.empty():
+                        q.get_nowait()
+                    q.behind = False
+                    while page := self.store.events(ticket_id, sent + 1, 1000):
+                        for ev in page:
+                            yield ev
+                            sent = ev.seq
+                            if ev.type == FINAL_EVENT:
+                                return
+                    continue
                 # The common case: the next events in order, none of them final.
                 if (evs[0][1] == sent + 1 and evs[-1][1] == sent + len(evs)
                         and FINAL_EVENT not in map(_type, evs)):

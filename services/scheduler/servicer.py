@@ -12,12 +12,17 @@ from google.protobuf.message import DecodeError
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common import grpcutil
 from services.common.errors import InvalidArgument
 
 from .engine import Engine, TicketView
 from .store import EventRecord
 
 SERVICE = "afe.scheduler.v1.Scheduler"
+# A watch whose caller reads nothing for this long is dropped (RESOURCE_EXHAUSTED); the caller
+# resumes with from_seq, so nothing is lost, and a stalled reader holds nothing in the scheduler.
+WATCH_SEND_TIMEOUT_S = 30.0
+RESUME_HINT = "watch again with from_seq = the seq after the last event you received"
 
 TICKET_STATES = {
     "queued": pb.QUEUED, "running": pb.RUNNING, "waiting_approval": pb.WAITING_APPROVAL,
@@ -57,8 +62,9 @@ def event_pb(e: EventRecord) -> pb.Event:
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, watch_send_timeout: float = WATCH_SEND_TIMEOUT_S) -> None:
         self.engine = engine
+        self.watch_send_timeout = watch_send_timeout
 
     async def CreateTicket(self, request: pb.CreateTicketRequest, context) -> pb.Ticket:
         v = self.engine.create_ticket(request.workspace, request.workflow, request.title, request.body,
@@ -88,7 +94,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def WatchTicket(self, request: pb.WatchTicketRequest, context):
         async for ev in self.engine.watch(request.id, request.from_seq, request.follow):
-            yield event_pb(ev)
+            await grpcutil.send_within(context, event_pb(ev), self.watch_send_timeout, RESUME_HINT)
+        if False:  # an async generator (what the interceptors wrap); events go out through send_within
+            yield
 
     async def GetTicketDiff(self, request: pb.GetTicketRequest, context) -> pb.TicketDiff:
         diff, truncated = await self.engine.diff(request.id)
