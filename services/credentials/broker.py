@@ -116,6 +116,12 @@ class CredentialCore:
         async with lock:
             pr = await forge.get_pull_request(ws, number)
             if pr.state == "merged":
+                # A repeated call (the scheduler retries a merge after a crash, R37): success, no
+                # second merge -- but only if what was merged is what the person approved.
+                if approval is not None and approval.sha and pr.head_sha and approval.sha != pr.head_sha:
+                    raise FailedPrecondition(
+                        f"pull request {number} was already merged at {pr.head_sha[:12]}, not at the "
+                        f"approved {approval.sha[:12]}; check the repository's history")
                 return MergeOutcome(False, pr.merge_sha, True)
             if approval is None or not approval.principal or not approval.sha:
                 raise PermissionDenied(f"pull request {number} has no approval record; a person must "

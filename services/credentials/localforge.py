@@ -71,6 +71,14 @@ class LocalForge(Forge):
                                  git_dir=repo, check=False, what="git rev-parse")
         return res.out.strip() if res.returncode == 0 else ""
 
+    async def _contains(self, repo: Path, ref: str, sha: str) -> bool:
+        """Whether commit `sha` is on `ref` (it or an ancestor of it)."""
+        if not sha:
+            return False
+        res = await self.git.run(["merge-base", "--is-ancestor", "--end-of-options", sha, ref], git_dir=repo,
+                                 check=False, what="git merge-base")
+        return res.returncode == 0
+
     async def _info(self, ws: Workspace, rec: dict) -> PullRequestInfo:
         head_sha = rec.get("merged_head", "") if rec["state"] == "merged" else \
             await self._sha(self._repo(ws), f"refs/heads/{rec['head']}")
@@ -104,6 +112,14 @@ class LocalForge(Forge):
             if rec["state"] == "merged":
                 return rec.get("merge_sha", "")
             base_ref = f"refs/heads/{rec['base']}"
+            pending = rec.get("merging") or {}
+            if pending.get("sha") == sha and await self._contains(repo, base_ref, pending.get("merge_sha", "")):
+                # The merge landed but the broker stopped before recording it (R37): record, never merge again.
+                rec.pop("merging", None)
+                rec.update(state="merged", merge_sha=pending["merge_sha"], merged_head=sha,
+                           merged_ms=int(time.time() * 1000))
+                self._save(ws, rec)
+                return rec["merge_sha"]
             base = await self._sha(repo, base_ref)
             if not base:
                 raise NotFound(f"base branch {rec['base']!r} is gone from {repo}")
@@ -126,8 +142,11 @@ class LocalForge(Forge):
             out = await self.git.run(["commit-tree", *parents, "-F", "-", tree], git_dir=repo, env=env,
                                      stdin=msg.encode(), what="git commit-tree")
             merge_sha = out.out.strip()
+            rec["merging"] = {"sha": sha, "merge_sha": merge_sha}   # written ahead: see the top of this method
+            self._save(ws, rec)
             await self.git.run(["update-ref", "--end-of-options", base_ref, merge_sha, base],
                                git_dir=repo, what="git update-ref")
+            rec.pop("merging", None)
             rec.update(state="merged", merge_sha=merge_sha, merged_head=sha, merged_ms=int(time.time() * 1000))
             self._save(ws, rec)
             return merge_sha

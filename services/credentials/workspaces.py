@@ -29,14 +29,11 @@ from services.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    PermissionDenied,
-    Unauthenticated,
-    Unavailable,
 )
 from services.common.layout import Layout, check_ticket_id
 from services.common.secrets import SecretValue
 
-from . import snapshot
+from . import gitfailures, snapshot
 from .askpass import askpass_env, origin_of
 from .gitcmd import GitFailed, GitRunner
 
@@ -111,6 +108,8 @@ class WorkspaceGit:
         self.spares_dir = spares_dir
         self.scratch_git = scratch_git
         self._locks: dict[str, asyncio.Lock] = {}
+        self.remote_attempts = 3        # tries of a fetch/push that failed transiently (5xx, time-out)
+        self.remote_backoff_s = 0.5     # first wait between them; doubles
         self._spare_tasks: dict[Path, asyncio.Task] = {}
 
     # -- remotes -----------------------------------------------------------
@@ -147,24 +146,26 @@ class WorkspaceGit:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    def _remote_error(self, ws: Workspace, remote: Remote, exc: GitFailed, action: str) -> Exception:
-        text = exc.stderr.lower()
-        where = f"workspace {ws.name!r} ({remote.url})"
-        if ("authentication failed" in text or "could not read username" in text
-                or "could not read password" in text or "403" in text or "401" in text):
-            hint = (f"check the token in {ws.token_env} and its access to the repository"
-                    if ws.token_env else "the repository needs a token: set tokenEnv on the Workspace")
-            return Unauthenticated(f"{action} {where}: the remote refused the credentials; {hint}")
-        if ("not found" in text or "does not appear to be a git repository" in text
-                or "does not exist" in text):
-            return NotFound(f"{action} {where}: repository not found; check the Workspace's repo "
-                            "(and that the token can see it)")
-        if ("could not resolve host" in text or "connection refused" in text or "timed out" in text
-                or "failed to connect" in text or "unable to access" in text or "ssl" in text):
-            return Unavailable(f"{action} {where}: the remote is unreachable ({exc.stderr[-300:]})")
-        if "rejected" in text or "non-fast-forward" in text or "protected" in text:
-            return PermissionDenied(f"{action} {where}: the remote rejected the update ({exc.stderr[-300:]})")
-        return Unavailable(f"{action} {where} failed: {exc.stderr[-500:] or 'git exited ' + str(exc.returncode)}")
+    async def _remote_git(self, ws: Workspace, remote: Remote, args: list[str], git_dir: Path,
+                          operation: str) -> None:
+        """Run a git command that talks to the remote. A definitive failure (auth,
+        not found, DNS, TLS, a corrupt object, a rejected ref) fails at once with
+        what to change; a transient one (5xx, time-out, reset) is tried again
+        `remote_attempts` times in all, with back-off (see gitfailures.py)."""
+        attempts = max(1, self.remote_attempts)
+        for attempt in range(1, attempts + 1):
+            try:
+                await self.git.run(args, git_dir=git_dir, env=remote.env, allow_file=remote.local,
+                                   what=operation.split()[0] + " " + operation.split()[1])
+                return
+            except GitFailed as exc:
+                failure = gitfailures.classify(exc.stderr)
+                if failure.kind != gitfailures.TRANSIENT or attempt == attempts:
+                    raise gitfailures.error_for(failure, ws, operation, remote.url, attempt) from None
+                wait = self.remote_backoff_s * (2 ** (attempt - 1))
+                log.info("%s %s: %s; trying again in %.1fs (attempt %s of %s)", operation, remote.url,
+                         failure.detail, wait, attempt + 1, attempts)
+                await asyncio.sleep(wait)
 
     # -- mirror ------------------------------------------------------------
     async def update_mirror(self, ws: Workspace) -> Path:
@@ -186,13 +187,9 @@ class WorkspaceGit:
         return mirror
 
     async def _fetch(self, ws: Workspace, remote: Remote, git_dir: Path) -> None:
-        try:
-            await self.git.run(["fetch", "--quiet", "--prune", "--no-tags", "--no-recurse-submodules",
-                                "--end-of-options", remote.url, "+refs/heads/*:refs/heads/*"],
-                               git_dir=git_dir, env=remote.env, allow_file=remote.local,
-                               what="git fetch")
-        except GitFailed as exc:
-            raise self._remote_error(ws, remote, exc, "cannot fetch") from None
+        await self._remote_git(ws, remote, ["fetch", "--quiet", "--prune", "--no-tags", "--no-recurse-submodules",
+                                            "--end-of-options", remote.url, "+refs/heads/*:refs/heads/*"],
+                               git_dir, "git fetch from")
 
     async def _rev(self, git_dir: Path, rev: str) -> str | None:
         res = await self.git.run(["rev-parse", "--verify", "--quiet", "--end-of-options", rev],
@@ -451,12 +448,11 @@ class WorkspaceGit:
             sha = await self._rev(gitdir, f"refs/heads/{branch}")
             if sha is None:
                 raise FailedPrecondition(f"ticket {ticket_id}: nothing to push; commit first")
-            try:
-                await self.git.run(["push", "--quiet", "--no-verify", "--no-recurse-submodules",
-                                    "--end-of-options", remote.url, f"+refs/heads/{branch}:refs/heads/{branch}"],
-                                   git_dir=gitdir, env=remote.env, allow_file=remote.local, what="git push")
-            except GitFailed as exc:
-                raise self._remote_error(ws, remote, exc, "cannot push to") from None
+            # Pushing the same sha again is a no-op: a push repeated after a crash is idempotent (R37).
+            await self._remote_git(ws, remote, ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
+                                                "--end-of-options", remote.url,
+                                                f"+refs/heads/{branch}:refs/heads/{branch}"],
+                                   gitdir, "git push to")
             log.info("pushed %s for ticket %s", branch, ticket_id)
             return branch, sha
 
