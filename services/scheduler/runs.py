@@ -18,6 +18,7 @@ from services.common.errors import (
     AfeError,
     DeadlineExceeded,
     FailedPrecondition,
+    PeerUnavailable,
     ResourceExhausted,
     Unavailable,
 )
@@ -50,6 +51,10 @@ RUN_OUTPUT_CAP = 4 * 1024 * 1024  # bytes of a run node's output the broker stre
 CHUNK_EVENT = 8 * 1024           # characters per node.output event
 WAITING_KINDS = ("builtin:merge", "builtin:approval")
 SANDBOX_KINDS = ("run", "model", "agent")
+# How long preparation and a builtin step (commit, push, open_pr, merge) wait
+# for a broker that went away: `afe up` restarts a dead child after 1 s, 2 s,
+# 4 s, ... (R37). An engine may set `broker_retry_s` (0: fail at once).
+BROKER_RETRY_S = 60.0
 
 
 class NodeFailed(Exception):
@@ -295,15 +300,55 @@ class TicketRun:
 
     # ---- preparation ------------------------------------------------------------
 
-    async def _retry_unavailable(self, what: str, fn):
-        delay = 0.2
-        for _ in range(40):
+    def _broker_retry_s(self) -> float:
+        return float(getattr(self.engine, "broker_retry_s", BROKER_RETRY_S))
+
+    async def _retry_unavailable(self, what: str, fn, retry_on: type[Unavailable] = Unavailable):
+        """Call `fn` until it stops raising `retry_on`, for at most `_broker_retry_s()` seconds."""
+        delay, deadline = 0.2, time.monotonic() + self._broker_retry_s()
+        while True:
             try:
                 return await fn()
-            except Unavailable:
+            except retry_on as exc:
+                if time.monotonic() + delay > deadline:
+                    raise type(exc)(f"{what}: {exc.message}; afe retried for {self._broker_retry_s():g} s "
+                                    "(see `afe status` and the broker's log)") from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        raise Unavailable(f"{what}: the broker is not answering; check that afe's brokers are running")
+
+    async def _step(self, node: Node, step: str, fn):
+        """One credential broker call of a builtin step (commit, push, open_pr,
+        merge) that survives a broker crash (R37): while the broker is away
+        (`PeerUnavailable`: not running, or its connection closed mid-call) the
+        call is made again, with back-off, for up to `_broker_retry_s()` seconds,
+        whatever the node's `retries`. Each step is idempotent in the broker
+        (keyed by ticket and step: the branch `afe/<ticket>`, its one PR, the
+        approved head), so a call that landed before the crash is not repeated."""
+        delay, started = 0.5, time.monotonic()
+        limit = self._broker_retry_s()
+        away = False
+        while True:
+            try:
+                out = await fn()
+            except PeerUnavailable:
+                waited = time.monotonic() - started
+                if waited + delay > limit:
+                    raise PeerUnavailable(
+                        f"the credential broker went away during {step} and did not come back within "
+                        f"{limit:g} s; check that `afe up` is running and see the credential broker's log, "
+                        "then retry the ticket") from None
+                if not away:
+                    away = True
+                    self.emit("broker.retry", {"node": node.id, "step": step, "broker": "credentials",
+                                               "message": f"the credential broker went away during {step}; "
+                                                          "retrying (afe up restarts it)"})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 4.0)
+                continue
+            if away:
+                self.emit("broker.recovered", {"node": node.id, "step": step, "broker": "credentials",
+                                               "after_s": round(time.monotonic() - started, 1)})
+            return out
 
     async def ensure_workspace(self) -> None:
         async with self._prep_lock:
@@ -311,7 +356,7 @@ class TicketRun:
                 return
             tid, ws = self.ticket.id, self.workspace.name
             r = await self._retry_unavailable("preparing the workspace",
-                                              lambda: self.credentials.prepare(tid, ws))
+                                              lambda: self.credentials.prepare(tid, ws), PeerUnavailable)
             self._ws_ready = True
             self.emit("workspace.ready", {"base_sha": r.base_sha, "branch": r.branch})
 
@@ -407,7 +452,8 @@ class TicketRun:
             frozen = True
         try:
             message = self.render(str(node.with_.get("message") or default_message), node.id)
-            return await self.credentials.commit(self.ticket.id, self.workspace.name, message)
+            return await self._step(node, "commit", lambda: self.credentials.commit(
+                self.ticket.id, self.workspace.name, message))
         finally:
             if frozen:
                 await asyncio.shield(self.sandbox.freeze(self.ticket.id, False))
@@ -434,14 +480,14 @@ class TicketRun:
         tid, ws = self.ticket.id, self.workspace.name
         c = await self._commit(node, self._default_message())
         self._commit_done(node, c)
-        p = await self.credentials.push(tid, ws)
+        p = await self._step(node, "push", lambda: self.credentials.push(tid, ws))
         self.emit("push.done", {"node": node.id, "branch": p.branch, "sha": p.sha})
         title = self.render(str(node.with_.get("title") or "{{ticket.title}}"), node.id)
         body = self.render(str(node.with_.get("body") or
                                "{{ticket.body}}\n\n---\nOpened by afe for ticket {{ticket.id}}."), node.id)
         if c.nested_repositories:
             body += "\n\n> [!WARNING]\n> " + nested_repositories_warning(c.nested_repositories)
-        pr = await self.credentials.open_pr(tid, ws, title, body)
+        pr = await self._step(node, "open_pr", lambda: self.credentials.open_pr(tid, ws, title, body))
         known = self.store.get_pr(tid)
         rec = PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha,
                                 pr.state or "open", pr.merge_sha)
@@ -501,7 +547,7 @@ class TicketRun:
             raise FailedPrecondition("builtin:merge needs a pull request: put builtin:open_pr in its `needs`")
         if pr.state == "merged":
             return pr.merge_sha  # recorded: never merge twice
-        current = await self.credentials.get_pr(ws, pr.number)
+        current = await self._step(node, "merge", lambda: self.credentials.get_pr(ws, pr.number))
         if current.state == "merged":
             pr.state, pr.merge_sha = "merged", current.merge_sha
             self.store.put_pr(pr)
@@ -515,7 +561,7 @@ class TicketRun:
             appr = await self._approval_for(node, pr.head_sha, pr)
             # The branch may have moved while it waited: a person approved
             # `appr.sha`, so only that SHA may be merged (R16); ask again.
-            current = await self.credentials.get_pr(ws, pr.number)
+            current = await self._step(node, "merge", lambda: self.credentials.get_pr(ws, pr.number))
             if current.head_sha and current.head_sha != appr.sha and current.state != "merged":
                 self.emit("approval.stale", {"node": node.id, "approved_sha": appr.sha,
                                              "head_sha": current.head_sha})
@@ -523,8 +569,8 @@ class TicketRun:
                 self.store.put_pr(pr)
                 continue
             break
-        r = await self.credentials.merge(tid, ws, pr.number, appr.principal, appr.sha, appr.at_ms,
-                                         str(node.with_.get("method") or ""))
+        r = await self._step(node, "merge", lambda: self.credentials.merge(
+            tid, ws, pr.number, appr.principal, appr.sha, appr.at_ms, str(node.with_.get("method") or "")))
         pr.state, pr.merge_sha = "merged", r.merge_sha
         self.store.put_pr(pr)
         self.emit("merge.done", {"node": node.id, "number": pr.number, "sha": appr.sha,
