@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.common.childenv import docker_cli_env
 from services.common.config import Config
 from services.common.errors import AfeError, ConfigError, FailedPrecondition
 from services.common.layout import DEFAULT_PORTS, Layout
@@ -63,6 +64,7 @@ class Options:
     check_images: bool = True
     log_level: str | None = None
     instance: str | None = None      # the sandbox broker's afe.instance label (Docker objects it owns)
+    broker_recovery: float | None = None   # the scheduler's --broker-recovery (tests turn it off)
     python: str = sys.executable
     modules: dict[str, str] = field(default_factory=lambda: dict(MODULES))
 
@@ -77,6 +79,10 @@ def preflight(opts: Options, environ: Mapping[str, str],
         raise ConfigError("these environment variables are named by the manifests but not set; export "
                           "them (the manifests hold only their NAMES) and run `afe up` again:\n"
                           + "\n".join(lines))
+    ca = environ.get("AFE_CA_FILE")
+    if ca and not os.path.isfile(ca):
+        raise ConfigError(f"AFE_CA_FILE={ca} is not a file: point it at the PEM bundle of the CA that signed "
+                          "your git server's or API's certificate, or unset it")
     for service in ("scheduler", "sandbox", "credentials"):
         sock = opts.layout.socket(service)
         if len(str(sock).encode()) > MAX_SOCKET_PATH:
@@ -103,7 +109,7 @@ def _check_other_images(config: Config) -> None:
         if image in (SANDBOX_IMAGE, PROXY_IMAGE):
             continue
         probe = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
-                               capture_output=True, check=False)
+                               capture_output=True, check=False, env=docker_cli_env())
         if probe.returncode != 0:
             missing.append(f"  {image} (named by {where})")
     if missing:
@@ -170,6 +176,8 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
             argv += ["--instance", opts.instance]
         if service == "scheduler" and opts.max_running is not None:
             argv += ["--max-running", str(opts.max_running)]
+        if service == "scheduler" and opts.broker_recovery is not None:
+            argv += ["--broker-recovery", str(opts.broker_recovery)]
         if service == "gateway":
             argv += ["--token-file", str(opts.layout.token_file), "--listen", opts.listen]
             if opts.public_url:

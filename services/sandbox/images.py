@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from services.common.childenv import DOCKER_CLI_NAMES, PROXY_NAMES, docker_cli_env, tool_env
 from services.common.config import DEFAULT_PROXY_IMAGE, DEFAULT_SANDBOX_IMAGE
 from services.common.errors import FailedPrecondition, Unavailable
 
@@ -27,16 +28,20 @@ PROXY_IMAGE = DEFAULT_PROXY_IMAGE
 
 Progress = Callable[[str], None]
 
+# build-base.sh runs debootstrap (apt over HTTP: the operator's proxies and
+# mirror) and `docker import` (the docker CLI's settings); nothing else (R33).
+BASE_BUILD_NAMES = (*DOCKER_CLI_NAMES, *PROXY_NAMES, "AFE_DEBIAN_MIRROR")
+
 
 def _present(image: str) -> bool:
     r = subprocess.run(["docker", "image", "inspect", image], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, check=False)
+                       stderr=subprocess.DEVNULL, check=False, env=docker_cli_env())
     return r.returncode == 0
 
 
-def _run(argv: list[str], what: str, progress: Progress) -> None:
+def _run(argv: list[str], what: str, progress: Progress, env: dict[str, str]) -> None:
     progress(f"{what}...")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     tail: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -50,7 +55,7 @@ def _run(argv: list[str], what: str, progress: Progress) -> None:
 
 def check_engine() -> None:
     r = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"],
-                       capture_output=True, text=True, check=False)
+                       capture_output=True, text=True, check=False, env=docker_cli_env())
     if r.returncode != 0:
         raise Unavailable("the Docker engine is not reachable: start it (or set DOCKER_HOST) and retry")
 
@@ -66,15 +71,15 @@ def ensure_images(progress: Progress = print, force: bool = False,
     base = BASE_IMAGE
     if not _present(base):
         if base != "afe/base:bookworm":
-            _run(["docker", "pull", base], f"pulling {base}", progress)
+            _run(["docker", "pull", base], f"pulling {base}", progress, docker_cli_env())
         else:
             _run(["bash", str(IMAGES_DIR / "build-base.sh"), base],
-                 f"building {base} with debootstrap (a few minutes)", progress)
+                 f"building {base} with debootstrap (a few minutes)", progress, tool_env(BASE_BUILD_NAMES))
         built.append(base)
     for image, folder in ((sandbox_image, "sandbox"), (proxy_image, "proxy")):
         if force or not _present(image):
             _run(["docker", "build", "--build-arg", f"BASE={base}", "-t", image,
-                  str(IMAGES_DIR / folder)], f"building {image}", progress)
+                  str(IMAGES_DIR / folder)], f"building {image}", progress, docker_cli_env())
             built.append(image)
     if built:
         progress("images ready: " + ", ".join(built))
