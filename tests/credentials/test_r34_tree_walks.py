@@ -141,8 +141,11 @@ def test_r34_chown_fallback_is_bounded_and_never_follows_links(tmp_path):
     assert os.stat(outside).st_uid == 0
     (root / "deep").mkdir()
     make_deep(root / "deep", DEEP)
-    with pytest.raises(FailedPrecondition) as exc:
-        _chown_tree(root, 12345, 12345)
+    try:
+        with pytest.raises(FailedPrecondition) as exc:
+            _chown_tree(root, 12345, 12345)
+    finally:
+        treewalk.remove_tree(root)  # pytest's own clean-up of tmp_path would recurse
     assert "deeper than 256 directories (limit of the workspace hand-over to the sandbox)" in exc.value.message
 
 
