@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-images", action="store_true",
                    help="do not check/build the Docker images before starting")
     p.add_argument("--ready-timeout", type=float, default=90.0, help=argparse.SUPPRESS)
+    p.add_argument("--broker-recovery", type=float, default=None, help=argparse.SUPPRESS)  # tests
     p.set_defaults(func=run)
 
 
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
                    ops_ports=parse_ops_ports(args.ops_port), listen=args.listen,
                    public_url=args.public_url, max_running=args.max_running,
                    ready_timeout=args.ready_timeout, check_images=not args.no_images,
-                   log_level=os.environ.get("AFE_LOG_LEVEL"), instance=args.instance)
+                   log_level=os.environ.get("AFE_LOG_LEVEL"), instance=args.instance,
+                   broker_recovery=args.broker_recovery)
     logging.getLogger(__name__).debug("launching with %s", config_dir)
     return launch(opts, out=lambda line: print(line, flush=True))

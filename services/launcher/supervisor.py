@@ -12,6 +12,7 @@ the thread that forked).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -214,14 +215,21 @@ class Supervisor:
             time.sleep(timeout)
 
     def stop_all(self, grace: float = STOP_GRACE) -> None:
-        """SIGTERM every child (gateway first), SIGKILL what is left after `grace` seconds."""
+        """SIGTERM the children in reverse start order, each after the one before
+        it has exited: callers stop before the brokers they call, so a stopping
+        scheduler can still have a terminal ticket's sandbox removed (R12). Each
+        child keeps a share of `grace` for those after it; SIGKILL what is left
+        after `grace` seconds."""
         self.stopping = True
-        for c in reversed(self.children):
-            c.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for c in self.children:
-            if c.proc is None:
-                continue
+        order = [c for c in reversed(self.children) if c.proc is not None]
+        reserve = grace / (2 * max(1, len(order)))      # kept for each child still to stop
+        for i, c in enumerate(order):
+            c.signal(signal.SIGTERM)
+            until = deadline - reserve * (len(order) - 1 - i)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(max(0.0, until - time.monotonic()))
+        for c in order:
             try:
                 c.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

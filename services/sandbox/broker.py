@@ -3,6 +3,7 @@ by tests that run the real broker in-process)."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ class Broker:
     server: grpc.aio.Server
     health: object
     socket_path: str
+    boot_id: str = ""
 
     async def start(self) -> None:
         await grpcutil.start_server(self.server, self.health, self.socket_path)
@@ -49,9 +51,11 @@ def build_broker(layout: Layout, socket_path: str, accepted: dict[str, bytes], r
     runner = Runner(sandboxes)
     files = FileTools(layout.workspace)
     metrics = sandbox_metrics(registry) if registry is not None else None
-    servicer = SandboxServicer(sandboxes, runner, files, metrics=metrics)
+    # New on every start: the scheduler sees a restarted broker and reconciles (R12).
+    boot_id = secrets.token_hex(8)
+    servicer = SandboxServicer(sandboxes, runner, files, metrics=metrics, boot_id=boot_id)
     server, health = grpcutil.create_server(
         socket_path, accepted, redactor,
         [lambda s: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(servicer, s)],
         service_names=[SERVICE_NAME], interceptors=interceptors, registry=registry)
-    return Broker(sandboxes, runner, files, server, health, socket_path)
+    return Broker(sandboxes, runner, files, server, health, socket_path, boot_id)

@@ -44,8 +44,9 @@ def _exit(x: Exit) -> pb.ExecExit:
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
     def __init__(self, sandboxes: SandboxManager, runner: Runner, files: FileTools,
-                 default_image: str = "", metrics: SandboxMetrics | None = None) -> None:
+                 default_image: str = "", metrics: SandboxMetrics | None = None, boot_id: str = "") -> None:
         self.sandboxes = sandboxes
+        self.boot_id = boot_id
         self.runner = runner
         self.files = files
         self.default_image = default_image
@@ -82,7 +83,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         r = await self.sandboxes.reconcile(list(request.live_tickets))
         return pb.ReconcileResponse(removed_tickets=list(r.removed_tickets),
                                     removed_containers=r.removed_containers,
-                                    removed_networks=r.removed_networks)
+                                    removed_networks=r.removed_networks, boot_id=self.boot_id)
+
+    async def Identify(self, request, context):
+        return pb.IdentifyResponse(boot_id=self.boot_id)
 
     async def Freeze(self, request, context):
         await self.sandboxes.freeze(request.ticket_id, request.frozen)

@@ -57,12 +57,14 @@ class SchedulerApp:
 def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Redactor, *,
               store_path: Path | None = None, max_running: int = 4,
               registry: CollectorRegistry | None = None, interceptors=(),
+              recovery_interval: float = 2.0,
               watch_send_timeout: float = WATCH_SEND_TIMEOUT_S) -> SchedulerApp:
     store = SqliteStore(store_path or layout.store_file)
     sandbox = SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
     credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))
     engine = Engine(config, store, sandbox, credentials, redactor, max_running=max_running,
-                    registry=registry if registry is not None else CollectorRegistry())
+                    registry=registry if registry is not None else CollectorRegistry(),
+                    recovery_interval=recovery_interval)
     socket_path = str(layout.socket("scheduler"))
     accepted = grpcutil.CallerSecrets({k: v for k, v in links.serve.items() if k in CALLERS})
     # Automation callers get server reflection too (behind the same key check) so generic tools work

@@ -7,6 +7,8 @@ deadline. The raw sandbox stub is exposed as `stub` for the ACP runner.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
@@ -19,29 +21,48 @@ SHORT = 30.0     # seconds for quick calls
 LONG = 900.0     # clone, push, merge
 CREDENTIALS = "the credential broker"
 SANDBOX = "the sandbox broker"
+SANDBOX = "the sandbox broker"
 
 
 class SandboxClient:
     def __init__(self, socket_path: str, secret: bytes | None) -> None:
         self.channel = open_channel(socket_path, secret)
         self.stub = sgrpc.SandboxBrokerStub(self.channel)
+        self._creates_open = asyncio.Event()
+        self._creates_open.set()
 
     async def close(self) -> None:
         await self.channel.close()
 
+    @contextlib.asynccontextmanager
+    async def creates_held(self) -> AsyncIterator[None]:
+        """New CreateSandbox calls wait inside this block, so a reconcile
+        computed from the live tickets cannot remove a sandbox made meanwhile."""
+        self._creates_open.clear()
+        try:
+            yield
+        finally:
+            self._creates_open.set()
+
     async def create(self, ticket_id: str, spec: spb.SandboxSpec) -> spb.Sandbox:
-        async with rpc_errors():
+        await self._creates_open.wait()
+        async with rpc_errors(SANDBOX, "creating the sandbox"):
             return await self.stub.CreateSandbox(spb.CreateSandboxRequest(ticket_id=ticket_id, spec=spec),
                                                  timeout=LONG)
 
     async def destroy(self, ticket_id: str) -> int:
-        async with rpc_errors():
+        async with rpc_errors(SANDBOX, "removing the sandbox"):
             r = await self.stub.DestroySandbox(spb.DestroySandboxRequest(ticket_id=ticket_id), timeout=LONG)
             return r.removed
 
     async def reconcile(self, live: list[str]) -> spb.ReconcileResponse:
         async with rpc_errors():
             return await self.stub.Reconcile(spb.ReconcileRequest(live_tickets=live), timeout=LONG)
+
+    async def identify(self) -> str:
+        """The broker process's boot id (new on each start)."""
+        async with rpc_errors(SANDBOX, "asking which broker answers"):
+            return (await self.stub.Identify(spb.IdentifyRequest(), timeout=SHORT)).boot_id
 
     async def freeze(self, ticket_id: str, frozen: bool) -> None:
         async with rpc_errors():
@@ -53,7 +74,7 @@ class SandboxClient:
                               output_cap_bytes=output_cap_bytes, cwd=cwd)
         call = self.stub.Exec(req)
         try:
-            async with rpc_errors():
+            async with rpc_errors(SANDBOX, "the command"):
                 async for ev in call:
                     yield ev
         finally:

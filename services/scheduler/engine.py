@@ -12,6 +12,7 @@ ticket resumes: nodes that were running run again, builtins are idempotent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ from .tickets import new_ticket_id, validate
 log = logging.getLogger(__name__)
 
 DIFF_MAX_BYTES = 1024 * 1024
+TEARDOWN_RETRY_FIRST = 1.0    # seconds before the first retry of a failed teardown (doubles)
+TEARDOWN_RETRY_MAX = 30.0
+FINAL_TEARDOWN_S = 3.0        # what a stopping scheduler spends on teardowns still pending
 
 
 @dataclass
@@ -58,7 +62,8 @@ class TicketView:
 
 class Engine:
     def __init__(self, config: Config, store: Store, sandbox: SandboxClient, credentials: CredentialsClient,
-                 redactor: Redactor, *, max_running: int = 4, registry=None) -> None:
+                 redactor: Redactor, *, max_running: int = 4, registry=None,
+                 recovery_interval: float = 2.0) -> None:
         self.config = config
         self.store = store
         self.sandbox = sandbox
@@ -76,21 +81,26 @@ class Engine:
         self._background: set[asyncio.Task] = set()
         self._started = False
         self._stopping = False
+        # Every `recovery_interval` s the sandbox broker is asked who it is: a new
+        # boot id (it restarted) means reconcile now; failed teardowns are retried
+        # with back-off until done (R12). 0 turns both off (tests' positive control).
+        self.recovery_interval = recovery_interval
+        self._broker_boot: str | None = None
+        self._teardown_wake = asyncio.Event()
 
     # ---- lifecycle -------------------------------------------------------
 
     async def start(self) -> None:
         """Resume every non-terminal ticket, reconcile sandboxes, tear down leftovers."""
         self._started = True
+        await self._reconcile_sandboxes()
         live = self.store.tickets_in_states(LIVE)
-        try:
-            r = await self.sandbox.reconcile([t.id for t in live])
-            if r.removed_tickets:
-                log.info("reconcile removed sandboxes of %s ticket(s)", len(r.removed_tickets))
-        except AfeError as exc:
-            log.warning("could not reconcile sandboxes at start: %s", exc)
-        for t in self.store.terminal_not_torn_down():
-            self._spawn(self._teardown_only(t))
+        if self.recovery_interval > 0:
+            self._spawn(self._retry_teardowns())
+            self._spawn(self._watch_sandbox_broker())
+        else:
+            for t in self.store.terminal_not_torn_down():
+                self._spawn(self._teardown_only(t))
         for t in live:
             if t.state == RUNNING:
                 self._running.add(t.id)
@@ -108,7 +118,69 @@ class Engine:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self.recovery_interval > 0:
+            await self._final_teardowns()
         self.events.flush()
+
+    async def _reconcile_sandboxes(self) -> bool:
+        """Have the sandbox broker remove every sandbox, proxy and network whose
+        ticket is not live (R12). Creates wait meanwhile, so the live set read
+        here cannot miss a sandbox made during the call."""
+        try:
+            async with self.sandbox.creates_held():
+                live = [t.id for t in self.store.tickets_in_states(LIVE)]
+                r = await self.sandbox.reconcile(live)
+        except AfeError as exc:
+            log.warning("could not reconcile sandboxes (retried when the sandbox broker answers): %s", exc)
+            return False
+        self._broker_boot = r.boot_id or None
+        if r.removed_tickets:
+            log.info("reconcile removed sandboxes of %s ticket(s)", len(r.removed_tickets))
+        return True
+
+    async def _watch_sandbox_broker(self) -> None:
+        """A sandbox broker that restarted (new boot id) is reconciled at once,
+        and the teardowns that failed while it was away are retried."""
+        while True:
+            await asyncio.sleep(self.recovery_interval)
+            try:
+                boot = await self.sandbox.identify()
+            except AfeError:
+                continue            # down or restarting: a later probe sees it back
+            if boot != self._broker_boot:
+                log.warning("the sandbox broker restarted; reconciling sandboxes with the live tickets")
+                if await self._reconcile_sandboxes():
+                    self._teardown_wake.set()
+
+    async def _retry_teardowns(self) -> None:
+        """Tear down terminal tickets whose teardown failed (the store keeps
+        `torn_down` false for them), with back-off while a broker is away."""
+        delay = TEARDOWN_RETRY_FIRST
+        while True:
+            self._teardown_wake.clear()
+            failed = 0
+            for t in self.store.terminal_not_torn_down():
+                if t.id not in self._finishing and not await self._teardown_only(t):
+                    failed += 1
+            wait: float | None = None
+            if failed:
+                wait, delay = delay, min(delay * 2, TEARDOWN_RETRY_MAX)
+            else:
+                delay = TEARDOWN_RETRY_FIRST
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._teardown_wake.wait()
+
+    async def _final_teardowns(self) -> None:
+        """A stopping scheduler makes one bounded attempt at pending teardowns
+        (the launcher stops it before the brokers)."""
+        pending = self.store.terminal_not_torn_down()
+        if not pending:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FINAL_TEARDOWN_S):
+                for t in pending:
+                    await self._teardown_only(t)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -353,6 +425,8 @@ class Engine:
         self.events.flush()
         self.store.update_ticket(t.id, state=state, error=self.redactor.redact(error or ""),
                                  updated_at_ms=now_ms(), awaiting_sha="", torn_down=torn)
+        if not torn:
+            self._teardown_wake.set()       # _retry_teardowns takes it from here
         self.events.append(t.id, "ticket.finished", {"state": state, "error": error or ""})
         self.events.flush()
         self._transition_metric(state)
@@ -379,9 +453,12 @@ class Engine:
             log.warning("ticket %s: could not release its workspace: %s", t.id, exc)
         return ok
 
-    async def _teardown_only(self, t: TicketRecord) -> None:
+    async def _teardown_only(self, t: TicketRecord) -> bool:
         if await self._teardown(t):
             self.store.update_ticket(t.id, torn_down=True)
+            log.info("ticket %s: teardown done", t.id)
+            return True
+        return False
 
     # ---- metrics ---------------------------------------------------------------
 

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 def _extra(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, default=4,
                    help="global limit on tickets running at once (default 4)")
+    p.add_argument("--broker-recovery", type=float, default=2.0, metavar="SECONDS",
+                   help="how often to check for a restarted sandbox broker (then reconcile) and to retry "
+                   "failed teardowns at the latest (default 2; 0 = never, tests only)")
 
 
 async def amain(argv: list[str] | None = None) -> int:
@@ -43,7 +46,7 @@ async def amain(argv: list[str] | None = None) -> int:
     config = load_config(ctx.config_dir)
     app = build_app(config, ctx.layout, ctx.links, ctx.redactor, store_path=db_path,
                     max_running=args.max_running, registry=ctx.registry,
-                    interceptors=grpc_server_interceptors())
+                    interceptors=grpc_server_interceptors(), recovery_interval=args.broker_recovery)
 
     async def store_ready() -> bool:
         return app.store.ping()

@@ -278,8 +278,11 @@ class ReconcileResponse(_message.Message):
     REMOVED_TICKETS_FIELD_NUMBER: _builtins.int
     REMOVED_CONTAINERS_FIELD_NUMBER: _builtins.int
     REMOVED_NETWORKS_FIELD_NUMBER: _builtins.int
+    BOOT_ID_FIELD_NUMBER: _builtins.int
     removed_containers: _builtins.int
     removed_networks: _builtins.int
+    boot_id: _builtins.str
+    """the broker process that reconciled"""
     @_builtins.property
     def removed_tickets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -288,14 +291,49 @@ class ReconcileResponse(_message.Message):
         removed_tickets: _abc.Iterable[_builtins.str] | None = ...,
         removed_containers: _builtins.int = ...,
         removed_networks: _builtins.int = ...,
+        boot_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed_containers", b"removed_containers", "removed_networks", b"removed_networks", "removed_tickets", b"removed_tickets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot_id", b"boot_id", "removed_containers", b"removed_containers", "removed_networks", b"removed_networks", "removed_tickets", b"removed_tickets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReconcileResponse: _TypeAlias = ReconcileResponse  # noqa: Y015
+
+@_typing.final
+class IdentifyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IdentifyRequest: _TypeAlias = IdentifyRequest  # noqa: Y015
+
+@_typing.final
+class IdentifyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BOOT_ID_FIELD_NUMBER: _builtins.int
+    boot_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        boot_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot_id", b"boot_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IdentifyResponse: _TypeAlias = IdentifyResponse  # noqa: Y015
 
 @_typing.final
 class FreezeRequest(_message.Message):

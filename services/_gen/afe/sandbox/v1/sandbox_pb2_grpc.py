@@ -54,6 +54,11 @@ class SandboxBrokerStub:
                 request_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ReconcileRequest.SerializeToString,
                 response_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ReconcileResponse.FromString,
                 _registered_method=True)
+        self.Identify = channel.unary_unary(
+                '/afe.sandbox.v1.SandboxBroker/Identify',
+                request_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentifyRequest.SerializeToString,
+                response_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentifyResponse.FromString,
+                _registered_method=True)
         self.Freeze = channel.unary_unary(
                 '/afe.sandbox.v1.SandboxBroker/Freeze',
                 request_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.FreezeRequest.SerializeToString,
@@ -131,6 +136,14 @@ class SandboxBrokerServicer:
     def Reconcile(self, request, context):
         """Remove every afe.ticket-labelled object of this broker's instance whose
         ticket is not in live_tickets.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Identify(self, request, context):
+        """Which broker process answers: a new boot_id means the broker restarted
+        (the scheduler then reconciles at once, R12).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -224,6 +237,11 @@ def add_SandboxBrokerServicer_to_server(servicer, server):
                     servicer.Reconcile,
                     request_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ReconcileRequest.FromString,
                     response_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ReconcileResponse.SerializeToString,
+            ),
+            'Identify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Identify,
+                    request_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentifyRequest.FromString,
+                    response_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentifyResponse.SerializeToString,
             ),
             'Freeze': grpc.unary_unary_rpc_method_handler(
                     servicer.Freeze,
@@ -384,6 +402,33 @@ class SandboxBroker:
             '/afe.sandbox.v1.SandboxBroker/Reconcile',
             afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ReconcileRequest.SerializeToString,
             afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ReconcileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Identify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.sandbox.v1.SandboxBroker/Identify',
+            afe_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentifyRequest.SerializeToString,
+            afe_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentifyResponse.FromString,
             options,
             channel_credentials,
             insecure,
