@@ -5,6 +5,12 @@ It records every request (method, path, query, headers, body size) so tests
 can prove where the token travelled: `saw_token_outside_authorization()`
 is True if the token showed up anywhere but the Authorization header.
 Push is enabled (REMOTE_USER is set for authenticated requests).
+
+`fail_next(status, times)` answers the next `times` requests with `status`
+(an HTTP error page) instead of serving them. `hold(predicate)` makes every
+request for which `predicate(method, path)` is true wait, AFTER git served it
+(a push has updated the ref), until `release()`: `held` is set meanwhile, so
+a test can kill the client mid-call knowing the side effect has happened.
 """
 
 from __future__ import annotations
@@ -40,6 +46,22 @@ class GitHttpServer:
     auth_headers: list[str] = field(default_factory=list)
     port: int = 0
     delay_s: float = 0.0               # hold each request this long (lets a /proc poller see git)
+    failures: list[int] = field(default_factory=list)
+    held: threading.Event = field(default_factory=threading.Event)
+    _hold: object | None = None
+    _release: threading.Event = field(default_factory=threading.Event)
+
+    def fail_next(self, status: int, times: int = 1) -> None:
+        self.failures.extend([status] * times)
+
+    def hold(self, predicate) -> None:
+        self.held.clear()
+        self._release.clear()
+        self._hold = predicate
+
+    def release(self) -> None:
+        self._hold = None
+        self._release.set()
 
     def url(self, repo: str) -> str:
         scheme = "https" if self.ssl_context else "http"
@@ -83,6 +105,14 @@ class GitHttpServer:
                         ok = False
                 hdrs = {k: v for k, v in self.headers.items() if k.lower() != "authorization"}
                 owner.requests.append(SeenRequest(self.command, self.path, hdrs, body, ok))
+                if owner.failures:
+                    status = owner.failures.pop(0)
+                    msg = f"error {status}\n".encode()
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(msg)))
+                    self.end_headers()
+                    self.wfile.write(msg)
+                    return
                 if not ok:
                     msg = b"authentication required\n"
                     self.send_response(401)
@@ -112,6 +142,10 @@ class GitHttpServer:
                         status = int(v.strip().split()[0])
                     elif k:
                         headers.append((k, v.strip()))
+                hold = owner._hold
+                if hold is not None and hold(self.command, path):
+                    owner.held.set()
+                    owner._release.wait(120)
                 self.send_response(status)
                 for k, v in headers:
                     self.send_header(k, v)
