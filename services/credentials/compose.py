@@ -3,6 +3,7 @@ from the environment. Shared by main.py and the in-process test broker."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from services.common.config import Config
@@ -30,15 +31,16 @@ def private_dir(layout: Layout) -> Path:
 
 
 def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], redactor: Redactor, *,
-               ca_file: Path | None = None, retry: RetryPolicy | None = None,
+               ca_file: Path | None = None, proxies: Mapping[str, str] | None = None,
+               retry: RetryPolicy | None = None,
                git_timeout_s: float = 600.0, spare_checkouts: bool = True) -> CredentialCore:
     layout.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     own = private_dir(layout)
     helper = write_helper(own / "bin")
-    runner = GitRunner(own / "home", redactor, ca_file=ca_file, timeout_s=git_timeout_s)
+    runner = GitRunner(own / "home", redactor, ca_file=ca_file, proxies=proxies, timeout_s=git_timeout_s)
     git = WorkspaceGit(runner, layout, secrets, helper, config_dir=config.directory,
                        spares_dir=own / "spares" if spare_checkouts else None)
-    http = HttpClient(redactor, ca_file=ca_file, retry=retry)
+    http = HttpClient(redactor, ca_file=ca_file, proxies=proxies, retry=retry)
     forges = {
         "github": GitHubForge(http, secrets),
         "local": LocalForge(runner, layout.forges_dir, config_dir=config.directory),

@@ -5,13 +5,16 @@ Every git process gets a fixed environment built from nothing (no inherited
 HOME), `-c` hardening as defence in depth, and argv lists only. Callers put
 `--end-of-options` / `--` before any path or user-influenced argument.
 The token, when needed, is added to the environment of that one process and
-is answered by the askpass helper; it is never in argv.
+is answered by the askpass helper; it is never in argv. The operator's
+`AFE_CA_FILE` (as `GIT_SSL_CAINFO`) and HTTP(S) proxies are the only
+settings taken from outside (R33).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,11 +82,12 @@ class GitRunner:
     """Builds the argv and environment of every host git process."""
 
     def __init__(self, home: Path, redactor: Redactor, *, ca_file: Path | None = None,
-                 timeout_s: float = 600.0, git: str = "git") -> None:
+                 proxies: Mapping[str, str] | None = None, timeout_s: float = 600.0, git: str = "git") -> None:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.home = home
         self.redactor = redactor
         self.ca_file = ca_file
+        self.proxies = dict(proxies or {})    # the operator's http(s)_proxy / no_proxy, for curl inside git
         self.timeout_s = timeout_s
         self.git = git
 
@@ -105,6 +109,7 @@ class GitRunner:
         }
         if self.ca_file is not None:
             env["GIT_SSL_CAINFO"] = str(self.ca_file)
+        env.update(self.proxies)
         if extra:
             env.update(extra)
         return env

@@ -13,6 +13,9 @@ import logging
 import random
 import ssl
 import time
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,11 +79,29 @@ def _retryable(resp: Response) -> bool:
     return resp.status == 403 and ("retry-after" in resp.headers or resp.headers.get("x-ratelimit-remaining") == "0")
 
 
+def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:
+    """The proxy for `url` from the operator's `http(s)_proxy` / `no_proxy`
+    (lower case wins, as in curl), or None for a direct connection."""
+    table: dict[str, str] = {}
+    for name in sorted(proxies, key=lambda n: n.islower()):   # upper case first, lower case overrides
+        if proxies[name] and name.lower().endswith("_proxy"):
+            table[name.lower()[:-len("_proxy")]] = proxies[name]
+    parts = urllib.parse.urlsplit(url)
+    chosen = table.get(parts.scheme)
+    if not chosen:
+        return None
+    if "no" in table and urllib.request.proxy_bypass_environment(parts.hostname or "", {"no": table["no"]}):
+        return None
+    return chosen
+
+
 class HttpClient:
-    def __init__(self, redactor: Redactor, *, ca_file: Path | None = None, retry: RetryPolicy | None = None,
+    def __init__(self, redactor: Redactor, *, ca_file: Path | None = None,
+                 proxies: Mapping[str, str] | None = None, retry: RetryPolicy | None = None,
                  user_agent: str = "afe") -> None:
         self.redactor = redactor
         self.ca_file = ca_file
+        self.proxies = dict(proxies or {})
         self.retry = retry or RetryPolicy()
         self.user_agent = user_agent
         self._session: aiohttp.ClientSession | None = None
@@ -109,6 +130,7 @@ class HttpClient:
             try:
                 async with session.request(method, url, headers=hdrs, json=json_body,
                                            timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                           proxy=proxy_for(url, self.proxies),
                                            allow_redirects=False) as r:
                     text = await r.text(errors="replace")
                     rh = {k.lower(): v for k, v in r.headers.items()}
@@ -117,6 +139,10 @@ class HttpClient:
                     except ValueError:
                         body = text
                     resp = Response(r.status, rh, body)
+            except aiohttp.ClientConnectorCertificateError as exc:
+                raise Unavailable(f"{what}: the server's TLS certificate is not trusted "
+                                  f"({self.redactor.redact(str(exc.certificate_error))}); if a private CA "
+                                  "signed it, set AFE_CA_FILE to that CA's PEM bundle") from None
             except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last_exc = exc
             if resp is not None and not _retryable(resp):

@@ -6,8 +6,10 @@ forge and model secrets. It serves the scheduler only.
 
 Secrets: exactly the variables the manifests name (tokenEnv, apiKeyEnv) are
 read once, registered with the redactor and removed from the environment
-(R28, R30). `AFE_CA_FILE` (optional) names an extra CA bundle for git and the
-HTTP APIs (GitHub Enterprise or a proxy with a private CA).
+(R28, R30). `AFE_CA_FILE` (optional) names the CA bundle git and the HTTP
+APIs trust (GitHub Enterprise or a proxy with a private CA); `https_proxy`,
+`http_proxy` and `no_proxy` (optional) route git and the HTTP APIs through
+the operator's proxy. `afe up` passes exactly these (services/launcher/environment.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import cast
 
 from services.common import grpcutil
+from services.common.childenv import proxy_env
 from services.common.layout import DEFAULT_PORTS
 from services.common.manifests import load_config
 from services.common.metrics import MeteredCredentials
@@ -44,8 +47,11 @@ async def serve(argv: list[str] | None = None) -> None:
     if missing:
         log.warning("not set (workspaces/models using them will fail): %s", ", ".join(missing))
     ca = os.environ.get("AFE_CA_FILE")
+    if ca and not os.path.isfile(ca):
+        log.warning("AFE_CA_FILE=%s is not a readable file; HTTPS to a server of a private CA will fail", ca)
     ctx.layout.ensure()
-    core = build_core(config, ctx.layout, secrets, ctx.redactor, ca_file=Path(ca) if ca else None)
+    core = build_core(config, ctx.layout, secrets, ctx.redactor, ca_file=Path(ca) if ca else None,
+                      proxies=proxy_env())
     socket_path = str(ctx.layout.socket("credentials"))
     accepted = {k: v for k, v in ctx.links.serve.items() if k == "scheduler"}
     server, health = grpcutil.create_server(socket_path, accepted, ctx.redactor,

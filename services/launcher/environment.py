@@ -1,19 +1,22 @@
-"""Which environment variables each process receives (DESIGN §1).
+"""Which environment variables each process receives (DESIGN §1, R33).
 
 Every child starts from an EMPTY environment: `PATH HOME LANG TZ` plus only
 the names its role needs. The credential broker gets exactly the `tokenEnv` /
-`apiKeyEnv` names the manifests mention, the sandbox broker exactly the names
+`apiKeyEnv` names the manifests mention, `AFE_CA_FILE` and the HTTP(S) proxy
+variables (for its git and HTTPS calls); the sandbox broker exactly the names
 `acp` agents declare (+ `DOCKER_HOST`), the gateway the UI token, the
 scheduler the store URL; every child gets the `OTEL_*` exporter settings.
+The table of every operator setting and the process it reaches is in
+docs/OPERATIONS.md ("Operator settings").
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from services.common.childenv import BASE_NAMES, PROXY_NAMES
 from services.common.config import Config
 
-BASE_NAMES = ("PATH", "HOME", "LANG", "TZ")
 SERVICES = ("sandbox", "credentials", "scheduler", "gateway")
 
 
@@ -22,6 +25,7 @@ def allowed_names(service: str, config: Config, environ: Mapping[str, str]) -> l
     names = list(BASE_NAMES)
     if service == "credentials":
         names += config.credential_env_names()
+        names += ["AFE_CA_FILE", *PROXY_NAMES]
     elif service == "sandbox":
         names += config.agent_env_names()
         names.append("DOCKER_HOST")

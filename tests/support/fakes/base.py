@@ -34,6 +34,7 @@ class FakeServer:
         self.seen: list[Seen] = []
         self.failures: list[Failure] = []
         self.port = 0
+        self.ssl_context = None          # an ssl.SSLContext serves HTTPS instead of HTTP
         self._runner: web.AppRunner | None = None
 
     def routes(self, app: web.Application) -> None:
@@ -41,7 +42,7 @@ class FakeServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
 
     def fail_next(self, status: int, body: str = "", headers: dict[str, str] | None = None,
                   times: int = 1) -> None:
@@ -65,7 +66,7 @@ class FakeServer:
         self.routes(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.ssl_context)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return self
