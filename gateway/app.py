@@ -36,8 +36,8 @@ BACKEND_KEY: web.AppKey[SchedulerBackend] = web.AppKey("backend", SchedulerBacke
 CONNS_KEY: web.AppKey[set] = web.AppKey("conns", set)
 
 
-def _plain(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _plain(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
 
 
 @web.middleware
@@ -68,7 +68,8 @@ async def _rpc(request: web.Request) -> web.StreamResponse:
     except Denied as exc:
         auth.metrics.handshakes.labels(str(exc.status)).inc()
         log.info("rpc handshake refused (%s): %s", exc.status, exc.reason)
-        return _plain(exc.status, exc.reason)
+        return _plain(exc.status, exc.reason,
+                      {"Retry-After": str(exc.retry_after)} if exc.retry_after else None)
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, heartbeat=30, autoping=True)
     if not ws.can_prepare(request).ok:
         return _plain(400, "/rpc is a WebSocket endpoint")

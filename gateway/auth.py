@@ -5,6 +5,9 @@
   client address; a POST whose `Origin` is not ours is refused (login CSRF).
 - The /rpc handshake takes either `Authorization: Bearer <token>` (the CLI)
   or the cookie, and the cookie only with `Origin` equal to our origin.
+  Failed bearer tokens count against the same per-address limiter as failed
+  logins (R38): once it trips, /rpc and login answer 429 with Retry-After
+  for that address, even to the correct token (else the guessing would go on).
 """
 
 from __future__ import annotations
@@ -37,10 +40,11 @@ class Principal:
 
 
 class Denied(Exception):
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, retry_after: int = 0) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.retry_after = retry_after
 
 
 class Authenticator:
@@ -91,7 +95,14 @@ class Authenticator:
                 raise Denied(401, "Authorization must be 'Bearer <token>'")
             if origin is not None and not self.site.origin_is_ours(origin):
                 raise Denied(403, "requests from another origin are refused")
+            client = self._client(request)
+            wait = self.limiter.retry_after(client)
+            if wait > 0:
+                raise Denied(429, "too many failed tokens or logins from this address; wait and try again",
+                             retry_after=int(wait) + 1)
             if not self.token_matches(value.strip()):
+                self.limiter.failed(client)
+                log.info("failed bearer token from %s", client)
                 raise Denied(401, "the bearer token is not valid (was it rotated?)")
             return Principal("cli", self.tokens.generation)
         if cookies.COOKIE_NAME not in request.cookies:

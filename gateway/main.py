@@ -41,7 +41,7 @@ def _extra(p: argparse.ArgumentParser) -> None:
     p.add_argument("--public-url", default=None,
                    help="the URL people open (its origin is the only one trusted); default http://<listen>")
     p.add_argument("--max-failed-logins", type=int, default=10,
-                   help="failed logins allowed per client address per minute")
+                   help="failed logins and /rpc bearer tokens allowed per client address per minute")
     p.add_argument("--token-file", default=None,
                    help="0600 file holding the UI token, used when AFE_UI_TOKEN is unset "
                         "(default <data>/ui-token)")

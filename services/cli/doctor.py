@@ -209,6 +209,7 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
     runner = Runner(mgr)
     t0 = time.monotonic()
     plain = await mgr.create(SandboxSettings(ticket_id="doctor-plain", pids=64, memory_bytes=64 * 1024 ** 2,
+                                             disk_bytes=32 * 1024 ** 2,
                                              env_names=("AFE_DOCTOR_PROBE",)))
     attrs = client.api.inspect_container(plain.container_id)
     hc = attrs["HostConfig"]
@@ -250,6 +251,19 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
     report.add("R8 /workspace the only writable mount, no Docker socket", ok8,
                f"ReadonlyRootfs={hc['ReadonlyRootfs']}, write / exit={rootw}, write /workspace exit={wsw}, "
                f"binds={binds}, docker.sock found: {socks or 'none'}")
+
+    # R34: which disk cap holds; with a loop-mounted image, writing past 32m gives ENOSPC.
+    if mgr.diskcap.mode == "mount":
+        fill, fout = await _exec(runner, "doctor-plain", [
+            "bash", "-c", ("dd if=/dev/zero of=/workspace/.doctor-fill bs=1M count=48 2>&1; "
+                           "r=$?; rm -f /workspace/.doctor-fill; exit $r")])
+        report.add("R34 workspace disk cap", fill != 0 and "No space left" in fout,
+                   f"mount mode ({mgr.diskcap.why}); writing 48 MiB under a 32m cap -> exit {fill}, "
+                   f"{'ENOSPC' if 'No space left' in fout else 'no ENOSPC'}")
+    else:
+        report.add("R34 workspace disk cap", True,
+                   f"watchdog mode ({mgr.diskcap.why}): usage measured every second, the sandbox is "
+                   "stopped past the cap (overshoot: about one second of writes)")
 
     env = [e.split("=", 1)[0] for e in attrs["Config"]["Env"]]
     _, seen_exec = await _exec(runner, "doctor-plain", ["printenv", "AFE_DOCTOR_PROBE"])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from services.common.layout import DEFAULT_PORTS, Layout
 from services.common.logs import setup_logging
+from services.common.ops import check_ops_name
 from services.common.redact import Redactor
 
 SERVICES = ("sandbox", "credentials", "scheduler", "gateway")
@@ -24,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", default=None, metavar="DIR", help="runtime folder for sockets (default: .afe/run)")
     p.add_argument("--ops-host", default="127.0.0.1", metavar="HOST",
                    help="address the /livez /readyz /metrics endpoints bind to (default: 127.0.0.1)")
+    p.add_argument("--ops-name", action="append", default=[], metavar="NAME",
+                   help="another Host name the ops endpoints answer to, e.g. the name a Prometheus "
+                   "scrapes them by (they refuse every other name: DNS rebinding); repeatable")
     p.add_argument("--ops-port", action="append", default=[], metavar="[SERVICE=]PORT",
                    help="ops port for a service (sandbox, credentials, scheduler, gateway), or PORT for "
                    "all; 0 picks a free port. Defaults: " + ", ".join(
@@ -73,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         config_dir = demo.materialize(data.parent / "demo")
         print(f"afe up: no --config and no ./afe.d; using the bundled demo in {config_dir}")
-    opts = Options(config_dir=config_dir, layout=layout, ops_host=args.ops_host,
+    try:
+        ops_names = tuple(check_ops_name(n) for n in args.ops_name)
+    except ValueError as exc:
+        raise SystemExit(f"afe up: {exc}") from None
+    opts = Options(config_dir=config_dir, layout=layout, ops_host=args.ops_host, ops_names=ops_names,
                    ops_ports=parse_ops_ports(args.ops_port), listen=args.listen,
                    public_url=args.public_url, max_running=args.max_running,
                    ready_timeout=args.ready_timeout, check_images=not args.no_images,

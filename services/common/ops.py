@@ -1,11 +1,19 @@
 """The ops HTTP endpoints every process serves on its own port (R23-R25):
 `/livez`, `/readyz` (names of failing dependencies only) and `/metrics`.
+
+Every request must name this server in its `Host` header (R38, DNS
+rebinding): the bound address (an IPv6 literal in brackets), `localhost`
+when bound to loopback, any IP literal when bound to every address, or a
+name the operator gave with `--ops-name`; an optional `:port` is allowed.
+Anything else gets 421.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -14,6 +22,65 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 log = logging.getLogger(__name__)
 
 ReadyCheck = Callable[[], Awaitable[bool]]
+
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def check_ops_name(name: str) -> str:
+    """A host name (or IP literal) the operator lets the ops port answer to."""
+    n = name.strip().lower()
+    if _ip(n) is None and not _NAME_RE.match(n):
+        raise ValueError(f"--ops-name {name[:80]!r} is not a host name or IP address")
+    return str(_ip(n)) if _ip(n) is not None else n
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return None
+
+
+def _split_host(header: str) -> str | None:
+    """The host part of a Host header (IPv6 without brackets), or None when malformed."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        end = h.find("]")
+        if end < 0:
+            return None
+        host, rest = h[1:end], h[end + 1:]
+        if _ip(host) is None or _ip(host).version != 6:
+            return None
+    else:
+        host, sep, port = h.partition(":")
+        rest = sep + port
+    if rest and not (rest.startswith(":") and rest[1:].isdigit() and len(rest) <= 6):
+        return None
+    return host or None
+
+
+class HostPolicy:
+    """Which Host values a server bound to `bind` answers (R38)."""
+
+    def __init__(self, bind: str, names: tuple[str, ...] = ()) -> None:
+        b = bind.strip("[]").lower()
+        self.any_ip = b in _WILDCARDS
+        addr = _ip(b)
+        self.names = {check_ops_name(n) for n in names}
+        if not self.any_ip:
+            self.names.add(str(addr) if addr is not None else b)
+        if self.any_ip or (addr is not None and addr.is_loopback) or b == "localhost":
+            self.names.add("localhost")
+
+    def allows(self, header: str | None) -> bool:
+        host = _split_host(header) if header else None
+        if host is None:
+            return False
+        addr = _ip(host)
+        if addr is not None:
+            return self.any_ip or str(addr) in self.names
+        return host.rstrip(".") in self.names
 
 
 class OpsServer:
@@ -24,8 +91,10 @@ class OpsServer:
     """
 
     def __init__(self, registry: CollectorRegistry, checks: dict[str, ReadyCheck] | None = None,
-                 host: str = "127.0.0.1", port: int = 0, timeout: float = 2.0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, timeout: float = 2.0,
+                 names: tuple[str, ...] = ()) -> None:
         self.registry = registry
+        self.hosts = HostPolicy(host, tuple(names))
         self.checks = dict(checks or {})
         self.host = host
         self.port = port
@@ -33,11 +102,19 @@ class OpsServer:
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._host_guard])
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         return app
+
+    @web.middleware
+    async def _host_guard(self, request: web.Request, handler):
+        if not self.hosts.allows(request.headers.get("Host")):
+            return web.json_response(
+                {"error": "unknown Host: use the address the ops port is bound to, or let the process "
+                          "answer to this name with --ops-name"}, status=421)
+        return await handler(request)
 
     async def _livez(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from .layout import Layout
 from .links import LinkSecrets, read_link_fd
 from .logs import setup_logging
-from .ops import OpsServer, ReadyCheck
+from .ops import OpsServer, ReadyCheck, check_ops_name
 from .redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,15 @@ class ProcessContext:
     ops_port: int
     status_fd: int | None
     extra: dict = field(default_factory=dict)
+    ops_names: tuple[str, ...] = ()
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _ops_name(value: str) -> str:
+    try:
+        return check_ops_name(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(name: str, default_ops_port: int, argv: list[str] | None = None,
@@ -55,6 +63,8 @@ def parse_args(name: str, default_ops_port: int, argv: list[str] | None = None,
     p.add_argument("--link-fd", type=int, default=None, help="inherited fd carrying link secrets")
     p.add_argument("--status-fd", type=int, default=None, help="inherited fd for the readiness line")
     p.add_argument("--ops-host", default="127.0.0.1")
+    p.add_argument("--ops-name", action="append", default=[], metavar="NAME", type=_ops_name,
+                   help="another Host name the ops endpoints answer to (R38); repeatable")
     p.add_argument("--ops-port", type=int, default=default_ops_port)
     p.add_argument("--log-level", default=os.environ.get("AFE_LOG_LEVEL", "INFO"))
     if extra:
@@ -78,6 +88,7 @@ def make_context(name: str, args: argparse.Namespace) -> ProcessContext:
         ops_host=args.ops_host,
         ops_port=args.ops_port,
         status_fd=args.status_fd,
+        ops_names=tuple(getattr(args, "ops_name", ()) or ()),
     )
 
 
@@ -100,7 +111,7 @@ async def run_until_signalled(ctx: ProcessContext, checks: dict[str, ReadyCheck]
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, ctx.stopping.set)
-    ops = OpsServer(ctx.registry, checks, host=ctx.ops_host, port=ctx.ops_port)
+    ops = OpsServer(ctx.registry, checks, host=ctx.ops_host, port=ctx.ops_port, names=ctx.ops_names)
     info = await start()
     port = await ops.start()
     log.info("%s ready (ops on %s:%s)", ctx.name, ctx.ops_host, port)

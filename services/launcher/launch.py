@@ -55,6 +55,7 @@ class Options:
     config_dir: Path
     layout: Layout
     ops_host: str = "127.0.0.1"
+    ops_names: tuple[str, ...] = ()   # more Host names the ops endpoints answer to (R38)
     ops_ports: dict[str, int] = field(default_factory=lambda: {
         s: DEFAULT_PORTS[f"{s}_ops"] for s in ORDER})
     listen: str = f"127.0.0.1:{DEFAULT_PORTS['gateway']}"
@@ -170,6 +171,8 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
                 "--config", str(config.directory),
                 "--data", str(opts.layout.data_dir), "--run", str(opts.layout.run_dir),
                 "--ops-host", opts.ops_host, "--ops-port", str(opts.ops_ports[service])]
+        for name in opts.ops_names:
+            argv += ["--ops-name", name]
         if opts.log_level:
             argv += ["--log-level", opts.log_level]
         if service == "sandbox" and opts.instance:

@@ -3,6 +3,7 @@ by tests that run the real broker in-process)."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from .execs import Runner
 from .files import FileTools
 from .sandboxes import SandboxManager
 from .servicer import SandboxServicer
+
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = "afe.sandbox.v1.SandboxBroker"
 
@@ -45,9 +48,11 @@ def build_broker(layout: Layout, socket_path: str, accepted: dict[str, bytes], r
                  instance: str = "default", egress_network: str = "bridge",
                  allow_private: Iterable[str] = (), env_values: dict | None = None,
                  interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
-                 registry: CollectorRegistry | None = None) -> Broker:
+                 registry: CollectorRegistry | None = None, disk_mode: str | None = None) -> Broker:
     sandboxes = SandboxManager(layout, instance=instance, egress_network=egress_network,
-                               allow_private=allow_private, env_values=env_values)
+                               allow_private=allow_private, env_values=env_values, disk_mode=disk_mode)
+    # R34: say which disk cap holds (a loop-mounted image, or the coarser watchdog) and why
+    log.info("workspace disk cap: %s mode (%s)", sandboxes.diskcap.mode, sandboxes.diskcap.why)
     runner = Runner(sandboxes)
     files = FileTools(layout.workspace)
     metrics = sandbox_metrics(registry) if registry is not None else None

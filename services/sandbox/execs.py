@@ -175,6 +175,9 @@ class Runner:
             if writer_task:
                 writer_task.cancel()
             stream.close()
+        reason = self.sandboxes.disk_exceeded(ticket_id)
+        if reason:
+            yield Output("stderr", f"\n{reason}\n".encode())
         yield Exit(code=code, timed_out=timed_out, truncated=truncated,
                    duration_ms=int((time.monotonic() - t0) * 1000))
 

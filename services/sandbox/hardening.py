@@ -31,6 +31,7 @@ LABEL_TICKET = "afe.ticket"
 LABEL_ROLE = "afe.role"
 LABEL_INSTANCE = "afe.instance"
 LABEL_ENV = "afe.env"          # comma-separated NAMES (never values) a Process may receive
+LABEL_DISK = "afe.disk"        # the workspace's disk cap in bytes (R34), for a restarted broker
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
     environment but what the caller passes (non-secret proxy variables)."""
     lab = labels(instance, s.ticket_id, "sandbox")
     lab[LABEL_ENV] = ",".join(s.env_names)
+    lab[LABEL_DISK] = str(s.disk_bytes)
     return dict(
         image=s.image,
         command=["sleep", "infinity"],

@@ -27,7 +27,7 @@ from services.common.config import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
 
-from . import hardening
+from . import diskcap, hardening
 from .egress import PROXY_PORT, check_cidrs, check_egress_names, squid_conf
 from .hardening import LABEL_ENV, LABEL_INSTANCE, LABEL_ROLE, LABEL_TICKET, SandboxSettings
 
@@ -55,6 +55,7 @@ class SandboxInfo:
     proxy_container_id: str = ""
     created_at_ms: int = 0
     env_names: tuple[str, ...] = ()
+    disk_bytes: int = 0          # the workspace's disk cap (label afe.disk; 0 = unknown)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ def _state(attrs: dict) -> str:
 class SandboxManager:
     def __init__(self, layout: Layout, *, instance: str = "default", egress_network: str = "bridge",
                  allow_private: Iterable[str] = (), env_values: dict | None = None,
-                 proxy_image: str = DEFAULT_PROXY_IMAGE, client: docker.DockerClient | None = None) -> None:
+                 proxy_image: str = DEFAULT_PROXY_IMAGE, client: docker.DockerClient | None = None,
+                 disk_mode: str | None = None) -> None:
         self.layout = layout
         self.instance = check_instance(instance)
         self.egress_network = egress_network
@@ -86,6 +88,10 @@ class SandboxManager:
         self.client = client or docker.from_env(timeout=120)
         self._locks: dict[str, asyncio.Lock] = {}
         self._cache: dict[str, SandboxInfo] = {}
+        # R34: the workspace disk cap (diskcap.py); `disk_mode` None = detect
+        self.diskcap = diskcap.DiskCaps(layout.workspaces_dir, mode=disk_mode)
+        self._watches: dict[str, asyncio.Task] = {}
+        self._exceeded: dict[str, str] = {}
 
     # -- names ---------------------------------------------------------------
     def _prefix(self) -> str:
@@ -116,9 +122,13 @@ class SandboxManager:
         return bool(await asyncio.to_thread(self.client.ping))
 
     # -- workspace -----------------------------------------------------------
-    def prepare_workspace(self, ticket_id: str) -> str:
+    def prepare_workspace(self, ticket_id: str, disk_bytes: int = 0, *, new: bool = False) -> str:
         """The workspace dir (created if missing), owned by the sandbox uid so
-        the sandbox can write it (host tools and host git run as root/owner)."""
+        the sandbox can write it (host tools and host git run as root/owner).
+        With `disk_bytes`, capped (R34): for a `new` sandbox the checkout moves
+        into a loop-mounted image of that size; for an existing one only an
+        image it already has is mounted again (its container binds the
+        directory as it is)."""
         path = self.layout.workspace(ticket_id)
         self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
@@ -126,6 +136,12 @@ class SandboxManager:
         st = os.lstat(path)
         if not os.path.isdir(path) or os.path.islink(path):
             raise FailedPrecondition("the ticket's workspace is not a directory")
+        if disk_bytes and self.diskcap.mode == diskcap.MODE_MOUNT:
+            try:
+                self.diskcap.ensure_mounted(ticket_id, path, disk_bytes, create=new)
+            except Unavailable:
+                # logged by diskcap; the watchdog still holds the cap
+                log.error("workspace of %s: no disk image mounted, the watchdog enforces the cap", ticket_id)
         if os.geteuid() == 0:
             # Files the host wrote (a clone, a checkout) become the sandbox's,
             # so it can change them; checked on every (idempotent) create.
@@ -142,11 +158,15 @@ class SandboxManager:
         for n in settings.env_names:
             if not _ENV_NAME_RE.match(n):
                 raise InvalidArgument(f"environment variable name {n[:64]!r} is not valid")
-        settings = replace(settings, egress=egress, env_names=tuple(sorted(set(settings.env_names))))
+        settings = replace(settings, egress=egress, env_names=tuple(sorted(set(settings.env_names))),
+                           disk_bytes=diskcap.resolve_disk(settings.disk_bytes))
         async with self._lock(ticket_id):
+            if ticket_id in self._exceeded:
+                raise FailedPrecondition(self._exceeded[ticket_id])
             existing = await asyncio.to_thread(self._find, ticket_id)
             if existing is not None:
-                await asyncio.to_thread(self.prepare_workspace, ticket_id)
+                await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes)
+                await self._ensure_cap(ticket_id, settings.disk_bytes, existing.container_id)
                 proxy_id = existing.proxy_container_id
                 if proxy_id:
                     # after an engine restart the proxy is stopped too: bring it back first
@@ -159,7 +179,7 @@ class SandboxManager:
                     existing = replace(existing, state="running")
                 self._cache[ticket_id] = existing
                 return existing
-            workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id)
+            workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes, new=True)
             try:
                 info, proxy_ip = await asyncio.to_thread(self._create_sync, settings, workspace)
             except BaseException:
@@ -168,6 +188,8 @@ class SandboxManager:
                 raise
             if info.proxy_container_id:
                 await self._wait_proxy(info.proxy_container_id, proxy_ip)
+            info = replace(info, disk_bytes=settings.disk_bytes)
+            await self._ensure_cap(ticket_id, settings.disk_bytes, info.container_id)
             self._cache[ticket_id] = info
             log.info("sandbox created for %s (egress: %s)", ticket_id, ",".join(egress) or "none")
             return info
@@ -285,22 +307,70 @@ class SandboxManager:
         nets = list((c.get("NetworkSettings") or {}).get("Networks", {}) or {})
         network = next((n for n in nets if n not in ("none", "bridge", "host")), "")
         env = tuple(n for n in c["Labels"].get(LABEL_ENV, "").split(",") if n)
+        disk = c["Labels"].get(hardening.LABEL_DISK, "")
         return SandboxInfo(ticket_id=c["Labels"][LABEL_TICKET], container_id=c["Id"], state=state,
                            image=c.get("Image", ""), network=network,
                            proxy_container_id=proxy["Id"] if proxy else "",
-                           created_at_ms=int(c.get("Created", 0)) * 1000, env_names=env)
+                           created_at_ms=int(c.get("Created", 0)) * 1000, env_names=env,
+                           disk_bytes=int(disk) if disk.isdigit() else 0)
 
     async def get(self, ticket_id: str) -> SandboxInfo:
         """The running sandbox of a ticket (cached; NotFound when missing)."""
         check_ticket_id(ticket_id)
+        if ticket_id in self._exceeded:
+            raise FailedPrecondition(self._exceeded[ticket_id])
         info = self._cache.get(ticket_id)
         if info is not None:
             return info
         info = await asyncio.to_thread(self._find, ticket_id)
         if info is None:
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first")
+        # a restarted broker finds the sandbox here first: the cap holds again
+        await self._ensure_cap(ticket_id, info.disk_bytes or diskcap.DEFAULT_DISK, info.container_id)
         self._cache[ticket_id] = info
         return info
+
+    # -- disk cap (R34) ------------------------------------------------------
+    async def _ensure_cap(self, ticket_id: str, cap: int, container_id: str) -> None:
+        """A mounted image caps the workspace; otherwise the watchdog does."""
+        if self.diskcap.mode == diskcap.MODE_MOUNT:
+            path = self.layout.workspace(ticket_id)
+            if await asyncio.to_thread(self.diskcap.mounted, path):
+                return
+        task = self._watches.get(ticket_id)
+        if task is None or task.done():
+            self._watches[ticket_id] = asyncio.get_running_loop().create_task(
+                self._watchdog(ticket_id, cap, container_id))
+
+    async def _watchdog(self, ticket_id: str, cap: int, container_id: str) -> None:
+        path = self.layout.workspace(ticket_id)
+        while True:
+            await asyncio.sleep(diskcap.WATCH_INTERVAL_S)
+            try:
+                used, refused = await asyncio.to_thread(diskcap.usage, path, cap)
+            except OSError as exc:
+                log.warning("ticket %s: could not measure the workspace: %s", ticket_id, exc.strerror)
+                continue
+            if used <= cap and not refused:
+                continue
+            reason = diskcap.cap_reason(cap) if not refused else (
+                f"{refused}: the sandbox was stopped (R34); write less into the workspace")
+            self._exceeded[ticket_id] = reason
+            self._cache.pop(ticket_id, None)
+            log.warning("ticket %s: %s", ticket_id, reason)
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                await asyncio.to_thread(self.client.api.kill, container_id)
+            return
+
+    def disk_exceeded(self, ticket_id: str) -> str:
+        """Why the watchdog stopped the ticket's sandbox, or ""."""
+        return self._exceeded.get(ticket_id, "")
+
+    def _stop_watch(self, ticket_id: str) -> None:
+        task = self._watches.pop(ticket_id, None)
+        if task is not None:
+            task.cancel()
+        self._exceeded.pop(ticket_id, None)
 
     def forget(self, ticket_id: str) -> None:
         self._cache.pop(ticket_id, None)
@@ -309,7 +379,10 @@ class SandboxManager:
         check_ticket_id(ticket_id)
         async with self._lock(ticket_id):
             self._cache.pop(ticket_id, None)
+            self._stop_watch(ticket_id)
             n = await asyncio.to_thread(self._destroy_sync, ticket_id)
+            # after the container is gone, before the credential broker removes the directory
+            await asyncio.to_thread(self.diskcap.release, ticket_id, self.layout.workspace(ticket_id))
         self._locks.pop(ticket_id, None)
         log.info("sandbox of %s destroyed (%d objects)", ticket_id, n)
         return n
@@ -357,7 +430,11 @@ class SandboxManager:
                     tickets.add(t)
             for t in tickets:
                 self._cache.pop(t, None)
+            # R34: disk images and mounts of dead tickets (also after a broker restart)
+            tickets.update(self.diskcap.reconcile(live, self.layout.workspace))
             return ReconcileResult(tuple(sorted(tickets)), nc, nn)
+        for t in [t for t in self._watches if t not in live]:
+            self._stop_watch(t)
         res = await asyncio.to_thread(run)
         if res.removed_tickets:
             log.info("reconcile removed %d containers, %d networks",

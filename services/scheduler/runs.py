@@ -402,8 +402,19 @@ class TicketRun:
             raise DeadlineExceeded(f"the command timed out after {node.timeout_s:g}s")
         if code != 0:
             tail = text[-2000:].strip()
-            raise CommandFailed(f"the command exited with code {code}" + (f":\n{tail}" if tail else ""))
+            raise CommandFailed(f"the command exited with code {code}" + (f":\n{tail}" if tail else "")
+                                + self._disk_full_hint(text))
         return text
+
+    def _disk_full_hint(self, output: str) -> str:
+        """R34: a command that hit the workspace's disk cap says which limit it hit."""
+        if "No space left on device" not in output:
+            return ""
+        cap = self.workspace.sandbox.limits.disk_bytes
+        size = next((f"{cap // u}{n}" for n, u in (("g", 1024 ** 3), ("m", 1024 ** 2)) if cap % u == 0), str(cap))
+        return (f"\nthe sandbox ran out of disk space: the workspace holds at most {size} "
+                f"(sandbox.limits.disk of workspace {self.workspace.name!r}; /tmp holds 256m); "
+                "write less or raise sandbox.limits.disk")
 
     async def node_model(self, node: Node) -> str:
         await self.ensure_sandbox()
