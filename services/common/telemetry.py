@@ -215,12 +215,22 @@ def force_flush(timeout_millis: int = 5000) -> None:
 
 # ---- gRPC -----------------------------------------------------------------
 
+# Calls made on a timer, not for a ticket or a person: no span (else a trace every few seconds).
+UNTRACED_METHODS = ("/afe.sandbox.v1.SandboxBroker/Identify",)
+
+
+def _traced_calls():
+    from opentelemetry.instrumentation.grpc import filters
+
+    return filters.negate(filters.any_of(*(filters.full_method_name(m) for m in UNTRACED_METHODS)))
+
+
 def grpc_server_interceptors() -> list:
     if _active is None:
         return []
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-    return [aio_server_interceptor(tracer_provider=_active)]
+    return [aio_server_interceptor(tracer_provider=_active, filter_=_traced_calls())]
 
 
 def is_tracing_interceptor(obj: object) -> bool:
@@ -232,7 +242,7 @@ def grpc_client_interceptors() -> list:
         return []
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-    return list(aio_client_interceptors(tracer_provider=_active))
+    return list(aio_client_interceptors(tracer_provider=_active, filter_=_traced_calls()))
 
 
 # ---- spans of our own -------------------------------------------------------
