@@ -11,6 +11,7 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2
 from services.common.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted, Unavailable
 from services.scheduler.acp.events import MAX_EVENTS
+from services.scheduler.acp.stderr import MAX_STDERR
 from services.scheduler.acp.transport import MAX_MESSAGE_BYTES
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,7 +70,13 @@ async def test_flooding_agent_is_capped_and_stopped(acp_env):
     assert len(acp_env.events.of("agent.tool_call")) <= MAX_EVENTS
     reasons = [e["reason"] for e in acp_env.events.of("agent.protocol_error")]
     assert any("event limit" in r for r in reasons)
-    assert len(ev) <= MAX_EVENTS + 5
+    assert len([t for t, _ in ev if t != "agent.stderr"]) <= MAX_EVENTS + 5
+    # 4 MiB of stderr: the first bytes and the last, at most MAX_STDERR, then a note of what was left out.
+    stderr = acp_env.events.of("agent.stderr")
+    shown = sum(len(e["text"].encode()) for e in stderr)
+    assert shown <= MAX_STDERR and len(stderr) <= 20
+    assert stderr[-1]["omitted_bytes"] == 64 * 65537 - shown
+    assert all("omitted_bytes" not in e for e in stderr[:-1])
     assert await agent_processes(acp_env) == []
 
 

@@ -8,10 +8,14 @@ served inside the ticket's sandbox boundary:
   tools, which refuse `..`, absolute paths and every symlink (R17-R19);
 - `terminal/*`: commands run in the sandbox (`terminals.py`, R4);
 - `session/request_permission`: answered by the node's policy — allow unless
-  the tool kind is in the node's `deny` list; the same deny list also
-  refuses the matching requests outright (`read` -> fs reads, `edit` -> fs
-  writes, `execute` -> terminals), so an agent that skips asking gains
-  nothing.
+  the tool kind is in the node's `deny` list. A request without a kind
+  (Claude Code sends none) takes the kind the agent announced for the same
+  `toolCallId` in a `tool_call` / `tool_call_update` update (`ToolCalls`,
+  bounded per session); a kind in the request itself wins. The same deny
+  list also refuses the matching requests outright (`read` -> fs reads,
+  `edit` -> fs writes, `execute` -> terminals), so an agent that skips
+  asking gains nothing there. What `deny` cannot stop: tools an agent runs
+  by itself (its own shell, its own web fetch) without asking (docs/ACP.md).
 
 Every decision becomes an event. Refusals are ACP errors the agent sees;
 they never end the node. Broker calls are bounded in number (a semaphore)
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from acp import RequestError
@@ -52,6 +57,8 @@ log = logging.getLogger(__name__)
 MAX_READ_BYTES = 4 * 1024 * 1024
 MAX_WRITE_BYTES = 4 * 1024 * 1024
 MAX_CONCURRENT_CALLS = 8
+MAX_TOOL_CALLS = 1024       # tool calls whose kind/title a session remembers (oldest forgotten first)
+MAX_TOOL_CALL_ID = 256      # longer ids are not remembered
 
 # Error codes for refusals. ACP reuses JSON-RPC codes; -32002 is the
 # conventional "resource not found"; refusals use a server-defined code.
@@ -66,6 +73,33 @@ def _refusal(exc: AfeError) -> RequestError:
     return RequestError(code, clip(exc.message, 500), {"code": exc.code})
 
 
+class ToolCalls:
+    """The kind and title an agent announced per `toolCallId`, so a later
+    permission request that names only the id can be judged by its kind.
+    Bounded: at most `limit` ids (the least recently announced go first)."""
+
+    def __init__(self, limit: int = MAX_TOOL_CALLS) -> None:
+        self._limit = limit
+        self._calls: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def note(self, tool_call_id: Any, kind: str | None, title: str | None) -> None:
+        """Remember what an update says; an update without a kind or title keeps the earlier one."""
+        if not isinstance(tool_call_id, str) or len(tool_call_id) > MAX_TOOL_CALL_ID:
+            return
+        old_kind, old_title = self._calls.pop(tool_call_id, (None, None))
+        self._calls[tool_call_id] = (kind or old_kind, clip(title) if title else old_title)
+        while len(self._calls) > self._limit:
+            self._calls.popitem(last=False)
+
+    def get(self, tool_call_id: Any) -> tuple[str | None, str | None]:
+        if not isinstance(tool_call_id, str):
+            return None, None
+        return self._calls.get(tool_call_id, (None, None))
+
+
 class SandboxClient:
     def __init__(self, *, ticket_id: str, sandbox: Any, events: EventLog,
                  terminals: Terminals, deny: tuple[str, ...] = ()) -> None:
@@ -75,6 +109,7 @@ class SandboxClient:
         self._terminals = terminals
         self._deny = frozenset(deny)
         self._calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+        self.tool_calls = ToolCalls()
         self.session_id: str | None = None
         self.wrong_session = 0
 
@@ -100,6 +135,8 @@ class SandboxClient:
                                     {"reason": "session/update for an unknown sessionId was ignored"})
             return
         kind = getattr(update, "session_update", None)
+        if kind in ("tool_call", "tool_call_update"):
+            self.tool_calls.note(update.tool_call_id, update.kind, update.title)
         if kind == "agent_message_chunk":
             self._events.chunk("agent.message", block_text(update.content))
         elif kind == "agent_thought_chunk":
@@ -115,7 +152,9 @@ class SandboxClient:
     async def request_permission(self, session_id: str, tool_call: Any, options: list[Any],
                                  **kwargs: Any) -> RequestPermissionResponse:
         self._check_session(session_id)
-        kind = tool_call.kind or "other"
+        known_kind, known_title = self.tool_calls.get(tool_call.tool_call_id)
+        kind = tool_call.kind or known_kind or "other"
+        title = tool_call.title or known_title or ""
         denied = kind in self._deny
         wanted = ("reject_once", "reject_always") if denied else ("allow_once", "allow_always")
         chosen = None
@@ -125,7 +164,7 @@ class SandboxClient:
                 break
         self._events.record("agent.permission", {
             "tool_call_id": clip(tool_call.tool_call_id), "kind": kind,
-            "title": clip(tool_call.title or ""), "decision": "deny" if denied else "allow",
+            "title": clip(title), "decision": "deny" if denied else "allow",
             "option_id": clip(chosen.option_id) if chosen else None})
         if chosen is None:
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
@@ -189,7 +228,7 @@ class SandboxClient:
                                                    "error": clip(exc.message, 300)})
             raise _refusal(exc) from None
         self._events.record("agent.terminal", {"op": "create", "terminal_id": term.id, "command": shown,
-                                               "cwd": clip(cwd or "/workspace"), "ok": True,
+                                               "shell": not args, "cwd": clip(cwd or "/workspace"), "ok": True,
                                                "env": [clip(v.name, 64) for v in (env or [])]})
         return CreateTerminalResponse(terminal_id=term.id)
 

@@ -7,7 +7,9 @@ of message/thought chunks are coalesced, and a node records at most
 `max_events` events (then one `agent.protocol_error` says the rest were
 dropped). The node's output — the agent's final message — is tracked here
 too: the text of the last run of `agent_message_chunk`s (a tool call or a
-plan update starts a new message).
+plan update starts a new message). The agent's stderr becomes
+`agent.stderr` events through `stderr` (`stderr.py`: bounded by bytes, so
+outside the event count, which would otherwise hide why an agent died).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from .stderr import StderrLog
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,7 @@ class EventLog:
         self._message: list[str] = []              # the current (last) agent message
         self._message_len = 0
         self._message_open = False
+        self.stderr = StderrLog(self._put_stderr)
 
     @property
     def recorded(self) -> int:
@@ -82,6 +87,9 @@ class EventLog:
             return
         self._count += 1
         self._queue.put_nowait((event_type, payload))
+
+    def _put_stderr(self, event_type: str, payload: dict) -> None:
+        self._queue.put_nowait((event_type, payload))     # bounded by StderrLog, not by the count
 
     # -- message / thought chunks -----------------------------------------
 
@@ -121,8 +129,9 @@ class EventLog:
             try:
                 item = await asyncio.wait_for(self._queue.get(), IDLE_FLUSH_S)
             except TimeoutError:
-                # A quiet agent: show the text streamed so far.
+                # A quiet agent: show the text (and stderr lines) streamed so far.
                 self._flush_chunks()
+                self.stderr.flush()
                 continue
             if item is None:
                 return
@@ -134,8 +143,9 @@ class EventLog:
                 log.exception("emitting an agent event failed")
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Flush pending chunks and deliver every queued event."""
+        """Flush pending chunks and stderr, and deliver every queued event."""
         self._flush_chunks()
+        self.stderr.flush(final=True)
         self._queue.put_nowait(None)
         if self._worker is None:
             self.start()

@@ -90,7 +90,7 @@ class _Run:
         start = sandbox_pb2.ProcessStart(ticket_id=ticket_id, argv=list(agent.command), cwd="",
                                          env_names=list(agent.env))
         self.transport = ProcessTransport(sandbox, start, on_protocol_error=self.protocol_error,
-                                          known_methods=SERVED_METHODS)
+                                          known_methods=SERVED_METHODS, on_stderr=self.events.stderr.feed)
         self.conn: ClientSideConnection | None = None
         self.session_id: str | None = None
         self.prompt_task: asyncio.Task | None = None
@@ -106,8 +106,10 @@ class _Run:
         ex = self.transport.exit
         if ex is not None:
             how = "was killed" if ex.code < 0 else f"exited with code {ex.code}"
-            return Unavailable(f"agent {self.agent.name!r} {how} during {self.step}; "
-                               f"check its command and logs ({self.transport.stderr_bytes} bytes on stderr)")
+            last = self.events.stderr.last_line()
+            why = (f"its last stderr line: {last} (the ticket's agent.stderr events hold more)" if last
+                   else "it wrote nothing on stderr; check its command, image and env")
+            return Unavailable(f"agent {self.agent.name!r} {how} during {self.step}; {why}")
         return Unavailable(f"the connection to agent {self.agent.name!r} was lost during {self.step}")
 
     async def call(self, step: str, awaitable: Awaitable[Any]) -> Any:

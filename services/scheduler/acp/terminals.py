@@ -1,10 +1,13 @@
 """ACP terminals, run inside the ticket's sandbox (R4).
 
 `terminal/create` starts the command through the sandbox broker's
-interactive `Process` (argv as given, never a shell we add; cwd mapped
-under /workspace; no environment secret: `env_names` is empty, and the
-agent's own `env` entries are passed with `env NAME=VALUE`, values the
-agent already had). Output is kept up to the terminal's byte limit (the
+interactive `Process`, inside the sandbox: with `args`, `[command, *args]`
+is the argv (no shell); with no `args` (absent or empty), `command` is a
+shell line, as agents send it (Claude Code: `{"command": "python3 -m
+unittest -q"}`) and editors run it, so the argv is `/bin/sh -c COMMAND`.
+The cwd is mapped under /workspace; no environment secret: `env_names` is
+empty, and the agent's own `env` entries are passed with `env NAME=VALUE`,
+values the agent already had. Output is kept up to the terminal's byte limit (the
 oldest bytes are dropped, as ACP asks), `kill` and `release` send the
 broker a kill, and every terminal still running when the node ends is
 killed.
@@ -34,6 +37,14 @@ MAX_TERMINALS = 8
 MAX_ARGS = 1024
 MAX_ARGV_BYTES = 128 * 1024
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+SHELL = "/bin/sh"
+
+
+def terminal_argv(command: str, args: list[str] | None) -> list[str]:
+    """The argv for a terminal: `[command, *args]`, or a shell line run by /bin/sh."""
+    if args:
+        return [command, *args]
+    return [SHELL, "-c", command]
 
 
 @dataclass
@@ -92,7 +103,7 @@ class Terminals:
             raise ResourceExhausted(f"at most {self._max} terminals may run at once; release one first")
         if not command:
             raise InvalidArgument("terminal command must not be empty")
-        argv = [command, *(args or [])]
+        argv = terminal_argv(command, args)
         if len(argv) > MAX_ARGS or sum(len(a) for a in argv) > MAX_ARGV_BYTES:
             raise InvalidArgument("terminal command line is too long")
         if env:

@@ -13,8 +13,9 @@ close) and is where an untrusted agent's bytes are first judged:
 - more than `max_inflight` of the agent's requests waiting for an answer
   ends the node (ResourceExhausted): each one holds a task in the scheduler;
   so does an agent that leaves more than MAX_UNREAD_STDIN bytes unread;
-- stderr is only counted (never logged, never sent anywhere: it may hold
-  whatever the agent prints, including its own API key);
+- stderr goes to `on_stderr` (the runner records it, bounded, as
+  `agent.stderr` events that the scheduler's event pipeline redacts; it is
+  never logged: it may hold whatever the agent prints, even its own key);
 - the process's exit or the stream's failure is EOF for the connection.
 """
 
@@ -42,6 +43,7 @@ MAX_UNREAD_STDIN = 32 * 1024 * 1024   # bytes written for the agent that the bro
 QUEUE_DEPTH = 256
 
 ProtocolErrorSink = Callable[[str], Awaitable[None]]
+StderrSink = Callable[[bytes], None]
 
 
 def check_jsonrpc(message: Any) -> str | None:
@@ -86,7 +88,9 @@ class ProcessTransport:
         max_garbage: int = MAX_GARBAGE,
         known_methods: frozenset[str] = frozenset(),
         max_inflight: int = MAX_INFLIGHT,
+        on_stderr: StderrSink | None = None,
     ) -> None:
+        self._on_stderr = on_stderr
         self._known = known_methods
         self._max_inflight = max_inflight
         self._inflight: set[tuple[str, object]] = set()
@@ -238,6 +242,8 @@ class ProcessTransport:
                             "the node was stopped"))
                 elif kind == "stderr":
                     self.stderr_bytes += len(out.stderr)
+                    if self._on_stderr is not None:
+                        self._on_stderr(out.stderr)
                 elif kind == "exit":
                     self.exit = out.exit
                     self._exited.set()
