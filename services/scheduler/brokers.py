@@ -17,11 +17,10 @@ from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc as sgrpc
 from services.common.grpcutil import open_channel, rpc_errors
 
-SHORT = 30.0     # seconds for quick calls
-LONG = 900.0     # clone, push, merge
 CREDENTIALS = "the credential broker"
 SANDBOX = "the sandbox broker"
-SANDBOX = "the sandbox broker"
+SHORT = 30.0     # seconds for quick calls
+LONG = 900.0     # clone, push, merge
 
 
 class SandboxClient:
@@ -117,49 +116,49 @@ class CredentialsClient:
         await self.channel.close()
 
     async def prepare(self, ticket_id: str, workspace: str) -> cpb.PrepareWorkspaceResponse:
-        async with rpc_errors(CREDENTIALS, "a model call"):
+        async with rpc_errors(CREDENTIALS, "preparing the workspace"):
             return await self.stub.PrepareWorkspace(
                 cpb.PrepareWorkspaceRequest(ticket_id=ticket_id, workspace=workspace), timeout=LONG)
 
     async def commit(self, ticket_id: str, workspace: str, message: str) -> cpb.CommitResponse:
-        async with rpc_errors(CREDENTIALS, "merge"):
+        async with rpc_errors(CREDENTIALS, "commit"):
             return await self.stub.Commit(cpb.CommitRequest(ticket_id=ticket_id, workspace=workspace,
                                                             message=message), timeout=LONG)
 
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse:
-        async with rpc_errors(CREDENTIALS, "the pull request lookup"):
+        async with rpc_errors(CREDENTIALS, "the diff"):
             return await self.stub.Diff(cpb.DiffRequest(ticket_id=ticket_id, workspace=workspace,
                                                         max_bytes=max_bytes), timeout=SHORT)
 
     async def push(self, ticket_id: str, workspace: str) -> cpb.PushResponse:
-        async with rpc_errors(CREDENTIALS, "open_pr"):
+        async with rpc_errors(CREDENTIALS, "push"):
             return await self.stub.Push(cpb.PushRequest(ticket_id=ticket_id, workspace=workspace), timeout=LONG)
 
     async def release(self, ticket_id: str, workspace: str) -> None:
-        async with rpc_errors(CREDENTIALS, "preparing the workspace"):
+        async with rpc_errors(CREDENTIALS, "releasing the workspace"):
             await self.stub.ReleaseWorkspace(cpb.ReleaseWorkspaceRequest(ticket_id=ticket_id,
                                                                          workspace=workspace), timeout=LONG)
 
     async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest:
-        async with rpc_errors(CREDENTIALS, "commit"):
+        async with rpc_errors(CREDENTIALS, "open_pr"):
             return await self.stub.OpenPullRequest(cpb.OpenPullRequestRequest(
                 ticket_id=ticket_id, workspace=workspace, title=title, body=body), timeout=LONG)
 
     async def get_pr(self, workspace: str, number: str) -> cpb.PullRequest:
-        async with rpc_errors(CREDENTIALS, "the diff"):
+        async with rpc_errors(CREDENTIALS, "the pull request lookup"):
             return await self.stub.GetPullRequest(cpb.GetPullRequestRequest(workspace=workspace, number=number),
                                                   timeout=SHORT)
 
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
                     at_ms: int, method: str = "") -> cpb.MergePullRequestResponse:
-        async with rpc_errors(CREDENTIALS, "push"):
+        async with rpc_errors(CREDENTIALS, "merge"):
             return await self.stub.MergePullRequest(cpb.MergePullRequestRequest(
                 ticket_id=ticket_id, workspace=workspace, number=number, method=method,
                 approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms)), timeout=LONG)
 
     async def complete(self, model: str, messages: list[cpb.Message], tools: list[cpb.ToolSpec],
                        max_tokens: int, ticket_id: str, timeout: float) -> cpb.CompleteResponse:
-        async with rpc_errors(CREDENTIALS, "releasing the workspace"):
+        async with rpc_errors(CREDENTIALS, "a model call"):
             return await self.stub.Complete(cpb.CompleteRequest(model=model, messages=messages, tools=tools,
                                                                 max_tokens=max_tokens, ticket_id=ticket_id),
                                             timeout=timeout)
