@@ -50,7 +50,8 @@ def _split_host(header: str) -> str | None:
         if end < 0:
             return None
         host, rest = h[1:end], h[end + 1:]
-        if _ip(host) is None or _ip(host).version != 6:
+        addr = _ip(host)
+        if addr is None or addr.version != 6:
             return None
     else:
         host, sep, port = h.partition(":")

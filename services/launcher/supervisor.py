@@ -222,16 +222,16 @@ class Supervisor:
         after `grace` seconds."""
         self.stopping = True
         deadline = time.monotonic() + grace
-        order = [c for c in reversed(self.children) if c.proc is not None]
+        order = [(c, c.proc) for c in reversed(self.children) if c.proc is not None]
         reserve = grace / (2 * max(1, len(order)))      # kept for each child still to stop
-        for i, c in enumerate(order):
+        for i, (c, proc) in enumerate(order):
             c.signal(signal.SIGTERM)
             until = deadline - reserve * (len(order) - 1 - i)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                c.proc.wait(max(0.0, until - time.monotonic()))
-        for c in order:
+                proc.wait(max(0.0, until - time.monotonic()))
+        for c, proc in order:
             try:
-                c.proc.wait(max(0.0, deadline - time.monotonic()))
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop within %.0f s; killing it", c.name, grace)
                 c.signal(signal.SIGKILL)
