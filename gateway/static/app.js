@@ -127,6 +127,7 @@ function eventLine(e) {
     case "agent.tool_call_update": return { cls: "tool", text: `${node}agent tool ${p.id}: ${p.status || "updated"}` };
     case "agent.fs": return { cls: "tool", text: `${node}agent ${p.op} ${p.path}${p.ok === false ? " (refused)" : ""}` };
     case "agent.terminal": return { cls: "tool", text: `${node}agent terminal ${p.op}${p.command ? ": " + p.command : ""}${p.ok === false ? " (refused)" : ""}` };
+    case "agent.stderr": return { cls: "out stderr", text: `${node}${p.omitted_bytes ? "… " + p.omitted_bytes + " bytes left out …\n" : ""}${p.text || ""}` };
     case "agent.permission": return { cls: "tool", text: `${node}agent permission ${JSON.stringify(p)}` };
     case "ticket.created": return { cls: "sys", text: `ticket created${p.principal ? " by " + p.principal : ""}` };
     case "ticket.state": return { cls: "sys", text: `ticket is ${String(p.state).replace("_", " ")}` };

@@ -383,6 +383,12 @@ def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str |
         return f"{at} {node:<16} -> agent {p.get('title') or p.get('kind', '')} [{p.get('status', '')}]"
     if typ in ("agent.message", "agent.thought"):
         return f"{at} {node:<16} agent: {str(p.get('text') or '')[:200]}" if verbose else None
+    if typ == "agent.stderr":
+        if not verbose:
+            return None
+        gap = [f"{'':>10} {node:<16} ! ... {p['omitted_bytes']} bytes left out"] if p.get("omitted_bytes") else []
+        return "\n".join(gap + [f"{'':>10} {node:<16} ! {ln}"
+                                for ln in str(p.get("text") or "").rstrip("\n").split("\n")])
     if typ == "pr.opened":
         return f"{at} pull request opened {p.get('url') or p.get('number') or ''}".rstrip()
     if typ == "approval.requested":
