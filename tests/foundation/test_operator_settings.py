@@ -293,3 +293,14 @@ def test_afe_up_refuses_an_ca_file_that_does_not_exist(short_tmp):
     with pytest.raises(ConfigError, match="AFE_CA_FILE=/nonexistent/ca.pem is not a file"):
         preflight(opts, {"PATH": "/usr/bin", "AFE_CA_FILE": "/nonexistent/ca.pem"}, progress=lambda m: None)
     preflight(opts, {"PATH": "/usr/bin"}, progress=lambda m: None)      # control: unset is fine
+
+
+def test_proxy_choice_follows_the_curl_conventions():
+    from services.credentials.httpclient import proxy_for
+
+    both = {"HTTPS_PROXY": "http://upper:1", "https_proxy": "http://lower:2"}
+    assert proxy_for("https://api.example.com/v1", both) == "http://lower:2"       # lower case wins
+    assert proxy_for("http://api.example.com/v1", both) is None                    # no http_proxy set
+    assert proxy_for("https://git.corp.example/x", {**both, "no_proxy": "corp.example"}) is None
+    assert proxy_for("https://api.example.com/v1", {**both, "NO_PROXY": "corp.example"}) == "http://lower:2"
+    assert proxy_for("https://api.example.com/v1", {}) is None
