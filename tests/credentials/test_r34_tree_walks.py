@@ -48,6 +48,14 @@ def make_deep(root, depth: int = DEEP, name: bytes = b"d") -> None:
         os.close(fd)
 
 
+@pytest.fixture(autouse=True)
+def _remove_deep_trees(tmp_path):
+    """pytest's own clean-up of old tmp_paths is shutil.rmtree: remove our deep trees first."""
+    yield
+    for child in list(tmp_path.iterdir()):
+        treewalk.remove_tree(child)
+
+
 def test_r34_positive_control_python_recursive_walkers_fail_on_a_deep_tree(tmp_path):
     root = tmp_path / "w"
     root.mkdir()
@@ -141,11 +149,8 @@ def test_r34_chown_fallback_is_bounded_and_never_follows_links(tmp_path):
     assert os.stat(outside).st_uid == 0
     (root / "deep").mkdir()
     make_deep(root / "deep", DEEP)
-    try:
-        with pytest.raises(FailedPrecondition) as exc:
-            _chown_tree(root, 12345, 12345)
-    finally:
-        treewalk.remove_tree(root)  # pytest's own clean-up of tmp_path would recurse
+    with pytest.raises(FailedPrecondition) as exc:
+        _chown_tree(root, 12345, 12345)
     assert "deeper than 256 directories (limit of the workspace hand-over to the sandbox)" in exc.value.message
 
 
