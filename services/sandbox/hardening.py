@@ -6,6 +6,7 @@ Pure functions returning keyword arguments for the Docker SDK's
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from docker.types import Ulimit
@@ -72,11 +73,43 @@ def proxy_env(proxy_host: str) -> dict[str, str]:
             "NO_PROXY": "", "no_proxy": ""}
 
 
+# R31: a ticket's network is a bridge with no host address (inhibit_ipv4), so
+# the sandbox's default gateway is an address nobody answers; with no
+# capabilities the sandbox cannot change its routes or neighbour table, and
+# with IPv6 off it has no link-local path to the bridge either. The proxy,
+# on the same bridge, is the one thing it can reach.
+INHIBIT_IPV4 = "com.docker.network.bridge.inhibit_ipv4"
+BRIDGE_NAME = "com.docker.network.bridge.name"
+NO_IPV6_SYSCTLS = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
+
+
+def bridge_name(network: str) -> str:
+    """The host interface name of a ticket network's bridge: 15 characters
+    (the kernel's limit), derived from the network name so it is stable."""
+    return "afe" + hashlib.sha256(network.encode()).hexdigest()[:12]
+
+
+def ticket_network_kwargs(*, name: str, instance: str, ticket_id: str) -> dict:
+    """Keyword arguments for `networks.create` of a ticket's network (R11,
+    R31): internal (Docker adds no route out), and a bridge without a host
+    address, so nothing of the host answers on it."""
+    return dict(  # noqa: C408 - reads like the docker network create flags it mirrors
+        name=name,
+        driver="bridge",
+        internal=True,
+        labels=labels(instance, ticket_id, "network"),
+        options={"com.docker.network.bridge.enable_icc": "true", INHIBIT_IPV4: "true",
+                 BRIDGE_NAME: bridge_name(name)},
+    )
+
+
 def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, workspace: str,
-                          network: str | None, env: dict[str, str]) -> dict:
+                          network: str | None, env: dict[str, str], ipv6: bool = True) -> dict:
     """R5 network none unless egress; R6 caps/no-new-privileges/limits; R7
     non-root; R8 read-only root, /workspace the only bind, no socket; R9 no
-    environment but what the caller passes (non-secret proxy variables)."""
+    environment but what the caller passes (non-secret proxy variables);
+    R31 IPv6 off in an egress sandbox (`ipv6`: the kernel has IPv6 at all,
+    else there is nothing to turn off and the sysctl does not exist)."""
     lab = labels(instance, s.ticket_id, "sandbox")
     lab[LABEL_ENV] = ",".join(s.env_names)
     lab[LABEL_DISK] = str(s.disk_bytes)
@@ -109,6 +142,7 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
         # DNS would forward unknown names upstream from the host: point it at
         # an unroutable resolver so no lookup leaves (the proxy resolves).
         **({"dns": [NO_DNS], "dns_opt": ["timeout:1", "attempts:1"], "dns_search": ["."]} if network else {}),
+        **({"sysctls": dict(NO_IPV6_SYSCTLS)} if network and ipv6 else {}),
         stdin_open=False,
         tty=False,
         detach=True,

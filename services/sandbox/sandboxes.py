@@ -11,9 +11,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
+import fcntl
 import logging
 import os
 import re
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterable
@@ -92,6 +96,7 @@ class SandboxManager:
         self.diskcap = diskcap.DiskCaps(layout.workspaces_dir, mode=disk_mode)
         self._watches: dict[str, asyncio.Task] = {}
         self._exceeded: dict[str, str] = {}
+        self._engine_ok = False
 
     # -- names ---------------------------------------------------------------
     def _prefix(self) -> str:
@@ -225,15 +230,16 @@ class SandboxManager:
                 # proxy and the sandbox are made at the same time.
                 starting = _STARTER.submit(start_proxy)
                 try:
-                    self.client.networks.create(network, driver="bridge", internal=True,
-                                                labels=hardening.labels(self.instance, ticket_id, "network"),
-                                                options={"com.docker.network.bridge.enable_icc": "true"})
+                    self._check_engine_for_egress()
+                    self.client.networks.create(**hardening.ticket_network_kwargs(
+                        name=network, instance=self.instance, ticket_id=ticket_id))
+                    check_bridge_has_no_address(hardening.bridge_name(network))
                 finally:
                     network_made.set()
                 env.update(hardening.proxy_env(hardening.PROXY_ALIAS))
             kw = hardening.sandbox_create_kwargs(
                 s, name=self.container_name(ticket_id), instance=self.instance,
-                workspace=workspace, network=network or None, env=env)
+                workspace=workspace, network=network or None, env=env, ipv6=os.path.exists(_IPV6_PROC))
             kw.pop("detach", None)
             c = self.client.containers.create(**kw)
             c.start()
@@ -252,6 +258,20 @@ class SandboxManager:
                            network=network, proxy_container_id=proxy_id,
                            created_at_ms=int(time.time() * 1000), env_names=s.env_names)
         return info, proxy_ip
+
+    def _check_engine_for_egress(self) -> None:
+        """R31 needs a bridge without a host address (`inhibit_ipv4`), which
+        Docker 20.10 introduced; an older engine would ignore the option and
+        give the bridge an address every sandbox could reach."""
+        if self._engine_ok:
+            return
+        version = str(self.client.version().get("Version", ""))
+        m = re.match(r"^(\d+)\.(\d+)", version)
+        if not m or (int(m[1]), int(m[2])) < (20, 10):
+            raise FailedPrecondition(
+                f"egress sandboxes need Docker 20.10 or newer (this engine is {version or 'unknown'}): "
+                "upgrade Docker, or run the ticket without sandbox.egress")
+        self._engine_ok = True
 
     async def _wait_proxy(self, proxy_id: str, ip: str | None = None, timeout: float = 20.0) -> None:
         """Wait until squid accepts connections: probed from the host on the
@@ -472,6 +492,39 @@ class SandboxManager:
 
 
 CHOWN_LIMITS = treewalk.Limits("the sandbox's workspace ownership check")  # depth 256, 1,000,000 entries
+
+
+_IPV6_PROC = "/proc/sys/net/ipv6"
+_SIOCGIFADDR = 0x8915
+
+
+def bridge_ipv4(name: str) -> str | None:
+    """The IPv4 address of the host interface `name`: "" when it has none,
+    None when this process cannot see it (the broker runs in a network
+    namespace of its own, as under compose)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            res = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return ""
+            if exc.errno == errno.ENODEV:
+                return None
+            raise
+    return socket.inet_ntoa(res[20:24])
+
+
+def check_bridge_has_no_address(name: str) -> None:
+    """R31, checked at every egress sandbox's creation: the ticket's bridge
+    must not give the host an address on it (where the broker can see it)."""
+    addr = bridge_ipv4(name)
+    if addr:
+        raise FailedPrecondition(
+            f"Docker gave the ticket network's bridge {name} the host address {addr}, so the sandbox could "
+            "reach the host: this engine ignores com.docker.network.bridge.inhibit_ipv4; upgrade Docker "
+            "(20.10 or newer)")
+    if addr is None:
+        log.debug("bridge %s is not visible from the broker's network namespace; not checked", name)
 
 
 def chown_tree(root: str, uid: int, gid: int) -> int:
