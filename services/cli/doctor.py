@@ -3,7 +3,7 @@
 Checks the Docker engine and the images, then starts a probe sandbox (no
 network), a probe egress sandbox with its squid proxy, and a local target
 HTTP server container on a probe network of its own (never a public host),
-and proves each of R5-R12 live. One PASS/FAIL line per rule with the
+and proves each of R5-R12 and R31 live. One PASS/FAIL line per rule with the
 evidence; exit status 1 on any FAIL; everything it created is removed.
 """
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
+import itertools
 import os
 import secrets
 import shutil
@@ -20,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from services.common.layout import SANDBOX_UID, Layout
 
@@ -78,6 +81,213 @@ for p in pids:
 """
 
 
+# R31: a listener on every host address (TCP and UDP on 0.0.0.0 and ::, one
+# port) that prints each connection's first line and each datagram, so a
+# probe's arrival is seen by the host itself, not only by the prober.
+LISTENER = r'''
+import socket, sys, threading
+port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+lock = threading.Lock()
+def out(kind, data):
+    with lock:
+        print(kind, data.decode("utf-8", "replace").strip(), flush=True)
+def bind(fam, typ, addr, port):
+    s = socket.socket(fam, typ)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if fam == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind((addr, port))
+    if typ == socket.SOCK_STREAM:
+        s.listen(64)
+    return s
+for _ in range(50):
+    socks = []
+    try:
+        socks.append(bind(socket.AF_INET, socket.SOCK_STREAM, "0.0.0.0", port))
+        p = socks[0].getsockname()[1]
+        socks.append(bind(socket.AF_INET, socket.SOCK_DGRAM, "0.0.0.0", p))
+        try:
+            socks += [bind(socket.AF_INET6, socket.SOCK_STREAM, "::", p),
+                      bind(socket.AF_INET6, socket.SOCK_DGRAM, "::", p)]
+        except OSError as e:
+            if e.errno == 98:
+                raise
+        break
+    except OSError:
+        for s in socks:
+            s.close()
+        if port:
+            raise
+def conn(c):
+    c.settimeout(5)
+    try:
+        out("tcp", c.recv(200))
+    except OSError:
+        pass
+    c.close()
+def serve(s):
+    while True:
+        if s.type == socket.SOCK_STREAM:
+            c, _ = s.accept()
+            threading.Thread(target=conn, args=(c,), daemon=True).start()
+        else:
+            out("udp", s.recvfrom(2048)[0])
+for s in socks:
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+print("ready", p, flush=True)
+threading.Event().wait()
+'''
+
+# R31: try TCP connect, a UDP datagram and an ICMP echo (an unprivileged ICMP
+# datagram socket) to each address; prints one JSON object. Every packet
+# carries the token, so a listener knows whose it is.
+PROBE = r'''
+import json, socket, struct, sys, threading
+token, port, addrs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+res = {}
+def err(e):
+    return "ERR " + (type(e).__name__ if isinstance(e, TimeoutError) or not e.errno else str(e.errno))
+def tcp(a):
+    try:
+        fam, typ, proto, _, sa = socket.getaddrinfo(a, port, 0, socket.SOCK_STREAM)[0]
+        with socket.socket(fam, typ, proto) as s:
+            s.settimeout(2)
+            s.connect(sa)
+            s.sendall(f"{token} tcp {a}\n".encode())
+        return "CONNECTED"
+    except OSError as e:
+        return err(e)
+def udp(a):
+    try:
+        fam, typ, proto, _, sa = socket.getaddrinfo(a, port, 0, socket.SOCK_DGRAM)[0]
+        with socket.socket(fam, typ, proto) as s:
+            s.sendto(f"{token} udp {a}".encode(), sa)
+        return "SENT"
+    except OSError as e:
+        return err(e)
+def icmp(a):
+    v6 = ":" in a
+    fam = socket.AF_INET6 if v6 else socket.AF_INET
+    try:
+        s = socket.socket(fam, socket.SOCK_DGRAM, socket.IPPROTO_ICMPV6 if v6 else socket.IPPROTO_ICMP)
+    except OSError as e:
+        return "NOSOCK " + err(e)
+    with s:
+        s.settimeout(2)
+        try:
+            sa = socket.getaddrinfo(a, 0, fam, socket.SOCK_DGRAM)[0][4]
+            s.sendto(struct.pack("!BBHHH", 128 if v6 else 8, 0, 0, 0, 1) + token.encode(), sa)
+            while True:
+                d = s.recvfrom(2048)[0]
+                if d[0] == (129 if v6 else 0) and token.encode() in d:
+                    return "REPLY"
+        except OSError as e:
+            return err(e)
+def one(a):
+    res[a] = {"tcp": tcp(a), "udp": udp(a), "icmp": icmp(a)}
+ts = [threading.Thread(target=one, args=(a,)) for a in addrs]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print(json.dumps(res))
+'''
+
+
+def host_addresses(inside_if: str = "eth0") -> list[str]:
+    """Every address of this host on every interface but loopback, as a
+    probe target seen from a container: IPv6 link-local ones scoped to the
+    container's own interface. From `ip -j addr`, or /proc without iproute2."""
+    out: list[str] = []
+    if shutil.which("ip"):
+        import json
+        import subprocess
+
+        from services.common.childenv import tool_env
+        doc = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True,
+                                        check=True, timeout=10, env=tool_env()).stdout)
+        addrs = [a["local"] for i in doc for a in i.get("addr_info", []) if "local" in a]
+    else:
+        addrs = []
+        with open("/proc/net/fib_trie") as f:
+            lines = f.read().splitlines()
+        for prev, line in itertools.pairwise(lines):
+            if line.strip() == "/32 host LOCAL":
+                addrs.append(prev.split()[-1])
+        with contextlib.suppress(FileNotFoundError), open("/proc/net/if_inet6") as f:
+            for line in f:
+                h = line.split()[0]
+                addrs.append(str(ipaddress.IPv6Address(int(h, 16))))
+    for addr in addrs:
+        ip = ipaddress.ip_address(addr.split("%")[0])
+        if ip.is_loopback:
+            continue
+        target = f"{ip}%{inside_if}" if ip.version == 6 and ip.is_link_local else str(ip)
+        if target not in out:
+            out.append(target)
+    return out
+
+
+class HostListener:
+    """LISTENER in a child process on this host; `lines` collects what it
+    received. A context manager: the child is ended on exit."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import threading
+
+        from services.common.childenv import tool_env
+        self.proc = subprocess.Popen([sys.executable, "-c", LISTENER], stdout=subprocess.PIPE, text=True,
+                                     env=tool_env())
+        first = self.proc.stdout.readline().split()
+        if first[:1] != ["ready"]:
+            self.close()
+            raise RuntimeError("the host listener did not start")
+        self.port = int(first[1])
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.strip())
+                self._changed.notify_all()
+
+    def received(self, token: str) -> list[str]:
+        with self._changed:
+            return [x for x in self.lines if f" {token} " in f" {x} "]
+
+    def wait_for(self, token: str, count: int, timeout: float = 5.0) -> list[str]:
+        """What arrived with `token`, once `count` lines have (or at timeout)."""
+        with self._changed:
+            self._changed.wait_for(lambda: len([x for x in self.lines if f" {token} " in f" {x} "]) >= count,
+                                   timeout)
+        return self.received(token)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def reached(result: dict, listener_lines: list[str]) -> list[str]:
+    """What a probe got through: 'tcp A', 'udp A' (the host received it) and
+    'icmp A' (an echo reply came back)."""
+    got = {f"tcp {a}" for a, r in result.items() if r["tcp"] == "CONNECTED"}
+    got |= {f"icmp {a}" for a, r in result.items() if r["icmp"] == "REPLY"}
+    for line in listener_lines:            # "<kind> <token> <kind> <address>"
+        parts = line.split()
+        if len(parts) == 4:
+            got.add(f"{parts[2]} {parts[3]}")
+    return sorted(got)
+
+
 @dataclass
 class Report:
     lines: list[tuple[str, bool, str]] = field(default_factory=list)
@@ -94,7 +304,7 @@ class Report:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="prove the sandbox isolation rules live on this machine",
                        description="Check the Docker engine and images, then start probe containers and prove "
-                       "R5-R12 (one PASS/FAIL line per rule). Exit status 1 on any FAIL.")
+                       "R5-R12 and R31 (one PASS/FAIL line per rule). Exit status 1 on any FAIL.")
     p.add_argument("--no-build", action="store_true", help="do not build missing images")
     p.set_defaults(func=run)
 
@@ -300,6 +510,8 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
                f"internal network {eg.network}; IP literal -> {literal}; name resolving to loopback -> {loop}; "
                f"CONNECT :8080 -> {port}; CONNECT :443 -> {tls}; direct TCP -> {direct}; DNS -> {dns}")
 
+    await _probe_r31(report, client, runner, eg, instance, network, tip)
+
     flt = {"label": ["afe.ticket=doctor-egress", f"afe.instance={instance}"]}
     before = (len(client.containers.list(all=True, filters=flt)), len(client.networks.list(filters=flt)))
     removed = await mgr.destroy("doctor-egress")
@@ -308,6 +520,48 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
                f"labelled (containers, networks) before destroy={before}, after={after}, removed={removed}")
     await mgr.destroy("doctor-plain")
     print(f"(probes took {time.monotonic() - t0:.1f}s)")
+
+
+async def _probe_r31(report: Report, client, runner, eg, instance: str, network: str, tip: str) -> None:
+    """R31 live: from the egress sandbox, TCP, UDP and ICMP to every address
+    of this host, to the ticket network's gateway and to the other probe
+    containers; a host listener records what arrives. The same probe from a
+    plain container on the probe network shows the host does answer."""
+    import json
+
+    from services.common.layout import SANDBOX_GID
+    from services.sandbox import images
+
+    gw = (client.api.inspect_network(eg.network)["IPAM"]["Config"] or [{}])[0].get("Gateway", "")
+    proxy_nets = client.api.inspect_container(eg.proxy_container_id)["NetworkSettings"]["Networks"]
+    others = [tip, *(n["IPAddress"] for name, n in proxy_nets.items() if name != eg.network and n.get("IPAddress"))]
+    sbx, ctl = "sbx-" + secrets.token_hex(6), "ctl-" + secrets.token_hex(6)
+    with HostListener() as listener:
+        hosts = host_addresses()
+        targets = list(dict.fromkeys([*hosts, *([gw] if gw else []), *others]))
+        port = str(listener.port)
+        raw = await _py(runner, eg.ticket_id, PROBE, sbx, port, *targets)
+        out = await asyncio.to_thread(
+            client.containers.run, images.SANDBOX_IMAGE, ["python3", "-c", PROBE, ctl, port, *targets],
+            network=network, user=f"{SANDBOX_UID}:{SANDBOX_GID}", cap_drop=["ALL"], remove=True,
+            labels={"afe.instance": instance})
+        try:
+            res, cres = json.loads(raw), json.loads(out)
+        except ValueError:
+            report.add("R31 egress sandbox reaches only its proxy", False,
+                       f"the probe printed no result: {raw[-300:]!r}")
+            return
+        connected = sum(r["tcp"] == "CONNECTED" for r in cres.values())
+        control = reached(cres, await asyncio.to_thread(listener.wait_for, ctl, 2 * connected))
+        got = reached(res, listener.received(sbx))
+    icmp = "" if not any(r["icmp"].startswith("NOSOCK") for r in res.values()) else \
+        " (no ICMP socket in the sandbox: ICMP not tested)"
+    report.add("R31 egress sandbox reaches only its proxy", set(res) == set(targets) and not got,
+               f"TCP, UDP and ICMP from the egress sandbox to {len(hosts)} host addresses ({', '.join(hosts)}), "
+               f"its network's gateway {gw or '(none)'} and other containers ({', '.join(others)}) -> "
+               f"{'reached ' + ', '.join(got) if got else 'nothing reached'}{icmp}; control from a plain "
+               f"container: {len(control)} reached" + ("" if control else " (a host firewall already blocks "
+                                                       "containers)"))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`afe doctor` proves R4-R12 live; with a defence removed it says FAIL."""
+"""`afe doctor` proves R4-R12 and R31 live; with a defence removed it says FAIL."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from services.cli import doctor
-from services.sandbox import hardening
+from services.sandbox import hardening, sandboxes
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = ("R4", "R5", "R6", "R7", "R8", "R9", "R10", "R11", "R12")
+RULES = ("R4", "R5", "R6", "R7", "R8", "R9", "R10", "R11", "R12", "R31")
 
 
 def test_doctor_prints_pass_for_every_rule():
@@ -42,3 +42,21 @@ def test_doctor_fails_when_a_defence_is_missing(monkeypatch, capsys):
     assert asyncio.run(doctor.doctor(build=False)) == 1
     out = capsys.readouterr().out
     assert "FAIL R6 " in out and "FAIL R7 " in out and "PASS R5 " in out
+
+
+def test_r31_doctor_fails_when_the_ticket_bridge_has_a_host_address(monkeypatch, capsys):
+    """Positive control: a ticket network made as before R31 (its bridge holds
+    the host's gateway address), with the broker's own check switched off, is
+    caught by the live probe."""
+    original = hardening.ticket_network_kwargs
+
+    def weakened(**kw):
+        out = original(**kw)
+        out["options"] = {"com.docker.network.bridge.enable_icc": "true"}
+        return out
+    monkeypatch.setattr(hardening, "ticket_network_kwargs", weakened)
+    monkeypatch.setattr(sandboxes, "check_bridge_has_no_address", lambda name: None)
+    assert asyncio.run(doctor.doctor(build=False)) == 1
+    out = capsys.readouterr().out
+    fail = [line for line in out.splitlines() if line.startswith("FAIL R31 ")]
+    assert fail and "-> reached icmp " in fail[0] and ", tcp " in fail[0] and "PASS R11 " in out
