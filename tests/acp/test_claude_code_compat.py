@@ -103,6 +103,11 @@ def test_stderr_log_keeps_whole_lines_the_head_and_the_tail_within_the_cap():
     assert texts[0].startswith("line 000000 ") and texts[-1].endswith("line 004999 of the agent's log\n")
     assert texts[-1].startswith("line ")                 # the tail starts at a line, not inside one
     assert log.last_line() == "line 004999 of the agent's log"
+    log.feed(b"\x1b[31mred\x1b[0m error\n")             # after the end: ignored
+    assert log.last_line() == "line 004999 of the agent's log"
+    fresh = StderrLog(lambda t, p: None)
+    fresh.feed(b"\x1b[31mred\x1b[0m error\n\n  \n")
+    assert fresh.last_line() == "?[31mred?[0m error"      # no terminal escapes in an error message
     # Control: under the cap nothing is left out and nothing is cut.
     small: list[tuple[str, dict]] = []
     log = StderrLog(lambda t, p: small.append((t, p)))

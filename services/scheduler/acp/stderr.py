@@ -97,9 +97,10 @@ class StderrLog:
                 self._record("agent.stderr", payload)
 
     def last_line(self, limit: int = 300) -> str:
-        """The last non-empty line the agent wrote on stderr (clipped), or ''."""
+        """The last non-empty line the agent wrote on stderr (clipped, control
+        characters such as terminal escapes shown as '?'), or ''."""
         for line in reversed(bytes(self._recent).decode("utf-8", "replace").splitlines()):
-            line = line.strip()
+            line = "".join(ch if ch.isprintable() else "?" for ch in line.strip())
             if line:
                 return line if len(line) <= limit else line[: limit - 1] + "…"
         return ""
