@@ -14,7 +14,6 @@ import random
 import ssl
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,9 +89,24 @@ def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:
     chosen = table.get(parts.scheme)
     if not chosen:
         return None
-    if "no" in table and urllib.request.proxy_bypass_environment(parts.hostname or "", {"no": table["no"]}):
+    if _bypassed(parts.hostname or "", table.get("no", "")):
         return None
     return chosen
+
+
+def _bypassed(host: str, no_proxy: str) -> bool:
+    """`no_proxy` as curl reads it: `*`, or names matching the host or a
+    parent domain (a leading dot is optional), or exact addresses."""
+    host = host.lower().rstrip(".")
+    for entry in no_proxy.replace(" ", ",").split(","):
+        entry = entry.strip().lower().lstrip(".").rstrip(".")
+        if entry.startswith("[") and "]" in entry:
+            entry = entry[1:entry.index("]")]
+        elif entry.count(":") == 1:
+            entry = entry.split(":")[0]            # host:port -> host
+        if entry == "*" or (entry and (host == entry or host.endswith("." + entry))):
+            return True
+    return False
 
 
 class HttpClient:

@@ -304,3 +304,6 @@ def test_proxy_choice_follows_the_curl_conventions():
     assert proxy_for("https://git.corp.example/x", {**both, "no_proxy": "corp.example"}) is None
     assert proxy_for("https://api.example.com/v1", {**both, "NO_PROXY": "corp.example"}) == "http://lower:2"
     assert proxy_for("https://api.example.com/v1", {}) is None
+    assert proxy_for("https://127.0.0.1:8443/x", {**both, "no_proxy": "localhost, 127.0.0.1"}) is None
+    assert proxy_for("https://api.example.com/v1", {**both, "no_proxy": "*"}) is None
+    assert proxy_for("https://notexample.com/v1", {**both, "no_proxy": ".example.com"}) == "http://lower:2"
