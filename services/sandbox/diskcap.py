@@ -251,24 +251,39 @@ class DiskCaps:
              "mount")
 
     def _unmount(self, path: Path) -> int:
-        """Unmount every mount stacked on `path` (lazily when busy)."""
+        """Unmount every mount stacked on `path`. A container just removed
+        can hold it for a moment: retried for up to ~2 s, then detached
+        lazily (the kernel frees it when its last user goes)."""
         n = 0
-        for _ in range(8):
-            if not self.mounted(path):
+        for attempt in range(40):
+            if not self.mounted(path) or n >= 8:
                 break
             res = subprocess.run(["umount", str(path)], stdin=subprocess.DEVNULL, capture_output=True,
                                  env=_TOOLS_ENV, timeout=60, check=False)
-            if res.returncode != 0:
+            if res.returncode == 0:
+                n += 1
+            elif attempt >= 20:
                 _run(["umount", "-l", str(path)], "umount -l")
-            n += 1
+                n += 1
+            else:
+                time.sleep(0.1)
         return n
 
-    def _detach_loops(self, image: Path) -> None:
-        """mount -o loop sets autoclear; detach what is left (a lazy unmount
-        still in use keeps its device until the last user goes)."""
+    def _loops_of(self, image: Path) -> list[str]:
         res = subprocess.run(["losetup", "-j", str(image), "-O", "NAME", "-n"], stdin=subprocess.DEVNULL,
                              capture_output=True, env=_TOOLS_ENV, timeout=30, check=False)
-        for dev in res.stdout.decode().split():
+        return res.stdout.decode().split()
+
+    def _detach_loops(self, image: Path) -> None:
+        """mount -o loop sets autoclear, which the kernel carries out a moment
+        after the unmount: wait for it (bounded, ~5 s), then detach what is
+        left (a lazy unmount still in use keeps its device until the last
+        user goes; autoclear frees it then)."""
+        for _ in range(50):
+            if not self._loops_of(image):
+                return
+            time.sleep(0.1)
+        for dev in self._loops_of(image):
             subprocess.run(["losetup", "-d", dev], stdin=subprocess.DEVNULL, capture_output=True,
                            env=_TOOLS_ENV, timeout=30, check=False)
 
