@@ -17,6 +17,7 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.layout import SANDBOX_UID, Layout
 from services.common.links import LinkSecrets, new_secret, pass_via_pipe
+from services.sandbox.diskcap import DiskCaps
 from services.sandbox.files import FileTools
 from tests.sandbox.conftest import run, sync_stub
 from tests.support.sandbox_broker import new_instance
@@ -174,6 +175,9 @@ def test_reconcile_after_broker_sigkill(tmp_path, docker_client):
             c.remove(force=True)
         for n in docker_client.networks.list(filters={"label": [f"afe.instance={instance}"]}):
             n.remove()
+        # R34: the killed broker's workspace disk images are in its own data folder, not the second's
+        first = Layout(tmp / "data", tmp / "run")
+        DiskCaps(first.workspaces_dir).reconcile([], first.workspace)
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
 
 
