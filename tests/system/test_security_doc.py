@@ -1,4 +1,4 @@
-"""docs/SECURITY.md stays true: every rule R1-R30 has a test named after it,
+"""docs/SECURITY.md stays true: every enforced rule (securitymap.RULES) has a test named after it,
 and the page names only tests and code that exist."""
 
 from __future__ import annotations
