@@ -67,7 +67,7 @@ class Workspace:
 @dataclass(frozen=True)
 class Model:
     name: str
-    provider: str                          # openai | anthropic | replay
+    provider: str                          # openai | anthropic | gemini | replay
     model: str = ""
     base_url: str = ""
     api_key_env: str | None = None
@@ -84,6 +84,10 @@ class Agent:
     command: tuple[str, ...]
     env: tuple[str, ...] = ()              # NAMES passed into the sandbox (R9)
     image: str | None = None
+    model: str | None = None               # a Model name: reached through the ticket's relay (R32)
+    # env var NAME -> template of {base_url} / {capability} / {model}, set in the agent's
+    # process (never the container); empty = the provider's default (services/common/relayenv.py)
+    relay_env: tuple[tuple[str, str], ...] = ()
     source: str = ""
 
 

@@ -43,11 +43,12 @@ from .config import (
 )
 from .errors import ConfigError
 from .redact import secret_kind
+from .relayenv import DEFAULT_RELAY_ENV, RELAY_PROVIDERS, template_problem
 
 __all__ = ["KINDS", "load_config", "missing_env", "parse_memory"]
 
 KINDS = ("Workspace", "Model", "Agent", "Workflow")
-PROVIDERS = ("openai", "anthropic", "replay")
+PROVIDERS = ("openai", "anthropic", "gemini", "replay")
 FORGES = ("github", "local")
 MERGE_METHODS = ("merge", "squash", "rebase")
 # ACP tool-call kinds an agent node may deny.
@@ -59,7 +60,8 @@ BUILTIN_WITH = {
     "approval": ("message",),
     "merge": ("method",),
 }
-DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com",
+                     "gemini": "https://generativelanguage.googleapis.com"}
 
 ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -455,7 +457,7 @@ class _Loader:
                 if not script.is_file():
                     doc.error("script", "file not found; create it or fix the path (relative to the config "
                               "folder)")
-        elif provider in ("openai", "anthropic"):
+        elif provider in ("openai", "anthropic", "gemini"):
             if "script" in d:
                 doc.error("script", "only replay models take a script; remove it")
             if not model and "model" not in d:
@@ -468,16 +470,44 @@ class _Loader:
                                       timeout_s=timeout, source=doc.where)
 
     def load_agent(self, doc: _Doc, d: Mapping[str, Any], name: str | None) -> None:
-        doc.fields(d, "", ("kind", "name", "type", "command", "env", "image"), ("type", "command"))
+        doc.fields(d, "", ("kind", "name", "type", "command", "env", "image", "model", "relayEnv"),
+                   ("type", "command"))
         atype = doc.choice(d, "type", "type", ("acp",))
         # An argv: repeated items are meaningful (`[codex-acp, -c, a=1, -c, b=2]`).
         command = doc.str_list(d, "command", "command", nonempty="command" in d, unique=False)
         env = doc.str_list(d, "env", "env", pattern=ENV_NAME_RE,
                            what="list environment variable NAMES (A-Z, 0-9, _), never values")
         image = doc.text(d, "image", "image", None)
+        model = doc.text(d, "model", "model", None, pattern=NAME_RE, what="write the name of a Model manifest")
+        relay_env = self.relay_env(doc, d, env)
+        if relay_env and model is None:
+            doc.error("relayEnv", "only an agent with model: gets the relay's variables; add model: <Model name>")
         if doc.named and name is not None and atype is not None and command:
             self.agents[name] = Agent(name=name, type=atype, command=command, env=env, image=image,
-                                      source=doc.where)
+                                      model=model, relay_env=relay_env, source=doc.where)
+
+    def relay_env(self, doc: _Doc, d: Mapping[str, Any], secret_names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+        """relayEnv: NAME -> template of {base_url}, {capability}, {model} (R32)."""
+        raw = doc.mapping(d, "relayEnv", "relayEnv") or {}
+        out: list[tuple[str, str]] = []
+        for k, v in raw.items():
+            path = f"relayEnv.{k}"
+            if not isinstance(k, str) or not ENV_NAME_RE.match(k):
+                doc.error(path, "names an environment variable: use A-Z, 0-9 and _")
+                continue
+            if k in secret_names:
+                doc.error(path, f"{k} is also in env (a secret passed by name); a variable comes from one "
+                          "place only: remove it from env or from relayEnv")
+                continue
+            if not isinstance(v, str):
+                doc.error(path, "must be a text template such as '{base_url}' or '{capability}'")
+                continue
+            problem = template_problem(v)
+            if problem:
+                doc.error(path, problem)
+                continue
+            out.append((k, v))
+        return tuple(out)
 
     def load_workflow(self, doc: _Doc, d: Mapping[str, Any], name: str | None) -> None:
         doc.fields(d, "", ("kind", "name", "workspace", "inputs", "maxTokens", "nodes"), ("nodes",))
@@ -517,7 +547,7 @@ class _Loader:
         per_kind = {
             "run": ("run",),
             "model": ("model", "prompt", "tools", "max_turns", "max_tokens"),
-            "agent": ("agent", "prompt", "deny"),
+            "agent": ("agent", "prompt", "deny", "max_tokens"),
             "uses": ("uses", "with"),
         }
         if len(present) != 1:
@@ -557,6 +587,7 @@ class _Loader:
             if "prompt" not in raw:
                 doc.error(f"{path}.prompt", "an agent node needs a prompt; add prompt: ...")
             kw["deny"] = doc.str_list(raw, "deny", f"{path}.deny", choices=PERMISSION_KINDS)
+            kw["max_tokens"] = doc.integer(raw, "max_tokens", f"{path}.max_tokens", 0, minimum=0)
         else:
             kind = "builtin"
             uses = raw.get("uses")
@@ -601,6 +632,10 @@ class _Loader:
                 if n.kind == "model" and ("Model", n.model) not in self.seen:
                     self.errors.append(f"{where} {p}.model: no Model named {_show(n.model)}; "
                                        f"defined: {', '.join(sorted(self.models)) or 'none'}")
+                elif n.kind == "model" and n.model in self.models and self.models[n.model].provider == "gemini":
+                    self.errors.append(f"{where} {p}.model: Model {_show(n.model)} is a gemini model, which "
+                                       "only agents can use (through the relay); use an openai or anthropic "
+                                       "Model for a model node")
                 if n.kind == "agent" and ("Agent", n.agent) not in self.seen:
                     self.errors.append(f"{where} {p}.agent: no Agent named {_show(n.agent)}; "
                                        f"defined: {', '.join(sorted(self.agents)) or 'none'}")
@@ -614,6 +649,21 @@ class _Loader:
             if cycle:
                 self.errors.append(f"{where} nodes: dependency cycle {' -> '.join(cycle)}; remove one of "
                                    "these needs")
+
+        for a in self.agents.values():
+            if a.model is None:
+                continue
+            m = self.models.get(a.model)
+            if m is None:
+                if ("Model", a.model) not in self.seen:
+                    self.errors.append(f"{a.source} model: no Model named {_show(a.model)}; "
+                                       f"defined: {', '.join(sorted(self.models)) or 'none'}")
+            elif m.provider not in RELAY_PROVIDERS:
+                self.errors.append(f"{a.source} model: Model {_show(a.model)} has provider {m.provider}, which "
+                                   f"has no HTTP API an agent can call; use one of: {', '.join(RELAY_PROVIDERS)}")
+            elif not a.relay_env and m.provider not in DEFAULT_RELAY_ENV:
+                self.errors.append(f"{a.source} relayEnv: provider {m.provider} has no default; list the "
+                                   "variables the agent reads")
 
     def config(self) -> Config:
         return Config(directory=self.directory, workspaces=self.workspaces, models=self.models,

@@ -30,7 +30,7 @@ OUTCOMES = ("ok", "error", "timeout", "denied", "cancelled")
 GIT_OPS = ("clone", "fetch", "mirror", "checkout", "commit", "push", "merge", "diff")
 FORGE_OPS = ("open_pr", "find_pr", "pr_status", "merge")
 FORGE_TYPES = ("github", "local")
-MODEL_PROVIDERS = ("openai", "anthropic", "replay")
+MODEL_PROVIDERS = ("openai", "anthropic", "gemini", "replay")
 EGRESS_MODES = ("none", "allowlist")
 GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
               "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
