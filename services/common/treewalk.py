@@ -181,8 +181,9 @@ def chown_tree_at(root_fd: int, uid: int, gid: int, limits: Limits) -> int:
     return changed
 
 
-def empty_dir(root_fd: int) -> None:
-    """Remove everything inside the directory `root_fd`, whatever its depth.
+def empty_dir(root_fd: int) -> int:
+    """Remove everything inside the directory `root_fd`, whatever its depth;
+    returns how many entries were removed.
 
     Iterative; never follows a link (unlink removes a link itself; directories
     are opened with O_NOFOLLOW); never leaves the tree. A directory met deeper
@@ -194,6 +195,7 @@ def empty_dir(root_fd: int) -> None:
     # Each frame: [fd, name in parent, scandir iterator, rescans].
     stack: list[list] = [[root_fd, b"", os.scandir(root_fd), 0]]
     hoisted = False
+    removed = 0
     try:
         while stack:
             frame = stack[-1]
@@ -216,6 +218,7 @@ def empty_dir(root_fd: int) -> None:
                 parent_fd = stack[-2][0]
                 try:
                     os.rmdir(frame[1], dir_fd=parent_fd)
+                    removed += 1
                 except OSError as exc:
                     if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and frame[3] < _REMOVE_RESCANS:
                         frame[2], frame[3] = os.scandir(fd), frame[3] + 1
@@ -233,6 +236,7 @@ def empty_dir(root_fd: int) -> None:
             if not is_dir:
                 try:
                     os.unlink(name, dir_fd=fd)
+                    removed += 1
                 except FileNotFoundError:
                     pass
                 except IsADirectoryError:
@@ -252,6 +256,7 @@ def empty_dir(root_fd: int) -> None:
             if sub is None:
                 try:  # swapped for a link or a file: remove that instead
                     os.unlink(name, dir_fd=fd)
+                    removed += 1
                 except (FileNotFoundError, IsADirectoryError):
                     pass
                 continue
@@ -266,6 +271,7 @@ def empty_dir(root_fd: int) -> None:
             it.close()
             if fd != root_fd:
                 os.close(fd)
+    return removed
 
 
 def remove_tree(path: str | os.PathLike) -> None:

@@ -21,8 +21,10 @@ Two modes, chosen once when the broker starts (`detect_mode`) and logged:
   cap. This bounds the overshoot by what the sandbox writes in about one
   second, not to the byte.
 
-All walks here are iterative (a stack of directory fds, never recursion),
-never follow a symlink, and are bounded (`MAX_DEPTH`, `MAX_ENTRIES`).
+All walks here go through the shared walker (`services.common.treewalk`):
+iterative, never following a symlink, the copy and the measurement bounded
+in depth and entries (`COPY_LIMITS`, `USAGE_LIMITS`), the removal of the
+hidden originals unbounded in depth.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common import treewalk
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
@@ -49,12 +52,9 @@ MODE_WATCHDOG = "watchdog"
 DEFAULT_DISK = 10 * 1024 ** 3
 MIN_DISK = 16 * 1024 ** 2          # the same bounds as the manifest (services/common/manifests.py)
 MAX_DISK = 16 * 1024 ** 4
-MAX_DEPTH = 256                    # directory levels a walk descends
-MAX_ENTRIES = 1_000_000            # entries a walk visits
 WATCH_INTERVAL_S = 1.0
 
 _TOOLS_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def resolve_disk(disk_bytes: int) -> int:
@@ -198,12 +198,12 @@ class DiskCaps:
         if not create:
             return False
         t0 = time.monotonic()
-        old_fd = os.open(path, _DIR_FLAGS)
+        old_fd = os.open(path, treewalk.DIR_FLAGS)
         try:
             self._make_image(image, cap)
             try:
                 self._mount(image, path)
-                new_fd = os.open(path, _DIR_FLAGS)
+                new_fd = os.open(path, treewalk.DIR_FLAGS)
                 try:
                     if os.fstat(new_fd).st_dev == os.fstat(old_fd).st_dev:
                         raise Unavailable("the workspace disk image did not mount over the workspace")
@@ -321,72 +321,57 @@ class DiskCaps:
 
 
 # -- walks ---------------------------------------------------------------------
+# Every walk goes through services/common/treewalk.py (R34): iterative, never
+# following a link, directories opened from their parent's fd.
 
-def _limit_depth(depth: int) -> None:
-    if depth > MAX_DEPTH:
-        raise FailedPrecondition(f"the workspace is nested deeper than {MAX_DEPTH} directories")
+COPY_LIMITS = treewalk.Limits("the copy of the checkout into its disk-capped workspace")
+USAGE_LIMITS = treewalk.Limits("the disk cap watchdog's measurement")
 
 
 def copy_tree(src_fd: int, dst_fd: int) -> int:
     """Copy the tree under directory fd `src_fd` into the (empty) directory fd
     `dst_fd`: directories, regular files and symlinks (as links, never
     followed) with modes (set-id bits dropped), owners and times. Other
-    kinds are skipped. Iterative; returns the number of entries copied."""
+    kinds are skipped. Bounded by `COPY_LIMITS` (TreeTooLarge names the
+    limit); returns the number of entries copied."""
     count = 0
-    root_st = os.fstat(src_fd)
-    stack: list[tuple[int, int, os.stat_result, object]] = []
+    # Destination directories still being filled: (source prefix, fd, source stat);
+    # a directory's mode and times are set once everything under it is written.
+    open_dirs: list[tuple[bytes, int, os.stat_result]] = [(b"", os.dup(dst_fd), os.fstat(src_fd))]
 
-    def push(s: int, d: int, st: os.stat_result) -> None:
-        _limit_depth(len(stack) + 1)
-        stack.append((s, d, st, os.scandir(s)))
-
-    push(os.dup(src_fd), os.dup(dst_fd), root_st)
-    try:
-        while stack:
-            s, d, st_dir, it = stack[-1]
-            entry = next(it, None)  # type: ignore[call-overload]
-            if entry is None:
-                it.close()  # type: ignore[attr-defined]
-                _finish(d, st_dir)
-                os.close(s)
+    def close_to(prefix: bytes) -> None:
+        while open_dirs[-1][0] != prefix:
+            _p, d, st = open_dirs.pop()
+            try:
+                _finish(d, st)
+            finally:
                 os.close(d)
-                stack.pop()
-                continue
+
+    try:
+        for item in treewalk.walk(src_fd, COPY_LIMITS):
+            close_to(item.parent)
+            d = open_dirs[-1][1]
             count += 1
-            if count > MAX_ENTRIES:
-                raise FailedPrecondition(f"the workspace holds more than {MAX_ENTRIES} entries")
-            name = entry.name
-            st = os.stat(name, dir_fd=s, follow_symlinks=False)
+            st, name = item.st, item.name
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(name, 0o700, dir_fd=d)
-                cs = os.open(name, _DIR_FLAGS, dir_fd=s)
-                try:
-                    cd = os.open(name, _DIR_FLAGS, dir_fd=d)
-                except BaseException:
-                    os.close(cs)
-                    raise
-                try:
-                    push(cs, cd, st)
-                except BaseException:
-                    os.close(cs)
-                    os.close(cd)
-                    raise
+                open_dirs.append((item.rel + b"/", os.open(name, treewalk.DIR_FLAGS, dir_fd=d), st))
             elif stat.S_ISREG(st.st_mode):
-                _copy_file(name, s, d, st)
+                _copy_file(name, item.dir_fd, d, st)
             elif stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(name, dir_fd=s), name, dir_fd=d)
+                os.symlink(os.readlink(name, dir_fd=item.dir_fd), name, dir_fd=d)
                 os.chown(name, st.st_uid, st.st_gid, dir_fd=d, follow_symlinks=False)
             else:
                 log.debug("workspace copy skips a special file")
+        close_to(b"")
+        _finish(open_dirs[0][1], open_dirs[0][2])
     finally:
-        for s, d, _st, it in stack:
-            it.close()  # type: ignore[attr-defined]
-            os.close(s)
+        for _p, d, _st in open_dirs:
             os.close(d)
     return count
 
 
-def _copy_file(name: str, s: int, d: int, st: os.stat_result) -> None:
+def _copy_file(name: bytes, s: int, d: int, st: os.stat_result) -> None:
     fi = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=s)
     try:
         fo = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
@@ -412,87 +397,35 @@ def _finish(fd: int, st: os.stat_result) -> None:
 
 def remove_contents(dir_fd: int) -> int:
     """Delete everything under directory fd `dir_fd` (not the directory
-    itself), never following a symlink. Iterative; returns entries removed."""
-    count = 0
-    stack: list[tuple[int, str, object]] = [(os.dup(dir_fd), "", os.scandir(dir_fd))]
-    try:
-        while stack:
-            fd, name, it = stack[-1]
-            entry = next(it, None)  # type: ignore[call-overload]
-            if entry is None:
-                it.close()  # type: ignore[attr-defined]
-                os.close(fd)
-                stack.pop()
-                if stack:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.rmdir(name, dir_fd=stack[-1][0])
-                        count += 1
-                continue
-            if count > MAX_ENTRIES * 2:
-                raise FailedPrecondition(f"the workspace holds more than {MAX_ENTRIES} entries")
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    _limit_depth(len(stack))
-                    cfd = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
-                    stack.append((cfd, entry.name, os.scandir(cfd)))
-                else:
-                    os.unlink(entry.name, dir_fd=fd)
-                    count += 1
-            except FileNotFoundError:
-                pass
-    finally:
-        for fd, _name, it in stack:
-            it.close()  # type: ignore[attr-defined]
-            os.close(fd)
-    return count
+    itself), whatever its depth, never following a symlink
+    (`treewalk.empty_dir`); returns entries removed."""
+    return treewalk.empty_dir(dir_fd)
 
 
 def usage(path: Path, limit: int) -> tuple[int, str]:
     """Bytes the tree under `path` takes on disk (st_blocks, a hard-linked
     inode counted once), stopping early past `limit`; with "" or the reason
-    the walk was refused (too deep, too many entries)."""
-    total = 0
-    entries = 0
-    seen: set[tuple[int, int]] = set()
+    the walk was refused (`USAGE_LIMITS`: too deep, too many entries)."""
     try:
-        root = os.open(path, _DIR_FLAGS)
+        root = os.open(path, treewalk.DIR_FLAGS)
     except FileNotFoundError:
         return 0, ""
-    total += os.fstat(root).st_blocks * 512
-    stack: list[tuple[int, object]] = [(root, os.scandir(root))]
+    seen: set[tuple[int, int]] = set()
+    total = 0
     try:
-        while stack:
-            fd, it = stack[-1]
-            entry = next(it, None)  # type: ignore[call-overload]
-            if entry is None:
-                it.close()  # type: ignore[attr-defined]
-                os.close(fd)
-                stack.pop()
-                continue
-            entries += 1
-            if entries > MAX_ENTRIES:
-                return total, f"the workspace holds more than {MAX_ENTRIES} entries"
-            try:
-                st = entry.stat(follow_symlinks=False)
-                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+        total += os.fstat(root).st_blocks * 512
+        with contextlib.closing(treewalk.walk(root, USAGE_LIMITS)) as items:
+            for item in items:
+                st = item.st
+                if st.st_nlink > 1 and not item.is_dir:
                     if (st.st_dev, st.st_ino) in seen:
                         continue
                     seen.add((st.st_dev, st.st_ino))
                 total += st.st_blocks * 512
                 if total > limit:
                     return total, ""
-                if stat.S_ISDIR(st.st_mode):
-                    if len(stack) >= MAX_DEPTH:
-                        return total, f"the workspace is nested deeper than {MAX_DEPTH} directories"
-                    cfd = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
-                    stack.append((cfd, os.scandir(cfd)))
-            except (FileNotFoundError, NotADirectoryError):
-                continue        # changed under the walk: measured next time
-            except OSError as exc:
-                if exc.errno != errno.ELOOP:
-                    raise
+    except treewalk.TreeTooLarge as exc:
+        return total, str(exc)
     finally:
-        for fd, it in stack:
-            it.close()  # type: ignore[attr-defined]
-            os.close(fd)
+        os.close(root)
     return total, ""
