@@ -3,23 +3,47 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
 
 from services.common.layout import Layout
+from tests.support.temp_roots import release_disk_caps, remove_temp_root, temp_root, temp_roots
+
+
+class LeakedDiskCap(UserWarning):
+    """A test left a workspace disk cap (R34) mounted or attached."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def release_leaked_disk_caps(tmp_path_factory):
+    """Safety net, at the end of the session: unmount and detach the
+    workspace disk images (R34) left under the folders the tests made
+    (`tests.support.temp_roots`, pytest's base temp) and warn naming them.
+    Nothing whose image lives elsewhere is touched."""
+    base = tmp_path_factory.getbasetemp()
+    yield
+    roots = temp_roots() + [base]
+    left = release_disk_caps(roots)
+    for root in temp_roots():       # folders whose removal failed on a mount: gone now
+        if root.exists():
+            remove_temp_root(root)
+    if left:
+        warnings.warn(LeakedDiskCap(
+            "tests left workspace disk caps behind (released now; reconcile the sandbox broker or call "
+            "tests.support.temp_roots.remove_temp_root before deleting a data folder): " + "; ".join(left)),
+            stacklevel=1)
 
 
 @pytest.fixture
 def short_tmp():
     """A short temporary folder: Unix socket paths are limited to 107 bytes."""
-    d = tempfile.mkdtemp(prefix="afe-", dir="/tmp")
+    d = temp_root("afe-")
     try:
-        yield Path(d)
+        yield d
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        remove_temp_root(d)
 
 
 @pytest.fixture

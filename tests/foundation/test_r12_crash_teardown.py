@@ -6,7 +6,9 @@ bounded time; and after `afe up` stops nothing of the instance is left.
 
 Positive control: with the scheduler's recovery turned off
 (`--broker-recovery 0`), the same crash leaves the container, proxy and
-network behind even after `afe up` has stopped.
+network behind even after `afe up` has stopped, and (in the disk cap's
+mount mode, R34) the workspace's loop mount. Either way the test's own
+clean-up removes all of it: nothing of the test is left afterwards.
 """
 
 from __future__ import annotations
@@ -14,12 +16,9 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -27,7 +26,9 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc
 from services.common import demo
 from services.common.grpcutil import open_channel
+from services.sandbox import diskcap
 from tests.scheduler.conftest import payload, state_name, wait_for_event, wait_for_state
+from tests.support.temp_roots import disk_caps_left, remove_temp_root, temp_root
 
 from .launcher_support import base_env, start_afe
 
@@ -84,7 +85,7 @@ def _wait(predicate, timeout: float, what: str):
 
 @pytest.mark.parametrize("recovery", [True, False], ids=["recovery", "positive-control-no-recovery"])
 async def test_r12_sandbox_broker_killed_mid_exec_leaves_nothing_behind(recovery):
-    base = Path(tempfile.mkdtemp(prefix="afe-r12-", dir="/tmp"))
+    base = temp_root("afe-r12-")
     cfg = demo.materialize(base / "cfg")
     (cfg / "afe.yaml").unlink()
     (cfg / "demo-model.yaml").unlink()     # a replay script: not a manifest unless a Model names it
@@ -129,13 +130,21 @@ async def test_r12_sandbox_broker_killed_mid_exec_leaves_nothing_behind(recovery
                 assert gone
         assert running.stop() == 0, running.text()[-3000:]
         left = _objects(instance)
+        caps = disk_caps_left([base])
         if recovery:
             assert left == {"containers": [], "networks": []}, left
+            assert caps == [], caps
         else:
             # Positive control: without the reconcile/teardown retry the crash leaves it all behind.
             assert sorted(left["containers"]) == sorted(before["containers"]), left
             assert left["networks"] == before["networks"], left
+            if diskcap.detect_mode()[0] == diskcap.MODE_MOUNT:
+                workspace = str(running.data / "workspaces" / t.id)
+                assert any(c.startswith(f"mount {workspace} ") for c in caps), caps
     finally:
         running.stop()
-        _cleanup(instance)
-        shutil.rmtree(base, ignore_errors=True)
+        _cleanup(instance)        # containers and networks first: they hold the workspace mount
+        remove_temp_root(base)    # then the disk cap's mount and loop device, then the folder
+    # Whatever the crash left, the test's clean-up leaves nothing of it.
+    assert _objects(instance) == {"containers": [], "networks": []}
+    assert disk_caps_left([base]) == [] and not base.exists()

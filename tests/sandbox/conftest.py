@@ -7,11 +7,8 @@ unique afe.instance label and is removed by its creator."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import docker
 import grpc
@@ -24,6 +21,7 @@ from services.common.grpcutil import _LinkAuth, socket_target
 from services.common.layout import Layout
 from services.sandbox.images import SANDBOX_IMAGE, ensure_images
 from tests.support.sandbox_broker import new_instance, sandbox_broker
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 pytestmark = pytest.mark.docker
 
@@ -146,11 +144,11 @@ def target_net(docker_client, test_instance):
 
 @pytest.fixture(scope="session")
 def broker_root():
-    d = Path(tempfile.mkdtemp(prefix="afe-sbt-", dir="/tmp"))
+    d = temp_root("afe-sbt-")
     try:
         yield d
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        remove_temp_root(d)
 
 
 @pytest.fixture(scope="session")

@@ -226,3 +226,32 @@ def test_r34_disk_bounds_of_the_contract():
         with pytest.raises(Exception, match="sandbox.limits.disk"):
             diskcap.resolve_disk(bad)
     assert diskcap.format_size(64 * MIB) == "64m" and diskcap.format_size(10 * 1024 ** 3) == "10g"
+
+
+@needs_mount
+def test_r34_a_deleted_data_folder_leaks_its_disk_caps_until_released_under_that_folder_only():
+    """The tests' safety net (tests/conftest.py): a data folder deleted without
+    reconciling the broker leaves the loop mount and device behind (shown
+    first: the leak is real); `release_disk_caps` removes those under the
+    folders it is given and leaves another folder's cap alone."""
+    from tests.support.temp_roots import disk_caps_left, release_disk_caps, remove_temp_root, temp_root
+
+    leaky, other = temp_root("afe-leak-"), temp_root("afe-keep-")
+    try:
+        for root in (leaky, other):
+            caps = diskcap.DiskCaps(root / "workspaces", diskcap.MODE_MOUNT)
+            (root / "workspaces" / "t1").mkdir(parents=True)
+            assert caps.ensure_mounted("t1", root / "workspaces" / "t1", 16 * MIB)
+        subprocess.run(["rm", "-rf", str(leaky / "workspaces")], check=False)   # what a test's clean-up did
+        left = disk_caps_left([leaky])
+        assert f"mount {leaky}/workspaces/t1 (image {leaky}/workspaces/.t1.img (deleted))" in left, left
+        assert any(line.startswith("loop device /dev/loop") for line in left), left
+        assert str(leaky / "workspaces/.t1.img") in _losetup()
+
+        assert release_disk_caps([leaky]) == left
+        assert disk_caps_left([leaky]) == [] and str(leaky / "workspaces/.t1.img") not in _losetup()
+        assert _mounted(other / "workspaces" / "t1") and len(disk_caps_left([other])) == 2
+    finally:
+        remove_temp_root(leaky)
+        remove_temp_root(other)
+    assert disk_caps_left([leaky, other]) == [] and not other.exists()

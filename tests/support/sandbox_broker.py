@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from services.common.layout import Layout
 from services.common.links import new_secret
 from services.common.redact import Redactor
 from services.sandbox.broker import build_broker
 from services.sandbox.images import ensure_images
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 
 def new_instance(prefix: str = "t") -> str:
@@ -43,8 +42,8 @@ async def sandbox_broker(layout: Layout | None = None, *, env_values: dict | Non
     ensure_images(progress=lambda _m: None)
     tmp = None
     if layout is None:
-        tmp = tempfile.TemporaryDirectory(prefix="afe-sb-", dir="/tmp")
-        layout = Layout(Path(tmp.name) / "data", Path(tmp.name) / "run")
+        tmp = temp_root("afe-sb-")
+        layout = Layout(tmp / "data", tmp / "run")
     layout.ensure()
     instance = instance or new_instance()
     socket_path = socket_path or str(layout.socket("sandbox"))
@@ -62,4 +61,4 @@ async def sandbox_broker(layout: Layout | None = None, *, env_values: dict | Non
                 await broker.sandboxes.reconcile([])
             finally:
                 if tmp is not None:
-                    tmp.cleanup()
+                    remove_temp_root(tmp)
