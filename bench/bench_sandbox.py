@@ -14,11 +14,9 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from services.common.grpcutil import _LinkAuth, socket_target
 from services.common.layout import Layout
 from services.common.links import LinkSecrets, new_secret, pass_via_pipe
 from services.sandbox.images import SANDBOX_IMAGE, ensure_images
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 ISSUE = 3
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +106,7 @@ def run(out_dir: Path) -> list[Result]:
     ensure_images(progress=lambda _m: None)
     client = docker.from_env()
     instance = "bench" + secrets.token_hex(4)
-    root = Path(tempfile.mkdtemp(prefix="afe-bench-", dir="/tmp"))
+    root = temp_root("afe-bench-")
     results: list[Result] = []
     counter = itertools.count()
     net = client.networks.create(f"afe-bench-{instance}", labels={"afe.instance": instance})
@@ -188,7 +187,7 @@ def run(out_dir: Path) -> list[Result]:
             stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
     finally:
         net.remove()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_temp_root(root)
     for r in results:
         print(f"{r.name}: {r.measured_s * 1000:.1f} ms vs {r.baseline_s * 1000:.1f} ms -> {r.ratio:.2f}x "
               f"(target {r.target}x) {'met' if r.met else 'MISSED'}")

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from bench.common import Result
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 ISSUE = 5
 ROUNDS = 4
@@ -213,13 +212,13 @@ async def _event_pipeline(root: Path) -> Result:
 
 
 async def _all(out_dir: Path) -> list[Result]:
-    root = Path(tempfile.mkdtemp(prefix="afe-bs-", dir="/tmp"))
+    root = temp_root("afe-bs-")
     try:
         results = [await _event_pipeline(root)]
         results += await _system_benches(root)
         return results
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_temp_root(root)
 
 
 def run(out_dir) -> list[Result]:

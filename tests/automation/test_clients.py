@@ -24,6 +24,7 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
 from services.common.grpcutil import open_channel
 from tests.foundation.launcher_support import Afe, base_env, wait_gone
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -60,7 +61,7 @@ class Demo:
 
 @pytest.fixture(scope="module")
 def demo():
-    base = Path(tempfile.mkdtemp(prefix="afe-auto-", dir="/tmp"))
+    base = temp_root("afe-auto-")
     instance = f"auto-{secrets.token_hex(3)}"
     # No --config: `afe up` runs the bundled demo.
     proc = subprocess.Popen([sys.executable, "-m", "services.cli.main", "up", "--data", str(base / ".afe/data"),
@@ -81,7 +82,7 @@ def demo():
         pids = list(afe.pids().values())
         code = afe.stop()
         assert wait_gone(pids, 10) == []
-        shutil.rmtree(base, ignore_errors=True)
+        remove_temp_root(base)
         assert code == 0, afe.text()[-3000:]
 
 

@@ -33,7 +33,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
 from services.common import demo
 from services.common.childenv import DOCKER_CLI_NAMES, docker_cli_env, proxy_env, tool_env
 from services.common.grpcutil import open_channel
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 from .launcher_support import ROOT, Afe, base_env, environ_bytes, wait_gone
 
@@ -344,7 +344,7 @@ async def drive_demo_ticket(run_dir: Path) -> list[str]:
 @pytest.mark.docker
 @pytest.mark.timeout(360)
 def test_r33_no_secret_reaches_any_descendant_of_afe_up_but_its_holder():
-    base = Path(tempfile.mkdtemp(prefix="afe-r33-", dir="/tmp"))
+    base = temp_root("afe-r33-")
     cfg = base / "cfg"
     demo.materialize(cfg)
     (cfg / "afe.yaml").write_text(CONFIG)
@@ -388,7 +388,7 @@ def test_r33_no_secret_reaches_any_descendant_of_afe_up_but_its_holder():
         poller.stop()
         code = afe.stop()
         wait_gone(pids, 10)
-        shutil.rmtree(base, ignore_errors=True)
+        remove_temp_root(base)
     assert code == 0, afe.text()[-3000:]
 
     control = [h for h in poller.hits if h.cmdline.strip() == f"sleep {CONTROL_ARG}"]

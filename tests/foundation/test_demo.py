@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,6 +19,7 @@ import pytest
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
 from services.common.grpcutil import open_channel
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 from .launcher_support import Afe, base_env, wait_gone
 
@@ -30,7 +29,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 @pytest.fixture
 def demo_afe():
-    base = Path(tempfile.mkdtemp(prefix="afe-fnd-demo-", dir="/tmp"))
+    base = temp_root("afe-fnd-demo-")
     instance = f"fnd-demo-{secrets.token_hex(3)}"
     # Started OUTSIDE the source tree with no --config: the bundled demo is used.
     proc = subprocess.Popen([sys.executable, "-m", "services.cli.main", "up", "--data", str(base / ".afe/data"),
@@ -51,7 +50,7 @@ def demo_afe():
         pids = list(afe.pids().values())
         code = afe.stop()
         assert wait_gone(pids, 10) == []
-        shutil.rmtree(base, ignore_errors=True)
+        remove_temp_root(base)
         assert code == 0, afe.text()[-3000:]
 
 

@@ -5,12 +5,10 @@ supervision and shutdown."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from services.common.links import new_secret
 from services.launcher.environment import BASE_NAMES
 from services.launcher.launch import Options, build_specs, ensure_token_file, make_links
 from services.launcher.supervisor import Supervisor
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 from .launcher_support import (
     CANARIES,
@@ -47,7 +46,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
 @pytest.fixture(scope="module")
 def afe():
-    base = Path(tempfile.mkdtemp(prefix="afe-fnd-", dir="/tmp"))
+    base = temp_root("afe-fnd-")
     env = base_env(**CANARIES)
     running = start_afe(base, env)
     try:
@@ -55,7 +54,7 @@ def afe():
         yield running
     finally:
         code = running.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        remove_temp_root(base)
         assert code == 0, running.text()[-3000:]
 
 
@@ -174,7 +173,7 @@ async def test_brokers_refuse_a_secret_valid_on_another_link(afe):
 def brokers():
     """The two real brokers started by the launcher's own Supervisor, so the
     test knows the scheduler's link secrets."""
-    base = Path(tempfile.mkdtemp(prefix="afe-fnb-", dir="/tmp"))
+    base = temp_root("afe-fnb-")
     cfg = make_config(base)
     from services.common.manifests import load_config
 
@@ -192,7 +191,7 @@ def brokers():
         yield layout, links
     finally:
         sup.stop_all()
-        shutil.rmtree(base, ignore_errors=True)
+        remove_temp_root(base)
 
 
 async def test_brokers_serve_only_the_scheduler_link_secret(brokers):
@@ -240,7 +239,7 @@ def test_second_launcher_on_same_runtime_dir_is_refused(afe):
 def test_stopping_the_launcher_leaves_no_process_behind(sig):
     """SIGTERM: everything stops within 10 s. SIGKILL: PR_SET_PDEATHSIG takes the children down.
     This launch also uses --ops-host 0.0.0.0 (R23 positive control)."""
-    base = Path(tempfile.mkdtemp(prefix="afe-fns-", dir="/tmp"))
+    base = temp_root("afe-fns-")
     running = start_afe(base, base_env(**CANARIES), "--ops-host", "0.0.0.0")
     try:
         st = running.wait_up()
@@ -256,11 +255,11 @@ def test_stopping_the_launcher_leaves_no_process_behind(sig):
             assert running.proc.wait(5) == 0
     finally:
         running.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        remove_temp_root(base)
 
 
 def test_unset_variable_fails_before_anything_starts(tmp_path):
-    base = Path(tempfile.mkdtemp(prefix="afe-fnu-", dir="/tmp"))
+    base = temp_root("afe-fnu-")
     try:
         env = base_env(**{k: v for k, v in CANARIES.items() if k != "FND_MODEL_KEY"})
         running = start_afe(base, env)
@@ -273,7 +272,7 @@ def test_unset_variable_fails_before_anything_starts(tmp_path):
             assert value not in text
         assert not (base / "run").exists()       # nothing started, not even the runtime dir
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        remove_temp_root(base)
 
 
 def test_token_file_created_0600_when_no_env_token(tmp_path):

@@ -20,7 +20,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from services.common import demo
 from services.common.grpcutil import open_channel
 from tests.support.fakes.git_http import GitHttpServer, make_bare_repo
 from tests.support.fakes.models import FakeOpenAI
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 from .launcher_support import ROOT, Afe, base_env, environ_of, wait_gone
 
@@ -221,13 +221,13 @@ async def afe_up_with(base: Path, extra_env: dict[str, str], check) -> None:
     finally:
         code = await asyncio.to_thread(afe.stop)
         wait_gone(pids, 10)
-        shutil.rmtree(base / "data", ignore_errors=True)
+        remove_temp_root(base / "data")
         shutil.rmtree(base / "run", ignore_errors=True)
     assert code == 0, afe.text()[-3000:]
 
 
 async def test_ca_file_and_https_proxy_reach_the_credential_broker_through_afe_up():
-    base = Path(tempfile.mkdtemp(prefix="afe-ops-", dir="/tmp"))
+    base = temp_root("afe-ops-")
     try:
         ca_file, server_ctx = make_private_ca(base / "tls")
         served = base / "served"
@@ -279,7 +279,7 @@ async def test_ca_file_and_https_proxy_reach_the_credential_broker_through_afe_u
                 await afe_up_with(base, {}, without_settings)
         proxy.close()
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        remove_temp_root(base)
 
 
 def test_afe_up_refuses_an_ca_file_that_does_not_exist(short_tmp):

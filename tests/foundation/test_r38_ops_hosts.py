@@ -10,15 +10,13 @@ served."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
 from services.common.ops import HostPolicy, OpsServer, check_ops_name
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 from .launcher_support import CANARIES, SERVICES, base_env, start_afe
 
@@ -99,7 +97,7 @@ async def test_r38_ops_server_refuses_rebinding_hosts_on_every_endpoint():
 @pytest.mark.timeout(240)
 async def test_r38_every_process_ops_port_refuses_a_rebinding_host():
     """The four real processes of `afe up`, one of them given --ops-name."""
-    base = Path(tempfile.mkdtemp(prefix="afe-r38-", dir="/tmp"))
+    base = temp_root("afe-r38-")
     running = start_afe(base, base_env(**CANARIES), "--ops-name", "ops.internal")
     try:
         st = await asyncio.to_thread(running.wait_up)
@@ -114,4 +112,4 @@ async def test_r38_every_process_ops_port_refuses_a_rebinding_host():
                 assert set(got.values()) <= {400, 421}, (service, host, got)
     finally:
         assert running.stop() == 0, running.text()[-3000:]
-        shutil.rmtree(base, ignore_errors=True)
+        remove_temp_root(base)

@@ -31,11 +31,9 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -53,6 +51,7 @@ from services.common import demo
 from services.common.grpcutil import open_channel
 from tests.support.fakes.models import FakeOpenAI
 from tests.support.otlp import OtlpReceiver
+from tests.support.temp_roots import remove_temp_root, temp_root
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -433,7 +432,7 @@ def acp_setup() -> tuple[str | None, tuple[str, ...] | None]:
 
 @pytest.fixture(scope="module")
 def sweep():
-    base = Path(tempfile.mkdtemp(prefix="afe-cs-", dir="/tmp"))
+    base = temp_root("afe-cs-")
     instance = f"cs-{secrets.token_hex(4)}"
     s = Sweep(instance=instance, base=base)
     client = docker.from_env()
@@ -504,7 +503,7 @@ def sweep():
         for n in client.networks.list(filters={"label": f"afe.instance={instance}"}):
             n.remove()
     yield s
-    shutil.rmtree(base, ignore_errors=True)
+    remove_temp_root(base)
 
 
 def _allowed(slot: str, sink: str, item: str, sweep: Sweep) -> bool:
