@@ -58,3 +58,37 @@ def artifacts_dir() -> Path:
     d = Path(os.environ.get("AFE_TEST_ARTIFACTS", "test-artifacts")).absolute()
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A throwaway PostgreSQL server for this test session (tests/support/postgres.py);
+    skips when the server binaries are not installed."""
+    from tests.support import postgres
+
+    reason = postgres.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    server = postgres.start_server()
+    try:
+        yield server
+    finally:
+        postgres.stop_server(server)
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """AFE_DATABASE_URL of a new empty database on the test server (password login over TCP)."""
+    name = pg_server.fresh_database()
+    try:
+        yield pg_server.app_url(name)
+    finally:
+        pg_server.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """AFE_DATABASE_URL for each store backend: a SQLite file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/afe.db"
+    return request.getfixturevalue("pg_url")

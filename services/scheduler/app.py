@@ -22,6 +22,7 @@ from .brokers import CredentialsClient, SandboxClient
 from .engine import Engine
 from .servicer import SERVICE, WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
 from .sqlite_store import SqliteStore
+from .store import Store
 
 CALLERS = ("gateway", "automation")
 
@@ -29,7 +30,7 @@ CALLERS = ("gateway", "automation")
 @dataclass
 class SchedulerApp:
     engine: Engine
-    store: SqliteStore
+    store: Store
     sandbox: SandboxClient
     credentials: CredentialsClient
     server: grpc.aio.Server
@@ -58,8 +59,11 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
               store_path: Path | None = None, max_running: int = 4,
               registry: CollectorRegistry | None = None, interceptors=(),
               recovery_interval: float = 2.0,
-              watch_send_timeout: float = WATCH_SEND_TIMEOUT_S) -> SchedulerApp:
-    store = SqliteStore(store_path or layout.store_file)
+              watch_send_timeout: float = WATCH_SEND_TIMEOUT_S, store: Store | None = None) -> SchedulerApp:
+    """`store` (already open, e.g. PostgreSQL from AFE_DATABASE_URL) wins over
+    `store_path` (a SQLite file, default `<data>/afe.db`)."""
+    if store is None:
+        store = SqliteStore(store_path or layout.store_file)
     sandbox = SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
     credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))
     engine = Engine(config, store, sandbox, credentials, redactor, max_running=max_running,

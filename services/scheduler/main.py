@@ -6,8 +6,11 @@ sandbox broker and the credential broker over their sockets.
         --link-fd N --status-fd N --ops-host H --ops-port P [--max-running N]
 
 Serves the callers "gateway" and "automation"; calls "sandbox" and
-"credentials". `AFE_DATABASE_URL` (optional) is read once and removed from
-the environment (R29); the default store is `<data>/afe.db`.
+"credentials". `AFE_DATABASE_URL` (optional: a SQLite file or a PostgreSQL
+database, see database_url.py) is read once and removed from the environment
+(R29); the default store is `<data>/afe.db`. A store that cannot be opened
+(unreachable, refused login, newer schema) ends the process with one log
+line that says what to change, before it reports ready.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import logging
 import sys
 
 from services.common import grpcutil
+from services.common.errors import AfeError
 from services.common.layout import DEFAULT_PORTS
 from services.common.manifests import load_config
 from services.common.process import make_context, parse_args, run_until_signalled
 from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 
 from .app import build_app
-from .database_url import store_path
+from .database_url import open_store, read_database_url
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +46,13 @@ async def amain(argv: list[str] | None = None) -> int:
     ctx = make_context("scheduler", args)
     setup_tracing("scheduler", ctx.redactor)
     ctx.layout.ensure()
-    db_path = store_path(ctx.layout, ctx.redactor)
     config = load_config(ctx.config_dir)
-    app = build_app(config, ctx.layout, ctx.links, ctx.redactor, store_path=db_path,
+    try:
+        store = open_store(read_database_url(ctx.layout, ctx.redactor))
+    except AfeError as exc:
+        log.error("scheduler: cannot open its store: %s", ctx.redactor.redact(str(exc)))
+        return 2
+    app = build_app(config, ctx.layout, ctx.links, ctx.redactor, store=store,
                     max_running=args.max_running, registry=ctx.registry,
                     interceptors=grpc_server_interceptors(), recovery_interval=args.broker_recovery)
 

@@ -11,10 +11,12 @@ import json
 import logging
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 from services.common.errors import FailedPrecondition
 
+from . import migrations
 from .store import (
     LIVE,
     TERMINAL,
@@ -28,78 +30,20 @@ from .store import (
 
 log = logging.getLogger(__name__)
 
-# Versioned migrations: index i brings the schema from version i to i+1.
-# Never edit a released entry; append a new one.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE tickets (
-        rowid INTEGER PRIMARY KEY AUTOINCREMENT,
-        id TEXT NOT NULL UNIQUE,
-        workspace TEXT NOT NULL,
-        workflow TEXT NOT NULL,
-        title TEXT NOT NULL,
-        body TEXT NOT NULL,
-        inputs_json TEXT NOT NULL,
-        state TEXT NOT NULL,
-        created_at_ms INTEGER NOT NULL,
-        updated_at_ms INTEGER NOT NULL,
-        principal TEXT NOT NULL DEFAULT '',
-        error TEXT NOT NULL DEFAULT '',
-        tokens_used INTEGER NOT NULL DEFAULT 0,
-        awaiting_sha TEXT NOT NULL DEFAULT '',
-        torn_down INTEGER NOT NULL DEFAULT 0
-    );
-    CREATE INDEX tickets_state ON tickets(state, rowid);
-    CREATE TABLE node_runs (
-        ticket_id TEXT NOT NULL REFERENCES tickets(id),
-        node_id TEXT NOT NULL,
-        ord INTEGER NOT NULL,
-        kind TEXT NOT NULL,
-        state TEXT NOT NULL,
-        needs_json TEXT NOT NULL,
-        attempt INTEGER NOT NULL DEFAULT 0,
-        started_at_ms INTEGER NOT NULL DEFAULT 0,
-        finished_at_ms INTEGER NOT NULL DEFAULT 0,
-        output TEXT NOT NULL DEFAULT '',
-        error TEXT NOT NULL DEFAULT '',
-        PRIMARY KEY (ticket_id, node_id)
-    );
-    CREATE TABLE events (
-        ticket_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        type TEXT NOT NULL,
-        payload_json TEXT NOT NULL,
-        at_ms INTEGER NOT NULL,
-        PRIMARY KEY (ticket_id, seq)
-    ) WITHOUT ROWID;
-    CREATE TABLE approvals (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        ticket_id TEXT NOT NULL REFERENCES tickets(id),
-        principal TEXT NOT NULL,
-        sha TEXT NOT NULL,
-        granted INTEGER NOT NULL,
-        at_ms INTEGER NOT NULL,
-        reason TEXT NOT NULL DEFAULT ''
-    );
-    CREATE TABLE pull_requests (
-        ticket_id TEXT PRIMARY KEY REFERENCES tickets(id),
-        number TEXT NOT NULL,
-        url TEXT NOT NULL,
-        head_branch TEXT NOT NULL,
-        base_branch TEXT NOT NULL,
-        head_sha TEXT NOT NULL,
-        state TEXT NOT NULL,
-        merge_sha TEXT NOT NULL DEFAULT ''
-    );
-    """,
-]
-
+# Versioned migrations (migrations/sqlite/NNNN_*.sql): index i brings the
+# schema from version i to i+1. PRAGMA user_version holds the version.
+MIGRATIONS: list[str] = migrations.load("sqlite")
+SCHEMA_TABLE_SINCE = 2   # the version whose migration creates schema_version
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _TICKET_COLS = ("rowid, id, workspace, workflow, title, body, inputs_json, state, created_at_ms, "
                 "updated_at_ms, principal, error, tokens_used, awaiting_sha, torn_down")
 _TICKET_FIELDS = {"state", "updated_at_ms", "error", "tokens_used", "awaiting_sha", "torn_down"}
 _NODE_FIELDS = {"state", "attempt", "started_at_ms", "finished_at_ms", "output", "error"}
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _ticket(row: tuple) -> TicketRecord:
@@ -128,9 +72,8 @@ class SqliteStore(Store):
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise FailedPrecondition(
-                f"the store {self.path.name} has schema version {version}, newer than this afe "
-                f"({SCHEMA_VERSION}); upgrade afe or point AFE_DATABASE_URL at another file")
+            raise FailedPrecondition(migrations.newer_schema_message(
+                f"the SQLite store {self.path.name}", version, SCHEMA_VERSION, self._release_of(version)))
         for i in range(version, SCHEMA_VERSION):
             log.info("store: migrating schema %s -> %s", i, i + 1)
             self.db.execute("BEGIN IMMEDIATE")
@@ -138,11 +81,23 @@ class SqliteStore(Store):
                 for stmt in MIGRATIONS[i].split(";"):
                     if stmt.strip():
                         self.db.execute(stmt)
+                if i + 1 >= SCHEMA_TABLE_SINCE:
+                    self.db.execute("INSERT OR REPLACE INTO schema_version (version, afe_version, applied_at_ms) "
+                                    "VALUES (?,?,?)", (i + 1, migrations.afe_version(), _now_ms()))
                 self.db.execute(f"PRAGMA user_version={i + 1}")
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
+
+    def _release_of(self, version: int) -> str | None:
+        """The afe release that first applied a schema version past ours, if recorded."""
+        try:
+            row = self.db.execute("SELECT afe_version FROM schema_version WHERE version>? ORDER BY version "
+                                  "LIMIT 1", (SCHEMA_VERSION,)).fetchone()
+        except sqlite3.Error:
+            return None
+        return row[0] if row else None
 
     def close(self) -> None:
         self.db.close()

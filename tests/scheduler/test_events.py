@@ -1,4 +1,4 @@
-"""The event pipeline on a real SQLite store: per-ticket monotonic seq,
+"""The event pipeline on a real store (SQLite and PostgreSQL): per-ticket monotonic seq,
 history then live with no gap and no duplicate across reconnects, and
 redacted payloads (R27)."""
 
@@ -13,14 +13,25 @@ from services.common.errors import NotFound
 from services.common.redact import Redactor
 from services.scheduler.events import EventLog
 from services.scheduler.sqlite_store import SqliteStore
+from tests.support.postgres import open_store_url
 
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = "s3cr3t-Value-9f8e7d6c"
 
 
-def _log(tmp_path, redactor: Redactor | None = None) -> EventLog:
-    return EventLog(SqliteStore(tmp_path / "afe.db"), redactor or Redactor())
+@pytest.fixture
+def make_log(store_url, tmp_path):
+    """An EventLog on a new store of each backend."""
+    stores = []
+
+    def make(redactor: Redactor | None = None) -> EventLog:
+        stores.append(open_store_url(store_url, tmp_path))
+        return EventLog(stores[-1], redactor or Redactor())
+
+    yield make
+    for s in stores:
+        s.close()
 
 
 async def _collect(log: EventLog, tid: str, from_seq: int, n: int) -> list[int]:
@@ -32,8 +43,8 @@ async def _collect(log: EventLog, tid: str, from_seq: int, n: int) -> list[int]:
     return seqs
 
 
-async def test_seq_is_per_ticket_and_monotonic(tmp_path):
-    log = _log(tmp_path)
+async def test_seq_is_per_ticket_and_monotonic(make_log):
+    log = make_log()
     a = [log.append("t-a", "x", {"i": i}) for i in range(3)]
     b = [log.append("t-b", "x", {"i": i}) for i in range(2)]
     log.flush()
@@ -43,8 +54,8 @@ async def test_seq_is_per_ticket_and_monotonic(tmp_path):
     assert log2.append("t-a", "x", {}) == 4
 
 
-async def test_watch_has_no_gap_and_no_duplicate_while_events_arrive(tmp_path):
-    log = _log(tmp_path)
+async def test_watch_has_no_gap_and_no_duplicate_while_events_arrive(make_log):
+    log = make_log()
     total = 3000
 
     async def produce():
@@ -68,8 +79,8 @@ async def test_watch_has_no_gap_and_no_duplicate_while_events_arrive(tmp_path):
     assert tail == list(range(2500, total + 2))
 
 
-async def test_watch_beyond_the_last_seq_is_not_found(tmp_path):
-    log = _log(tmp_path)
+async def test_watch_beyond_the_last_seq_is_not_found(make_log):
+    log = make_log()
     log.append("t-1", "x", {})
     log.flush()
     assert [e.seq async for e in log.watch("t-1", 2, False, lambda: False)] == []
@@ -83,7 +94,7 @@ def _stored(log: EventLog, tid: str) -> list[str]:
     return [e.payload_json for e in log.store.events(tid, 1)]
 
 
-async def test_r27_registered_secret_and_secret_shapes_are_redacted_in_events(tmp_path):
+async def test_r27_registered_secret_and_secret_shapes_are_redacted_in_events(make_log, tmp_path):
     token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0"
     payloads = [{"text": f"the value is {SECRET}"}, {"nested": [{"deep": f"token={token}"}]},
                 {"clean": "nothing to hide"}, {SECRET: "as a key"}]
@@ -98,7 +109,7 @@ async def test_r27_registered_secret_and_secret_shapes_are_redacted_in_events(tm
 
     redactor = Redactor()
     redactor.register(SECRET)
-    log = _log(tmp_path, redactor)
+    log = make_log(redactor)
     for p in payloads:
         log.append("t-1", "node.output", p)
     stored = _stored(log, "t-1")
@@ -109,19 +120,19 @@ async def test_r27_registered_secret_and_secret_shapes_are_redacted_in_events(tm
         json.loads(s)
 
 
-async def test_long_payload_strings_are_cut(tmp_path):
-    log = _log(tmp_path)
+async def test_long_payload_strings_are_cut(make_log):
+    log = make_log()
     log.append("t-1", "node.output", {"text": "x" * 200_000})
     (stored,) = _stored(log, "t-1")
     assert len(stored) < 70_000 and "characters cut" in stored
 
 
 @pytest.mark.timeout(30)
-async def test_pathological_output_does_not_hang_the_event_log(tmp_path):
+async def test_pathological_output_does_not_hang_the_event_log(make_log):
     # A token-like run that ends in a near-miss used to make the redactor
     # backtrack for minutes; command output is attacker-controlled.
     nasty = "x" + "0123456789abcdef" * 8 + "AKIA" + "B" * 16
-    log = _log(tmp_path)
+    log = make_log()
     for i in range(50):
         log.append("t-1", "node.output", {"text": f"https://u:p@h/{nasty}{i}"})
     stored = _stored(log, "t-1")

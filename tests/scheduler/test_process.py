@@ -18,7 +18,7 @@ from services.common import grpcutil
 from services.common.errors import ConfigError
 from services.common.layout import Layout
 from services.common.redact import Redactor
-from services.scheduler.database_url import store_path
+from services.scheduler.database_url import read_database_url, store_path
 from tests.support.system import afe_system
 
 from .conftest import write_config
@@ -64,9 +64,15 @@ def test_database_url_forms():
     assert store_path(layout, r, {"AFE_DATABASE_URL": "sqlite:db/x.db"}) == layout.data_dir / "db" / "x.db"
     store_path(layout, r, {"AFE_DATABASE_URL": f"sqlite://u:{PASSWORD}@/x.db"})
     assert PASSWORD not in r.redact(f"oops {PASSWORD}")
-    with pytest.raises(ConfigError) as exc:
-        store_path(layout, Redactor(), {"AFE_DATABASE_URL": f"postgresql://u:{PASSWORD}@db/afe"})
-    assert PASSWORD not in str(exc.value) and "postgresql" not in str(exc.value)
+    r2 = Redactor()
+    pg = read_database_url(layout, r2, {"AFE_DATABASE_URL": f"postgresql://u:{PASSWORD}@db:5433/afe"})
+    assert (pg.backend, pg.where) == ("postgresql", "the PostgreSQL database afe on db port 5433")
+    assert PASSWORD not in repr(pg) and PASSWORD not in r2.redact(f"oops {PASSWORD}")
+    for bad in (f"mysql://u:{PASSWORD}@db/afe", f"postgresql://u:{PASSWORD}@db:notaport/afe",
+                f"postgresql://u:{PASSWORD}@db/afe?nosuchparam=1"):
+        with pytest.raises(ConfigError) as exc:
+            read_database_url(layout, Redactor(), {"AFE_DATABASE_URL": bad})
+        assert PASSWORD not in str(exc.value) and bad not in str(exc.value)
 
 
 async def test_only_gateway_and_automation_may_call(short_tmp):

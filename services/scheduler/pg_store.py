@@ -1,0 +1,332 @@
+"""The PostgreSQL store: the same `Store` as sqlite_store.py on a server that
+several schedulers may share (psycopg 3, one synchronous connection owned by
+the scheduler's event loop thread, like the SQLite connection).
+
+Schema: numbered migrations in migrations/postgresql/, applied under an
+advisory lock (two schedulers starting together migrate once), recorded in
+`schema_version` with the afe release that applied them; a newer schema is
+refused with the release it needs.
+
+Event seqs: `event_counters` holds each ticket's last stored seq. A batch
+moves it from exactly `first - 1` to its last seq in the transaction that
+inserts the events; the UPDATE locks the counter's row, so of two writers
+that both hold seq n, one commits n+1.. and the other finds the counter moved
+and is refused (`FailedPrecondition`) with nothing written. A ticket's seqs
+are 1..n with no gap and no duplicate whatever the number of writers.
+
+The connection string is never logged or put in an error (R29): errors name
+the host, port and database only (`where`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import psycopg
+
+from services.common.errors import FailedPrecondition, Unavailable
+
+from . import migrations
+from .store import (
+    LIVE,
+    TERMINAL,
+    ApprovalRecord,
+    EventRecord,
+    NodeRunRecord,
+    PullRequestRecord,
+    Store,
+    TicketRecord,
+)
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS: list[str] = migrations.load("postgresql")
+SCHEMA_VERSION = len(MIGRATIONS)
+MIGRATION_LOCK = 0x61666531   # pg_advisory_xact_lock key ("afe1") held while migrating
+COPY_FROM = 64                # batches of this many events or more go in with COPY
+
+_TICKET_COLS = ("rowid, id, workspace, workflow, title, body, inputs_json, state, created_at_ms, "
+                "updated_at_ms, principal, error, tokens_used, awaiting_sha, torn_down")
+_TICKET_FIELDS = {"state", "updated_at_ms", "error", "tokens_used", "awaiting_sha", "torn_down"}
+_NODE_FIELDS = {"state", "attempt", "started_at_ms", "finished_at_ms", "output", "error"}
+_INSERT_EVENT = "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (%s,%s,%s,%s,%s)"
+
+
+def _ticket(row: tuple) -> TicketRecord:
+    return TicketRecord(
+        rowid=row[0], id=row[1], workspace=row[2], workflow=row[3], title=row[4], body=row[5],
+        inputs=json.loads(row[6]), state=row[7], created_at_ms=row[8], updated_at_ms=row[9],
+        principal=row[10], error=row[11], tokens_used=row[12], awaiting_sha=row[13],
+        torn_down=bool(row[14]),
+    )
+
+
+def connect(conninfo: str, where: str) -> psycopg.Connection:
+    """An autocommit connection, or an error that says what to change (and
+    repeats neither the connection string nor the password)."""
+    try:
+        return psycopg.connect(conninfo, autocommit=True)
+    except psycopg.Error as exc:
+        raise connect_error(exc, where) from None
+
+
+def connect_error(exc: psycopg.Error, where: str) -> Exception:
+    """Say what to change. libpq reports a refused login as text (no SQLSTATE
+    on the connection error), so the server's FATAL line is classified by its
+    words; the text itself is never passed on."""
+    text = str(exc)
+    fatal = text.partition("FATAL:")[2]
+    if ("password authentication failed" in fatal or "no password supplied" in text
+            or "authentication failed" in fatal or "no pg_hba.conf entry" in fatal):
+        return FailedPrecondition(
+            f"AFE_DATABASE_URL: {where} refused the user name or password (the password is not shown): fix "
+            "the credentials in AFE_DATABASE_URL, or the server's pg_hba.conf for this host")
+    if "does not exist" in fatal and "database" in fatal:
+        return FailedPrecondition(
+            f"AFE_DATABASE_URL: {where} does not exist on its server: create it (CREATE DATABASE ... OWNER "
+            "the user in the URL) or fix the database name in AFE_DATABASE_URL")
+    if "permission denied" in fatal:
+        return FailedPrecondition(
+            f"AFE_DATABASE_URL: the user in the URL may not use {where}: grant it CONNECT, or use the "
+            "database's owner")
+    if fatal:
+        return FailedPrecondition(
+            f"AFE_DATABASE_URL: {where} refused the connection; its server's log says why")
+    return Unavailable(
+        f"AFE_DATABASE_URL: cannot reach {where}: check that the server runs and accepts connections from "
+        "this machine, and the host and port in AFE_DATABASE_URL")
+
+
+def schema_state(db: psycopg.Connection) -> tuple[int, str | None]:
+    """(the database's schema version, 0 when empty; the afe release that
+    first applied a version past this afe's, when there is one)."""
+    if db.execute("SELECT to_regclass('schema_version')").fetchone()[0] is None:
+        return 0, None
+    version = db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+    row = db.execute("SELECT afe_version FROM schema_version WHERE version > %s ORDER BY version LIMIT 1",
+                     (SCHEMA_VERSION,)).fetchone()
+    return int(version), (row[0] if row else None)
+
+
+def check_newer(version: int, needed: str | None, where: str) -> None:
+    if version > SCHEMA_VERSION:
+        raise FailedPrecondition(migrations.newer_schema_message(where, version, SCHEMA_VERSION, needed))
+
+
+class PostgresStore(Store):
+    def __init__(self, conninfo: str, where: str = "the PostgreSQL database") -> None:
+        self._conninfo = conninfo
+        self.where = where
+        self.db = connect(conninfo, where)
+        try:
+            self._migrate()
+        except psycopg.errors.InsufficientPrivilege:
+            self.db.close()
+            raise FailedPrecondition(
+                f"AFE_DATABASE_URL: the user in the URL may not create afe's tables in {where}: make it the "
+                "database's owner (ALTER DATABASE ... OWNER TO ...) or grant it CREATE on schema public") from None
+        except BaseException:
+            self.db.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.where})"
+
+    def _migrate(self) -> None:
+        db = self.db
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            version, needed = schema_state(db)
+            check_newer(version, needed, self.where)
+            for i in range(version, SCHEMA_VERSION):
+                log.info("store: migrating the PostgreSQL schema %s -> %s", i, i + 1)
+                db.execute(MIGRATIONS[i])  # several statements, no parameters: simple query protocol
+                db.execute("INSERT INTO schema_version (version, afe_version, applied_at_ms) VALUES (%s,%s,%s)",
+                           (i + 1, migrations.afe_version(), time.time_ns() // 1_000_000))
+
+    def _conn(self) -> psycopg.Connection:
+        """The connection; a new one when the server closed it (a restart)."""
+        if self.db.broken or self.db.closed:
+            log.warning("store: the connection to %s was lost; reconnecting", self.where)
+            self.db = connect(self._conninfo, self.where)
+        return self.db
+
+    def close(self) -> None:
+        self.db.close()
+
+    def ping(self) -> bool:
+        try:
+            return self._conn().execute("SELECT 1").fetchone()[0] == 1
+        except (psycopg.Error, Unavailable, FailedPrecondition):
+            return False
+
+    # tickets
+    def create_ticket(self, ticket: TicketRecord, nodes: list[NodeRunRecord],
+                      first_events: list[EventRecord]) -> TicketRecord:
+        db = self._conn()
+        with db.transaction(), db.cursor() as cur:
+            cur.execute(
+                "INSERT INTO tickets (id, workspace, workflow, title, body, inputs_json, state, "
+                "created_at_ms, updated_at_ms, principal) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "RETURNING rowid",
+                (ticket.id, ticket.workspace, ticket.workflow, ticket.title, ticket.body,
+                 json.dumps(ticket.inputs, sort_keys=True), ticket.state, ticket.created_at_ms,
+                 ticket.updated_at_ms, ticket.principal))
+            ticket.rowid = int(cur.fetchone()[0])
+            if nodes:
+                cur.executemany(
+                    "INSERT INTO node_runs (ticket_id, node_id, ord, kind, state, needs_json) "
+                    "VALUES (%s,%s,%s,%s,%s,%s)",
+                    [(n.ticket_id, n.node_id, i, n.kind, n.state, json.dumps(list(n.needs)))
+                     for i, n in enumerate(nodes)])
+            self._insert_events(cur, first_events)
+        return ticket
+
+    def get_ticket(self, ticket_id: str) -> TicketRecord | None:
+        row = self._conn().execute(f"SELECT {_TICKET_COLS} FROM tickets WHERE id=%s", (ticket_id,)).fetchone()
+        return _ticket(row) if row else None
+
+    def list_tickets(self, states: list[str] | None = None, workspace: str | None = None,
+                     limit: int = 50, before_rowid: int | None = None) -> list[TicketRecord]:
+        where: list[str] = []
+        args: list[object] = []
+        if states:
+            where.append("state = ANY(%s)")
+            args.append(list(states))
+        if workspace:
+            where.append("workspace=%s")
+            args.append(workspace)
+        if before_rowid is not None:
+            where.append("rowid<%s")
+            args.append(before_rowid)
+        sql = f"SELECT {_TICKET_COLS} FROM tickets"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY rowid DESC LIMIT %s"
+        args.append(limit)
+        return [_ticket(r) for r in self._conn().execute(sql, args)]
+
+    def update_ticket(self, ticket_id: str, **fields: object) -> None:
+        bad = set(fields) - _TICKET_FIELDS
+        if bad:
+            raise ValueError(f"not updatable: {sorted(bad)}")
+        if "torn_down" in fields:
+            fields["torn_down"] = bool(fields["torn_down"])
+        cols = ", ".join(f"{k}=%s" for k in fields)
+        self._conn().execute(f"UPDATE tickets SET {cols} WHERE id=%s", [*fields.values(), ticket_id])
+
+    def tickets_in_states(self, states: tuple[str, ...] = LIVE) -> list[TicketRecord]:
+        sql = f"SELECT {_TICKET_COLS} FROM tickets WHERE state = ANY(%s) ORDER BY rowid"
+        return [_ticket(r) for r in self._conn().execute(sql, (list(states),))]
+
+    def terminal_not_torn_down(self) -> list[TicketRecord]:
+        sql = f"SELECT {_TICKET_COLS} FROM tickets WHERE NOT torn_down AND state = ANY(%s) ORDER BY rowid"
+        return [_ticket(r) for r in self._conn().execute(sql, (sorted(TERMINAL),))]
+
+    # node runs
+    def node_runs(self, ticket_id: str) -> list[NodeRunRecord]:
+        rows = self._conn().execute(
+            "SELECT ticket_id, node_id, kind, state, needs_json, attempt, started_at_ms, "
+            "finished_at_ms, output, error FROM node_runs WHERE ticket_id=%s ORDER BY ord", (ticket_id,))
+        return [NodeRunRecord(ticket_id=r[0], node_id=r[1], kind=r[2], state=r[3],
+                              needs=tuple(json.loads(r[4])), attempt=r[5], started_at_ms=r[6],
+                              finished_at_ms=r[7], output=r[8], error=r[9]) for r in rows]
+
+    def update_node(self, ticket_id: str, node_id: str, **fields: object) -> None:
+        bad = set(fields) - _NODE_FIELDS
+        if bad:
+            raise ValueError(f"not updatable: {sorted(bad)}")
+        cols = ", ".join(f"{k}=%s" for k in fields)
+        self._conn().execute(f"UPDATE node_runs SET {cols} WHERE ticket_id=%s AND node_id=%s",
+                             [*fields.values(), ticket_id, node_id])
+
+    # events
+    def _insert_events(self, cur: psycopg.Cursor, events: list[EventRecord]) -> None:
+        """Inside the caller's transaction: move each ticket's counter over its
+        events (refusing a batch that does not start right after the stored
+        seq), then insert them."""
+        if not events:
+            return
+        spans: dict[str, list[int]] = {}   # ticket -> [first seq, last seq]
+        for ev in events:
+            tid, seq = ev[0], ev[1]
+            span = spans.get(tid)
+            if span is None:
+                spans[tid] = [seq, seq]
+            elif seq == span[1] + 1:
+                span[1] = seq
+            else:
+                raise ValueError(f"events of ticket {tid} are not consecutive: seq {seq} after {span[1]}")
+        for tid, (first, last) in spans.items():
+            if first == 1:
+                cur.execute("INSERT INTO event_counters (ticket_id, last_seq) VALUES (%s,%s) "
+                            "ON CONFLICT (ticket_id) DO NOTHING", (tid, last))
+            else:
+                cur.execute("UPDATE event_counters SET last_seq=%s WHERE ticket_id=%s AND last_seq=%s",
+                            (last, tid, first - 1))
+            if cur.rowcount != 1:
+                row = cur.execute("SELECT last_seq FROM event_counters WHERE ticket_id=%s", (tid,)).fetchone()
+                stored = int(row[0]) if row else 0
+                raise FailedPrecondition(
+                    f"events of ticket {tid} from seq {first} do not follow its stored events (last seq "
+                    f"{stored}): another scheduler wrote this ticket's events; nothing of this batch was stored")
+        if len(events) >= COPY_FROM:
+            with cur.copy("COPY events (ticket_id, seq, type, payload_json, at_ms) FROM STDIN") as copy:
+                for ev in events:
+                    copy.write_row(ev)
+        else:
+            cur.executemany(_INSERT_EVENT, events)
+
+    def append_events(self, events: list[EventRecord]) -> None:
+        if not events:
+            return
+        db = self._conn()
+        with db.transaction(), db.cursor() as cur:
+            self._insert_events(cur, events)
+
+    def events(self, ticket_id: str, from_seq: int, limit: int = 1000) -> list[EventRecord]:
+        rows = self._conn().execute(
+            "SELECT ticket_id, seq, type, payload_json, at_ms FROM events "
+            "WHERE ticket_id=%s AND seq>=%s ORDER BY seq LIMIT %s", (ticket_id, from_seq, limit))
+        return [EventRecord(*r) for r in rows]
+
+    def last_seq(self, ticket_id: str) -> int:
+        row = self._conn().execute("SELECT last_seq FROM event_counters WHERE ticket_id=%s",
+                                   (ticket_id,)).fetchone()
+        return int(row[0]) if row else 0
+
+    # approvals and pull requests
+    def add_approval(self, approval: ApprovalRecord) -> None:
+        self._conn().execute(
+            "INSERT INTO approvals (ticket_id, principal, sha, granted, at_ms, reason) "
+            "VALUES (%s,%s,%s,%s,%s,%s)",
+            (approval.ticket_id, approval.principal, approval.sha, bool(approval.granted),
+             approval.at_ms, approval.reason))
+
+    def latest_approval(self, ticket_id: str) -> ApprovalRecord | None:
+        row = self._conn().execute(
+            "SELECT ticket_id, principal, sha, granted, at_ms, reason FROM approvals "
+            "WHERE ticket_id=%s ORDER BY id DESC LIMIT 1", (ticket_id,)).fetchone()
+        if not row:
+            return None
+        return ApprovalRecord(ticket_id=row[0], principal=row[1], sha=row[2], granted=bool(row[3]),
+                              at_ms=row[4], reason=row[5])
+
+    def put_pr(self, pr: PullRequestRecord) -> None:
+        self._conn().execute(
+            "INSERT INTO pull_requests (ticket_id, number, url, head_branch, base_branch, head_sha, "
+            "state, merge_sha) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (ticket_id) DO UPDATE SET "
+            "number=excluded.number, url=excluded.url, head_branch=excluded.head_branch, "
+            "base_branch=excluded.base_branch, head_sha=excluded.head_sha, state=excluded.state, "
+            "merge_sha=excluded.merge_sha",
+            (pr.ticket_id, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha, pr.state,
+             pr.merge_sha))
+
+    def get_pr(self, ticket_id: str) -> PullRequestRecord | None:
+        row = self._conn().execute(
+            "SELECT ticket_id, number, url, head_branch, base_branch, head_sha, state, merge_sha "
+            "FROM pull_requests WHERE ticket_id=%s", (ticket_id,)).fetchone()
+        return PullRequestRecord(*row) if row else None
+
