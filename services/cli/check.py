@@ -22,6 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "problem with its file, document number and field.")
     p.add_argument("--config", default=None,
                    help="manifest folder (default: ./afe.d, else the bundled demo)")
+    p.add_argument("--data", default=".afe/data", metavar="DIR",
+                   help="data folder, for a relative sqlite AFE_DATABASE_URL (default: .afe/data)")
     p.set_defaults(func=run)
 
 
@@ -48,6 +50,27 @@ def run(args: argparse.Namespace) -> int:
     unset = missing_env(config, os.environ)
     for var, where in unset:
         print(f"  note: {var} is not set in this shell ({where}); `afe up` will refuse to start without it")
+    return _check_database(args, os.environ)
+
+
+def _check_database(args: argparse.Namespace, environ) -> int:
+    """With AFE_DATABASE_URL set: can the store be reached, and is its schema
+    one this afe can use? (Nothing is created or migrated.)"""
+    from services.common.errors import AfeError
+    from services.common.layout import Layout
+    from services.common.redact import Redactor
+    from services.scheduler.database_url import ENV, check_database, read_database_url
+
+    if not environ.get(ENV):
+        return 0
+    data = Path(getattr(args, "data", None) or ".afe/data").absolute()
+    redactor = Redactor([environ[ENV]])
+    try:
+        line = check_database(read_database_url(Layout(data, data.parent / "run"), redactor, dict(environ)))
+    except AfeError as exc:
+        print(f"afe check: {redactor.redact(str(exc))}", file=sys.stderr)
+        return 1
+    print(f"  store ({ENV}): {line}")
     return 0
 
 

@@ -89,10 +89,26 @@ def preflight(opts: Options, environ: Mapping[str, str],
         if len(str(sock).encode()) > MAX_SOCKET_PATH:
             raise ConfigError(f"the runtime folder path is too long for Unix sockets ({sock}); pass a "
                               "shorter --run DIR")
+    _check_database(opts, environ)
     if opts.check_images:
         _ensure_images(progress)
         _check_other_images(config)
     return config
+
+
+def _check_database(opts: Options, environ: Mapping[str, str]) -> None:
+    """With AFE_DATABASE_URL set: the store is reachable and its schema is not
+    newer than this afe's, or `afe up` stops here with what to change (the
+    scheduler, which alone keeps the URL, checks again when it opens it)."""
+    from services.common.redact import Redactor
+    from services.scheduler.database_url import ENV, check_database, read_database_url
+
+    if environ.get(ENV):
+        redactor = Redactor([environ[ENV]])
+        try:
+            check_database(read_database_url(opts.layout, redactor, dict(environ)))
+        except AfeError as exc:
+            raise type(exc)(redactor.redact(str(exc))) from None
 
 
 def _check_other_images(config: Config) -> None:
