@@ -112,11 +112,14 @@ async def test_cancel_while_waiting_for_approval(short_tmp):
         assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
-async def test_r16_a_head_that_moved_after_the_request_is_not_merged_with_the_old_approval(short_tmp):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_r16_a_head_that_moved_after_the_request_is_not_merged_with_the_old_approval(short_tmp, backend,
+                                                                                          request):
     cfg = write_config(short_tmp, CONFIG)
     layout = Layout(short_tmp / "data", short_tmp / "run")
     bare = cfg / "repos" / "calc.git"
-    async with afe_system(cfg, layout) as sys_:
+    url = request.getfixturevalue("pg_url") if backend == "postgresql" else ""
+    async with afe_system(cfg, layout, database_url=url) as sys_:
         t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="change", title="A change"))
         t = await wait_for_state(sys_.stub, t.id, {"waiting_approval", "failed"})
         assert state_name(t) == "waiting_approval", t.error
@@ -141,3 +144,4 @@ async def test_r16_a_head_that_moved_after_the_request_is_not_merged_with_the_ol
         assert parents[0] == t.pr.merge_sha and moved in parents[1:]
         requested = [payload(e)["sha"] for e in await all_events(sys_.stub, t.id) if e.type == "approval.requested"]
         assert requested == [old, moved]
+    assert layout.store_file.exists() == (backend == "sqlite")   # the store was where the URL said

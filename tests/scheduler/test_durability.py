@@ -39,12 +39,14 @@ nodes:
 """
 
 
-async def test_kill_9_while_running_and_while_waiting_then_finishes_once(short_tmp):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_kill_9_while_running_and_while_waiting_then_finishes_once(short_tmp, backend, request):
     cfg = write_config(short_tmp, WORKFLOW)
     layout = Layout(short_tmp / "data", short_tmp / "run")
     bare = cfg / "repos" / "calc.git"
     base_before = git(bare, "rev-parse", "main").strip()
-    async with afe_system(cfg, layout, subprocess=True) as sys_:
+    url = request.getfixturevalue("pg_url") if backend == "postgresql" else ""
+    async with afe_system(cfg, layout, subprocess=True, database_url=url) as sys_:
         t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="slow-fix", title="notes",
                                                                 principal="tester"))
         await wait_for_event(sys_.stub, t.id, lambda e: e.type == "node.output"
@@ -78,6 +80,7 @@ async def test_kill_9_while_running_and_while_waiting_then_finishes_once(short_t
         assert types.count("ticket.resumed") == 2
         assert any(e.type == "node.resumed" and payload(e)["node"] == "edit" for e in events)
         assert types.count("merge.done") == 1 and types[-1] == "ticket.finished"
+    assert layout.store_file.exists() == (backend == "sqlite")   # the store was where the URL said
 
 
 async def test_restart_after_merge_does_not_merge_again(short_tmp):

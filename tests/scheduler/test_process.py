@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -54,6 +56,39 @@ async def test_r29_database_url_is_used_and_never_repeated(short_tmp):
     log = sys_.log_path.read_text()
     assert "scheduler ready" in log           # positive control: the log is the process's log
     assert PASSWORD not in log and url not in log
+
+
+async def test_r29_postgresql_url_is_used_and_never_repeated(short_tmp, pg_url):
+    import psycopg
+
+    password = urllib.parse.urlsplit(pg_url).password
+    assert password and password in pg_url                 # positive control: the URL carries one
+    cfg = write_config(short_tmp, WORKFLOW)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    async with afe_system(cfg, layout, subprocess=True, scheduler_env={"AFE_DATABASE_URL": pg_url}) as sys_:
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="quick", title="on postgres"))
+        environ = Path(f"/proc/{sys_.proc.pid}/environ").read_bytes()
+        assert password.encode() not in environ                # value scrubbed (R30)
+    with psycopg.connect(pg_url) as db:
+        assert db.execute("SELECT title FROM tickets WHERE id=%s", (t.id,)).fetchone() == ("on postgres",)
+    assert not layout.store_file.exists()
+    log = sys_.log_path.read_text()
+    assert "scheduler ready" in log and password not in log and pg_url not in log
+
+
+async def test_r29_unreachable_postgresql_stops_the_scheduler_with_what_to_change(short_tmp):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql://afe:{PASSWORD}@127.0.0.1:{port}/afe"
+    cfg = write_config(short_tmp, WORKFLOW)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    with pytest.raises(RuntimeError, match="exited before it was ready") as exc:
+        async with afe_system(cfg, layout, subprocess=True, scheduler_env={"AFE_DATABASE_URL": url}):
+            pass
+    text = str(exc.value)
+    assert f"cannot reach the PostgreSQL database afe on 127.0.0.1 port {port}" in text
+    assert PASSWORD not in text and url not in text and "Traceback" not in text
 
 
 def test_database_url_forms():

@@ -10,6 +10,9 @@ so a test can `kill -9` it and start it again.
         await sys_.kill_scheduler()      # subprocess=True only: SIGKILL
         await sys_.start_scheduler()     # same store, same brokers
 
+`database_url` (an AFE_DATABASE_URL, e.g. the `pg_url` fixture's) puts the
+scheduler's store there instead of `<data>/afe.db`, in both modes.
+
 `sys_.stub` presents the "automation" link secret; `sys_.gateway_secret` is
 the secret a gateway would present (for gateway tests that start their own
 gateway against `layout.socket("scheduler")`). `sys_.sandbox` is a sandbox
@@ -58,6 +61,7 @@ class System:
     max_running: int = 4
     subprocess_mode: bool = False
     scheduler_env: dict = field(default_factory=dict)
+    database_url: str = ""
     proc: subprocess.Popen | None = None
     app: object | None = None
     channel: object | None = None
@@ -77,9 +81,14 @@ class System:
             await self._start_subprocess()
         else:
             from services.scheduler.app import build_app
+            from services.scheduler.database_url import open_store, read_database_url
 
+            store = None
+            if self.database_url:
+                store = open_store(read_database_url(self.layout, Redactor(),
+                                                     {"AFE_DATABASE_URL": self.database_url}))
             app = build_app(self.config, self.layout, self.scheduler_links, Redactor(),
-                            max_running=self.max_running)
+                            max_running=self.max_running, store=store)
             await app.start()
             self.app = app
         await self._connect()
@@ -96,6 +105,8 @@ class System:
         os.set_inheritable(status_w, True)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
                "LANG": "C.UTF-8", "PYTHONPATH": str(REPO_ROOT), **self.scheduler_env}
+        if self.database_url:
+            env["AFE_DATABASE_URL"] = self.database_url
         self.log_path = self.layout.data_dir.parent / "scheduler.log"
         argv = [sys.executable, "-m", "services.scheduler.main", "--config", str(self.config_dir),
                 "--data", str(self.layout.data_dir), "--run", str(self.layout.run_dir),
@@ -158,7 +169,8 @@ def _read_all(fd: int) -> str:
 @contextlib.asynccontextmanager
 async def afe_system(config_dir: str | Path, layout: Layout, *, max_running: int = 4, subprocess: bool = False,
                      scheduler_env: dict | None = None, broker_secrets: dict[str, str] | None = None,
-                     agent_env: dict | None = None, start: bool = True) -> AsyncIterator[System]:
+                     agent_env: dict | None = None, start: bool = True,
+                     database_url: str = "") -> AsyncIterator[System]:
     """Start both brokers and the scheduler for `config_dir`, all on `layout`'s sockets."""
     config_dir = Path(config_dir)
     config = load_config(config_dir)
@@ -172,7 +184,8 @@ async def afe_system(config_dir: str | Path, layout: Layout, *, max_running: int
         system = System(config_dir=config_dir, config=config, layout=layout, instance=instance,
                         automation_secret=new_secret(), gateway_secret=new_secret(),
                         sandbox_secret=sb_secret, credentials_secret=cb_secret, max_running=max_running,
-                        subprocess_mode=subprocess, scheduler_env=dict(scheduler_env or {}))
+                        subprocess_mode=subprocess, scheduler_env=dict(scheduler_env or {}),
+                        database_url=database_url)
         system._sandbox_channel = grpcutil.open_channel(sb_sock, sb_secret)
         system.sandbox = sandbox_pb2_grpc.SandboxBrokerStub(system._sandbox_channel)
         try:
