@@ -75,6 +75,16 @@ class Layout:
         return self.data_dir / "mirrors"
 
     @property
+    def relays_dir(self) -> Path:
+        """The model relays' sockets (R32), one folder per ticket."""
+        return self.run_dir / "relay"
+
+    def relay_dir(self, ticket_id: str) -> Path:
+        """The ticket's relay folder: the credential broker serves its socket
+        here, the sandbox broker mounts it read-only into the ticket's sandbox."""
+        return self.relays_dir / check_ticket_id(ticket_id)
+
+    @property
     def forges_dir(self) -> Path:
         """State of the `local` forge (PR records)."""
         return self.data_dir / "forge"

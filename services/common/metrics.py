@@ -125,6 +125,12 @@ class CredentialsMetrics:
 
 
 @dataclass(frozen=True)
+class RelayMetrics:
+    requests: Bounded             # counter {provider, outcome}: requests to the model relay (R32)
+    tokens: Bounded               # counter {model, direction}: tokens counted by the relay
+
+
+@dataclass(frozen=True)
 class GatewayMetrics:
     http_requests: Bounded        # counter {method, code_class}
     # logins, /rpc handshakes and JSON-RPC calls are counted by gateway/metrics.py
@@ -187,6 +193,20 @@ def credentials_metrics(registry: CollectorRegistry) -> CredentialsMetrics:
                                      provider=MODEL_PROVIDERS),
         )
     return _once(registry, "credentials", build)
+
+
+def relay_metrics(registry: CollectorRegistry, model_names: Iterable[str]) -> RelayMetrics:
+    """`model` labels are the Model manifest names: a fixed set read at start."""
+    names = tuple(sorted(model_names))
+
+    def build() -> RelayMetrics:
+        return RelayMetrics(
+            requests=_counter(registry, "afe_relay_requests_total", "Model relay requests (R32) by outcome; "
+                              "denied = refused by the relay.", provider=MODEL_PROVIDERS, outcome=OUTCOMES),
+            tokens=_counter(registry, "afe_relay_tokens_total", "Tokens counted by the model relay.",
+                            model=names, direction=("input", "output")),
+        )
+    return _once(registry, "relay", build)
 
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "other")

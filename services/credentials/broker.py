@@ -19,6 +19,7 @@ from services.common.redact import Redactor
 
 from .forges import MERGE_METHODS, Forge, PullRequestInfo
 from .models.base import Completion, ModelProvider, Msg, Tool
+from .relay import RelayHub, Usage
 from .workspaces import Committed, Prepared, WorkspaceGit, branch_for
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,9 @@ class MergeOutcome:
 
 class CredentialCore:
     def __init__(self, config: Config, git: WorkspaceGit, forges: dict[str, Forge],
-                 providers: dict[str, ModelProvider], redactor: Redactor) -> None:
+                 providers: dict[str, ModelProvider], redactor: Redactor, relay: RelayHub | None = None) -> None:
         self.config = config
+        self.relay = relay
         self.git = git
         self.forges = forges
         self.providers = providers
@@ -89,7 +91,9 @@ class CredentialCore:
         return await self.git.push(self.workspace(workspace), ticket_id)
 
     async def release_workspace(self, ticket_id: str, workspace: str) -> None:
+        """The ticket has ended: its relay goes first (R32), then its git dir and workspace."""
         check_ticket_id(ticket_id)
+        await self.close_relay(ticket_id)
         await self.git.release(ticket_id)
 
     # -- forge -------------------------------------------------------------
@@ -155,7 +159,25 @@ class CredentialCore:
         limit = min(max_tokens, m.max_tokens) if max_tokens > 0 else m.max_tokens
         return await provider.complete(m, messages, tools, limit)
 
+    # -- model relay (R32) --------------------------------------------------------
+    def _relay(self) -> RelayHub:
+        if self.relay is None:
+            raise FailedPrecondition("this credential broker has no model relay")
+        return self.relay
+
+    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> str:
+        return await self._relay().open(ticket_id, models, budget_tokens)
+
+    def relay_usage(self, ticket_id: str) -> tuple[dict[str, Usage], int, bool]:
+        return self._relay().usage(ticket_id)
+
+    async def close_relay(self, ticket_id: str) -> None:
+        if self.relay is not None:
+            await self.relay.close(ticket_id)
+
     async def close(self) -> None:
+        if self.relay is not None:
+            await self.relay.aclose()
         await self.git.close()
         for f in self.forges.values():
             await f.close()

@@ -20,6 +20,7 @@ from .localforge import LocalForge
 from .models.anthropic import AnthropicProvider
 from .models.openai import OpenAIProvider
 from .models.replay import ReplayProvider
+from .relay import RelayHub
 from .workspaces import WorkspaceGit
 
 
@@ -50,4 +51,5 @@ def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], 
         "anthropic": AnthropicProvider(http, secrets),
         "replay": ReplayProvider(),
     }
-    return CredentialCore(config, git, forges, providers, redactor)
+    relay = RelayHub(config, layout, secrets, redactor, state_dir=own / "relay", ca_file=ca_file, proxies=proxies)
+    return CredentialCore(config, git, forges, providers, redactor, relay)

@@ -25,7 +25,7 @@ from services.common import grpcutil
 from services.common.childenv import proxy_env
 from services.common.layout import DEFAULT_PORTS
 from services.common.manifests import load_config
-from services.common.metrics import MeteredCredentials
+from services.common.metrics import MeteredCredentials, relay_metrics
 from services.common.process import make_context, parse_args, run_until_signalled
 from services.common.secrets import take_secret_env
 from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
@@ -52,6 +52,8 @@ async def serve(argv: list[str] | None = None) -> None:
     ctx.layout.ensure()
     core = build_core(config, ctx.layout, secrets, ctx.redactor, ca_file=Path(ca) if ca else None,
                       proxies=proxy_env())
+    if core.relay is not None:
+        core.relay.metrics = relay_metrics(ctx.registry, config.models)
     socket_path = str(ctx.layout.socket("credentials"))
     accepted = {k: v for k, v in ctx.links.serve.items() if k == "scheduler"}
     server, health = grpcutil.create_server(socket_path, accepted, ctx.redactor,
@@ -64,6 +66,10 @@ async def serve(argv: list[str] | None = None) -> None:
 
     async def start() -> dict:
         await grpcutil.start_server(server, health, socket_path)
+        if core.relay is not None:
+            resumed = await core.relay.resume()     # tickets still running keep their relay (R32)
+            if resumed:
+                log.info("serving the model relay of %d running ticket(s) again", resumed)
         return {"socket": socket_path}
 
     async def stop() -> None:

@@ -99,6 +99,25 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
                                    stop_reason=c.stop_reason)
 
 
+    @_names_ticket
+    async def OpenRelay(self, request, context):
+        cap = await self.core.open_relay(request.ticket_id, list(request.models), request.budget_tokens)
+        return pb.OpenRelayResponse(capability=cap)
+
+    @_names_ticket
+    async def RelayUsage(self, request, context):
+        usage, budget, is_open = self.core.relay_usage(request.ticket_id)
+        return pb.RelayUsageResponse(
+            models=[pb.ModelUsage(model=k, input_tokens=u.input_tokens, output_tokens=u.output_tokens,
+                                  requests=u.requests, refused=u.refused) for k, u in sorted(usage.items())],
+            total_tokens=sum(u.total for u in usage.values()), budget_tokens=budget, open=is_open)
+
+    @_names_ticket
+    async def CloseRelay(self, request, context):
+        await self.core.close_relay(request.ticket_id)
+        return pb.CloseRelayResponse()
+
+
 def register(core: CredentialCore):
     servicer = CredentialBrokerServicer(core)
     return lambda server: pb_grpc.add_CredentialBrokerServicer_to_server(servicer, server)

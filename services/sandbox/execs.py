@@ -182,9 +182,11 @@ class Runner:
                    duration_ms=int((time.monotonic() - t0) * 1000))
 
     async def start_process(self, ticket_id: str, argv: list[str], *, cwd: str = "",
-                            env_names: list[str] | tuple[str, ...] = ()) -> Process:
+                            env_names: list[str] | tuple[str, ...] = (),
+                            env: list[str] | tuple[str, ...] = ()) -> Process:
         info = await self.sandboxes.get(ticket_id)
-        env = self.sandboxes.env_for(info, env_names)
+        literal = self.sandboxes.literal_env_for(info, env)
+        env = literal + self.sandboxes.env_for(info, env_names)
         exec_id = await self._create(ticket_id, argv, cwd, env, stdin=True)
         stream = await self.api.exec_start(exec_id)
         return Process(self, exec_id, stream)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from docker.types import Ulimit
+from docker.types import Mount, Ulimit
 
 from services.common.config import DEFAULT_PROXY_IMAGE, DEFAULT_SANDBOX_IMAGE, Limits
 from services.common.errors import InvalidArgument
 from services.common.layout import SANDBOX_GID, SANDBOX_UID
+from services.common.relayenv import RELAY_MOUNT
 
 from .egress import PROXY_PORT
 
@@ -33,6 +34,7 @@ LABEL_ROLE = "afe.role"
 LABEL_INSTANCE = "afe.instance"
 LABEL_ENV = "afe.env"          # comma-separated NAMES (never values) a Process may receive
 LABEL_DISK = "afe.disk"        # the workspace's disk cap in bytes (R34), for a restarted broker
+LABEL_RELAY = "afe.relay"      # "1": the ticket's model relay folder is mounted (R32)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class SandboxSettings:
     disk_bytes: int = DEFAULT_LIMITS.disk_bytes   # the workspace's disk cap (R34, diskcap.py)
     egress: tuple[str, ...] = ()
     env_names: tuple[str, ...] = ()
+    relay: bool = False                           # mount the ticket's model relay folder (R32)
     extra: dict = field(default_factory=dict)
 
 
@@ -104,15 +107,20 @@ def ticket_network_kwargs(*, name: str, instance: str, ticket_id: str) -> dict:
 
 
 def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, workspace: str,
-                          network: str | None, env: dict[str, str], ipv6: bool = True) -> dict:
+                          network: str | None, env: dict[str, str], ipv6: bool = True,
+                          relay_dir: str | None = None) -> dict:
     """R5 network none unless egress; R6 caps/no-new-privileges/limits; R7
-    non-root; R8 read-only root, /workspace the only bind, no socket; R9 no
-    environment but what the caller passes (non-secret proxy variables);
-    R31 IPv6 off in an egress sandbox (`ipv6`: the kernel has IPv6 at all,
-    else there is nothing to turn off and the sysctl does not exist)."""
+    non-root; R8 read-only root, /workspace the only writable bind, no
+    socket; R9 no environment but what the caller passes (non-secret proxy
+    variables); R31 IPv6 off in an egress sandbox (`ipv6`: the kernel has
+    IPv6 at all, else there is nothing to turn off and the sysctl does not
+    exist); R32 the ticket's relay folder (`relay_dir`) read-only at
+    /run/afe-relay."""
     lab = labels(instance, s.ticket_id, "sandbox")
     lab[LABEL_ENV] = ",".join(s.env_names)
     lab[LABEL_DISK] = str(s.disk_bytes)
+    if relay_dir:
+        lab[LABEL_RELAY] = "1"
     return dict(
         image=s.image,
         command=["sleep", "infinity"],
@@ -128,7 +136,7 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
         privileged=False,
         read_only=True,
         tmpfs={"/tmp": TMPFS_TMP},
-        mounts=[],
+        mounts=[Mount(target=RELAY_MOUNT, source=relay_dir, type="bind", read_only=True)] if relay_dir else [],
         volumes={workspace: {"bind": WORKSPACE, "mode": "rw"}},
         nano_cpus=int(s.cpus * 1e9),
         mem_limit=s.memory_bytes,

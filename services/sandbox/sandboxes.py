@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import socket
+import stat
 import struct
 import threading
 import time
@@ -31,9 +32,9 @@ from services.common.config import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
 
-from . import diskcap, hardening
+from . import diskcap, hardening, relayforward
 from .egress import PROXY_PORT, check_cidrs, check_egress_names, squid_conf
-from .hardening import LABEL_ENV, LABEL_INSTANCE, LABEL_ROLE, LABEL_TICKET, SandboxSettings
+from .hardening import LABEL_ENV, LABEL_INSTANCE, LABEL_RELAY, LABEL_ROLE, LABEL_TICKET, SandboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class SandboxInfo:
     created_at_ms: int = 0
     env_names: tuple[str, ...] = ()
     disk_bytes: int = 0          # the workspace's disk cap (label afe.disk; 0 = unknown)
+    relay: bool = False          # the ticket's model relay folder is mounted (label afe.relay, R32)
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,12 @@ class SandboxManager:
             if ticket_id in self._exceeded:
                 raise FailedPrecondition(self._exceeded[ticket_id])
             existing = await asyncio.to_thread(self._find, ticket_id)
+            if settings.relay:
+                self._check_relay_dir(ticket_id)
+                if existing is not None and not existing.relay:
+                    raise FailedPrecondition(
+                        f"the sandbox of {ticket_id} was made without the model relay; cancel the ticket and "
+                        "create it again")
             if existing is not None:
                 await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes)
                 await self._ensure_cap(ticket_id, settings.disk_bytes, existing.container_id)
@@ -182,6 +190,8 @@ class SandboxManager:
                 if existing.state == "exited":
                     await asyncio.to_thread(self.client.api.start, existing.container_id)
                     existing = replace(existing, state="running")
+                if existing.relay and existing.state == "running":
+                    await asyncio.to_thread(self._start_forwarder, existing.container_id)
                 self._cache[ticket_id] = existing
                 return existing
             workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes, new=True)
@@ -194,6 +204,13 @@ class SandboxManager:
             if info.proxy_container_id:
                 await self._wait_proxy(info.proxy_container_id, proxy_ip)
             info = replace(info, disk_bytes=settings.disk_bytes)
+            if settings.relay:
+                try:
+                    await asyncio.to_thread(self._start_forwarder, info.container_id)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await asyncio.to_thread(self._destroy_sync, ticket_id)
+                    raise
             await self._ensure_cap(ticket_id, settings.disk_bytes, info.container_id)
             self._cache[ticket_id] = info
             log.info("sandbox created for %s (egress: %s)", ticket_id, ",".join(egress) or "none")
@@ -239,7 +256,8 @@ class SandboxManager:
                 env.update(hardening.proxy_env(hardening.PROXY_ALIAS))
             kw = hardening.sandbox_create_kwargs(
                 s, name=self.container_name(ticket_id), instance=self.instance,
-                workspace=workspace, network=network or None, env=env, ipv6=os.path.exists(_IPV6_PROC))
+                workspace=workspace, network=network or None, env=env, ipv6=os.path.exists(_IPV6_PROC),
+                relay_dir=str(self.layout.relay_dir(ticket_id)) if s.relay else None)
             kw.pop("detach", None)
             c = self.client.containers.create(**kw)
             c.start()
@@ -256,8 +274,38 @@ class SandboxManager:
                     starting.result()
         info = SandboxInfo(ticket_id=ticket_id, container_id=c.id, state="running", image=s.image,
                            network=network, proxy_container_id=proxy_id,
-                           created_at_ms=int(time.time() * 1000), env_names=s.env_names)
+                           created_at_ms=int(time.time() * 1000), env_names=s.env_names, relay=s.relay)
         return info, proxy_ip
+
+    # -- model relay (R32) -----------------------------------------------------
+    def _check_relay_dir(self, ticket_id: str) -> None:
+        """The folder mounted is the one the layout names for this ticket,
+        never a path from a caller, and it must be a real directory (not a
+        link that would mount some other host folder)."""
+        d = self.layout.relay_dir(ticket_id)
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            raise FailedPrecondition(
+                f"the model relay of {ticket_id} is not open: the scheduler opens it at the credential broker "
+                "(OpenRelay) before it creates the sandbox") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise FailedPrecondition(f"{d} is not a directory; remove it and run the ticket again")
+
+    def _start_forwarder(self, container_id: str) -> None:
+        """Run the relay forwarder in the sandbox, as the sandbox user; it
+        returns once it listens (or finds one listening already)."""
+        e = self.client.api.exec_create(container_id, relayforward.argv(), workdir="/", environment={},
+                                        stdout=True, stderr=True)
+        out = self.client.api.exec_start(e["Id"])
+        code = self.client.api.exec_inspect(e["Id"]).get("ExitCode")
+        if code == 0:
+            return
+        if code in (relayforward.NO_PYTHON, 126):
+            raise FailedPrecondition("the sandbox image has no python3, which runs the model relay's forwarder "
+                                     "(R32); use an image built on afe/sandbox")
+        text = out.decode("utf-8", "replace")[-300:] if isinstance(out, bytes) else ""
+        raise Unavailable(f"the model relay's forwarder did not start in the sandbox (exit {code}): {text}")
 
     def _check_engine_for_egress(self) -> None:
         """R31 needs a bridge without a host address (`inhibit_ipv4`), which
@@ -328,11 +376,12 @@ class SandboxManager:
         network = next((n for n in nets if n not in ("none", "bridge", "host")), "")
         env = tuple(n for n in c["Labels"].get(LABEL_ENV, "").split(",") if n)
         disk = c["Labels"].get(hardening.LABEL_DISK, "")
+        relay = c["Labels"].get(LABEL_RELAY) == "1"
         return SandboxInfo(ticket_id=c["Labels"][LABEL_TICKET], container_id=c["Id"], state=state,
                            image=c.get("Image", ""), network=network,
                            proxy_container_id=proxy["Id"] if proxy else "",
                            created_at_ms=int(c.get("Created", 0)) * 1000, env_names=env,
-                           disk_bytes=int(disk) if disk.isdigit() else 0)
+                           disk_bytes=int(disk) if disk.isdigit() else 0, relay=relay)
 
     async def get(self, ticket_id: str) -> SandboxInfo:
         """The running sandbox of a ticket (cached; NotFound when missing)."""
@@ -488,6 +537,27 @@ class SandboxManager:
             if v is None:
                 raise FailedPrecondition(f"environment variable {n} is not set for the sandbox broker")
             out.append(f"{n}={v.reveal() if hasattr(v, 'reveal') else v}")
+        return out
+
+    def literal_env_for(self, info: SandboxInfo, entries: Iterable[str]) -> list[str]:
+        """NAME=value entries the caller gives literally (the relay's base URL
+        and placeholder capability, fixed tool settings). None may name a
+        declared variable or one this broker holds: those come only from the
+        broker's own environment, by name (R9)."""
+        out, total = [], 0
+        for e in entries:
+            name, sep, value = e.partition("=")
+            if not sep or not _ENV_NAME_RE.match(name):
+                raise InvalidArgument(f"environment entry {e[:64]!r} is not NAME=value")
+            if name in info.env_names or name in self.env_values:
+                raise InvalidArgument(f"environment variable {name} is passed by name only (R9); "
+                                      "it cannot also be given a value")
+            if "\x00" in value:
+                raise InvalidArgument(f"environment variable {name}: the value contains a NUL byte")
+            total += len(e)
+            if total > 64 * 1024:
+                raise InvalidArgument("literal environment entries must total under 64 KiB")
+            out.append(e)
         return out
 
 

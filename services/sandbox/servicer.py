@@ -64,7 +64,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                    image=spec.image or self.default_image or SandboxSettings.image,
                                    cpus=cpus, memory_bytes=mem, pids=pids, egress=tuple(spec.egress),
                                    disk_bytes=spec.limits.disk_bytes,
-                                   env_names=tuple(spec.env_names))
+                                   env_names=tuple(spec.env_names), relay=spec.relay)
         t0 = time.monotonic()
         info = await self.sandboxes.create(settings)
         if self.metrics:
@@ -122,7 +122,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
             raise InvalidArgument("the first Process message must be `start`")
         s = first.start
         proc = await self.runner.start_process(s.ticket_id, list(s.argv), cwd=s.cwd,
-                                               env_names=list(s.env_names))
+                                               env_names=list(s.env_names), env=list(s.env))
 
         async def pump() -> None:
             async for msg in it:

@@ -637,3 +637,169 @@ class CompleteResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CompleteResponse: _TypeAlias = CompleteResponse  # noqa: Y015
+
+@_typing.final
+class OpenRelayRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    budget_tokens: _builtins.int
+    """Tokens (input + output, counted by the relay for this ticket) after which
+    every request is refused; 0 = no budget.
+    """
+    @_builtins.property
+    def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Model manifest names the ticket's agents may use"""
+
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        models: _abc.Iterable[_builtins.str] | None = ...,
+        budget_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "models", b"models", "ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenRelayRequest: _TypeAlias = OpenRelayRequest  # noqa: Y015
+
+@_typing.final
+class OpenRelayResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAPABILITY_FIELD_NUMBER: _builtins.int
+    capability: _builtins.str
+    """the placeholder credential the agent presents"""
+    def __init__(
+        self,
+        *,
+        capability: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenRelayResponse: _TypeAlias = OpenRelayResponse  # noqa: Y015
+
+@_typing.final
+class RelayUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayUsageRequest: _TypeAlias = RelayUsageRequest  # noqa: Y015
+
+@_typing.final
+class ModelUsage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """Model manifest name"""
+    input_tokens: _builtins.int
+    output_tokens: _builtins.int
+    requests: _builtins.int
+    refused: _builtins.int
+    """requests the relay refused (capability, model, budget, size)"""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        input_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        requests: _builtins.int = ...,
+        refused: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "refused", b"refused", "requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelUsage: _TypeAlias = ModelUsage  # noqa: Y015
+
+@_typing.final
+class RelayUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODELS_FIELD_NUMBER: _builtins.int
+    TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
+    BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    OPEN_FIELD_NUMBER: _builtins.int
+    total_tokens: _builtins.int
+    budget_tokens: _builtins.int
+    open: _builtins.bool
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelUsage]: ...
+    def __init__(
+        self,
+        *,
+        models: _abc.Iterable[Global___ModelUsage] | None = ...,
+        total_tokens: _builtins.int = ...,
+        budget_tokens: _builtins.int = ...,
+        open: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "models", b"models", "open", b"open", "total_tokens", b"total_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayUsageResponse: _TypeAlias = RelayUsageResponse  # noqa: Y015
+
+@_typing.final
+class CloseRelayRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseRelayRequest: _TypeAlias = CloseRelayRequest  # noqa: Y015
+
+@_typing.final
+class CloseRelayResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseRelayResponse: _TypeAlias = CloseRelayResponse  # noqa: Y015

@@ -84,6 +84,21 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.OpenRelay = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/OpenRelay',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.OpenRelayRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.OpenRelayResponse.FromString,
+                _registered_method=True)
+        self.RelayUsage = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/RelayUsage',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.RelayUsageRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.RelayUsageResponse.FromString,
+                _registered_method=True)
+        self.CloseRelay = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/CloseRelay',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayResponse.FromString,
+                _registered_method=True)
 
 
 class CredentialBrokerServicer:
@@ -155,6 +170,31 @@ class CredentialBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenRelay(self, request, context):
+        """The ticket's model relay (R32): serve <run>/relay/<ticket_id>/relay.sock,
+        which the sandbox broker mounts read-only into the ticket's sandbox.
+        Idempotent (call again after a broker restart, or to change the budget);
+        returns the ticket's placeholder capability, the same on every call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RelayUsage(self, request, context):
+        """Tokens the ticket's relay has counted so far (per model and in total).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseRelay(self, request, context):
+        """Stop serving, remove the socket folder and revoke the capability for
+        good. ReleaseWorkspace does this too. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CredentialBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +247,21 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CompleteRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CompleteResponse.SerializeToString,
+            ),
+            'OpenRelay': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenRelay,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.OpenRelayRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.OpenRelayResponse.SerializeToString,
+            ),
+            'RelayUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.RelayUsage,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.RelayUsageRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.RelayUsageResponse.SerializeToString,
+            ),
+            'CloseRelay': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseRelay,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +534,87 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/Complete',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.CompleteRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenRelay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/OpenRelay',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.OpenRelayRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.OpenRelayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RelayUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/RelayUsage',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.RelayUsageRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.RelayUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseRelay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/CloseRelay',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -86,8 +86,15 @@ class SandboxSpec(_message.Message):
     LIMITS_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
     ENV_NAMES_FIELD_NUMBER: _builtins.int
+    RELAY_FIELD_NUMBER: _builtins.int
     image: _builtins.str
     """"" = default sandbox image"""
+    relay: _builtins.bool
+    """The ticket has a model relay (R32): mount the folder the broker computes
+    for this ticket (<run>/relay/<ticket_id>, never a path from the caller)
+    read-only at /run/afe-relay and run the forwarder on the sandbox's own
+    127.0.0.1:7480.
+    """
     @_builtins.property
     def limits(self) -> Global___Limits: ...
     @_builtins.property
@@ -107,10 +114,11 @@ class SandboxSpec(_message.Message):
         limits: Global___Limits | None = ...,
         egress: _abc.Iterable[_builtins.str] | None = ...,
         env_names: _abc.Iterable[_builtins.str] | None = ...,
+        relay: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "env_names", b"env_names", "image", b"image", "limits", b"limits"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "env_names", b"env_names", "image", b"image", "limits", b"limits", "relay", b"relay"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -477,6 +485,7 @@ class ProcessStart(_message.Message):
     ARGV_FIELD_NUMBER: _builtins.int
     CWD_FIELD_NUMBER: _builtins.int
     ENV_NAMES_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     cwd: _builtins.str
     @_builtins.property
@@ -485,6 +494,13 @@ class ProcessStart(_message.Message):
     def env_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Subset of the sandbox's declared env names to expose to this process."""
 
+    @_builtins.property
+    def env(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Literal NAME=value entries that are not secrets (the relay's base URL and
+        placeholder capability, fixed tool settings). A name may not be one of the
+        declared env names or any variable the broker holds (R9).
+        """
+
     def __init__(
         self,
         *,
@@ -492,10 +508,11 @@ class ProcessStart(_message.Message):
         argv: _abc.Iterable[_builtins.str] | None = ...,
         cwd: _builtins.str = ...,
         env_names: _abc.Iterable[_builtins.str] | None = ...,
+        env: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env_names", b"env_names", "ticket_id", b"ticket_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "cwd", b"cwd", "env", b"env", "env_names", b"env_names", "ticket_id", b"ticket_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,78 @@
+"""The model relay's forwarder inside a sandbox (R32).
+
+The credential broker serves the ticket's relay on a Unix socket; the
+sandbox broker mounts that socket's folder read-only at `RELAY_MOUNT`. Agents
+speak HTTP over TCP to a base URL, so this small program, started by the
+sandbox broker in the sandbox as the sandbox user, listens on the sandbox's
+own loopback (`127.0.0.1:RELAY_PORT`, which exists even with `--network
+none`) and copies each connection to the socket, byte for byte, in both
+directions (no buffering: streamed answers pass as they come).
+
+It binds first and then detaches, so the exec that starts it returns once
+it listens; a second start finds the port taken and exits 0 (idempotent).
+"""
+
+from __future__ import annotations
+
+from services.common.relayenv import RELAY_MOUNT, RELAY_PORT, RELAY_SOCKET
+
+NO_PYTHON = 127     # the exec's exit code when the image has no python3
+
+SOURCE = f"""
+import errno, os, socket, sys, threading
+SOCK = {RELAY_MOUNT + "/" + RELAY_SOCKET!r}
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", {RELAY_PORT}))
+except OSError as e:
+    sys.exit(0 if e.errno == errno.EADDRINUSE else 2)
+s.listen(128)
+if os.fork():
+    os._exit(0)
+os.setsid()
+null = os.open("/dev/null", os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+def serve(c):
+    u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        u.connect(SOCK)
+    except OSError:
+        c.close()
+        u.close()
+        return
+    t = threading.Thread(target=pipe, args=(u, c), daemon=True)
+    t.start()
+    pipe(c, u)
+    t.join()
+    c.close()
+    u.close()
+
+while True:
+    try:
+        c, _ = s.accept()
+    except OSError:
+        continue
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+def argv() -> list[str]:
+    return ["python3", "-c", SOURCE]
