@@ -28,17 +28,15 @@ nodes:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def system(tmp_path_factory):
-    import shutil
-    import tempfile
-    from pathlib import Path
+    from tests.support.temp_roots import remove_temp_root, temp_root
 
-    root = Path(tempfile.mkdtemp(prefix="afe-", dir="/tmp"))
+    root = temp_root("afe-")
     try:
         cfg = write_config(root, CONFIG)
         async with afe_system(cfg, Layout(root / "data", root / "run")) as sys_:
             yield sys_
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_temp_root(root)
 
 
 def _req(**kw) -> pb.CreateTicketRequest:
