@@ -107,7 +107,7 @@ def _postgresql(url: str, parts: urllib.parse.SplitResult) -> DatabaseTarget:
     dbname = str(params.get("dbname") or params.get("user") or "")
     if not dbname:
         raise ConfigError(f"{ENV}: the postgresql URL names no database; add /DATABASE after the host")
-    extra = {}
+    extra: dict[str, str | int] = {}
     if "connect_timeout" not in params:
         extra["connect_timeout"] = CONNECT_TIMEOUT_S
     if "application_name" not in params:

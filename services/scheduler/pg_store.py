@@ -63,6 +63,12 @@ def _ticket(row: tuple) -> TicketRecord:
     )
 
 
+def _one(row: tuple | None) -> tuple:
+    """The row of a query that always returns one."""
+    assert row is not None
+    return row
+
+
 def connect(conninfo: str, where: str) -> psycopg.Connection:
     """An autocommit connection, or an error that says what to change (and
     repeats neither the connection string nor the password)."""
@@ -102,9 +108,9 @@ def connect_error(exc: psycopg.Error, where: str) -> Exception:
 def schema_state(db: psycopg.Connection) -> tuple[int, str | None]:
     """(the database's schema version, 0 when empty; the afe release that
     first applied a version past this afe's, when there is one)."""
-    if db.execute("SELECT to_regclass('schema_version')").fetchone()[0] is None:
+    if _one(db.execute("SELECT to_regclass('schema_version')").fetchone())[0] is None:
         return 0, None
-    version = db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+    version = _one(db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone())[0]
     row = db.execute("SELECT afe_version FROM schema_version WHERE version > %s ORDER BY version LIMIT 1",
                      (SCHEMA_VERSION,)).fetchone()
     return int(version), (row[0] if row else None)
@@ -158,7 +164,7 @@ class PostgresStore(Store):
 
     def ping(self) -> bool:
         try:
-            return self._conn().execute("SELECT 1").fetchone()[0] == 1
+            return _one(self._conn().execute("SELECT 1").fetchone())[0] == 1
         except (psycopg.Error, Unavailable, FailedPrecondition):
             return False
 
@@ -174,7 +180,7 @@ class PostgresStore(Store):
                 (ticket.id, ticket.workspace, ticket.workflow, ticket.title, ticket.body,
                  json.dumps(ticket.inputs, sort_keys=True), ticket.state, ticket.created_at_ms,
                  ticket.updated_at_ms, ticket.principal))
-            ticket.rowid = int(cur.fetchone()[0])
+            ticket.rowid = int(_one(cur.fetchone())[0])
             if nodes:
                 cur.executemany(
                     "INSERT INTO node_runs (ticket_id, node_id, ord, kind, state, needs_json) "
