@@ -156,6 +156,19 @@ class CredentialsClient:
                 ticket_id=ticket_id, workspace=workspace, number=number, method=method,
                 approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms)), timeout=LONG)
 
+    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse:
+        async with rpc_errors(CREDENTIALS, "opening the model relay"):
+            return await self.stub.OpenRelay(cpb.OpenRelayRequest(ticket_id=ticket_id, models=models,
+                                                                  budget_tokens=budget_tokens), timeout=SHORT)
+
+    async def relay_usage(self, ticket_id: str) -> cpb.RelayUsageResponse:
+        async with rpc_errors(CREDENTIALS, "reading the model relay's usage"):
+            return await self.stub.RelayUsage(cpb.RelayUsageRequest(ticket_id=ticket_id), timeout=SHORT)
+
+    async def close_relay(self, ticket_id: str) -> None:
+        async with rpc_errors(CREDENTIALS, "closing the model relay"):
+            await self.stub.CloseRelay(cpb.CloseRelayRequest(ticket_id=ticket_id), timeout=SHORT)
+
     async def complete(self, model: str, messages: list[cpb.Message], tools: list[cpb.ToolSpec],
                        max_tokens: int, ticket_id: str, timeout: float) -> cpb.CompleteResponse:
         async with rpc_errors(CREDENTIALS, "a model call"):

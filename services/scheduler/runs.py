@@ -13,7 +13,7 @@ import logging
 import time
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common.config import Config, Node, Workflow, Workspace
+from services.common.config import Agent, Config, Node, Workflow, Workspace
 from services.common.errors import (
     AfeError,
     DeadlineExceeded,
@@ -22,6 +22,7 @@ from services.common.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from services.common.relayenv import relay_env
 
 from . import templates
 from .events import now_ms
@@ -109,7 +110,13 @@ def sandbox_spec(config: Config, workflow: Workflow, workspace: Workspace) -> sp
         image=image,
         limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids,
                           disk_bytes=sb.limits.disk_bytes),
-        egress=list(sb.egress), env_names=sorted(env_names))
+        egress=list(sb.egress), env_names=sorted(env_names), relay=bool(relay_models(config, workflow)))
+
+
+def relay_models(config: Config, workflow: Workflow) -> list[str]:
+    """The Models the workflow's agents reach through the ticket's relay (R32)."""
+    return sorted({config.agents[n.agent].model or "" for n in workflow.nodes
+                   if n.kind == "agent" and n.agent in config.agents and config.agents[n.agent].model})
 
 
 class TicketRun:
@@ -127,6 +134,7 @@ class TicketRun:
         self.outputs: dict[str, str] = {}
         self._ws_ready = False
         self._sb_ready = False
+        self._relay_cap = ""
         self._prep_lock = asyncio.Lock()
         self._ancestors = self._compute_ancestors()
 
@@ -369,11 +377,73 @@ class TicketRun:
             if self._sb_ready:
                 return
             spec = self.sandbox_spec()
+            if spec.relay:   # the relay's folder must exist before the sandbox mounts it (R32)
+                await self.open_relay(None)
             s = await self._retry_unavailable("creating the sandbox",
                                               lambda: self.sandbox.create(self.ticket.id, spec))
             self._sb_ready = True
             self.emit("sandbox.ready", {"image": s.image, "egress": list(spec.egress),
                                         "network": bool(s.network)})
+
+    # ---- the model relay (R32) ----------------------------------------------------
+
+    async def open_relay(self, node: Node | None) -> int:
+        """Open (idempotent: again after a broker restart) the ticket's relay
+        with the budget for `node`: what the Workflow's maxTokens leaves for
+        the ticket, and at most the node's max_tokens. Returns the tokens the
+        relay had counted before."""
+        tid = self.ticket.id
+        usage = await self._retry_unavailable("reading the model relay's usage",
+                                              lambda: self.credentials.relay_usage(tid), PeerUnavailable)
+        limits = []
+        if self.workflow.max_tokens:
+            t = self.store.get_ticket(tid)
+            limits.append(self.workflow.max_tokens - (t.tokens_used if t else 0))
+        if node is not None and node.max_tokens:
+            limits.append(node.max_tokens)
+        if limits and min(limits) <= 0:
+            raise ResourceExhausted(f"the ticket's token budget of {self.workflow.max_tokens} is spent; raise "
+                                    f"maxTokens on workflow {self.workflow.name!r} to allow more")
+        budget = usage.total_tokens + min(limits) if limits else 0
+        models = relay_models(self.config, self.workflow)
+        r = await self._retry_unavailable("opening the model relay",
+                                          lambda: self.credentials.open_relay(tid, models, budget), PeerUnavailable)
+        if r.capability != self._relay_cap:
+            self.engine.redactor.register(r.capability)   # a placeholder, but no event needs to show it
+            self._relay_cap = r.capability
+        return usage.total_tokens
+
+    def agent_env(self, agent: Agent) -> dict[str, str]:
+        """The agent process's literal environment: its fixed settings and,
+        for an agent with a Model, the relay's base URL and capability."""
+        env = dict(getattr(agent, "fixed_env", ()) or ())
+        if agent.model:
+            m = self.config.models[agent.model]
+            env.update(relay_env(agent.relay_env, provider=m.provider, model_name=m.name, model_id=m.model,
+                                 capability=self._relay_cap))
+        return env
+
+    async def record_relay_usage(self, node: Node, before: dict[str, tuple[int, int]]) -> None:
+        """`model.usage` events for what the node's agent used, added to the ticket's tokens."""
+        tid = self.ticket.id
+        try:
+            usage = await self.credentials.relay_usage(tid)
+        except AfeError as exc:
+            log.warning("ticket %s: could not read the model relay's usage: %s", tid, exc.message)
+            return
+        added = 0
+        for m in usage.models:
+            i0, o0 = before.get(m.model, (0, 0))
+            di, do = m.input_tokens - i0, m.output_tokens - o0
+            if di or do:
+                added += di + do
+                self.emit("model.usage", {"node": node.id, "model": m.model, "input_tokens": di,
+                                          "output_tokens": do, "ticket_input_tokens": m.input_tokens,
+                                          "ticket_output_tokens": m.output_tokens,
+                                          "budget_tokens": usage.budget_tokens})
+        if added:
+            t = self.store.get_ticket(tid)
+            self.store.update_ticket(tid, tokens_used=(t.tokens_used if t else 0) + added)
 
     def uses_sandbox(self) -> bool:
         return any(n.kind in SANDBOX_KINDS for n in self.workflow.nodes)
@@ -447,9 +517,18 @@ class TicketRun:
         async def emit(type_: str, payload: dict) -> None:
             self.emit(type_, {"node": node.id, **payload})
 
-        return await run_agent_node(ticket_id=self.ticket.id, node=node, agent=agent,
-                                    prompt=self.render(node.prompt, node.id), sandbox=self.sandbox.stub,
-                                    emit=emit)
+        before: dict[str, tuple[int, int]] | None = None
+        if agent.model:
+            await self.open_relay(node)
+            usage = await self.credentials.relay_usage(self.ticket.id)
+            before = {m.model: (m.input_tokens, m.output_tokens) for m in usage.models}
+        try:
+            return await run_agent_node(ticket_id=self.ticket.id, node=node, agent=agent,
+                                        prompt=self.render(node.prompt, node.id), sandbox=self.sandbox.stub,
+                                        emit=emit, env=self.agent_env(agent))
+        finally:
+            if before is not None:
+                await asyncio.shield(self.record_relay_usage(node, before))
 
     # ---- builtins -----------------------------------------------------------------
 

@@ -80,7 +80,8 @@ STOP_FAILURES: dict[str, tuple[type[AfeError], str]] = {
 class _Run:
     """State of one agent node run (one process, one session, one prompt)."""
 
-    def __init__(self, *, ticket_id: str, node: Node, agent: Agent, sandbox: Any, emit: Emit) -> None:
+    def __init__(self, *, ticket_id: str, node: Node, agent: Agent, sandbox: Any, emit: Emit,
+                 env: dict[str, str] | None = None) -> None:
         self.node = node
         self.agent = agent
         self.events = EventLog(emit)
@@ -88,7 +89,8 @@ class _Run:
         self.client = SandboxClient(ticket_id=ticket_id, sandbox=sandbox, events=self.events,
                                     terminals=self.terminals, deny=tuple(node.deny))
         start = sandbox_pb2.ProcessStart(ticket_id=ticket_id, argv=list(agent.command), cwd="",
-                                         env_names=list(agent.env))
+                                         env_names=list(agent.env),
+                                         env=[f"{k}={v}" for k, v in sorted((env or {}).items())])
         self.transport = ProcessTransport(sandbox, start, on_protocol_error=self.protocol_error,
                                           known_methods=SERVED_METHODS, on_stderr=self.events.stderr.feed)
         self.conn: ClientSideConnection | None = None
@@ -181,13 +183,15 @@ class _Run:
 
 
 async def run_agent_node(*, ticket_id: str, node: Node, agent: Agent, prompt: str, sandbox: Any,
-                         emit: Emit) -> str:
-    """Run an ACP agent for one node; return its final message (see module doc)."""
+                         emit: Emit, env: dict[str, str] | None = None) -> str:
+    """Run an ACP agent for one node; return its final message (see module doc).
+    `env`: literal, non-secret NAME=value settings for the agent's process only
+    (the model relay's base URL and capability, R32; a preset's fixed settings)."""
     if agent.type != "acp":
         raise InvalidArgument(f"agent {agent.name!r} has type {agent.type!r}; only 'acp' agents can run")
     if not agent.command:
         raise InvalidArgument(f"agent {agent.name!r} has no command")
-    run = _Run(ticket_id=ticket_id, node=node, agent=agent, sandbox=sandbox, emit=emit)
+    run = _Run(ticket_id=ticket_id, node=node, agent=agent, sandbox=sandbox, emit=emit, env=env)
     stopping = False
     try:
         try:
