@@ -1,5 +1,5 @@
-"""The configuration model: frozen dataclasses for the four manifest kinds
-(`Workspace`, `Model`, `Agent`, `Workflow`) and the `Config` that holds them.
+"""The configuration model: frozen dataclasses for the manifest kinds
+(`Workspace`, `Model`, `Agent`, `Workflow`, `Trigger`) and the `Config` that holds them.
 
 `manifests.load_config(dir)` parses and validates YAML into these. Every
 process loads the same config directory itself; nothing here ever holds a
@@ -130,6 +130,27 @@ class Workflow:
         raise KeyError(node_id)
 
 
+# What a Trigger maps into a workflow input: fields of the GitHub event, all
+# written by people outside the engine and so marked untrusted (R36).
+TRIGGER_FIELDS = ("title", "body", "url", "number", "author", "command")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Work started from GitHub (docs/GITHUB.md): an issue labelled with one
+    of `labels`, assigned to one of `assignees`, or a comment starting with
+    `command` creates a ticket on `workflow` in `workspace` (a github forge)."""
+    name: str
+    workspace: str
+    workflow: str
+    labels: tuple[str, ...] = ()
+    assignees: tuple[str, ...] = ()
+    command: str = ""                      # e.g. "/afe"; "" = comments start nothing
+    inputs: tuple[tuple[str, str], ...] = ()   # workflow input name -> one of TRIGGER_FIELDS
+    poll: bool = False                     # poll the repository's events (no public URL)
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class Config:
     directory: Path
@@ -137,6 +158,7 @@ class Config:
     models: dict[str, Model] = field(default_factory=dict)
     agents: dict[str, Agent] = field(default_factory=dict)
     workflows: dict[str, Workflow] = field(default_factory=dict)
+    triggers: dict[str, Trigger] = field(default_factory=dict)
 
     def credential_env_names(self) -> list[str]:
         """Variables the credential broker receives: every tokenEnv and apiKeyEnv."""
