@@ -30,6 +30,7 @@ from .config import (
     BUILTINS,
     DEFAULT_SANDBOX_IMAGE,
     NODE_TOOLS,
+    TRIGGER_FIELDS,
     Agent,
     Author,
     Config,
@@ -38,6 +39,7 @@ from .config import (
     Model,
     Node,
     SandboxConfig,
+    Trigger,
     Workflow,
     Workspace,
 )
@@ -47,7 +49,7 @@ from .relayenv import DEFAULT_RELAY_ENV, RELAY_PROVIDERS, template_problem
 
 __all__ = ["KINDS", "load_config", "missing_env", "parse_memory"]
 
-KINDS = ("Workspace", "Model", "Agent", "Workflow")
+KINDS = ("Workspace", "Model", "Agent", "Workflow", "Trigger")
 PROVIDERS = ("openai", "anthropic", "gemini", "replay")
 FORGES = ("github", "local")
 MERGE_METHODS = ("merge", "squash", "rebase")
@@ -70,6 +72,8 @@ INPUT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 HOST_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 EGRESS_RE = re.compile(rf"^\.?(?:{HOST_LABEL}\.)*{HOST_LABEL}$")
 GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
+GITHUB_LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
+COMMAND_RE = re.compile(r"^/[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
 MIN_MEMORY = 6 * 1024 * 1024   # Docker's own minimum
@@ -253,6 +257,7 @@ class _Loader:
         self.models: dict[str, Model] = {}
         self.agents: dict[str, Agent] = {}
         self.workflows: dict[str, Workflow] = {}
+        self.triggers: dict[str, Trigger] = {}
         self.seen: dict[tuple[str, str], str] = {}
         self._raw_nodes: dict[str, list] = {}
 
@@ -613,9 +618,67 @@ class _Loader:
             return None
         return Node(id=node_id, kind=kind, needs=needs, timeout_s=timeout, retries=retries, **kw)
 
+    def load_trigger(self, doc: _Doc, d: Mapping[str, Any], name: str | None) -> None:
+        """kind: Trigger (docs/GITHUB.md): which GitHub events start which workflow. (`when`, not
+        `on`: YAML reads a bare `on` key as the boolean true.)"""
+        doc.fields(d, "", ("kind", "name", "workspace", "workflow", "when", "inputs", "poll"),
+                   ("workspace", "workflow", "when"))
+        workspace = doc.text(d, "workspace", "workspace", None)
+        workflow = doc.text(d, "workflow", "workflow", None)
+        on = doc.mapping(d, "when", "when") or {}
+        doc.fields(on, "when", ("labels", "assignees", "command"))
+        labels = doc.str_list(on, "labels", "when.labels")
+        assignees = doc.str_list(on, "assignees", "when.assignees", pattern=GITHUB_LOGIN_RE,
+                                 what="write a GitHub user name (letters, digits and -)")
+        command = doc.text(on, "command", "when.command", "", pattern=COMMAND_RE,
+                           what="write a word that starts with /, such as /afe")
+        if "when" in d and not (labels or assignees or command):
+            doc.error("when", "starts nothing; add labels: [..], assignees: [..] or command: /afe")
+        raw_inputs = doc.mapping(d, "inputs", "inputs") or {}
+        inputs: list[tuple[str, str]] = []
+        for k, v in raw_inputs.items():
+            path = f"inputs.{k}"
+            if not isinstance(k, str) or not INPUT_RE.match(k):
+                doc.error("inputs", "a key is not an input name: use letters, digits and _")
+                continue
+            if v not in TRIGGER_FIELDS:
+                doc.error(path, f"{_show(v)} is not one of: {', '.join(TRIGGER_FIELDS)}")
+                continue
+            inputs.append((k, v))
+        poll = d.get("poll", False)
+        if not isinstance(poll, bool):
+            doc.error("poll", "must be true or false")
+            poll = False
+        if doc.named and name is not None and workspace and workflow:
+            self.triggers[name] = Trigger(name=name, workspace=workspace, workflow=workflow, labels=labels,
+                                          assignees=assignees, command=command or "", inputs=tuple(inputs),
+                                          poll=poll, source=doc.where)
+
     # -- cross-document checks ----------------------------------------------
 
+    def check_trigger_references(self) -> None:
+        for tr in self.triggers.values():
+            where = tr.source
+            ws = self.workspaces.get(tr.workspace)
+            if ws is None:
+                self.errors.append(f"{where} workspace: no Workspace named {_show(tr.workspace)}; "
+                                   f"defined: {', '.join(sorted(self.workspaces)) or 'none'}")
+            elif ws.forge.type != "github":
+                self.errors.append(f"{where} workspace: Workspace {_show(tr.workspace)} has a "
+                                   f"{ws.forge.type} forge; a Trigger needs forge: {{type: github, repo: owner/name}}")
+            wf = self.workflows.get(tr.workflow)
+            if wf is None:
+                self.errors.append(f"{where} workflow: no Workflow named {_show(tr.workflow)}; "
+                                   f"defined: {', '.join(sorted(self.workflows)) or 'none'}")
+                continue
+            for k, _ in tr.inputs:
+                if k not in wf.inputs:
+                    self.errors.append(f"{where} inputs.{k}: Workflow {_show(wf.name)} declares no input "
+                                       f"{_show(k)}; declared: {', '.join(wf.inputs) or 'none'} (add it to "
+                                       "the workflow's inputs or remove it here)")
+
     def check_references(self) -> None:
+        self.check_trigger_references()
         for wf in self.workflows.values():
             where = wf.source
             if wf.workspace is not None and ("Workspace", wf.workspace) not in self.seen:
@@ -667,7 +730,7 @@ class _Loader:
 
     def config(self) -> Config:
         return Config(directory=self.directory, workspaces=self.workspaces, models=self.models,
-                      agents=self.agents, workflows=self.workflows)
+                      agents=self.agents, workflows=self.workflows, triggers=self.triggers)
 
 
 def _find_cycle(nodes: tuple[Node, ...]) -> list[str] | None:
