@@ -37,7 +37,7 @@ SCHEMA_TABLE_SINCE = 2   # the version whose migration creates schema_version
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _TICKET_COLS = ("rowid, id, workspace, workflow, title, body, inputs_json, state, created_at_ms, "
-                "updated_at_ms, principal, error, tokens_used, awaiting_sha, torn_down")
+                "updated_at_ms, principal, error, tokens_used, awaiting_sha, torn_down, origin_json")
 _TICKET_FIELDS = {"state", "updated_at_ms", "error", "tokens_used", "awaiting_sha", "torn_down"}
 _NODE_FIELDS = {"state", "attempt", "started_at_ms", "finished_at_ms", "output", "error"}
 
@@ -51,7 +51,7 @@ def _ticket(row: tuple) -> TicketRecord:
         rowid=row[0], id=row[1], workspace=row[2], workflow=row[3], title=row[4], body=row[5],
         inputs=json.loads(row[6]), state=row[7], created_at_ms=row[8], updated_at_ms=row[9],
         principal=row[10], error=row[11], tokens_used=row[12], awaiting_sha=row[13],
-        torn_down=bool(row[14]),
+        torn_down=bool(row[14]), origin=json.loads(row[15] or "{}"),
     )
 
 
@@ -118,10 +118,10 @@ class SqliteStore(Store):
         try:
             cur = db.execute(
                 "INSERT INTO tickets (id, workspace, workflow, title, body, inputs_json, state, "
-                "created_at_ms, updated_at_ms, principal) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "created_at_ms, updated_at_ms, principal, origin_json) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (ticket.id, ticket.workspace, ticket.workflow, ticket.title, ticket.body,
                  json.dumps(ticket.inputs, sort_keys=True), ticket.state, ticket.created_at_ms,
-                 ticket.updated_at_ms, ticket.principal))
+                 ticket.updated_at_ms, ticket.principal, json.dumps(ticket.origin, sort_keys=True)))
             ticket.rowid = int(cur.lastrowid or 0)
             db.executemany(
                 "INSERT INTO node_runs (ticket_id, node_id, ord, kind, state, needs_json) "
@@ -256,3 +256,19 @@ class SqliteStore(Store):
             "SELECT ticket_id, number, url, head_branch, base_branch, head_sha, state, merge_sha "
             "FROM pull_requests WHERE ticket_id=?", (ticket_id,)).fetchone()
         return PullRequestRecord(*row) if row else None
+
+    # GitHub intake
+    def claim_once(self, key: str, at_ms: int) -> bool:
+        cur = self.db.execute("INSERT OR IGNORE INTO github_once (key, at_ms) VALUES (?,?)", (key, at_ms))
+        return cur.rowcount == 1
+
+    def poll_cursor(self, workspace: str) -> tuple[str, str]:
+        row = self.db.execute("SELECT etag, last_event_id FROM github_poll_cursors WHERE workspace=?",
+                              (workspace,)).fetchone()
+        return (row[0], row[1]) if row else ("", "")
+
+    def put_poll_cursor(self, workspace: str, etag: str, last_event_id: str, at_ms: int) -> None:
+        self.db.execute(
+            "INSERT INTO github_poll_cursors (workspace, etag, last_event_id, updated_at_ms) VALUES (?,?,?,?) "
+            "ON CONFLICT(workspace) DO UPDATE SET etag=excluded.etag, last_event_id=excluded.last_event_id, "
+            "updated_at_ms=excluded.updated_at_ms", (workspace, etag, last_event_id, at_ms))

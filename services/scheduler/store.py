@@ -50,6 +50,9 @@ class TicketRecord:
     awaiting_sha: str = ""
     torn_down: bool = False
     rowid: int = 0
+    # Where the ticket came from ({} = a person through the UI, CLI or API); for a GitHub
+    # trigger: source, event, url, author, trigger, and which texts are untrusted (R36).
+    origin: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -161,3 +164,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def get_pr(self, ticket_id: str) -> PullRequestRecord | None: ...
+
+    # GitHub intake (github_intake.py)
+    @abc.abstractmethod
+    def claim_once(self, key: str, at_ms: int) -> bool:
+        """Record `key` (a delivery id, a polled event id, ...) and return True, or
+        return False when it was recorded before: what it guards happens once (R35)."""
+
+    @abc.abstractmethod
+    def poll_cursor(self, workspace: str) -> tuple[str, str]:
+        """(etag, newest event id seen) of the workspace's polling, ("", "") at first."""
+
+    @abc.abstractmethod
+    def put_poll_cursor(self, workspace: str, etag: str, last_event_id: str, at_ms: int) -> None: ...

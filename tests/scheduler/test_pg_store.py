@@ -150,7 +150,7 @@ def test_r29_afe_check_reports_the_database_without_repeating_the_url(pg_server,
     assert ok.returncode == 0, ok.stderr
     assert f"the PostgreSQL database {dbname} on 127.0.0.1 port {pg_server.port}: reachable and empty" in ok.stdout
     open_store_url(pg_url).close()
-    assert "schema 1 (current)" in _afe_check(pg_url, tmp_path).stdout
+    assert f"schema {pg_store.SCHEMA_VERSION} (current)" in _afe_check(pg_url, tmp_path).stdout
 
     cases = {
         "bad password": (pg_server.app_url(dbname, WRONG_PASSWORD), "refused the user name or password"),
