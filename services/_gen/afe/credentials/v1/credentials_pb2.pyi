@@ -803,3 +803,149 @@ class CloseRelayResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseRelayResponse: _TypeAlias = CloseRelayResponse  # noqa: Y015
+
+@_typing.final
+class GetRepoPermissionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    username: _builtins.str
+    """a GitHub login"""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        username: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["username", b"username", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRepoPermissionRequest: _TypeAlias = GetRepoPermissionRequest  # noqa: Y015
+
+@_typing.final
+class GetRepoPermissionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PERMISSION_FIELD_NUMBER: _builtins.int
+    CAN_WRITE_FIELD_NUMBER: _builtins.int
+    permission: _builtins.str
+    """admin | write | read | none (GitHub's "permission")"""
+    can_write: _builtins.bool
+    """admin or write (maintain counts as write)"""
+    def __init__(
+        self,
+        *,
+        permission: _builtins.str = ...,
+        can_write: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["can_write", b"can_write", "permission", b"permission"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRepoPermissionResponse: _TypeAlias = GetRepoPermissionResponse  # noqa: Y015
+
+@_typing.final
+class ListRepoEventsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    ETAG_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    etag: _builtins.str
+    """from the last response; "" = unconditional"""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        etag: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["etag", b"etag", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRepoEventsRequest: _TypeAlias = ListRepoEventsRequest  # noqa: Y015
+
+@_typing.final
+class RepoEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    ACTOR_LOGIN_FIELD_NUMBER: _builtins.int
+    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
+    REPO_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """GitHub's event id (numeric text, increasing)"""
+    type: _builtins.str
+    """IssuesEvent | IssueCommentEvent | ..."""
+    actor_login: _builtins.str
+    payload_json: _builtins.str
+    """the event's payload (issue, comment, label, assignee), as GitHub sent it"""
+    repo: _builtins.str
+    """owner/name"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        type: _builtins.str = ...,
+        actor_login: _builtins.str = ...,
+        payload_json: _builtins.str = ...,
+        repo: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_login", b"actor_login", "id", b"id", "payload_json", b"payload_json", "repo", b"repo", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepoEvent: _TypeAlias = RepoEvent  # noqa: Y015
+
+@_typing.final
+class ListRepoEventsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NOT_MODIFIED_FIELD_NUMBER: _builtins.int
+    ETAG_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    POLL_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    RATE_LIMIT_RESET_MS_FIELD_NUMBER: _builtins.int
+    RATE_LIMIT_REMAINING_FIELD_NUMBER: _builtins.int
+    not_modified: _builtins.bool
+    """304: nothing new, and it did not count against the rate limit"""
+    etag: _builtins.str
+    poll_interval_s: _builtins.int
+    """X-Poll-Interval: the least time to wait before the next poll"""
+    rate_limit_reset_ms: _builtins.int
+    """when X-RateLimit-Remaining was 0 (or a secondary limit hit): wait until then"""
+    rate_limit_remaining: _builtins.int
+    """-1 when GitHub did not say"""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___RepoEvent]:
+        """newest first, as GitHub lists them"""
+
+    def __init__(
+        self,
+        *,
+        not_modified: _builtins.bool = ...,
+        etag: _builtins.str = ...,
+        events: _abc.Iterable[Global___RepoEvent] | None = ...,
+        poll_interval_s: _builtins.int = ...,
+        rate_limit_reset_ms: _builtins.int = ...,
+        rate_limit_remaining: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["etag", b"etag", "events", b"events", "not_modified", b"not_modified", "poll_interval_s", b"poll_interval_s", "rate_limit_remaining", b"rate_limit_remaining", "rate_limit_reset_ms", b"rate_limit_reset_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRepoEventsResponse: _TypeAlias = ListRepoEventsResponse  # noqa: Y015

@@ -99,6 +99,16 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayResponse.FromString,
                 _registered_method=True)
+        self.GetRepoPermission = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/GetRepoPermission',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetRepoPermissionRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetRepoPermissionResponse.FromString,
+                _registered_method=True)
+        self.ListRepoEvents = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/ListRepoEvents',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsResponse.FromString,
+                _registered_method=True)
 
 
 class CredentialBrokerServicer:
@@ -195,6 +205,23 @@ class CredentialBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRepoPermission(self, request, context):
+        """GitHub intake (docs/GITHUB.md). The permission of a GitHub user on the
+        workspace's repository (GET /repos/{owner}/{repo}/collaborators/{username}/permission),
+        cached briefly by the broker. A github forge only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRepoEvents(self, request, context):
+        """One conditional request (If-None-Match: etag) for the repository's
+        recent events (GET /repos/{owner}/{repo}/events): the polling mode.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CredentialBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -262,6 +289,16 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.CloseRelay,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayResponse.SerializeToString,
+            ),
+            'GetRepoPermission': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRepoPermission,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetRepoPermissionRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetRepoPermissionResponse.SerializeToString,
+            ),
+            'ListRepoEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRepoEvents,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -615,6 +652,60 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/CloseRelay',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.CloseRelayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRepoPermission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/GetRepoPermission',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.GetRepoPermissionRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.GetRepoPermissionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRepoEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/ListRepoEvents',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -460,6 +460,7 @@ class Ticket(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     AWAITING_SHA_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     workspace: _builtins.str
     workflow: _builtins.str
@@ -480,6 +481,12 @@ class Ticket(_message.Message):
     def pr(self) -> Global___PullRequest: ...
     @_builtins.property
     def approval(self) -> Global___Approval: ...
+    @_builtins.property
+    def origin(self) -> Global___TicketOrigin:
+        """Where the ticket came from; unset for a ticket a person filed in the UI,
+        CLI or API. Texts from outside are data, never instructions (R36).
+        """
+
     def __init__(
         self,
         *,
@@ -498,14 +505,97 @@ class Ticket(_message.Message):
         error: _builtins.str = ...,
         last_seq: _builtins.int = ...,
         awaiting_sha: _builtins.str = ...,
+        origin: Global___TicketOrigin | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "pr", b"pr"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "origin", b"origin", "pr", b"pr"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "awaiting_sha", b"awaiting_sha", "body", b"body", "created_at_ms", b"created_at_ms", "error", b"error", "id", b"id", "inputs", b"inputs", "last_seq", b"last_seq", "nodes", b"nodes", "pr", b"pr", "state", b"state", "title", b"title", "updated_at_ms", b"updated_at_ms", "workflow", b"workflow", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "awaiting_sha", b"awaiting_sha", "body", b"body", "created_at_ms", b"created_at_ms", "error", b"error", "id", b"id", "inputs", b"inputs", "last_seq", b"last_seq", "nodes", b"nodes", "origin", b"origin", "pr", b"pr", "state", b"state", "title", b"title", "updated_at_ms", b"updated_at_ms", "workflow", b"workflow", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Ticket: _TypeAlias = Ticket  # noqa: Y015
+
+@_typing.final
+class TicketOrigin(_message.Message):
+    """A ticket started by a Trigger (docs/GITHUB.md)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    AUTHOR_FIELD_NUMBER: _builtins.int
+    TRIGGER_FIELD_NUMBER: _builtins.int
+    TITLE_UNTRUSTED_FIELD_NUMBER: _builtins.int
+    BODY_UNTRUSTED_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """github"""
+    event: _builtins.str
+    """issues.labeled | issues.assigned | issue_comment.created"""
+    delivery_id: _builtins.str
+    """X-GitHub-Delivery, or poll:<event id>"""
+    url: _builtins.str
+    """the issue or comment on GitHub"""
+    author: _builtins.str
+    """the GitHub login whose action started it (write access checked)"""
+    trigger: _builtins.str
+    """the Trigger manifest's name"""
+    title_untrusted: _builtins.bool
+    """the title came from outside"""
+    body_untrusted: _builtins.bool
+    """the body came from outside"""
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___InputProvenance]: ...
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        event: _builtins.str = ...,
+        delivery_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+        author: _builtins.str = ...,
+        trigger: _builtins.str = ...,
+        title_untrusted: _builtins.bool = ...,
+        body_untrusted: _builtins.bool = ...,
+        inputs: _abc.Iterable[Global___InputProvenance] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["author", b"author", "body_untrusted", b"body_untrusted", "delivery_id", b"delivery_id", "event", b"event", "inputs", b"inputs", "source", b"source", "title_untrusted", b"title_untrusted", "trigger", b"trigger", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TicketOrigin: _TypeAlias = TicketOrigin  # noqa: Y015
+
+@_typing.final
+class InputProvenance(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    UNTRUSTED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """the workflow input"""
+    source: _builtins.str
+    """e.g. github:issue.body"""
+    untrusted: _builtins.bool
+    """written by someone outside the engine: data, never code (R36)"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        source: _builtins.str = ...,
+        untrusted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "source", b"source", "untrusted", b"untrusted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputProvenance: _TypeAlias = InputProvenance  # noqa: Y015
 
 @_typing.final
 class Event(_message.Message):
