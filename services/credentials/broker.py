@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import time
 from dataclasses import dataclass
 
 from services.common.config import Config, Model, Workspace
@@ -18,11 +20,16 @@ from services.common.layout import check_ticket_id
 from services.common.redact import Redactor
 
 from .forges import MERGE_METHODS, Forge, PullRequestInfo
+from .github import GitHubForge, RepoEvents
 from .models.base import Completion, ModelProvider, Msg, Tool
 from .relay import RelayHub, Usage
 from .workspaces import Committed, Prepared, WorkspaceGit, branch_for
 
 log = logging.getLogger(__name__)
+
+PERMISSION_TTL_S = 60.0        # how long a GitHub permission lookup is trusted
+PERMISSION_CACHE_MAX = 4096
+GITHUB_LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class CredentialCore:
         self.providers = providers
         self.redactor = redactor
         self._merge_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._permissions: dict[tuple[str, str], tuple[float, str]] = {}   # (ws, login) -> (until, permission)
 
     # -- lookups -----------------------------------------------------------
     def workspace(self, name: str) -> Workspace:
@@ -146,6 +154,36 @@ class CredentialCore:
         if not body.strip():
             raise InvalidArgument("a comment needs a body")
         return await self.forge(ws).comment(ws, _number(number), body)
+
+    # -- GitHub intake (docs/GITHUB.md) ---------------------------------------
+    def _github(self, workspace: str) -> tuple[Workspace, GitHubForge]:
+        ws = self.workspace(workspace)
+        forge = self.forges.get("github")
+        if ws.forge.type != "github" or not isinstance(forge, GitHubForge):
+            raise FailedPrecondition(f"workspace {workspace!r} has no github forge; set forge: {{type: github, "
+                                     "repo: owner/name}} on the Workspace")
+        return ws, forge
+
+    async def repo_permission(self, workspace: str, username: str) -> str:
+        """GitHub's permission of `username` on the workspace's repository, cached for
+        PERMISSION_TTL_S (a revoked collaborator is refused again within that time)."""
+        if not GITHUB_LOGIN.match(username or ""):
+            raise InvalidArgument("username must be a GitHub login (letters, digits and -)")
+        ws, forge = self._github(workspace)
+        key = (workspace, username.lower())
+        now = time.monotonic()
+        hit = self._permissions.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        value = await forge.permission(ws, username)
+        if len(self._permissions) >= PERMISSION_CACHE_MAX:
+            self._permissions.clear()
+        self._permissions[key] = (now + PERMISSION_TTL_S, value)
+        return value
+
+    async def repo_events(self, workspace: str, etag: str) -> RepoEvents:
+        ws, forge = self._github(workspace)
+        return await forge.repo_events(ws, etag)
 
     # -- models ------------------------------------------------------------
     async def complete(self, model: str, messages: list[Msg], tools: list[Tool], max_tokens: int) -> Completion:

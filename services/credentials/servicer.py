@@ -118,6 +118,20 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         return pb.CloseRelayResponse()
 
 
+    async def GetRepoPermission(self, request, context):
+        permission = await self.core.repo_permission(request.workspace, request.username)
+        return pb.GetRepoPermissionResponse(permission=permission,
+                                            can_write=permission in ("admin", "maintain", "write"))
+
+    async def ListRepoEvents(self, request, context):
+        r = await self.core.repo_events(request.workspace, request.etag)
+        return pb.ListRepoEventsResponse(
+            not_modified=r.not_modified, etag=r.etag, poll_interval_s=r.poll_interval_s,
+            rate_limit_reset_ms=r.rate_limit_reset_ms, rate_limit_remaining=r.rate_limit_remaining,
+            events=[pb.RepoEvent(id=e.id, type=e.type, actor_login=e.actor_login, payload_json=e.payload_json,
+                                 repo=e.repo) for e in r.events])
+
+
 def register(core: CredentialCore):
     servicer = CredentialBrokerServicer(core)
     return lambda server: pb_grpc.add_CredentialBrokerServicer_to_server(servicer, server)

@@ -175,3 +175,20 @@ class CredentialsClient:
             return await self.stub.Complete(cpb.CompleteRequest(model=model, messages=messages, tools=tools,
                                                                 max_tokens=max_tokens, ticket_id=ticket_id),
                                             timeout=timeout)
+
+    # GitHub intake (github_intake.py): every GitHub call goes through the credential broker.
+    async def repo_permission(self, workspace: str, username: str) -> cpb.GetRepoPermissionResponse:
+        async with rpc_errors(CREDENTIALS, "a GitHub permission lookup"):
+            return await self.stub.GetRepoPermission(
+                cpb.GetRepoPermissionRequest(workspace=workspace, username=username), timeout=SHORT)
+
+    async def repo_events(self, workspace: str, etag: str) -> cpb.ListRepoEventsResponse:
+        async with rpc_errors(CREDENTIALS, "polling GitHub events"):
+            return await self.stub.ListRepoEvents(cpb.ListRepoEventsRequest(workspace=workspace, etag=etag),
+                                                  timeout=LONG)
+
+    async def comment(self, workspace: str, number: str, body: str) -> str:
+        async with rpc_errors(CREDENTIALS, "a GitHub comment"):
+            r = await self.stub.CommentPullRequest(
+                cpb.CommentPullRequestRequest(workspace=workspace, number=number, body=body), timeout=SHORT)
+        return r.url
