@@ -353,3 +353,20 @@ class MeteredCredentials:
                 except UnboundedLabel:  # a metric must never break a call
                     pass
         return call
+
+
+# GitHub intake (docs/GITHUB.md): webhook deliveries at the gateway, events at the scheduler.
+GITHUB_OUTCOMES = ("accepted", "ignored", "duplicate", "refused")
+GITHUB_REASONS = (
+    "ok", "ping", "no_signature", "bad_signature", "too_large", "unsubscribed_event", "bad_delivery_id",
+    "bad_content_type", "bad_payload", "rate_limited", "scheduler_unavailable", "duplicate", "no_trigger",
+    "bot", "pull_request", "no_write_access", "permission_unknown", "invalid_ticket",
+)
+
+
+def github_deliveries(registry: CollectorRegistry, process: str) -> Bounded:
+    """afe_<process>_github_deliveries_total{outcome, reason}: both labels from fixed tuples."""
+    name = f"afe_{process}_github_deliveries_total"
+    return _once(registry, name, lambda: _counter(
+        registry, name, "GitHub webhook deliveries and polled events by outcome and reason.",
+        outcome=GITHUB_OUTCOMES, reason=GITHUB_REASONS))

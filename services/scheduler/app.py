@@ -20,6 +20,9 @@ from services.common.redact import Redactor
 from .automation_key import AutomationKeyFile
 from .brokers import CredentialsClient, SandboxClient
 from .engine import Engine
+from .github_intake import GitHubIntake, Poller
+from .hooks import SERVICE as HOOKS_SERVICE
+from .hooks import register as register_hooks
 from .servicer import SERVICE, WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
 from .sqlite_store import SqliteStore
 from .store import Store
@@ -37,6 +40,8 @@ class SchedulerApp:
     health: object
     socket_path: str
     automation_key: AutomationKeyFile | None = None
+    intake: GitHubIntake | None = None
+    poller: Poller | None = None
 
     async def start(self) -> None:
         if self.automation_key is not None:
@@ -44,10 +49,14 @@ class SchedulerApp:
             self.automation_key.start()
         await grpcutil.start_server(self.server, self.health, self.socket_path)
         await self.engine.start()
+        if self.poller is not None:
+            self.poller.start()
 
     async def stop(self, grace: float = 2.0) -> None:
         if self.automation_key is not None:
             await self.automation_key.stop()
+        if self.poller is not None:
+            await self.poller.stop()
         await self.server.stop(grace)
         await self.engine.stop()
         await self.sandbox.close()
@@ -66,16 +75,20 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
         store = SqliteStore(store_path or layout.store_file)
     sandbox = SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
     credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))
+    engine_registry = registry if registry is not None else CollectorRegistry()
     engine = Engine(config, store, sandbox, credentials, redactor, max_running=max_running,
-                    registry=registry if registry is not None else CollectorRegistry(),
+                    registry=engine_registry,
                     recovery_interval=recovery_interval)
+    intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry)
     socket_path = str(layout.socket("scheduler"))
     accepted = grpcutil.CallerSecrets({k: v for k, v in links.serve.items() if k in CALLERS})
     # Automation callers get server reflection too (behind the same key check) so generic tools work
     # without the .proto files; see docs/AUTOMATION.md.
     server, health = grpcutil.create_server(socket_path, accepted, redactor,
-                                            [register(SchedulerServicer(engine, watch_send_timeout))],
-                                            service_names=[SERVICE], interceptors=interceptors,
+                                            [register(SchedulerServicer(engine, watch_send_timeout)),
+                                             register_hooks(intake)],
+                                            service_names=[SERVICE, HOOKS_SERVICE], interceptors=interceptors,
                                             registry=registry, reflection=True)
     key_file = AutomationKeyFile(layout.automation_key, accepted) if "automation" in links.serve else None
-    return SchedulerApp(engine, store, sandbox, credentials, server, health, socket_path, key_file)
+    return SchedulerApp(engine, store, sandbox, credentials, server, health, socket_path, key_file, intake,
+                        Poller(intake))

@@ -190,19 +190,23 @@ class Engine:
     # ---- API ---------------------------------------------------------------
 
     def create_ticket(self, workspace: str, workflow: str, title: str, body: str,
-                      inputs: dict[str, str], principal: str) -> TicketView:
+                      inputs: dict[str, str], principal: str, *, origin: dict | None = None) -> TicketView:
+        """`origin` (github_intake.py) says where the ticket came from and which of its
+        texts are untrusted (R36); it changes nothing of the workflow that runs."""
         nt = validate(self.config, workspace, workflow, title, body, inputs, principal)
         now = now_ms()
         t = TicketRecord(id=new_ticket_id(), workspace=nt.workspace.name, workflow=nt.workflow.name,
                          title=nt.title, body=nt.body, inputs=nt.inputs, state=QUEUED,
-                         created_at_ms=now, updated_at_ms=now, principal=nt.principal)
+                         created_at_ms=now, updated_at_ms=now, principal=nt.principal, origin=dict(origin or {}))
         self._traceparents[t.id] = telemetry.current_traceparent()
         nodes = [NodeRunRecord(ticket_id=t.id, node_id=n.id, kind=n.label, needs=n.needs)
                  for n in nt.workflow.nodes]
         self.events.flush()
         first = [self.events.make(t.id, "ticket.created", {
             "workspace": t.workspace, "workflow": t.workflow, "title": t.title, "principal": t.principal,
-            "nodes": [n.node_id for n in nodes]})]
+            "nodes": [n.node_id for n in nodes],
+            **({"origin": {k: t.origin.get(k, "") for k in ("source", "event", "url", "author", "trigger")}}
+               if t.origin else {})})]
         self.store.create_ticket(t, nodes, first)
         self.events.delivered(first)
         self._transition_metric(QUEUED)

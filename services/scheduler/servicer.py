@@ -50,6 +50,15 @@ def ticket_pb(v: TicketView) -> pb.Ticket:
         msg.pr.CopyFrom(pb.PullRequest(number=p.number, url=p.url, head_branch=p.head_branch,
                                        base_branch=p.base_branch, head_sha=p.head_sha, state=p.state,
                                        merge_sha=p.merge_sha))
+    if t.origin:
+        o = t.origin
+        msg.origin.CopyFrom(pb.TicketOrigin(
+            source=str(o.get("source", "")), event=str(o.get("event", "")),
+            delivery_id=str(o.get("delivery_id", "")), url=str(o.get("url", "")), author=str(o.get("author", "")),
+            trigger=str(o.get("trigger", "")), title_untrusted=bool(o.get("title_untrusted")),
+            body_untrusted=bool(o.get("body_untrusted")),
+            inputs=[pb.InputProvenance(name=str(i.get("name", "")), source=str(i.get("source", "")),
+                                       untrusted=bool(i.get("untrusted"))) for i in o.get("inputs", ())]))
     if v.approval is not None:
         a = v.approval
         msg.approval.CopyFrom(pb.Approval(principal=a.principal, sha=a.sha, granted=a.granted, at_ms=a.at_ms,

@@ -1,0 +1,310 @@
+"""GitHub events -> tickets, through the Trigger manifests (docs/GITHUB.md).
+
+Two ways in, one path: a webhook delivery the gateway has authenticated
+(R35: signature, size, event type) arrives as `deliver()`; the polling mode
+(`Poller`) reads the repository's events through the credential broker and
+hands each new one to the same `_handle()`.
+
+What holds here:
+- Once per delivery (R35): the delivery id (or `poll:<event id>`) is
+  claimed in the store before anything else happens; a replay is a
+  `duplicate` and changes nothing, across restarts.
+- Only people with write access start work (R36): the GitHub login whose
+  action it was (the labeller, the assigner, the commenter) is looked up
+  through the credential broker (`GET .../collaborators/{u}/permission`,
+  cached there briefly); anyone else gets no ticket, at most one polite
+  comment per issue and person, and a counted refusal. Bots are ignored.
+- Untrusted text stays data (R36): the Trigger fixes the workspace and the
+  workflow; issue and comment text only ever become the ticket's title,
+  body and the inputs the Trigger maps, each marked untrusted in the
+  ticket's `origin`. Nothing here parses that text beyond the command word.
+- Nothing is logged of a payload but its event, action and delivery id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.config import Config, Trigger, Workspace
+from services.common.errors import AfeError
+from services.common.metrics import github_deliveries
+
+from .brokers import CredentialsClient
+from .store import Store
+from .tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_TITLE_CHARS
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBED = ("issues", "issue_comment")
+DELIVERY_ID = re.compile(r"^[A-Za-z0-9-]{1,100}$")
+MAX_PAYLOAD = 1024 * 1024
+REFUSAL_COMMENT = ("Thanks for the request. Only people with write access to this repository can start work "
+                   "with afe, so nothing was started. A maintainer can start it for you.")
+POLL_INTERVAL_S = 60.0          # at least this, and at least GitHub's X-Poll-Interval
+POLL_ERROR_BACKOFF_S = 300.0
+EVENT_TYPES = {"IssuesEvent": "issues", "IssueCommentEvent": "issue_comment"}
+
+
+@dataclass
+class Outcome:
+    outcome: str                 # accepted | ignored | duplicate | refused (metrics.GITHUB_OUTCOMES)
+    reason: str                  # metrics.GITHUB_REASONS
+    ticket_ids: list[str] = field(default_factory=list)
+
+
+def _clip_utf8(text: str, limit: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", errors="ignore")
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+class GitHubIntake:
+    def __init__(self, config: Config, store: Store, engine: Any, credentials: CredentialsClient,
+                 registry=None) -> None:
+        self.config = config
+        self.store = store
+        self.engine = engine            # Engine.create_ticket (kept loose: the engine imports nothing of us)
+        self.credentials = credentials
+        self.metrics = github_deliveries(registry, "scheduler") if registry is not None else None
+
+    def _count(self, o: Outcome) -> Outcome:
+        if self.metrics is not None:
+            self.metrics.labels(outcome=o.outcome, reason=o.reason).inc()
+        return o
+
+    # -- the two ways in ------------------------------------------------------
+
+    async def deliver(self, delivery_id: str, event: str, payload: bytes) -> Outcome:
+        """A webhook delivery the gateway authenticated (R35)."""
+        if not DELIVERY_ID.match(delivery_id or ""):
+            return self._count(Outcome("refused", "bad_delivery_id"))
+        if event not in SUBSCRIBED:
+            return self._count(Outcome("ignored", "unsubscribed_event"))
+        if len(payload) > MAX_PAYLOAD:
+            return self._count(Outcome("refused", "too_large"))
+        try:
+            data = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if not isinstance(data, dict):
+            return self._count(Outcome("refused", "bad_payload"))
+        if not self.store.claim_once(f"delivery:{delivery_id}", int(time.time() * 1000)):
+            log.info("github delivery %s (%s) seen before: ignored", delivery_id, event)
+            return self._count(Outcome("duplicate", "duplicate"))
+        return self._count(await self._handle(event, data, delivery_id))
+
+    async def poll_event(self, ws: Workspace, e: Any) -> Outcome:
+        """One event of ListRepoEvents, shaped like the webhook it stands for."""
+        event = EVENT_TYPES.get(e.type)
+        if event is None:
+            return Outcome("ignored", "unsubscribed_event")      # not counted: most repository events
+        try:
+            data = json.loads(e.payload_json)
+        except ValueError:
+            return self._count(Outcome("refused", "bad_payload"))
+        if not isinstance(data, dict):
+            return self._count(Outcome("refused", "bad_payload"))
+        data["repository"] = {"full_name": e.repo or ws.forge.repo}
+        data["sender"] = {"login": e.actor_login, "type": "Bot" if e.actor_login.endswith("[bot]") else "User"}
+        if not self.store.claim_once(f"poll:{ws.forge.repo.lower()}:{e.id}", int(time.time() * 1000)):
+            return self._count(Outcome("duplicate", "duplicate"))
+        return self._count(await self._handle(event, data, f"poll:{e.id}"))
+
+    # -- matching ---------------------------------------------------------------
+
+    def _matches(self, event: str, data: dict) -> list[tuple[Trigger, Workspace]]:
+        repo = _text((data.get("repository") or {}).get("full_name")).lower()
+        action = data.get("action")
+        out: list[tuple[Trigger, Workspace]] = []
+        for tr in self.config.triggers.values():
+            ws = self.config.workspaces.get(tr.workspace)
+            if ws is None or ws.forge.type != "github" or ws.forge.repo.lower() != repo or not repo:
+                continue
+            if event == "issues" and action == "labeled":
+                label = _text((data.get("label") or {}).get("name"))
+                hit = bool(label) and label in tr.labels
+            elif event == "issues" and action == "assigned":
+                login = _text((data.get("assignee") or {}).get("login")).lower()
+                hit = bool(login) and login in {a.lower() for a in tr.assignees}
+            elif event == "issue_comment" and action == "created":
+                body = _text((data.get("comment") or {}).get("body")).lstrip()
+                word = body.split(maxsplit=1)[0] if body else ""
+                hit = bool(tr.command) and word == tr.command
+            else:
+                hit = False
+            if hit:
+                out.append((tr, ws))
+        return out
+
+    @staticmethod
+    def _actor(event: str, data: dict) -> tuple[str, bool]:
+        """(the login whose action this was, is it a bot)."""
+        sender = data.get("sender") or {}
+        if event == "issue_comment":
+            user = (data.get("comment") or {}).get("user") or sender
+        else:
+            user = sender
+        login = _text(user.get("login"))
+        return login, user.get("type") == "Bot" or login.endswith("[bot]")
+
+    async def _handle(self, event: str, data: dict, delivery: str) -> Outcome:
+        action = _text(data.get("action"))
+        matches = self._matches(event, data)
+        if not matches:
+            return Outcome("ignored", "no_trigger")
+        issue = data.get("issue") or {}
+        if not isinstance(issue, dict) or not isinstance(issue.get("number"), int):
+            return Outcome("refused", "bad_payload")
+        if event == "issue_comment" and issue.get("pull_request"):
+            return Outcome("ignored", "pull_request")     # review iteration is its own feature
+        login, bot = self._actor(event, data)
+        if bot or not login:
+            return Outcome("ignored", "bot")
+        ws = matches[0][1]
+        try:
+            perm = await self.credentials.repo_permission(ws.name, login)
+        except AfeError as exc:
+            log.warning("github %s.%s (delivery %s): write access of the sender could not be checked, so "
+                        "nothing was started: %s", event, action, delivery, exc)
+            return Outcome("refused", "permission_unknown")
+        if not perm.can_write:
+            log.info("github %s.%s (delivery %s): the sender has no write access (%s); no ticket",
+                     event, action, delivery, perm.permission or "none")
+            await self._refusal_comment(ws, issue["number"], login)
+            return Outcome("refused", "no_write_access")
+        created: list[str] = []
+        for tr, tws in matches:
+            tid = self._create(tr, tws, event, action, data, issue, login, delivery)
+            if tid:
+                created.append(tid)
+        if not created:
+            return Outcome("refused", "invalid_ticket")
+        return Outcome("accepted", "ok", created)
+
+    async def _refusal_comment(self, ws: Workspace, number: int, login: str) -> None:
+        """At most one polite comment per issue and person, ever (the key is stored first)."""
+        key = f"refusal:{ws.forge.repo.lower()}#{number}:{login.lower()}"
+        if not self.store.claim_once(key, int(time.time() * 1000)):
+            return
+        try:
+            await self.credentials.comment(ws.name, str(number), REFUSAL_COMMENT)
+        except AfeError as exc:
+            log.warning("github: the refusal comment on issue #%s could not be posted: %s", number, exc)
+
+    def _create(self, tr: Trigger, ws: Workspace, event: str, action: str, data: dict, issue: dict,
+                login: str, delivery: str) -> str | None:
+        comment = data.get("comment") or {}
+        command_text = ""
+        if event == "issue_comment":
+            body = _text(comment.get("body")).lstrip()
+            command_text = body[len(tr.command):].strip() if body.startswith(tr.command) else ""
+        fields = {
+            "title": _text(issue.get("title")),
+            "body": _text(issue.get("body")),
+            "url": _text(comment.get("html_url")) or _text(issue.get("html_url")),
+            "number": str(issue["number"]),
+            "author": login,
+            "command": command_text,
+        }
+        sources = {"title": "github:issue.title", "body": "github:issue.body", "url": "github:url",
+                   "number": "github:issue.number", "author": "github:sender.login",
+                   "command": "github:comment.body"}
+        inputs = {name: _clip_utf8(fields[f], MAX_INPUT_BYTES) for name, f in tr.inputs}
+        origin = {
+            "source": "github", "event": f"{event}.{action}", "delivery_id": delivery, "url": fields["url"],
+            "author": login, "trigger": tr.name, "title_untrusted": True, "body_untrusted": True,
+            "inputs": [{"name": name, "source": sources[f], "untrusted": True} for name, f in tr.inputs],
+        }
+        title = f"#{fields['number']} {fields['title']}".strip()[:MAX_TITLE_CHARS]
+        body = _clip_utf8(fields["body"], MAX_BODY_BYTES)
+        try:
+            view = self.engine.create_ticket(ws.name, tr.workflow, title, body, inputs, f"github:{login}",
+                                             origin=origin)
+        except AfeError as exc:
+            log.warning("github %s.%s (delivery %s): Trigger %s could not create a ticket: %s",
+                        event, action, delivery, tr.name, exc)
+            return None
+        log.info("github %s.%s (delivery %s): Trigger %s created ticket %s", event, action, delivery, tr.name,
+                 view.ticket.id)
+        return view.ticket.id
+
+
+class Poller:
+    """The polling mode: for each workspace with a `poll: true` Trigger, one
+    conditional request at a time (ETag; a 304 costs no rate limit), never
+    sooner than GitHub's X-Poll-Interval, waiting out a rate limit. The
+    cursor (ETag, newest event id) is stored, so a restart neither replays
+    nor skips. The first poll of a workspace only sets the cursor: polling
+    starts from now, never from GitHub's 90 days of history."""
+
+    def __init__(self, intake: GitHubIntake, interval_s: float = POLL_INTERVAL_S) -> None:
+        self.intake = intake
+        self.interval_s = interval_s
+        self._task: asyncio.Task | None = None
+
+    def workspaces(self) -> list[Workspace]:
+        cfg = self.intake.config
+        names = sorted({t.workspace for t in cfg.triggers.values() if t.poll})
+        return [cfg.workspaces[n] for n in names if n in cfg.workspaces]
+
+    async def poll_once(self, ws: Workspace) -> tuple[list[Outcome], float]:
+        """One poll of `ws`: (outcomes of the new events, seconds to wait before the next)."""
+        store = self.intake.store
+        etag, last = store.poll_cursor(ws.name)
+        r = await self.intake.credentials.repo_events(ws.name, etag)
+        wait = max(self.interval_s, float(r.poll_interval_s or 0))
+        now_ms = int(time.time() * 1000)
+        if r.rate_limit_reset_ms and r.rate_limit_reset_ms > now_ms and (r.not_modified or not r.events):
+            wait = max(wait, (r.rate_limit_reset_ms - now_ms) / 1000)
+        if r.not_modified:
+            return [], wait
+        events = sorted((e for e in r.events if e.id.isdigit()), key=lambda e: int(e.id))
+        newest = events[-1].id if events else last
+        outcomes: list[Outcome] = []
+        if last:
+            for e in events:
+                if int(e.id) > int(last or 0):
+                    outcomes.append(await self.intake.poll_event(ws, e))
+        store.put_poll_cursor(ws.name, r.etag, newest or "", now_ms)
+        return outcomes, wait
+
+    async def _loop(self) -> None:
+        due: dict[str, float] = {}
+        while True:
+            now = time.monotonic()
+            for ws in self.workspaces():
+                if due.get(ws.name, 0.0) > now:
+                    continue
+                try:
+                    _, wait = await self.poll_once(ws)
+                except AfeError as exc:
+                    log.warning("github polling of workspace %s failed; next try in %.0f s: %s", ws.name,
+                                POLL_ERROR_BACKOFF_S, exc)
+                    wait = POLL_ERROR_BACKOFF_S
+                due[ws.name] = time.monotonic() + wait
+            nxt = min(due.values(), default=now + self.interval_s)
+            await asyncio.sleep(max(1.0, nxt - time.monotonic()))
+
+    def start(self) -> None:
+        if self.workspaces() and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
