@@ -9,8 +9,8 @@ from pathlib import Path
 
 import grpc
 
+from services._gen.afe.scheduler.v1 import hooks_pb2, hooks_pb2_grpc, scheduler_pb2_grpc
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
-from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc
 from services.common import grpcutil
 from services.common.grpcutil import rpc_errors
 
@@ -25,6 +25,7 @@ class SchedulerBackend:
         self.secret = secret
         self._channel: grpc.aio.Channel | None = None
         self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
+        self._hooks: hooks_pb2_grpc.GitHubHooksStub | None = None
 
     @property
     def stub(self) -> scheduler_pb2_grpc.SchedulerStub:
@@ -38,6 +39,7 @@ class SchedulerBackend:
             await self._channel.close()
             self._channel = None
             self._stub = None
+            self._hooks = None
 
     async def healthy(self) -> bool:
         return await grpcutil.check_health(str(self.socket_path), self.secret)
@@ -106,3 +108,14 @@ class SchedulerBackend:
         async with rpc_errors():
             resp = await self.stub.ListWorkspaces(pb.ListWorkspacesRequest(), timeout=CALL_TIMEOUT)
         return {"workspaces": [convert.workspace(w) for w in resp.workspaces]}
+
+    async def deliver_github(self, delivery_id: str, event: str, payload: bytes) -> dict:
+        """A webhook delivery the gateway authenticated (gateway/hooks.py)."""
+        if self._hooks is None:
+            self.stub  # noqa: B018 - opens the channel
+            self._hooks = hooks_pb2_grpc.GitHubHooksStub(self._channel)
+        async with rpc_errors():
+            r = await self._hooks.DeliverGitHubEvent(
+                hooks_pb2.GitHubDelivery(delivery_id=delivery_id, event=event, payload=payload),
+                timeout=CALL_TIMEOUT)
+        return {"outcome": r.outcome, "reason": r.reason, "ticket_ids": list(r.ticket_ids)}

@@ -79,7 +79,15 @@ def ticket(t: pb.Ticket) -> dict:
         "error": t.error,
         "last_seq": t.last_seq,
         "awaiting_sha": t.awaiting_sha,
+        "origin": origin(t.origin) if t.HasField("origin") else None,
     }
+
+
+def origin(o: pb.TicketOrigin) -> dict:
+    """Where a ticket came from and which of its texts are untrusted (R36), for the UI."""
+    return {"source": o.source, "event": o.event, "url": o.url, "author": o.author, "trigger": o.trigger,
+            "title_untrusted": o.title_untrusted, "body_untrusted": o.body_untrusted,
+            "inputs": [{"name": i.name, "source": i.source, "untrusted": i.untrusted} for i in o.inputs]}
 
 
 def event(e: pb.Event) -> dict:

@@ -1,4 +1,5 @@
-"""Composition root of the gateway: token, site, scheduler client, HTTP app.
+"""Composition root of the gateway: token, site, scheduler client, HTTP app
+(and POST /hooks/github when the GitHub webhook secret is set, docs/GITHUB.md).
 
     python -m gateway.main --config DIR --data DIR --run DIR --link-fd N --status-fd N \
         --ops-host H --ops-port P [--listen HOST:PORT] [--public-url URL] [--token-file PATH]
@@ -24,6 +25,7 @@ from services.common.layout import DEFAULT_PORTS
 from services.common.process import make_context, parse_args, run_until_signalled
 from services.common.secrets import take_secret_env
 
+from . import hooks
 from .app import build_app
 from .auth import Authenticator
 from .backend import SchedulerBackend
@@ -42,6 +44,9 @@ def _extra(p: argparse.ArgumentParser) -> None:
                    help="the URL people open (its origin is the only one trusted); default http://<listen>")
     p.add_argument("--max-failed-logins", type=int, default=10,
                    help="failed logins and /rpc bearer tokens allowed per client address per minute")
+    p.add_argument("--github-webhook-secret-env", default="AFE_GITHUB_WEBHOOK_SECRET", metavar="NAME",
+                   help="environment variable holding the GitHub webhook secret; when it is set, "
+                        "POST /hooks/github takes deliveries (docs/GITHUB.md)")
     p.add_argument("--token-file", default=None,
                    help="0600 file holding the UI token, used when AFE_UI_TOKEN is unset "
                         "(default <data>/ui-token)")
@@ -51,7 +56,7 @@ async def _main(argv: list[str] | None) -> None:
     args = parse_args("gateway", DEFAULT_PORTS["gateway_ops"], argv, extra=_extra)
     ctx = make_context("gateway", args)
     telemetry.setup_tracing("gateway", ctx.redactor)
-    env = take_secret_env(["AFE_UI_TOKEN"], ctx.redactor)
+    env = take_secret_env(["AFE_UI_TOKEN", args.github_webhook_secret_env], ctx.redactor)
     host, port = parse_listen(args.listen)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -61,10 +66,14 @@ async def _main(argv: list[str] | None) -> None:
     token_file = Path(args.token_file) if args.token_file else ctx.layout.token_file
     fixed = env["AFE_UI_TOKEN"].reveal() if "AFE_UI_TOKEN" in env else None
     tokens = TokenSource(ctx.redactor, fixed=fixed, path=None if fixed else token_file)
-    auth = Authenticator(tokens, site, FailureLimiter(max_failures=args.max_failed_logins),
-                         metrics=GatewayMetrics(ctx.registry))
+    limiter = FailureLimiter(max_failures=args.max_failed_logins)
+    auth = Authenticator(tokens, site, limiter, metrics=GatewayMetrics(ctx.registry))
     backend = SchedulerBackend(ctx.layout.socket("scheduler"), ctx.links.call.get("scheduler"))
     app = build_app(auth, backend, ctx.redactor)
+    webhook_secret = env.get(args.github_webhook_secret_env)
+    if webhook_secret is not None and webhook_secret.reveal():
+        app.router.add_post(hooks.PATH, hooks.GitHubWebhook(webhook_secret, backend, limiter,
+                                                            registry=ctx.registry).handle)
     app.middlewares.insert(0, metrics.http_metrics_middleware(ctx.registry))
     app.middlewares.insert(0, telemetry.aiohttp_middleware())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)

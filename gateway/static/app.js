@@ -171,8 +171,9 @@ async function showTicket(id) {
   const tools = h("ol", { id: "tools", class: "tools" });
   const diff = h("pre", { id: "diff", class: "diff" }, "(no changes yet)");
   const body = h("pre", { class: "body", id: "ticket-body" });
+  const provenance = h("ul", { class: "meta", id: "ticket-provenance", hidden: true });
   clear(app).append(h("section", { class: "ticket" },
-    h("div", { class: "head" }, title, state), meta, err, actions, prBox,
+    h("div", { class: "head" }, title, state), meta, provenance, err, actions, prBox,
     h("h2", {}, "Workflow"), graph,
     h("div", { class: "split" },
       h("div", {}, h("h2", {}, "Live log"), logs),
@@ -190,6 +191,23 @@ async function showTicket(id) {
     err.hidden = !ticket.error;
     err.textContent = ticket.error || "";
     body.textContent = ticket.body || "(no body)";
+    // Provenance of each input (R36): text from GitHub is data written by someone outside afe.
+    const o = ticket.origin;
+    provenance.hidden = !o;
+    clear(provenance);
+    if (o) {
+      const who = `from ${o.source} ${o.event} by @${o.author} (Trigger ${o.trigger})`;
+      const src = /^https?:\/\//i.test(o.url || "")
+        ? h("a", { href: o.url, rel: "noopener noreferrer", target: "_blank" }, o.url) : (o.url || "");
+      provenance.append(h("li", { id: "origin" }, who, " ", src));
+      if (o.title_untrusted || o.body_untrusted) {
+        provenance.append(h("li", { class: "untrusted" }, "title and body: untrusted text from outside"));
+      }
+      for (const i of o.inputs || []) {
+        provenance.append(h("li", { class: i.untrusted ? "untrusted" : "" },
+          `input ${i.name} ← ${i.source}${i.untrusted ? " (untrusted)" : ""}`));
+      }
+    }
     clear(graph).append(drawGraph(ticket.nodes, Date.now()));
     clear(prBox);
     if (ticket.pr) {

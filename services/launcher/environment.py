@@ -4,7 +4,8 @@ Every child starts from an EMPTY environment: `PATH HOME LANG TZ` plus only
 the names its role needs. The credential broker gets exactly the `tokenEnv` /
 `apiKeyEnv` names the manifests mention, `AFE_CA_FILE` and the HTTP(S) proxy
 variables (for its git and HTTPS calls); the sandbox broker exactly the names
-`acp` agents declare (+ `DOCKER_HOST`), the gateway the UI token, the
+`acp` agents declare (+ `DOCKER_HOST`), the gateway the UI token and the
+GitHub webhook secret (`AFE_GITHUB_WEBHOOK_SECRET`), the
 scheduler the store URL; every child gets the `OTEL_*` exporter settings.
 The table of every operator setting and the process it reaches is in
 docs/OPERATIONS.md ("Operator settings").
@@ -18,6 +19,7 @@ from services.common.childenv import BASE_NAMES, PROXY_NAMES
 from services.common.config import Config
 
 SERVICES = ("sandbox", "credentials", "scheduler", "gateway")
+GITHUB_WEBHOOK_SECRET_ENV = "AFE_GITHUB_WEBHOOK_SECRET"
 
 
 def allowed_names(service: str, config: Config, environ: Mapping[str, str]) -> list[str]:
@@ -30,7 +32,8 @@ def allowed_names(service: str, config: Config, environ: Mapping[str, str]) -> l
         names += config.agent_env_names()
         names.append("DOCKER_HOST")
     elif service == "gateway":
-        names.append("AFE_UI_TOKEN")
+        # The GitHub webhook secret (docs/GITHUB.md, R35) reaches the gateway and nothing else.
+        names += ["AFE_UI_TOKEN", GITHUB_WEBHOOK_SECRET_ENV]
     elif service == "scheduler":
         names.append("AFE_DATABASE_URL")
     else:

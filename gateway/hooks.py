@@ -1,0 +1,146 @@
+"""POST /hooks/github: GitHub webhook deliveries (docs/GITHUB.md, R35).
+
+A delivery is passed to the scheduler only when, in this order:
+1. it is not over MAX_BODY bytes (read in chunks: a larger body is never
+   held, whatever its Content-Length says)                       -> else 413
+2. it carries `X-Hub-Signature-256: sha256=<hex>` equal, compared in
+   constant time, to the HMAC-SHA256 of the exact raw body under the
+   webhook secret (held by the gateway only)                      -> else 401
+3. it is JSON (`application/json`)                                 -> else 415
+4. its `X-GitHub-Delivery` is a GUID                               -> else 400
+5. its `X-GitHub-Event` is subscribed (issues, issue_comment; `ping`
+   is answered here)                                               -> else 400
+The scheduler then claims the delivery id in its store: a replayed delivery
+is answered 409 and changes nothing. Every refusal is counted in
+afe_gateway_github_deliveries_total{outcome,reason}; a bad signature also
+counts as a failed credential for the client's address (R38), so guessing
+is rate limited. Nothing of a body is ever logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+
+from aiohttp import web
+
+from services.common.errors import AfeError, Unavailable
+from services.common.metrics import github_deliveries
+from services.common.secrets import SecretValue
+
+from .backend import SchedulerBackend
+from .ratelimit import FailureLimiter
+
+log = logging.getLogger(__name__)
+
+PATH = "/hooks/github"
+MAX_BODY = 1024 * 1024              # GitHub caps payloads at 25 MB; issue events are a few KiB
+SUBSCRIBED = ("issues", "issue_comment")
+DELIVERY_ID = re.compile(r"^[A-Za-z0-9-]{1,100}$")
+SIGNATURE = re.compile(r"^sha256=([0-9a-f]{64})$")
+STATUS = {"accepted": 202, "ignored": 202, "refused": 202, "duplicate": 409}
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    """The X-Hub-Signature-256 value GitHub sends for `body`."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+class GitHubWebhook:
+    def __init__(self, secret: SecretValue, backend: SchedulerBackend, limiter: FailureLimiter,
+                 registry=None) -> None:
+        self._secret = secret
+        self.backend = backend
+        self.limiter = limiter
+        self.metrics = github_deliveries(registry, "gateway") if registry is not None else None
+
+    def _answer(self, status: int, outcome: str, reason: str, message: str,
+                extra: dict | None = None, headers: dict | None = None) -> web.Response:
+        if self.metrics is not None:
+            self.metrics.labels(outcome=outcome, reason=reason).inc()
+        return web.json_response({"outcome": outcome, "reason": reason, "message": message, **(extra or {})},
+                                 status=status, headers=headers)
+
+    async def _read(self, request: web.Request) -> bytes | None:
+        """The raw body, or None once it passes MAX_BODY (never holding more)."""
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await request.content.read(64 * 1024)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > MAX_BODY:
+                return None
+            chunks.append(chunk)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        client = request.remote or "unknown"
+        wait = self.limiter.retry_after(client)
+        if wait > 0:
+            return self._answer(429, "refused", "rate_limited", "too many deliveries with a bad signature; "
+                                "try again later", headers={"Retry-After": str(int(wait) + 1)})
+        body = await self._read(request)
+        if body is None:
+            return self._answer(413, "refused", "too_large", f"the body is over {MAX_BODY} bytes")
+        presented = request.headers.get("X-Hub-Signature-256", "")
+        m = SIGNATURE.match(presented.strip().lower())
+        if m is None:
+            self.limiter.failed(client)
+            return self._answer(401, "refused", "no_signature", "X-Hub-Signature-256 is missing or malformed; "
+                                "set the webhook's secret on GitHub")
+        expected = hmac.new(self._secret.reveal().encode(), body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, m.group(1)):
+            self.limiter.failed(client)
+            log.info("github delivery refused: bad signature (delivery %s)",
+                     _safe_id(request.headers.get("X-GitHub-Delivery", "")))
+            return self._answer(401, "refused", "bad_signature", "the signature does not match; the webhook's "
+                                "secret on GitHub must equal the gateway's AFE_GITHUB_WEBHOOK_SECRET")
+        if request.content_type != "application/json":
+            return self._answer(415, "refused", "bad_content_type", "set the webhook's content type to "
+                                "application/json on GitHub")
+        delivery = request.headers.get("X-GitHub-Delivery", "")
+        if not DELIVERY_ID.match(delivery):
+            return self._answer(400, "refused", "bad_delivery_id", "X-GitHub-Delivery is missing or malformed")
+        event = request.headers.get("X-GitHub-Event", "")
+        if event == "ping":
+            return self._answer(200, "accepted", "ping", "pong")
+        if event not in SUBSCRIBED:
+            log.info("github delivery %s refused: event type %s is not subscribed", delivery, _safe_id(event))
+            return self._answer(400, "refused", "unsubscribed_event", "afe acts on the issues and issue_comment "
+                                "events only; unselect the others in the webhook's settings on GitHub")
+        try:
+            result = await self.backend.deliver_github(delivery, event, body)
+        except Unavailable:
+            return self._answer(503, "refused", "scheduler_unavailable", "afe's scheduler is not reachable; "
+                                "redeliver later", headers={"Retry-After": "30"})
+        except AfeError as exc:
+            log.warning("github delivery %s: the scheduler refused it: %s", delivery, exc)
+            return self._answer(503, "refused", "scheduler_unavailable", "afe could not take the delivery; "
+                                "redeliver later")
+        reason = result["reason"] if result["reason"] in _REASONS else "bad_payload"
+        outcome = result["outcome"] if result["outcome"] in STATUS else "refused"
+        return self._answer(STATUS[outcome], outcome, reason, _MESSAGES.get(reason, reason),
+                            {"tickets": result["ticket_ids"]})
+
+
+def _safe_id(value: str) -> str:
+    """A header value fit for a log line: a GUID or event name, else a placeholder."""
+    return value if re.match(r"^[A-Za-z0-9_.-]{1,100}$", value) else "(malformed)"
+
+
+_MESSAGES = {
+    "ok": "ticket created", "duplicate": "this delivery was handled before; nothing changed",
+    "no_trigger": "no Trigger matches this event", "bot": "events by bots start nothing",
+    "pull_request": "comments on pull requests start nothing",
+    "no_write_access": "only people with write access to the repository can start work",
+    "permission_unknown": "write access could not be checked; nothing was started",
+    "invalid_ticket": "the Trigger could not create a ticket; see the scheduler's log",
+    "unsubscribed_event": "event type not subscribed", "bad_payload": "the payload is not a GitHub event",
+    "bad_delivery_id": "X-GitHub-Delivery is malformed",
+}
+_REASONS = set(_MESSAGES)
