@@ -7,14 +7,12 @@ approving a ticket that then merges."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
 from services.common.grpcutil import open_channel
 from tests.foundation.launcher_support import Afe, base_env, wait_gone
+from tests.support.npm import node_modules
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -106,26 +105,8 @@ def test_python_example_client_creates_follows_diffs_and_approves_the_sha_it_saw
 
 
 def _node_modules() -> Path:
-    """`npm ci` of the committed lock file, once per lock-file content, into ~/.cache/afe-npm/<hash>."""
-    lock = (NODE_DIR / "package-lock.json").read_bytes()
-    digest = hashlib.sha256(lock + (NODE_DIR / "package.json").read_bytes()).hexdigest()[:16]
-    cache = Path(os.environ.get("AFE_NPM_CACHE", Path.home() / ".cache" / "afe-npm"))
-    target = cache / digest
-    if (target / "node_modules" / "@grpc" / "grpc-js" / "package.json").exists():
-        return target / "node_modules"
-    cache.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{digest}.", dir=cache))
-    shutil.copy(NODE_DIR / "package.json", work)
-    shutil.copy(NODE_DIR / "package-lock.json", work)
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
-    done = subprocess.run(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=work, env=env,
-                          capture_output=True, text=True, check=False, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    try:
-        work.rename(target)              # atomic: a concurrent run keeps the first complete install
-    except OSError:
-        shutil.rmtree(work, ignore_errors=True)
-    return target / "node_modules"
+    """`npm ci` of the committed lock file, once per lock-file content (tests/support/npm.py)."""
+    return node_modules(NODE_DIR, "@grpc/grpc-js/package.json")
 
 
 @pytest.mark.skipif(not (shutil.which("node") and shutil.which("npm")),

@@ -1,20 +1,31 @@
-"""A GitHub-REST-compatible fake: pulls (list/create/get/merge) and issue
-comments, with the Authorization header checked. `branches` maps a branch
+"""A GitHub-REST-compatible fake: pulls (list/create/get/merge), issue
+comments, collaborator permissions and repository events (ETag, X-Poll-Interval,
+rate-limit headers), with the Authorization header checked. Given an `OpenApi`
+(tests/support/fakes/openapi.py), every request is checked against GitHub's
+REST description and the undocumented ones are listed in `undocumented`. `branches` maps a branch
 name to its head SHA (tests set it, e.g. after a push); merging records the
 merge and refuses a stale `sha` with 409 like GitHub does."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 
 from aiohttp import web
 
 from .base import FakeServer
+from .openapi import OpenApi
 
 
 class FakeGitHub(FakeServer):
-    def __init__(self, token: str, repo: str = "acme/widgets") -> None:
+    def __init__(self, token: str, repo: str = "acme/widgets", openapi: OpenApi | None = None) -> None:
         super().__init__()
+        self.openapi = openapi
+        self.undocumented: list[str] = []
+        self.permissions: dict[str, str] = {}     # login -> admin | write | read (absent: 404)
+        self.events: list[dict] = []              # repository events, newest first (GitHub's order)
+        self.poll_interval = 60
+        self.rate_remaining = 4999
         self.token = token
         self.repo = repo
         self.branches: dict[str, str] = {}
@@ -29,6 +40,46 @@ class FakeGitHub(FakeServer):
         app.router.add_get(base + "/pulls/{n}", self.get_pull)
         app.router.add_put(base + "/pulls/{n}/merge", self.merge_pull)
         app.router.add_post(base + "/issues/{n}/comments", self.comment)
+        app.router.add_get(base + "/collaborators/{user}/permission", self.permission)
+        app.router.add_get(base + "/events", self.list_events)
+        if self.openapi is not None:
+            app.middlewares.append(self._documented)
+
+    @web.middleware
+    async def _documented(self, request: web.Request, handler):
+        assert self.openapi is not None
+        problem = self.openapi.problem(request.method, request.path, request.query_string, await request.read())
+        if problem is not None:
+            self.undocumented.append(problem)
+            return web.json_response({"message": "Not Found (undocumented call)"}, status=404)
+        return await handler(request)
+
+    def _rate_headers(self) -> dict[str, str]:
+        return {"X-RateLimit-Limit": "5000", "X-RateLimit-Remaining": str(self.rate_remaining),
+                "X-RateLimit-Reset": "1700000000", "X-RateLimit-Resource": "core"}
+
+    def events_etag(self) -> str:
+        return 'W/"' + hashlib.sha1(json.dumps(self.events, sort_keys=True).encode()).hexdigest() + '"'
+
+    async def permission(self, request):
+        if (r := self._check(request)) is not None:
+            return r
+        user = request.match_info["user"]
+        perm = self.permissions.get(user)
+        if perm is None:
+            return web.json_response({"message": f"{user} is not a user"}, status=404)
+        return web.json_response({"permission": perm, "role_name": perm,
+                                  "user": {"login": user, "type": "User"}}, headers=self._rate_headers())
+
+    async def list_events(self, request):
+        if (r := self._check(request)) is not None:
+            return r
+        etag = self.events_etag()
+        headers = {"ETag": etag, "X-Poll-Interval": str(self.poll_interval), **self._rate_headers()}
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers=headers)
+        self.rate_remaining -= 1
+        return web.json_response(self.events, headers=headers)
 
     def _check(self, request: web.Request) -> web.Response | None:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
