@@ -147,6 +147,8 @@ class _Guard(grpc.aio.ServerInterceptor):
                 try:
                     async for item in fn(request_or_iter, context):
                         yield item
+                except StreamDropped:
+                    return  # send_within has already set the status; ending here lets grpc finish the call
                 except (grpc.aio.AbortError, grpc.RpcError):
                     raise
                 except Exception as exc:  # noqa: BLE001 - the server boundary: every error becomes a status
@@ -184,7 +186,7 @@ class _Metrics(grpc.aio.ServerInterceptor):
         method = details.method
         if handler is None or method not in metrics.GRPC_METHODS:
             return handler
-        handled, seconds = self.families.handled, self.families.seconds
+        handled, seconds, dropped = self.families.handled, self.families.seconds, self.families.dropped
 
         def record(context, t0: float, exc: BaseException | None) -> None:
             code = None
@@ -213,9 +215,13 @@ class _Metrics(grpc.aio.ServerInterceptor):
                     record(context, t0, exc)
             return call
 
+        def count_drop() -> None:
+            dropped.labels(method=method).inc()
+
         def wrap_stream(fn):
             async def call(request_or_iter, context):
                 t0, exc = time.perf_counter(), None
+                token = _on_drop.set(count_drop)
                 try:
                     async for item in fn(request_or_iter, context):
                         yield item
@@ -223,6 +229,8 @@ class _Metrics(grpc.aio.ServerInterceptor):
                     exc = e
                     raise
                 finally:
+                    with contextlib.suppress(ValueError):  # finalized in another context: nothing to reset
+                        _on_drop.reset(token)
                     record(context, t0, exc)
             return call
 
@@ -294,16 +302,58 @@ def create_server(socket_path: str, accepted: Mapping[str, bytes] | CallerSecret
     return server, health_servicer
 
 
+class StreamDropped(errors.ResourceExhausted):
+    """A server stream that `send_within` ended: its RESOURCE_EXHAUSTED status
+    is already on its way, so the guard ends the handler without another one."""
+
+
+# Called (by the metrics interceptor, per call) when send_within drops a stream.
+_on_drop: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("afe_on_drop", default=None)
+# The status sends of dropped streams: they finish when the caller reads up to
+# them or its connection closes (referenced here so they are not collected).
+_dropping: set[asyncio.Future] = set()
+
+
+def _dropped_status_done(task: asyncio.Future) -> None:
+    _dropping.discard(task)
+    if not task.cancelled():
+        task.exception()  # AbortError once delivered, ExecuteBatchError if the caller went away first
+
+
 async def send_within(context: grpc.aio.ServicerContext, message: Any, timeout: float, resume_hint: str) -> None:
-    """Write one message of a server stream, or give up on a caller that has
-    not read for `timeout` seconds: the call ends RESOURCE_EXHAUSTED (after
-    whatever the transport already holds for it), so a reader that stopped
-    reading costs the server nothing more and never holds up other calls."""
+    """Write one message of a server stream, or drop a caller that has
+    stopped reading: when the transport has not taken the message within
+    `timeout` seconds (its flow-control window to the caller stayed full, so
+    the caller consumed nothing in that time), the call ends with
+    RESOURCE_EXHAUSTED and `StreamDropped` is raised to end the handler.
+
+    grpc.aio cannot cancel a send the transport already holds, and waiting
+    for the status would wait for the caller (the status is queued behind
+    the data it has not read; `context.abort` blocks until then). So the
+    status is handed to the transport without waiting for it: the handler
+    and whatever it holds (the watch's subscription) end at once, and the
+    caller gets what the transport already held for it, then the status.
+    The transport's share is bounded by the caller's flow-control window and
+    is released when the caller reads it or closes its connection.
+    """
     try:
         await asyncio.wait_for(context.write(message), timeout)
+        return
     except TimeoutError:
-        raise errors.ResourceExhausted(f"the stream was dropped: the caller read nothing for {timeout:g} s; "
-                                       f"{resume_hint}") from None
+        pass
+    text = (f"the stream was dropped: the caller took in nothing for {timeout:g} s (it stopped reading or "
+            f"reads far slower than the stream is written); {resume_hint}")
+    status = asyncio.ensure_future(context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, text, _ORIGIN))
+    _dropping.add(status)
+    status.add_done_callback(_dropped_status_done)
+    # One turn of the loop runs `abort` up to its wait for the caller: the code is set and the
+    # status is queued in the transport (tasks start in the order they were scheduled).
+    await asyncio.sleep(0)
+    count = _on_drop.get()
+    if count is not None:
+        count()
+    log.info("a server stream was dropped: its caller took in nothing for %g s", timeout)
+    raise StreamDropped(text)
 
 
 def socket_mode() -> int:

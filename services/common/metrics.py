@@ -140,6 +140,7 @@ class GatewayMetrics:
 class GrpcServerMetrics:
     handled: Bounded              # counter {method, code}
     seconds: Bounded              # histogram {method}
+    dropped: Bounded              # counter {method}: server streams dropped because the caller stopped reading
 
 
 _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -229,6 +230,9 @@ def grpc_server_metrics(registry: CollectorRegistry) -> GrpcServerMetrics:
                              method=GRPC_METHODS, code=GRPC_CODES),
             seconds=_histogram(registry, "afe_grpc_server_handling_seconds", "gRPC call time.", _FAST,
                                method=GRPC_METHODS),
+            dropped=_counter(registry, "afe_grpc_server_streams_dropped_total",
+                             "Server streams ended with RESOURCE_EXHAUSTED because the caller stopped reading.",
+                             method=GRPC_METHODS),
         )
     return _once(registry, "grpc", build)
 

@@ -315,8 +315,9 @@ class Engine:
             t = self.store.get_ticket(ticket_id)
             return t is None or t.state in TERMINAL
 
-        async for ev in self.events.watch(ticket_id, from_seq, follow, terminal):
-            yield ev
+        async with contextlib.aclosing(self.events.watch(ticket_id, from_seq, follow, terminal)) as events:
+            async for ev in events:
+                yield ev
 
     async def diff(self, ticket_id: str) -> tuple[str, bool]:
         t = self.view(ticket_id).ticket

@@ -7,6 +7,8 @@ instead of an opaque decode failure.
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 from google.protobuf.message import DecodeError
 
@@ -19,8 +21,9 @@ from .engine import Engine, TicketView
 from .store import EventRecord
 
 SERVICE = "afe.scheduler.v1.Scheduler"
-# A watch whose caller reads nothing for this long is dropped (RESOURCE_EXHAUSTED); the caller
-# resumes with from_seq, so nothing is lost, and a stalled reader holds nothing in the scheduler.
+# A watch whose caller takes in nothing for this long (the transport's window to it stays full) is
+# dropped with RESOURCE_EXHAUSTED; the caller resumes with from_seq, so nothing is lost, and a stalled
+# reader holds nothing in the scheduler beyond what the transport already holds for it.
 WATCH_SEND_TIMEOUT_S = 30.0
 RESUME_HINT = "watch again with from_seq = the seq after the last event you received"
 
@@ -102,8 +105,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return ticket_pb(await self.engine.reject(request.id, request.principal, request.reason))
 
     async def WatchTicket(self, request: pb.WatchTicketRequest, context):
-        async for ev in self.engine.watch(request.id, request.from_seq, request.follow):
-            await grpcutil.send_within(context, event_pb(ev), self.watch_send_timeout, RESUME_HINT)
+        # aclosing: a dropped watch (send_within raises) leaves the engine's watcher set at once.
+        async with contextlib.aclosing(self.engine.watch(request.id, request.from_seq, request.follow)) as events:
+            async for ev in events:
+                await grpcutil.send_within(context, event_pb(ev), self.watch_send_timeout, RESUME_HINT)
         if False:  # an async generator (what the interceptors wrap); events go out through send_within
             yield
 
