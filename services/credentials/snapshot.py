@@ -1,8 +1,8 @@
 """Capturing the workspace tree without trusting it.
 
 The workspace is written by the sandbox, possibly while we read it. Host git
-never reads it: we walk it ourselves, every component opened relative to its
-parent's fd with `O_NOFOLLOW`, so a directory swapped for a symlink mid-walk
+never reads it: we walk it ourselves through `services.common.safefs`, every
+component opened relative to its parent's fd with `O_NOFOLLOW`, so a directory swapped for a symlink mid-walk
 fails instead of being followed. Regular files are read through the fd we
 opened (checked again with `fstat`), symlinks are recorded as links (mode
 120000, target from `readlink` relative to the parent fd) and never
@@ -25,7 +25,6 @@ a private index and `git write-tree`.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -33,15 +32,12 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common import treewalk
+from services.common import safefs
 from services.common.errors import FailedPrecondition
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 MAX_FILE_BYTES = 100 * 1024 * 1024
 MAX_PATH_BYTES = 4096                                     # git's own limit on Linux (PATH_MAX)
-SNAPSHOT_LIMITS = treewalk.Limits("the commit snapshot")   # depth 256, 1,000,000 entries (R34)
+SNAPSHOT_LIMITS = safefs.Limits("the commit snapshot")   # depth 256, 1,000,000 entries (R34)
 
 # A directory holding `.git` (a directory or a gitlink file), or HEAD + objects/ + refs/
 # (a bare repository), is another repository: committed as plain content, so reported.
@@ -122,14 +118,14 @@ class Scan:
 
 def _open_root(root: Path) -> int:
     try:
-        return os.open(root, _DIR_FLAGS)
+        return os.open(root, safefs.DIR_FLAGS)
     except FileNotFoundError:
         raise FailedPrecondition("the ticket's workspace does not exist; prepare it first") from None
     except OSError as exc:
         raise FailedPrecondition(f"the ticket's workspace cannot be opened ({exc.strerror})") from None
 
 
-def scan(root: Path, limits: treewalk.Limits = SNAPSHOT_LIMITS) -> Scan:
+def scan(root: Path, limits: safefs.Limits = SNAPSHOT_LIMITS) -> Scan:
     """Walk `root` without following anything; list what could be content."""
     result = Scan([], {}, [], {})
     root_fd = _open_root(root)
@@ -138,20 +134,6 @@ def scan(root: Path, limits: treewalk.Limits = SNAPSHOT_LIMITS) -> Scan:
     finally:
         os.close(root_fd)
     return result
-
-
-def _open_file(dir_fd: int, name: bytes) -> int | None:
-    """Open a regular file under dir_fd without following a link; None if it is not one now."""
-    try:
-        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO, errno.ENOTDIR, errno.EISDIR):
-            return None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
 
 
 def _shown(rel: bytes) -> str:
@@ -181,7 +163,7 @@ def skeleton(root_fd: int, found: Scan) -> None:
                 os.close(stack.pop()[1])
             name = rel[len(stack[-1][0]):]
             os.mkdir(name, 0o700, dir_fd=stack[-1][1])
-            fd = os.open(name, treewalk.DIR_FLAGS, dir_fd=stack[-1][1])
+            fd = os.open(name, safefs.DIR_FLAGS, dir_fd=stack[-1][1])
             stack.append((rel + b"/", fd))
             put_gitignore(rel + b"/", fd)
     finally:
@@ -189,13 +171,13 @@ def skeleton(root_fd: int, found: Scan) -> None:
             os.close(fd)
 
 
-def _walk(root_fd: int, out: Scan, limits: treewalk.Limits) -> None:
+def _walk(root_fd: int, out: Scan, limits: safefs.Limits) -> None:
     """One iterative, bounded walk (R34); `.git` entries are never entered or kept."""
     seen: dict[bytes, set[bytes]] = {}   # directory -> names that make a repository shape
-    for item in treewalk.walk(root_fd, limits, descend=lambda it: not _is_dot_git(it.name)):
+    for item in safefs.walk(root_fd, limits, descend=lambda it: not _is_dot_git(it.name)):
         name, rel, st = item.name, item.rel, item.st
         if len(rel) > MAX_PATH_BYTES:
-            raise treewalk.TreeTooLarge(
+            raise safefs.TreeTooLarge(
                 f"a workspace path is longer than {MAX_PATH_BYTES} bytes (limit of the commit snapshot): "
                 f"{_shown(rel)}; shorten its directory or file names", "path", MAX_PATH_BYTES)
         if _is_dot_git(name):
@@ -213,7 +195,7 @@ def _walk(root_fd: int, out: Scan, limits: treewalk.Limits) -> None:
         elif stat.S_ISREG(st.st_mode):
             out.files.append(rel)
             if name == b".gitignore":
-                fd = _open_file(item.dir_fd, name)
+                fd = safefs.open_regular_or_none(item.dir_fd, name)
                 if fd is not None:
                     try:
                         out.gitignores[item.parent] = _read_fd(fd, 65536)[:1 << 20]
@@ -235,48 +217,27 @@ def materialize(root: Path, found: Scan, ignored: set[bytes], writer: ObjectWrit
         if rel not in ignored:
             entries.append(Entry("120000", writer.write_blob(target), rel))
     root_fd = _open_root(root)
-    dir_fds: dict[bytes, int | None] = {b"": root_fd}
     try:
-        for rel in found.files:
-            if rel in ignored:
-                continue
-            parent, _, name = rel.rpartition(b"/")
-            if len(dir_fds) > 256:  # bound the open descriptors
-                for key, dfd_old in list(dir_fds.items()):
-                    if key and dfd_old is not None:
-                        os.close(dfd_old)
-                dir_fds = {b"": root_fd}
-            dfd = _dir_fd(dir_fds, parent)
-            if dfd is None:
-                continue
-            fd = _open_file(dfd, name)
-            if fd is None:
-                continue
-            try:
-                fst = os.fstat(fd)
-                data = _read_fd(fd, fst.st_size)
-            finally:
-                os.close(fd)
-            mode = "100755" if fst.st_mode & stat.S_IXUSR else "100644"
-            entries.append(Entry(mode, writer.write_blob(data), rel))
+        with safefs.DirCache(root_fd) as dirs:   # at most 256 directory fds open
+            for rel in found.files:
+                if rel in ignored:
+                    continue
+                parent, _, name = rel.rpartition(b"/")
+                dfd = dirs.get(parent)
+                fd = None if dfd is None else safefs.open_regular_or_none(dfd, name)
+                if fd is None:
+                    continue
+                try:
+                    fst = os.fstat(fd)
+                    data = _read_fd(fd, fst.st_size)
+                finally:
+                    os.close(fd)
+                mode = "100755" if fst.st_mode & stat.S_IXUSR else "100644"
+                entries.append(Entry(mode, writer.write_blob(data), rel))
     finally:
-        for fd in dir_fds.values():
-            if fd is not None:
-                os.close(fd)
+        os.close(root_fd)
     entries.sort(key=lambda e: e.path)
     return entries
-
-
-def _dir_fd(cache: dict[bytes, int | None], rel: bytes) -> int | None:
-    """The fd of directory `rel`, opening missing ancestors one by one (no recursion)."""
-    missing = []
-    while rel not in cache:
-        missing.append(rel)
-        rel = rel.rpartition(b"/")[0]
-    for sub in reversed(missing):
-        pfd = cache[sub.rpartition(b"/")[0]]
-        cache[sub] = None if pfd is None else treewalk.open_dir_at(pfd, sub.rpartition(b"/")[2])
-    return cache[missing[0]] if missing else cache[rel]
 
 
 def capture(root: Path, writer: ObjectWriter, ignored: set[bytes] | None = None) -> list[Entry]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common import layout as layout_mod
-from services.common import treewalk
+from services.common import safefs
 from services.common.config import Workspace
 from services.common.errors import (
     FailedPrecondition,
@@ -313,15 +313,9 @@ class WorkspaceGit:
         await asyncio.gather(*list(self._spare_tasks.values()), return_exceptions=True)
 
     async def _chown(self, work: Path) -> None:
-        """Hand the checkout to the sandbox user; links are changed, never followed."""
-        owner = f"{layout_mod.SANDBOX_UID}:{layout_mod.SANDBOX_GID}"
-        proc = await asyncio.create_subprocess_exec(
-            "chown", "-R", "-P", "-h", owner, "--", str(work), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"})
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            log.warning("chown of a workspace failed (%s); falling back", err.decode(errors="replace")[-200:])
-            await asyncio.to_thread(_chown_tree, work, layout_mod.SANDBOX_UID, layout_mod.SANDBOX_GID)
+        """Hand the checkout to the sandbox user: the same bounded, no-follow
+        fix-up the sandbox broker runs on every create (`safefs.chown_tree`)."""
+        await asyncio.to_thread(_chown_tree, work, layout_mod.SANDBOX_UID, layout_mod.SANDBOX_GID)
 
     # -- snapshot ----------------------------------------------------------
     def _ticket_gitdir(self, ticket_id: str) -> Path:
@@ -373,7 +367,7 @@ class WorkspaceGit:
         tmp = Path(tempfile.mkdtemp(prefix="afe-ignore-", dir=gitdir))
         try:
             def build() -> None:
-                fd = os.open(tmp, treewalk.DIR_FLAGS)
+                fd = os.open(tmp, safefs.DIR_FLAGS)
                 try:
                     snapshot.skeleton(fd, found)
                 finally:
@@ -386,7 +380,7 @@ class WorkspaceGit:
             if res.returncode not in (0, 1):
                 raise GitFailed("git check-ignore failed", res.returncode, "")
         finally:
-            await asyncio.to_thread(treewalk.remove_tree, tmp)
+            await asyncio.to_thread(safefs.remove_tree, tmp)
         return {p for p in res.stdout.split(b"\0") if p}
 
     # -- commit ------------------------------------------------------------
@@ -467,13 +461,13 @@ class WorkspaceGit:
 def _remove_tree(path: Path) -> None:
     """Remove a workspace (or any tree) whatever its depth, iteratively, never
     following a link (R34: a ticket's workspace never outlives it)."""
-    treewalk.remove_tree(path)
+    safefs.remove_tree(path)
 
 
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Fallback when `chown -R` failed: an iterative, bounded walk (R34)."""
-    fd = os.open(root, treewalk.DIR_FLAGS)
-    try:
-        treewalk.chown_tree_at(fd, uid, gid, treewalk.Limits("the workspace hand-over to the sandbox"))
-    finally:
-        os.close(fd)
+HANDOVER_LIMITS = safefs.Limits("the workspace hand-over to the sandbox")   # depth 256, 1,000,000 entries
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> int:
+    """Give a checkout to uid:gid: an iterative, bounded walk that never
+    follows a link (R34); returns the entries changed."""
+    return safefs.chown_tree(root, uid, gid, HANDOVER_LIMITS)

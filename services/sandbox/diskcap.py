@@ -21,10 +21,10 @@ Two modes, chosen once when the broker starts (`detect_mode`) and logged:
   cap. This bounds the overshoot by what the sandbox writes in about one
   second, not to the byte.
 
-All walks here go through the shared walker (`services.common.treewalk`):
-iterative, never following a symlink, the copy and the measurement bounded
-in depth and entries (`COPY_LIMITS`, `USAGE_LIMITS`), the removal of the
-hidden originals unbounded in depth.
+All walks here go through `services.common.safefs`: iterative, never
+following a symlink, the copy and the measurement bounded in depth and
+entries (`COPY_LIMITS`, `USAGE_LIMITS`), the removal of the hidden originals
+unbounded in depth.
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ import errno
 import logging
 import os
 import shutil
-import stat
 import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common import treewalk
+from services.common import safefs
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
@@ -198,12 +197,12 @@ class DiskCaps:
         if not create:
             return False
         t0 = time.monotonic()
-        old_fd = os.open(path, treewalk.DIR_FLAGS)
+        old_fd = os.open(path, safefs.DIR_FLAGS)
         try:
             self._make_image(image, cap)
             try:
                 self._mount(image, path)
-                new_fd = os.open(path, treewalk.DIR_FLAGS)
+                new_fd = os.open(path, safefs.DIR_FLAGS)
                 try:
                     if os.fstat(new_fd).st_dev == os.fstat(old_fd).st_dev:
                         raise Unavailable("the workspace disk image did not mount over the workspace")
@@ -321,111 +320,29 @@ class DiskCaps:
 
 
 # -- walks ---------------------------------------------------------------------
-# Every walk goes through services/common/treewalk.py (R34): iterative, never
+# Every walk goes through services/common/safefs (R34): iterative, never
 # following a link, directories opened from their parent's fd.
 
-COPY_LIMITS = treewalk.Limits("the copy of the checkout into its disk-capped workspace")
-USAGE_LIMITS = treewalk.Limits("the disk cap watchdog's measurement")
+COPY_LIMITS = safefs.Limits("the copy of the checkout into its disk-capped workspace")
+USAGE_LIMITS = safefs.Limits("the disk cap watchdog's measurement")
 
 
 def copy_tree(src_fd: int, dst_fd: int) -> int:
-    """Copy the tree under directory fd `src_fd` into the (empty) directory fd
-    `dst_fd`: directories, regular files and symlinks (as links, never
-    followed) with modes (set-id bits dropped), owners and times. Other
-    kinds are skipped. Bounded by `COPY_LIMITS` (TreeTooLarge names the
-    limit); returns the number of entries copied."""
-    count = 0
-    # Destination directories still being filled: (source prefix, fd, source stat);
-    # a directory's mode and times are set once everything under it is written.
-    open_dirs: list[tuple[bytes, int, os.stat_result]] = [(b"", os.dup(dst_fd), os.fstat(src_fd))]
-
-    def close_to(prefix: bytes) -> None:
-        while open_dirs[-1][0] != prefix:
-            _p, d, st = open_dirs.pop()
-            try:
-                _finish(d, st)
-            finally:
-                os.close(d)
-
-    try:
-        for item in treewalk.walk(src_fd, COPY_LIMITS):
-            close_to(item.parent)
-            d = open_dirs[-1][1]
-            count += 1
-            st, name = item.st, item.name
-            if stat.S_ISDIR(st.st_mode):
-                os.mkdir(name, 0o700, dir_fd=d)
-                open_dirs.append((item.rel + b"/", os.open(name, treewalk.DIR_FLAGS, dir_fd=d), st))
-            elif stat.S_ISREG(st.st_mode):
-                _copy_file(name, item.dir_fd, d, st)
-            elif stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(name, dir_fd=item.dir_fd), name, dir_fd=d)
-                os.chown(name, st.st_uid, st.st_gid, dir_fd=d, follow_symlinks=False)
-            else:
-                log.debug("workspace copy skips a special file")
-        close_to(b"")
-        _finish(open_dirs[0][1], open_dirs[0][2])
-    finally:
-        for _p, d, _st in open_dirs:
-            os.close(d)
-    return count
-
-
-def _copy_file(name: bytes, s: int, d: int, st: os.stat_result) -> None:
-    fi = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=s)
-    try:
-        fo = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
-        try:
-            off = 0
-            while True:
-                n = os.sendfile(fo, fi, off, 1 << 24)
-                if n == 0:
-                    break
-                off += n
-            _finish(fo, st)
-        finally:
-            os.close(fo)
-    finally:
-        os.close(fi)
-
-
-def _finish(fd: int, st: os.stat_result) -> None:
-    os.fchown(fd, st.st_uid, st.st_gid)
-    os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-    os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+    """Copy the checkout under directory fd `src_fd` into the (empty) directory
+    fd `dst_fd` (`safefs.copy_tree`: links as links, never followed; owners,
+    modes without set-id bits, times), bounded by `COPY_LIMITS`."""
+    return safefs.copy_tree(src_fd, dst_fd, COPY_LIMITS)
 
 
 def remove_contents(dir_fd: int) -> int:
     """Delete everything under directory fd `dir_fd` (not the directory
     itself), whatever its depth, never following a symlink
-    (`treewalk.empty_dir`); returns entries removed."""
-    return treewalk.empty_dir(dir_fd)
+    (`safefs.empty_dir`); returns entries removed."""
+    return safefs.empty_dir(dir_fd)
 
 
 def usage(path: Path, limit: int) -> tuple[int, str]:
-    """Bytes the tree under `path` takes on disk (st_blocks, a hard-linked
-    inode counted once), stopping early past `limit`; with "" or the reason
-    the walk was refused (`USAGE_LIMITS`: too deep, too many entries)."""
-    try:
-        root = os.open(path, treewalk.DIR_FLAGS)
-    except FileNotFoundError:
-        return 0, ""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    try:
-        total += os.fstat(root).st_blocks * 512
-        with contextlib.closing(treewalk.walk(root, USAGE_LIMITS)) as items:
-            for item in items:
-                st = item.st
-                if st.st_nlink > 1 and not item.is_dir:
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue
-                    seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-                if total > limit:
-                    return total, ""
-    except treewalk.TreeTooLarge as exc:
-        return total, str(exc)
-    finally:
-        os.close(root)
-    return total, ""
+    """Bytes the tree under `path` takes on disk, stopping early past `limit`;
+    with "" or the reason the walk was refused (`USAGE_LIMITS`: too deep, too
+    many entries). See `safefs.disk_usage`."""
+    return safefs.disk_usage(path, limit, USAGE_LIMITS)

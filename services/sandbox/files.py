@@ -1,38 +1,21 @@
 """Host-side file tools on a ticket's workspace: read, write, list, stat,
-remove, mkdir, search. No grpc here; every path goes through `paths`
-(R17-R19). Errors name the path, never the content.
+remove, mkdir, search. No grpc here: the ticket's caps and messages over
+`safefs.Root` (through `paths`), which opens every path component by
+component with O_NOFOLLOW (R17-R19). Errors name the path, never the content.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import secrets
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.common.errors import (
-    AfeError,
-    AlreadyExists,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    ResourceExhausted,
-)
-from services.common.treewalk import Limits, empty_dir, walk
+from services.common.errors import AfeError, FailedPrecondition, InvalidArgument, ResourceExhausted
+from services.common.safefs import Limits, RelPath, open_regular, walk
 
-from .paths import (
-    MAX_DEPTH,
-    Root,
-    _classify_open_error,
-    changed_during_call,
-    open_dir_at,
-    show,
-    split_relative,
-)
+from .paths import MAX_DEPTH, Root
 
 DEFAULT_READ_CAP = 1024 * 1024
 MAX_READ_CAP = 16 * 1024 * 1024
@@ -45,8 +28,6 @@ SEARCH_TOTAL_CAP = 128 * 1024 * 1024
 SEARCH_MAX_FILES = 50000
 SEARCH_LINE_CHARS = 400
 MAX_PATTERN = 1000
-
-FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
 @dataclass(frozen=True)
@@ -80,20 +61,6 @@ def _entry(name: str, st: os.stat_result) -> Entry:
                  mtime_ms=int(st.st_mtime_ns // 1_000_000))
 
 
-def _open_regular(dir_fd: int, name: str, shown: str) -> int:
-    """Open a regular file for reading without following links or blocking."""
-    try:
-        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        raise _classify_open_error(exc, dir_fd, name, shown) from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (FIFO, socket or device)"
-        raise FailedPrecondition(f"{shown} is {kind}")
-    return fd
-
-
 class FileTools:
     """`workspace(ticket_id) -> path` resolves a ticket's workspace root."""
 
@@ -103,188 +70,49 @@ class FileTools:
     def _root(self, ticket_id: str) -> Root:
         return Root(os.fspath(self.workspace(ticket_id)))
 
-    # -- read ----------------------------------------------------------------
+    # -- read / write ---------------------------------------------------------
     def read(self, ticket_id: str, path: str, max_bytes: int = 0) -> tuple[bytes, int, bool]:
         """(content, size, truncated); at most max_bytes (capped) are returned."""
-        parts = split_relative(path)
+        rel = RelPath.parse(path)
         if max_bytes < 0:
             raise InvalidArgument("max_bytes must be >= 0 (0 = default)")
-        cap = min(max_bytes or DEFAULT_READ_CAP, MAX_READ_CAP)
-        shown = show(path)
         with self._root(ticket_id) as root:
-            dfd = root.open_dir(parts[:-1])
-            try:
-                fd = _open_regular(dfd, parts[-1], shown)
-            finally:
-                os.close(dfd)
-            try:
-                size = os.fstat(fd).st_size
-                chunks = []
-                got = 0
-                while got <= cap:
-                    b = os.read(fd, min(cap + 1 - got, 1 << 20))
-                    if not b:
-                        break
-                    chunks.append(b)
-                    got += len(b)
-            finally:
-                os.close(fd)
-        data = b"".join(chunks)
-        truncated = len(data) > cap
-        return data[:cap], max(size, len(data)), truncated
+            return root.read(rel, min(max_bytes or DEFAULT_READ_CAP, MAX_READ_CAP))
 
-    # -- write ---------------------------------------------------------------
     def write(self, ticket_id: str, path: str, content: bytes, *, create_parents: bool = False,
               mode: int = 0) -> int:
-        parts = split_relative(path)
+        rel = RelPath.parse(path)
         if len(content) > MAX_WRITE:
             raise ResourceExhausted(
                 f"content is larger than the {MAX_WRITE // (1024 * 1024)} MiB write limit")
         mode = mode or 0o644
         if mode & ~0o777:
             raise InvalidArgument("mode must be permission bits only (e.g. 0o644)")
-        shown = show(path)
-        name = parts[-1]
         with self._root(ticket_id) as root:
-            dfd = root.open_dir(parts[:-1], create=create_parents)
-            try:
-                try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                except FileNotFoundError:
-                    st = None
-                if st is not None and stat.S_ISLNK(st.st_mode):
-                    raise PermissionDenied(f"{shown} is a symbolic link; symlinks are refused (R19)")
-                if st is not None and not stat.S_ISREG(st.st_mode):
-                    raise FailedPrecondition(f"{shown} exists and is not a regular file")
-                tmp = f".afe-tmp-{secrets.token_hex(8)}"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600, dir_fd=dfd)
-                try:
-                    try:
-                        view = memoryview(content)
-                        while view:
-                            n = os.write(fd, view)
-                            view = view[n:]
-                        root.own_fd(fd)
-                        os.fchmod(fd, mode)
-                    finally:
-                        os.close(fd)
-                    # rename replaces whatever is at `name` now (a symlink swapped
-                    # in is replaced, never followed); a directory makes it fail.
-                    os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                except BaseException as exc:
-                    try:
-                        os.unlink(tmp, dir_fd=dfd)
-                    except OSError:
-                        pass
-                    if isinstance(exc, OSError):
-                        if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
-                            raise FailedPrecondition(f"{shown} is a directory") from None
-                        raise FailedPrecondition(f"{shown}: {os.strerror(exc.errno or 0)}") from None
-                    raise
-            finally:
-                os.close(dfd)
-        return len(content)
+            return root.write(rel, content, mode=mode, create_parents=create_parents)
 
     # -- list / stat -----------------------------------------------------------
     def list_dir(self, ticket_id: str, path: str = "") -> tuple[list[Entry], bool]:
-        parts = split_relative(path, allow_root=True)
+        rel = RelPath.parse(path, allow_root=True)
         with self._root(ticket_id) as root:
-            dfd = root.open_dir(parts, shown=show(path))
-            try:
-                out: list[Entry] = []
-                truncated = False
-                with os.scandir(dfd) as it:
-                    for e in it:
-                        if len(out) >= MAX_LIST:
-                            truncated = True
-                            break
-                        try:
-                            out.append(_entry(e.name, e.stat(follow_symlinks=False)))
-                        except FileNotFoundError:
-                            continue
-            finally:
-                os.close(dfd)
-        out.sort(key=lambda e: e.name)
-        return out, truncated
+            found, truncated = root.list(rel, MAX_LIST)
+        return [_entry(name, st) for name, st in found], truncated
 
     def stat(self, ticket_id: str, path: str) -> Entry:
-        parts = split_relative(path, allow_root=True)
-        shown = show(path)
+        rel = RelPath.parse(path, allow_root=True)
         with self._root(ticket_id) as root:
-            if not parts:
-                return _entry(".", os.fstat(root.fd))
-            dfd = root.open_dir(parts[:-1])
-            try:
-                try:
-                    st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-                except FileNotFoundError:
-                    raise NotFound(f"{shown} does not exist") from None
-                if stat.S_ISLNK(st.st_mode):
-                    raise PermissionDenied(f"{shown} is a symbolic link; symlinks are refused (R19)")
-                return _entry(parts[-1], st)
-            finally:
-                os.close(dfd)
+            return _entry(*root.stat(rel))
 
     # -- remove / mkdir --------------------------------------------------------
     def remove(self, ticket_id: str, path: str, recursive: bool = False) -> None:
-        parts = split_relative(path)
-        shown = show(path)
-        name = parts[-1]
+        rel = RelPath.parse(path)
         with self._root(ticket_id) as root:
-            dfd = root.open_dir(parts[:-1])
-            try:
-                try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                except FileNotFoundError:
-                    raise NotFound(f"{shown} does not exist") from None
-                if stat.S_ISLNK(st.st_mode):
-                    raise PermissionDenied(f"{shown} is a symbolic link; symlinks are refused (R19)")
-                if stat.S_ISDIR(st.st_mode):
-                    if recursive:
-                        sub = open_dir_at(dfd, name, shown)
-                        try:
-                            empty_dir(sub)  # iterative, any depth, never follows a link (R34)
-                        except OSError as exc:
-                            raise changed_during_call(exc) from None
-                        finally:
-                            os.close(sub)
-                    try:
-                        os.rmdir(name, dir_fd=dfd)
-                    except OSError as exc:
-                        if exc.errno == errno.ENOTEMPTY:
-                            raise FailedPrecondition(
-                                f"{shown} is a non-empty directory: pass recursive") from None
-                        raise _classify_open_error(exc, dfd, name, shown) from None
-                else:
-                    try:
-                        os.unlink(name, dir_fd=dfd)
-                    except FileNotFoundError:
-                        raise NotFound(f"{shown} does not exist") from None
-                    except IsADirectoryError:
-                        raise FailedPrecondition(f"{shown} changed while being removed; retry") from None
-            finally:
-                os.close(dfd)
+            root.remove(rel, recursive)
 
     def mkdir(self, ticket_id: str, path: str, parents: bool = False) -> None:
-        parts = split_relative(path)
-        shown = show(path)
+        rel = RelPath.parse(path)
         with self._root(ticket_id) as root:
-            dfd = root.open_dir(parts[:-1], create=parents)
-            try:
-                try:
-                    os.mkdir(parts[-1], 0o755, dir_fd=dfd)
-                except FileExistsError:
-                    st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-                    if stat.S_ISLNK(st.st_mode):
-                        raise PermissionDenied(
-                            f"{shown} is a symbolic link; symlinks are refused (R19)") from None
-                    if parents and stat.S_ISDIR(st.st_mode):
-                        return
-                    raise AlreadyExists(f"{shown} already exists") from None
-                root.own_at(dfd, parts[-1])
-            finally:
-                os.close(dfd)
+            root.mkdir(rel, parents)
 
     # -- search ----------------------------------------------------------------
     def search(self, ticket_id: str, pattern: str, path: str = "", *, regex: bool = False,
@@ -300,18 +128,18 @@ class FileTools:
             raise InvalidArgument(f"pattern is not a valid regular expression: {exc.msg}") from None
         if regex:
             check_regex_is_linear(pattern)
-        parts = split_relative(path, allow_root=True)
+        rel = RelPath.parse(path, allow_root=True)
+        parts = rel.parts
         state = {"files": 0, "bytes": 0, "truncated": False}
         matches: list[Match] = []
         with self._root(ticket_id) as root:
-            shown = show(path)
             try:
-                dfd = root.open_dir(parts, shown=shown)
+                dfd = root.open_dir(parts, shown=rel.shown)
             except FailedPrecondition:
                 # a single file
-                dfd = root.open_dir(parts[:-1])
+                dfd = root.open_dir(rel.parent)
                 try:
-                    fd = _open_regular(dfd, parts[-1], shown)
+                    fd = open_regular(dfd, rel.name, rel.shown)
                 finally:
                     os.close(dfd)
                 _search_fd(fd, "/".join(parts), rx, matches, limit, state)
@@ -376,7 +204,7 @@ def _search_dir(dfd: int, prefix: str, rx: re.Pattern, matches: list[Match], lim
             state["truncated"] = True
             return
         try:
-            fd = _open_regular(item.dir_fd, os.fsdecode(item.name), rel)
+            fd = open_regular(item.dir_fd, os.fsdecode(item.name), rel)
         except AfeError:
             continue      # changed under us, or not a regular file: skip it
         _search_fd(fd, rel, rx, matches, limit, state)

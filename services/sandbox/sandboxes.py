@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import docker
 import docker.errors
 
-from services.common import treewalk
+from services.common import safefs
 from services.common.config import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
@@ -561,7 +561,7 @@ class SandboxManager:
         return out
 
 
-CHOWN_LIMITS = treewalk.Limits("the sandbox's workspace ownership check")  # depth 256, 1,000,000 entries
+CHOWN_LIMITS = safefs.Limits("the sandbox's workspace ownership check")  # depth 256, 1,000,000 entries
 
 
 _IPV6_PROC = "/proc/sys/net/ipv6"
@@ -598,17 +598,8 @@ def check_bridge_has_no_address(name: str) -> None:
 
 
 def chown_tree(root: str, uid: int, gid: int) -> int:
-    """Give every entry of a tree to uid:gid without following any symlink.
-
-    An iterative walk by directory fds opened with O_NOFOLLOW|O_DIRECTORY
-    (`services.common.treewalk`), and fchownat(AT_SYMLINK_NOFOLLOW) changes a
-    link itself, so a sandbox swapping links during the walk cannot redirect
-    it. The tree is the sandbox's: the walk is bounded (R34; Python's own
-    os.fwalk recurses and holds one fd per level), and a deeper or larger tree
-    fails with a message naming the limit. Returns the count changed.
-    """
-    fd = os.open(root, treewalk.DIR_FLAGS)
-    try:
-        return treewalk.chown_tree_at(fd, uid, gid, CHOWN_LIMITS)
-    finally:
-        os.close(fd)
+    """Give every entry of a tree to uid:gid without following any symlink:
+    `safefs.chown_tree`, the one fix-up both brokers use (iterative, bounded by
+    `CHOWN_LIMITS`, fchownat(AT_SYMLINK_NOFOLLOW) from the parent's fd; R34).
+    Returns the count changed."""
+    return safefs.chown_tree(root, uid, gid, CHOWN_LIMITS)
