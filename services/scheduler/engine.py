@@ -1,12 +1,16 @@
 """The scheduler core: tickets, capacity, the per-ticket workflow run,
 approvals, durability and teardown. No gRPC here; the servicer maps.
 
-Life of a ticket: `create` stores it `queued` with pending node runs; the
-dispatcher starts queued tickets in creation order while the global and the
-per-workspace limits allow; a `TicketRun` (runs.py) walks the node graph;
-on a terminal state the sandbox and workspace are torn down and
-`ticket.finished` is the ticket's last event. On start every non-terminal
+Life of a ticket: `create_ticket` stores it `queued` with pending node runs;
+`_kick` (the dispatcher) starts queued tickets in creation order while the
+global and the per-workspace limits allow; `_launch` -> `_run_ticket` runs
+an `executor.TicketRun`, which walks the node graph; `_finish` tears the
+sandbox and workspace down (teardown.py) and records the terminal state with
+`ticket.finished` as the ticket's last event. On start every non-terminal
 ticket resumes: nodes that were running run again, builtins are idempotent.
+
+Every ticket state change goes through `executor.Transitions` (store, event,
+metric); a run reaches the engine only through `executor.Host`.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from services.common.logs import ticket_var
 from services.common.metrics import scheduler_metrics
 from services.common.redact import Redactor
 
-from .brokers import CredentialsClient, SandboxClient
+from .brokers import CredentialBroker, SandboxBroker
 from .events import EventLog, EventRecord, now_ms
+from .executor import TicketRun, Transitions
+from .executor.brokercalls import BROKER_RETRY_S
+from .executor.transitions import state_event
 from .store import (
     CANCELLED,
     FAILED,
     LIVE,
-    N_PENDING,
     QUEUED,
     RUNNING,
     TERMINAL,
@@ -41,14 +47,12 @@ from .store import (
     Store,
     TicketRecord,
 )
+from .teardown import Teardowns
 from .tickets import new_ticket_id, validate
 
 log = logging.getLogger(__name__)
 
 DIFF_MAX_BYTES = 1024 * 1024
-TEARDOWN_RETRY_FIRST = 1.0    # seconds before the first retry of a failed teardown (doubles)
-TEARDOWN_RETRY_MAX = 30.0
-FINAL_TEARDOWN_S = 3.0        # what a stopping scheduler spends on teardowns still pending
 
 
 @dataclass
@@ -61,7 +65,7 @@ class TicketView:
 
 
 class Engine:
-    def __init__(self, config: Config, store: Store, sandbox: SandboxClient, credentials: CredentialsClient,
+    def __init__(self, config: Config, store: Store, sandbox: SandboxBroker, credentials: CredentialBroker,
                  redactor: Redactor, *, max_running: int = 4, registry=None,
                  recovery_interval: float = 2.0) -> None:
         self.config = config
@@ -72,6 +76,8 @@ class Engine:
         self.max_running = max(1, max_running)
         self.events = EventLog(store, redactor)
         self.metrics = scheduler_metrics(registry) if registry is not None else None
+        self.transitions = Transitions(store, self.events, self.metrics)
+        self.broker_retry_s = BROKER_RETRY_S   # how long runs wait for a broker that went away (R37)
         self._tasks: dict[str, asyncio.Task] = {}
         self._traceparents: dict[str, str | None] = {}   # ticket -> trace of its CreateTicket call
         self._running: set[str] = set()        # tickets counted against capacity
@@ -85,22 +91,21 @@ class Engine:
         # boot id (it restarted) means reconcile now; failed teardowns are retried
         # with back-off until done (R12). 0 turns both off (tests' positive control).
         self.recovery_interval = recovery_interval
-        self._broker_boot: str | None = None
-        self._teardown_wake = asyncio.Event()
+        self.teardowns = Teardowns(store, sandbox, credentials, recovery_interval, self._finishing.__contains__)
 
     # ---- lifecycle -------------------------------------------------------
 
     async def start(self) -> None:
         """Resume every non-terminal ticket, reconcile sandboxes, tear down leftovers."""
         self._started = True
-        await self._reconcile_sandboxes()
+        await self.teardowns.reconcile()
         live = self.store.tickets_in_states(LIVE)
         if self.recovery_interval > 0:
-            self._spawn(self._retry_teardowns())
-            self._spawn(self._watch_sandbox_broker())
+            self._spawn(self.teardowns.retry_loop())
+            self._spawn(self.teardowns.watch_broker())
         else:
             for t in self.store.terminal_not_torn_down():
-                self._spawn(self._teardown_only(t))
+                self._spawn(self.teardowns.teardown_only(t))
         for t in live:
             if t.state == RUNNING:
                 self._running.add(t.id)
@@ -108,7 +113,7 @@ class Engine:
             elif t.state == WAITING_APPROVAL:
                 self._launch(t, resumed=True)
         self._kick()
-        self._update_gauges()
+        self.transitions.set_gauges()
 
     async def stop(self) -> None:
         """Stop running work WITHOUT changing ticket states: they resume on the next start."""
@@ -119,68 +124,8 @@ class Engine:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self.recovery_interval > 0:
-            await self._final_teardowns()
+            await self.teardowns.final()
         self.events.flush()
-
-    async def _reconcile_sandboxes(self) -> bool:
-        """Have the sandbox broker remove every sandbox, proxy and network whose
-        ticket is not live (R12). Creates wait meanwhile, so the live set read
-        here cannot miss a sandbox made during the call."""
-        try:
-            async with self.sandbox.creates_held():
-                live = [t.id for t in self.store.tickets_in_states(LIVE)]
-                r = await self.sandbox.reconcile(live)
-        except AfeError as exc:
-            log.warning("could not reconcile sandboxes (retried when the sandbox broker answers): %s", exc)
-            return False
-        self._broker_boot = r.boot_id or None
-        if r.removed_tickets:
-            log.info("reconcile removed sandboxes of %s ticket(s)", len(r.removed_tickets))
-        return True
-
-    async def _watch_sandbox_broker(self) -> None:
-        """A sandbox broker that restarted (new boot id) is reconciled at once,
-        and the teardowns that failed while it was away are retried."""
-        while True:
-            await asyncio.sleep(self.recovery_interval)
-            try:
-                boot = await self.sandbox.identify()
-            except AfeError:
-                continue            # down or restarting: a later probe sees it back
-            if boot != self._broker_boot:
-                log.warning("the sandbox broker restarted; reconciling sandboxes with the live tickets")
-                if await self._reconcile_sandboxes():
-                    self._teardown_wake.set()
-
-    async def _retry_teardowns(self) -> None:
-        """Tear down terminal tickets whose teardown failed (the store keeps
-        `torn_down` false for them), with back-off while a broker is away."""
-        delay = TEARDOWN_RETRY_FIRST
-        while True:
-            self._teardown_wake.clear()
-            failed = 0
-            for t in self.store.terminal_not_torn_down():
-                if t.id not in self._finishing and not await self._teardown_only(t):
-                    failed += 1
-            wait: float | None = None
-            if failed:
-                wait, delay = delay, min(delay * 2, TEARDOWN_RETRY_MAX)
-            else:
-                delay = TEARDOWN_RETRY_FIRST
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._teardown_wake.wait()
-
-    async def _final_teardowns(self) -> None:
-        """A stopping scheduler makes one bounded attempt at pending teardowns
-        (the launcher stops it before the brokers)."""
-        pending = self.store.terminal_not_torn_down()
-        if not pending:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(FINAL_TEARDOWN_S):
-                for t in pending:
-                    await self._teardown_only(t)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -201,15 +146,11 @@ class Engine:
         self._traceparents[t.id] = telemetry.current_traceparent()
         nodes = [NodeRunRecord(ticket_id=t.id, node_id=n.id, kind=n.label, needs=n.needs)
                  for n in nt.workflow.nodes]
-        self.events.flush()
-        first = [self.events.make(t.id, "ticket.created", {
+        self.transitions.create(t, nodes, {
             "workspace": t.workspace, "workflow": t.workflow, "title": t.title, "principal": t.principal,
             "nodes": [n.node_id for n in nodes],
             **({"origin": {k: t.origin.get(k, "") for k in ("source", "event", "url", "author", "trigger")}}
-               if t.origin else {})})]
-        self.store.create_ticket(t, nodes, first)
-        self.events.delivered(first)
-        self._transition_metric(QUEUED)
+               if t.origin else {})})
         log.info("ticket %s created (workflow %s)", t.id, t.workflow)
         self._kick()
         return self.view(t.id)
@@ -272,10 +213,8 @@ class Engine:
         rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, True, now_ms())
         self.events.flush()
         self.store.add_approval(rec)
-        self.store.update_ticket(t.id, state=RUNNING, awaiting_sha="", updated_at_ms=now_ms())
-        self.events.append(t.id, "approval.granted", {"principal": principal, "sha": rec.sha})
-        self.events.append(t.id, "ticket.state", {"state": RUNNING})
-        self._transition_metric(RUNNING)
+        self.transitions.move(t.id, RUNNING, ("approval.granted", {"principal": principal, "sha": rec.sha}),
+                              state_event(RUNNING), awaiting_sha="")
         self._running.add(t.id)
         self._wake(t.id, rec)
         return self.view(ticket_id)
@@ -289,9 +228,9 @@ class Engine:
         rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, False, now_ms(), reason or "")
         self.events.flush()
         self.store.add_approval(rec)
-        self.store.update_ticket(t.id, state=RUNNING, awaiting_sha="", updated_at_ms=now_ms())
-        self.events.append(t.id, "approval.rejected", {"principal": principal, "sha": rec.sha,
-                                                       "reason": reason or ""})
+        self.transitions.move(t.id, RUNNING, ("approval.rejected", {"principal": principal, "sha": rec.sha,
+                                                                    "reason": reason or ""}),
+                              counted=False, awaiting_sha="")
         self._running.add(t.id)
         task = self._tasks.get(ticket_id)
         self._wake(t.id, rec)
@@ -361,16 +300,12 @@ class Engine:
                 continue
             per_ws[t.workspace] = per_ws.get(t.workspace, 0) + 1
             self._running.add(t.id)
-            self.store.update_ticket(t.id, state=RUNNING, updated_at_ms=now_ms())
-            self.events.append(t.id, "ticket.state", {"state": RUNNING})
-            self._transition_metric(RUNNING)
+            self.transitions.move(t.id, RUNNING, state_event(RUNNING))
             t.state = RUNNING
             self._launch(t, resumed=False)
-        self._update_gauges()
+        self.transitions.set_gauges()
 
     def _launch(self, t: TicketRecord, resumed: bool) -> None:
-        from .runs import TicketRun
-
         if t.workflow not in self.config.workflows or t.workspace not in self.config.workspaces:
             # The config changed under a live ticket: end it with the reason.
             what = (f"workflow {t.workflow!r}" if t.workflow not in self.config.workflows
@@ -387,14 +322,14 @@ class Engine:
 
         task.add_done_callback(forget)
 
-    async def _traced(self, run):
+    async def _traced(self, run: TicketRun) -> tuple[str, str]:
         """Run a ticket in a span continuing the trace of the call that created it
         (a new trace when it resumes after a restart)."""
         with telemetry.span("ticket.run", parent=self._traceparents.pop(run.ticket.id, None), root=True,
                             attributes={"afe.ticket": run.ticket.id}):
             return await run.execute()
 
-    async def _run_ticket(self, run) -> None:
+    async def _run_ticket(self, run: TicketRun) -> None:
         t = run.ticket
         ticket_var.set(t.id)
         try:
@@ -426,64 +361,35 @@ class Engine:
 
     async def _finish(self, t: TicketRecord, state: str, error: str) -> None:
         """Tear down, then record the terminal state and the final event."""
-        torn = await self._teardown(t)
-        self.events.flush()
-        self.store.update_ticket(t.id, state=state, error=self.redactor.redact(error or ""),
-                                 updated_at_ms=now_ms(), awaiting_sha="", torn_down=torn)
+        torn = await self.teardowns.teardown(t)
         if not torn:
-            self._teardown_wake.set()       # _retry_teardowns takes it from here
-        self.events.append(t.id, "ticket.finished", {"state": state, "error": error or ""})
-        self.events.flush()
-        self._transition_metric(state)
+            self.teardowns.wake()
+        self.transitions.move(t.id, state, ("ticket.finished", {"state": state, "error": error or ""}),
+                              error=self.redactor.redact(error or ""), awaiting_sha="", torn_down=torn)
         self._running.discard(t.id)
         self._cancelling.pop(t.id, None)
         log.info("ticket %s %s", t.id, state)
         self._kick()
-        self._update_gauges()
+        self.transitions.set_gauges()
 
-    async def _teardown(self, t: TicketRecord) -> bool:
-        """DestroySandbox + ReleaseWorkspace; True when both are done (R12)."""
-        ok = True
-        try:
-            await self.sandbox.destroy(t.id)
-        except AfeError as exc:
-            ok = False
-            log.warning("ticket %s: could not remove its sandbox: %s", t.id, exc)
-        try:
-            await self.credentials.release(t.id, t.workspace)
-        except NotFound:
-            pass
-        except AfeError as exc:
-            ok = False
-            log.warning("ticket %s: could not release its workspace: %s", t.id, exc)
-        return ok
+    # ---- what a run may use (executor.Host) ---------------------------------------
 
-    async def _teardown_only(self, t: TicketRecord) -> bool:
-        if await self._teardown(t):
-            self.store.update_ticket(t.id, torn_down=True)
-            log.info("ticket %s: teardown done", t.id)
-            return True
-        return False
-
-    # ---- metrics ---------------------------------------------------------------
-
-    def _transition_metric(self, state: str) -> None:
-        if self.metrics is not None:
-            self.metrics.ticket_transitions.labels(state=state).inc()
-
-    def _update_gauges(self) -> None:
-        if self.metrics is None:
-            return
-        counts: dict[str, int] = {}
-        for state in (QUEUED, RUNNING, WAITING_APPROVAL):
-            counts[state] = len(self.store.tickets_in_states((state,)))
-        self.metrics.set_ticket_counts(counts)
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
     def node_metric(self, kind: str, outcome: str, seconds: float) -> None:
         if self.metrics is not None:
             k = kind.split(":")[0]
             self.metrics.node_duration.labels(kind=k, outcome=outcome).observe(seconds)
 
-    # for runs.py
-    def pending_reset(self, ticket_id: str, node_id: str) -> None:
-        self.store.update_node(ticket_id, node_id, state=N_PENDING)
+    async def wait_for_decision(self, ticket_id: str) -> ApprovalRecord:
+        fut: asyncio.Future[ApprovalRecord] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket_id] = fut
+        try:
+            self._running.discard(ticket_id)   # a waiting ticket holds no capacity
+            self._kick()
+            return await fut
+        finally:
+            if self._waiters.get(ticket_id) is fut:
+                del self._waiters[ticket_id]

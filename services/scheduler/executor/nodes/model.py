@@ -17,7 +17,8 @@ from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.config import Model, Node
 from services.common.errors import ResourceExhausted
 
-from .brokers import CredentialsClient
+from ...brokers import CredentialBroker
+from ..context import RunContext
 from .tools import Toolbox
 
 SYSTEM_PROMPT = (
@@ -29,8 +30,22 @@ SYSTEM_PROMPT = (
 EVENT_TEXT = 4000  # characters of a message or tool result put in an event
 
 
+async def model_node(ctx: RunContext, node: Node) -> str:
+    await ctx.ensure_sandbox()
+    model = ctx.config.models[node.model or ""]
+
+    async def on_output(stream: str, text: str) -> None:
+        ctx.emit("node.output", {"node": node.id, "stream": stream, "text": text})
+
+    toolbox = Toolbox(ctx.sandbox, ctx.ticket.id, node.tools, on_output)
+    return await run_model_node(
+        ticket_id=ctx.ticket.id, node=node, model=model, prompt=ctx.render(node.prompt, node.id),
+        toolbox=toolbox, credentials=ctx.credentials, emit=ctx.emit, add_tokens=ctx.add_tokens,
+        ticket_budget=ctx.workflow.max_tokens)
+
+
 async def run_model_node(*, ticket_id: str, node: Node, model: Model, prompt: str, toolbox: Toolbox,
-                         credentials: CredentialsClient, emit: Callable[[str, dict], None],
+                         credentials: CredentialBroker, emit: Callable[[str, dict], None],
                          add_tokens: Callable[[int], int], ticket_budget: int) -> str:
     messages = [cpb.Message(role="system", content=SYSTEM_PROMPT), cpb.Message(role="user", content=prompt)]
     tools = [cpb.ToolSpec(name=t.name, description=t.description, parameters_json_schema=json.dumps(t.schema))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from services.common.errors import AfeError, InvalidArgument
 
-from .brokers import SandboxClient
+from ...brokers import SandboxBroker
 
 OUTPUT_CAP = 32 * 1024       # characters of a tool result handed back to the model
 RUN_OUTPUT_CAP = 64 * 1024   # bytes of command output the broker keeps
@@ -97,7 +97,7 @@ def _not_utf8(args: dict) -> str | None:
 class Toolbox:
     """Executes tool calls for one ticket; `allowed` is the node's tool list."""
 
-    def __init__(self, sandbox: SandboxClient, ticket_id: str, allowed: tuple[str, ...],
+    def __init__(self, sandbox: SandboxBroker, ticket_id: str, allowed: tuple[str, ...],
                  on_output: Callable[[str, str], Awaitable[None]] | None = None) -> None:
         self.sandbox = sandbox
         self.ticket_id = ticket_id

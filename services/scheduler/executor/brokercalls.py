@@ -1,0 +1,68 @@
+"""Broker calls that outlive a broker restart (R37): `afe up` restarts a dead
+child after 1 s, 2 s, 4 s, ...; preparation and each builtin step wait for it
+instead of failing the node."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from services.common.errors import PeerUnavailable, Unavailable
+
+T = TypeVar("T")
+Emit = Callable[[str, dict], None]
+
+# How long preparation and a builtin step (commit, push, open_pr, merge) wait
+# for a broker that went away. An engine may set `broker_retry_s` (0: fail at once).
+BROKER_RETRY_S = 60.0
+
+
+async def retry_unavailable(limit_s: float, what: str, fn: Callable[[], Awaitable[T]],
+                            retry_on: type[Unavailable] = Unavailable) -> T:
+    """Call `fn` until it stops raising `retry_on`, for at most `limit_s` seconds."""
+    delay, deadline = 0.2, time.monotonic() + limit_s
+    while True:
+        try:
+            return await fn()
+        except retry_on as exc:
+            if time.monotonic() + delay > deadline:
+                raise type(exc)(f"{what}: {exc.message}; afe retried for {limit_s:g} s "
+                                "(see `afe status` and the broker's log)") from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def step(limit_s: float, emit: Emit, node_id: str, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+    """One credential broker call of a builtin step (commit, push, open_pr,
+    merge) that survives a broker crash: while the broker is away
+    (`PeerUnavailable`: not running, or its connection closed mid-call) the
+    call is made again, with back-off, for up to `limit_s` seconds, whatever
+    the node's `retries`. Each step is idempotent in the broker (keyed by
+    ticket and step: the branch `afe/<ticket>`, its one PR, the approved
+    head), so a call that landed before the crash is not repeated."""
+    delay, started = 0.5, time.monotonic()
+    away = False
+    while True:
+        try:
+            out = await fn()
+        except PeerUnavailable:
+            waited = time.monotonic() - started
+            if waited + delay > limit_s:
+                raise PeerUnavailable(
+                    f"the credential broker went away during {name} and did not come back within "
+                    f"{limit_s:g} s; check that `afe up` is running and see the credential broker's log, "
+                    "then retry the ticket") from None
+            if not away:
+                away = True
+                emit("broker.retry", {"node": node_id, "step": name, "broker": "credentials",
+                                      "message": f"the credential broker went away during {name}; "
+                                                 "retrying (afe up restarts it)"})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 4.0)
+            continue
+        if away:
+            emit("broker.recovered", {"node": node_id, "step": name, "broker": "credentials",
+                                      "after_s": round(time.monotonic() - started, 1)})
+        return out

@@ -1,0 +1,190 @@
+"""`RunContext`: what the node kinds (nodes/) share for one ticket — the
+ticket and its workflow, the brokers, the outputs so far, template rendering,
+and the preparation every sandbox node needs first: the workspace (credential
+broker), the ticket's model relay (R32) and the sandbox (sandbox broker).
+
+The ticket's text is data: `render` substitutes it into prompts and PR text
+(templates.py) and never into commands, tools, egress or config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
+from services.common.config import Agent, Config, Node, Workflow, Workspace
+from services.common.errors import AfeError, PeerUnavailable, ResourceExhausted
+from services.common.relayenv import relay_env
+
+from .. import templates
+from ..store import TicketRecord
+from . import brokercalls
+from .graph import ancestors
+from .host import Host
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+SANDBOX_KINDS = ("run", "model", "agent")
+
+
+def sandbox_spec(config: Config, workflow: Workflow, workspace: Workspace) -> spb.SandboxSpec:
+    """The workspace's sandbox settings plus the env NAMES of the agents this
+    workflow uses, and only those (R9). An agent's own image wins."""
+    sb = workspace.sandbox
+    env_names: set[str] = set()
+    image = sb.image
+    for n in workflow.nodes:
+        if n.kind == "agent" and n.agent in config.agents:
+            agent = config.agents[n.agent]
+            env_names.update(agent.env)
+            if agent.image:
+                image = agent.image
+    return spb.SandboxSpec(
+        image=image,
+        limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids,
+                          disk_bytes=sb.limits.disk_bytes),
+        egress=list(sb.egress), env_names=sorted(env_names), relay=bool(relay_models(config, workflow)))
+
+
+def relay_models(config: Config, workflow: Workflow) -> list[str]:
+    """The Models the workflow's agents reach through the ticket's relay (R32)."""
+    return sorted({config.agents[n.agent].model or "" for n in workflow.nodes
+                   if n.kind == "agent" and n.agent in config.agents and config.agents[n.agent].model})
+
+
+class RunContext:
+    def __init__(self, host: Host, ticket: TicketRecord) -> None:
+        self.host = host
+        self.ticket = ticket
+        self.config = host.config
+        self.workflow = host.config.workflows[ticket.workflow]
+        self.workspace = host.config.workspaces[ticket.workspace]
+        self.store = host.store
+        self.sandbox = host.sandbox
+        self.credentials = host.credentials
+        self.outputs: dict[str, str] = {}
+        self._ancestors: dict[str, set[str]] | None = None   # on first use: the graph is checked first
+        self._ws_ready = False
+        self._sb_ready = False
+        self._relay_cap = ""
+        self._prep_lock = asyncio.Lock()
+
+    def emit(self, type_: str, payload: dict) -> None:
+        self.host.events.append(self.ticket.id, type_, payload)
+
+    def render(self, template: str, node_id: str) -> str:
+        """`template` with the ticket's fields and the outputs of the nodes `node_id` needs."""
+        t = self.ticket
+        if self._ancestors is None:
+            self._ancestors = ancestors(self.workflow.nodes)
+        visible = {k: v for k, v in self.outputs.items() if k in self._ancestors[node_id]}
+        return templates.render(template, {"id": t.id, "title": t.title, "body": t.body, "inputs": t.inputs},
+                                visible)
+
+    def add_tokens(self, n: int) -> int:
+        """Add `n` to the ticket's tokens used; returns the new total."""
+        t = self.store.get_ticket(self.ticket.id)
+        total = (t.tokens_used if t else 0) + n
+        self.store.update_ticket(self.ticket.id, tokens_used=total)
+        return total
+
+    async def step(self, node: Node, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """A builtin step's credential broker call, waited through a broker restart (R37)."""
+        return await brokercalls.step(self.host.broker_retry_s, self.emit, node.id, name, fn)
+
+    # ---- preparation ------------------------------------------------------------
+
+    def uses_sandbox(self) -> bool:
+        return any(n.kind in SANDBOX_KINDS for n in self.workflow.nodes)
+
+    @property
+    def sandbox_ready(self) -> bool:
+        return self._sb_ready
+
+    async def ensure_workspace(self) -> None:
+        async with self._prep_lock:
+            if self._ws_ready:
+                return
+            tid, ws = self.ticket.id, self.workspace.name
+            r = await brokercalls.retry_unavailable(self.host.broker_retry_s, "preparing the workspace",
+                                                    lambda: self.credentials.prepare(tid, ws), PeerUnavailable)
+            self._ws_ready = True
+            self.emit("workspace.ready", {"base_sha": r.base_sha, "branch": r.branch})
+
+    async def ensure_sandbox(self) -> None:
+        await self.ensure_workspace()
+        async with self._prep_lock:
+            if self._sb_ready:
+                return
+            spec = sandbox_spec(self.config, self.workflow, self.workspace)
+            if spec.relay:   # the relay's folder must exist before the sandbox mounts it (R32)
+                await self.open_relay(None)
+            s = await brokercalls.retry_unavailable(self.host.broker_retry_s, "creating the sandbox",
+                                                    lambda: self.sandbox.create(self.ticket.id, spec))
+            self._sb_ready = True
+            self.emit("sandbox.ready", {"image": s.image, "egress": list(spec.egress),
+                                        "network": bool(s.network)})
+
+    # ---- the model relay (R32) ----------------------------------------------------
+
+    async def open_relay(self, node: Node | None) -> int:
+        """Open (idempotent: again after a broker restart) the ticket's relay
+        with the budget for `node`: what the Workflow's maxTokens leaves for
+        the ticket, and at most the node's max_tokens. Returns the tokens the
+        relay had counted before."""
+        tid, limit_s = self.ticket.id, self.host.broker_retry_s
+        usage = await brokercalls.retry_unavailable(limit_s, "reading the model relay's usage",
+                                                    lambda: self.credentials.relay_usage(tid), PeerUnavailable)
+        limits = []
+        if self.workflow.max_tokens:
+            t = self.store.get_ticket(tid)
+            limits.append(self.workflow.max_tokens - (t.tokens_used if t else 0))
+        if node is not None and node.max_tokens:
+            limits.append(node.max_tokens)
+        if limits and min(limits) <= 0:
+            raise ResourceExhausted(f"the ticket's token budget of {self.workflow.max_tokens} is spent; raise "
+                                    f"maxTokens on workflow {self.workflow.name!r} to allow more")
+        budget = usage.total_tokens + min(limits) if limits else 0
+        models = relay_models(self.config, self.workflow)
+        r = await brokercalls.retry_unavailable(limit_s, "opening the model relay",
+                                                lambda: self.credentials.open_relay(tid, models, budget),
+                                                PeerUnavailable)
+        if r.capability != self._relay_cap:
+            self.host.redactor.register(r.capability)   # a placeholder, but no event needs to show it
+            self._relay_cap = r.capability
+        return usage.total_tokens
+
+    def agent_env(self, agent: Agent) -> dict[str, str]:
+        """The agent process's literal environment: its fixed settings and,
+        for an agent with a Model, the relay's base URL and capability."""
+        env = dict(getattr(agent, "fixed_env", ()) or ())
+        if agent.model:
+            m = self.config.models[agent.model]
+            env.update(relay_env(agent.relay_env, provider=m.provider, model_name=m.name, model_id=m.model,
+                                 capability=self._relay_cap))
+        return env
+
+    async def record_relay_usage(self, node: Node, before: dict[str, tuple[int, int]]) -> None:
+        """`model.usage` events for what the node's agent used, added to the ticket's tokens."""
+        tid = self.ticket.id
+        try:
+            usage = await self.credentials.relay_usage(tid)
+        except AfeError as exc:
+            log.warning("ticket %s: could not read the model relay's usage: %s", tid, exc.message)
+            return
+        added = 0
+        for m in usage.models:
+            i0, o0 = before.get(m.model, (0, 0))
+            di, do = m.input_tokens - i0, m.output_tokens - o0
+            if di or do:
+                added += di + do
+                self.emit("model.usage", {"node": node.id, "model": m.model, "input_tokens": di,
+                                          "output_tokens": do, "ticket_input_tokens": m.input_tokens,
+                                          "ticket_output_tokens": m.output_tokens,
+                                          "budget_tokens": usage.budget_tokens})
+        if added:
+            self.add_tokens(added)

@@ -1,0 +1,41 @@
+"""What a ticket's run may use of the engine that started it: `Host`.
+
+The engine (engine.py) implements it; a run sees nothing else of the engine
+(not its capacity bookkeeping, not its other tickets).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from services.common.config import Config
+from services.common.redact import Redactor
+
+from ..brokers import CredentialBroker, SandboxBroker
+from ..events import EventLog
+from ..store import ApprovalRecord, Store
+from .transitions import Transitions
+
+
+class Host(Protocol):
+    config: Config
+    store: Store
+    events: EventLog
+    sandbox: SandboxBroker
+    credentials: CredentialBroker
+    redactor: Redactor
+    transitions: Transitions
+    # How long preparation and a builtin step wait for a broker that went away (R37; 0: fail at once).
+    broker_retry_s: float
+
+    @property
+    def stopping(self) -> bool:
+        """The scheduler is stopping: a cancelled node runs again on the next start."""
+        ...
+
+    def node_metric(self, kind: str, outcome: str, seconds: float) -> None: ...
+
+    async def wait_for_decision(self, ticket_id: str) -> ApprovalRecord:
+        """Park the ticket (it stops counting against capacity) until a person
+        approves or rejects; the caller has moved it to `waiting_approval`."""
+        ...

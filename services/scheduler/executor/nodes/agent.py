@@ -1,0 +1,44 @@
+"""An `agent` node: an ACP agent inside the ticket's sandbox (acp/runner.py).
+
+An agent with a Model reaches it through the ticket's model relay (R32):
+the relay opens with the node's budget before the agent starts, the agent's
+environment carries the relay's base URL and capability, and what it used is
+recorded as `model.usage` events afterwards, whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.common.config import Node
+from services.common.errors import FailedPrecondition
+
+from ..context import RunContext
+
+try:
+    from ...acp.runner import run_agent_node
+except ImportError:       # the `acp` package is missing: every other node kind still runs
+    run_agent_node = None  # type: ignore[assignment]
+
+
+async def agent_node(ctx: RunContext, node: Node) -> str:
+    if run_agent_node is None:
+        raise FailedPrecondition("ACP support not installed: this afe cannot run `agent` nodes")
+    await ctx.ensure_sandbox()
+    agent = ctx.config.agents[node.agent or ""]
+
+    async def emit(type_: str, payload: dict) -> None:
+        ctx.emit(type_, {"node": node.id, **payload})
+
+    before: dict[str, tuple[int, int]] | None = None
+    if agent.model:
+        await ctx.open_relay(node)
+        usage = await ctx.credentials.relay_usage(ctx.ticket.id)
+        before = {m.model: (m.input_tokens, m.output_tokens) for m in usage.models}
+    try:
+        return await run_agent_node(ticket_id=ctx.ticket.id, node=node, agent=agent,
+                                    prompt=ctx.render(node.prompt, node.id), sandbox=ctx.sandbox.stub,
+                                    emit=emit, env=ctx.agent_env(agent))
+    finally:
+        if before is not None:
+            await asyncio.shield(ctx.record_relay_usage(node, before))

@@ -1,0 +1,54 @@
+"""A `run` node: one shell command in the ticket's sandbox; its output
+streams out as `node.output` events. A non-zero exit fails the node with the
+output's tail (and, when the disk cap was hit, which limit, R34)."""
+
+from __future__ import annotations
+
+from services.common.config import Node, Workspace
+from services.common.errors import DeadlineExceeded, FailedPrecondition
+
+from ..context import RunContext
+
+RUN_OUTPUT_CAP = 4 * 1024 * 1024  # bytes of a run node's output the broker streams
+CHUNK_EVENT = 8 * 1024            # characters per node.output event
+
+
+class CommandFailed(FailedPrecondition):
+    """A `run` command exited non-zero."""
+
+
+async def run_node(ctx: RunContext, node: Node) -> str:
+    await ctx.ensure_sandbox()
+    out: list[str] = []
+    code, timed_out, truncated = -1, False, False
+    async for ev in ctx.sandbox.exec(ctx.ticket.id, ["bash", "-lc", node.run or ""],
+                                     timeout_ms=int(node.timeout_s * 1000), output_cap_bytes=RUN_OUTPUT_CAP):
+        which = ev.WhichOneof("event")
+        if which in ("stdout", "stderr"):
+            text = getattr(ev, which).decode("utf-8", errors="replace")
+            out.append(text)
+            for i in range(0, len(text), CHUNK_EVENT):
+                ctx.emit("node.output", {"node": node.id, "stream": which, "text": text[i:i + CHUNK_EVENT]})
+        elif which == "exit":
+            code, timed_out, truncated = ev.exit.code, ev.exit.timed_out, ev.exit.truncated
+    text = "".join(out)
+    if truncated:
+        text += "\n[output cut]"
+    if timed_out:
+        raise DeadlineExceeded(f"the command timed out after {node.timeout_s:g}s")
+    if code != 0:
+        tail = text[-2000:].strip()
+        raise CommandFailed(f"the command exited with code {code}" + (f":\n{tail}" if tail else "")
+                            + disk_full_hint(ctx.workspace, text))
+    return text
+
+
+def disk_full_hint(workspace: Workspace, output: str) -> str:
+    """R34: a command that hit the workspace's disk cap says which limit it hit."""
+    if "No space left on device" not in output:
+        return ""
+    cap = workspace.sandbox.limits.disk_bytes
+    size = next((f"{cap // u}{n}" for n, u in (("g", 1024 ** 3), ("m", 1024 ** 2)) if cap % u == 0), str(cap))
+    return (f"\nthe sandbox ran out of disk space: the workspace holds at most {size} "
+            f"(sandbox.limits.disk of workspace {workspace.name!r}; /tmp holds 256m); "
+            "write less or raise sandbox.limits.disk")

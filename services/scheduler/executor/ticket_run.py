@@ -1,0 +1,152 @@
+"""`TicketRun`: one ticket's workflow run, from its stored node runs to its
+outcome.
+
+    state, error = await TicketRun(host, ticket, resumed).execute()
+
+`execute` checks the stored node runs against the workflow, puts nodes that
+were running when the scheduler stopped back to pending, and hands the graph
+to `graph.run_graph`; `run_node` is one node's life: attempts, the node's
+timeout, retries, and its state in the store, its events and its metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from services.common.config import Node
+from services.common.errors import AfeError, DeadlineExceeded, FailedPrecondition, ResourceExhausted
+
+from ..events import now_ms
+from ..store import (
+    FAILED,
+    N_CANCELLED,
+    N_FAILED,
+    N_PENDING,
+    N_RUNNING,
+    N_SKIPPED,
+    N_SUCCEEDED,
+    N_WAITING,
+    SUCCEEDED,
+    TicketRecord,
+)
+from .context import SANDBOX_KINDS, RunContext
+from .graph import NodeFailed, run_graph
+from .host import Host
+from .nodes import NODE_KINDS
+from .nodes.builtins import Rejected
+
+log = logging.getLogger(__name__)
+
+OUTPUT_KEEP = 64 * 1024          # characters of a node's output kept in the store
+WAITING_KINDS = ("builtin:merge", "builtin:approval")   # no timeout: they wait for a person
+NOT_RETRIED = (ResourceExhausted, Rejected)
+
+
+def _keep(text: str) -> str:
+    if len(text) <= OUTPUT_KEEP:
+        return text
+    return f"[{len(text) - OUTPUT_KEEP} characters cut]...\n" + text[-OUTPUT_KEEP:]
+
+
+class TicketRun:
+    def __init__(self, host: Host, ticket: TicketRecord, resumed: bool) -> None:
+        self.host = host
+        self.ticket = ticket
+        self.resumed = resumed
+        self.ctx = RunContext(host, ticket)
+        self.workflow = self.ctx.workflow
+
+    async def execute(self) -> tuple[str, str]:
+        """Run the ticket's graph; returns (terminal state, error)."""
+        tid, store, ctx = self.ticket.id, self.host.store, self.ctx
+        records = {r.node_id: r for r in store.node_runs(tid)}
+        declared = [n.id for n in self.workflow.nodes]
+        if sorted(declared) != sorted(records):
+            raise FailedPrecondition(
+                f"workflow {self.workflow.name!r} changed since this ticket was created (nodes "
+                f"{', '.join(sorted(records))} became {', '.join(sorted(declared))}); create a new ticket")
+        for r in records.values():
+            if r.state in (N_RUNNING, N_WAITING):
+                # It was running when the scheduler stopped: run it again.
+                store.update_node(tid, r.node_id, state=N_PENDING)
+                ctx.emit("node.resumed", {"node": r.node_id, "was": r.state})
+                r.state = N_PENDING
+            elif r.state == N_SUCCEEDED:
+                ctx.outputs[r.node_id] = r.output
+        if self.resumed:
+            ctx.emit("ticket.resumed", {})
+        states = {nid: r.state for nid, r in records.items()}
+
+        async def run(node: Node) -> None:
+            ctx.outputs[node.id] = await self.run_node(node, records[node.id].attempt)
+
+        def skip(node_id: str, reason: str) -> None:
+            store.update_node(tid, node_id, state=N_SKIPPED, error=reason)
+
+        failure = await run_graph(self.workflow.nodes, states, run, skip)
+        if failure is not None:
+            return FAILED, f"node {failure.node_id} failed: {failure.reason}"
+        return SUCCEEDED, ""
+
+    async def run_node(self, node: Node, attempt: int) -> str:
+        """Run `node` until it succeeds or its retries are spent (then `NodeFailed`)."""
+        tid, store, host = self.ticket.id, self.host.store, self.host
+        kind = node.label
+        tries = 0
+        while True:
+            tries += 1
+            attempt += 1
+            started = time.monotonic()
+            store.update_node(tid, node.id, state=N_RUNNING, attempt=attempt, started_at_ms=now_ms(),
+                              finished_at_ms=0, error="")
+            self.ctx.emit("node.started", {"node": node.id, "kind": kind, "attempt": attempt})
+            outcome = "error"
+            try:
+                if node.kind in SANDBOX_KINDS:
+                    await self.ctx.ensure_sandbox()  # preparation does not count against the node's timeout
+                if kind in WAITING_KINDS:
+                    out = await self._dispatch(node)
+                else:
+                    try:
+                        async with asyncio.timeout(node.timeout_s):
+                            out = await self._dispatch(node)
+                    except TimeoutError:
+                        outcome = "timeout"
+                        raise DeadlineExceeded(
+                            f"timed out after {node.timeout_s:g}s (the node's timeout)") from None
+                out = out or ""
+                store.update_node(tid, node.id, state=N_SUCCEEDED, finished_at_ms=now_ms(),
+                                  output=host.redactor.redact(_keep(out)))
+                self.ctx.emit("node.finished", {"node": node.id, "state": N_SUCCEEDED, "output": out[-4000:]})
+                host.node_metric(kind, "ok", time.monotonic() - started)
+                return out
+            except asyncio.CancelledError:
+                store.update_node(tid, node.id, state=N_CANCELLED, finished_at_ms=now_ms(), error="cancelled")
+                if not host.stopping:
+                    self.ctx.emit("node.finished", {"node": node.id, "state": N_CANCELLED})
+                    host.node_metric(kind, "cancelled", time.monotonic() - started)
+                else:  # the scheduler is stopping: the node runs again on the next start
+                    store.update_node(tid, node.id, state=N_RUNNING)
+                raise
+            except Exception as exc:
+                if isinstance(exc, AfeError):
+                    reason = exc.message
+                else:
+                    log.error("node %s: internal error", node.id, exc_info=exc)
+                    reason = "internal error (details are in the scheduler log)"
+                reason = host.redactor.redact(reason)
+                host.node_metric(kind, outcome, time.monotonic() - started)
+                if tries <= node.retries and not isinstance(exc, NOT_RETRIED):
+                    self.ctx.emit("node.retry", {"node": node.id, "attempt": attempt, "error": reason})
+                    continue
+                store.update_node(tid, node.id, state=N_FAILED, finished_at_ms=now_ms(), error=reason)
+                self.ctx.emit("node.finished", {"node": node.id, "state": N_FAILED, "error": reason})
+                raise NodeFailed(node.id, reason) from None
+
+    async def _dispatch(self, node: Node) -> str:
+        kind = NODE_KINDS.get(node.kind)
+        if kind is None:
+            raise FailedPrecondition(f"unknown node kind {node.kind!r}")
+        return await kind(self.ctx, node)

@@ -1,0 +1,185 @@
+"""In-process fakes of the two broker clients, for the executor's fast tier.
+
+They implement `SandboxBroker` and `CredentialBroker` (services/scheduler/
+brokers.py), the same Protocols as the real gRPC clients; the Docker tests
+(tests/scheduler/test_*.py) keep covering the real brokers.
+
+A `run` node's command is a tiny script for `FakeSandbox.exec`, statements
+separated by `;`:
+    echo TEXT       TEXT and a newline on stdout
+    exit N          end with exit code N
+    sleep S         wait S seconds
+    wait NAME       wait until gate NAME is opened (by `open NAME` or `FakeSandbox.open`)
+    open NAME       open gate NAME
+    once NAME       the first time this statement runs: "first" on stdout, exit 3
+    hang            wait for ever (until cancelled)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
+from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
+from services.common.errors import NotFound, PeerUnavailable
+from services.scheduler.brokers import CredentialBroker, SandboxBroker
+
+
+class FakeSandbox:
+    stub = None   # no ACP process streams: agent nodes are tested against the real broker
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self.destroyed: list[str] = []
+        self.started: list[tuple[str, str]] = []    # (ticket, command) in the order commands started
+        self.ended: list[tuple[str, str, str]] = []  # (ticket, command, "exit N" | "cancelled")
+        self.gates: dict[str, asyncio.Event] = {}
+        self.onces: set[str] = set()
+
+    def gate(self, name: str) -> asyncio.Event:
+        return self.gates.setdefault(name, asyncio.Event())
+
+    def open(self, name: str) -> None:
+        self.gate(name).set()
+
+    @contextlib.asynccontextmanager
+    async def creates_held(self) -> AsyncIterator[None]:
+        yield
+
+    async def create(self, ticket_id: str, spec: spb.SandboxSpec) -> spb.Sandbox:
+        self.created.append(ticket_id)
+        return spb.Sandbox(ticket_id=ticket_id, image=spec.image, state="running")
+
+    async def destroy(self, ticket_id: str) -> int:
+        self.destroyed.append(ticket_id)
+        return 1
+
+    async def reconcile(self, live: list[str]) -> spb.ReconcileResponse:
+        return spb.ReconcileResponse(boot_id="fake")
+
+    async def identify(self) -> str:
+        return "fake"
+
+    async def freeze(self, ticket_id: str, frozen: bool) -> None:
+        return None
+
+    async def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0, output_cap_bytes: int = 0,
+                   cwd: str = "") -> AsyncIterator[spb.ExecEvent]:
+        command = argv[-1]
+        self.started.append((ticket_id, command))
+        code = 0
+        try:
+            for statement in (s.strip() for s in command.split(";")):
+                word, _, arg = statement.partition(" ")
+                if word == "echo":
+                    yield spb.ExecEvent(stdout=(arg + "\n").encode())
+                elif word == "exit":
+                    code = int(arg)
+                    break
+                elif word == "sleep":
+                    await asyncio.sleep(float(arg))
+                elif word == "wait":
+                    await self.gate(arg).wait()
+                elif word == "open":
+                    self.open(arg)
+                elif word == "once" and arg not in self.onces:
+                    self.onces.add(arg)
+                    yield spb.ExecEvent(stdout=b"first\n")
+                    code = 3
+                    break
+                elif word == "hang":
+                    await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            self.ended.append((ticket_id, command, "cancelled"))
+            raise
+        self.ended.append((ticket_id, command, f"exit {code}"))
+        yield spb.ExecEvent(exit=spb.ExecExit(code=code))
+
+    async def read_file(self, ticket_id: str, path: str, max_bytes: int = 0) -> spb.ReadFileResponse:
+        raise NotFound(f"no file {path!r} in the fake sandbox")
+
+    async def write_file(self, ticket_id: str, path: str, content: bytes) -> int:
+        return len(content)
+
+    async def list_dir(self, ticket_id: str, path: str) -> spb.ListDirResponse:
+        return spb.ListDirResponse()
+
+    async def search(self, ticket_id: str, pattern: str, path: str = "", regex: bool = False,
+                     max_results: int = 0) -> spb.SearchResponse:
+        return spb.SearchResponse()
+
+
+class FakeCredentials:
+    """A forge in memory: one branch and one pull request per ticket. `away`
+    (a count) makes the next calls fail as a broker that went away would."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.away = 0
+        self.prs: dict[str, cpb.PullRequest] = {}
+        self.merged: list[tuple[str, str]] = []   # (ticket, approved sha)
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if self.away > 0:
+            self.away -= 1
+            raise PeerUnavailable("the credential broker is not running")
+
+    async def prepare(self, ticket_id: str, workspace: str) -> cpb.PrepareWorkspaceResponse:
+        self._call("prepare")
+        return cpb.PrepareWorkspaceResponse(base_sha="0" * 40, branch=f"afe/{ticket_id}")
+
+    async def commit(self, ticket_id: str, workspace: str, message: str) -> cpb.CommitResponse:
+        self._call("commit")
+        return cpb.CommitResponse(sha="c" * 40, changed=True, files_changed=1)
+
+    async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse:
+        self._call("diff")
+        return cpb.DiffResponse()
+
+    async def push(self, ticket_id: str, workspace: str) -> cpb.PushResponse:
+        self._call("push")
+        return cpb.PushResponse(branch=f"afe/{ticket_id}", sha="c" * 40)
+
+    async def release(self, ticket_id: str, workspace: str) -> None:
+        self._call("release")
+
+    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest:
+        self._call("open_pr")
+        pr = self.prs.setdefault(ticket_id, cpb.PullRequest(
+            number=str(len(self.prs) + 1), url=f"local://{ticket_id}", head_branch=f"afe/{ticket_id}",
+            base_branch="main", head_sha="c" * 40, state="open"))
+        return pr
+
+    async def get_pr(self, workspace: str, number: str) -> cpb.PullRequest:
+        self._call("get_pr")
+        return next(pr for pr in self.prs.values() if pr.number == number)
+
+    async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
+                    at_ms: int, method: str = "") -> cpb.MergePullRequestResponse:
+        self._call("merge")
+        self.merged.append((ticket_id, sha))
+        pr = self.prs[ticket_id]
+        pr.state, pr.merge_sha = "merged", "m" * 40
+        return cpb.MergePullRequestResponse(merged=True, merge_sha=pr.merge_sha)
+
+    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse:
+        self._call("open_relay")
+        return cpb.OpenRelayResponse(capability="relay-capability")
+
+    async def relay_usage(self, ticket_id: str) -> cpb.RelayUsageResponse:
+        self._call("relay_usage")
+        return cpb.RelayUsageResponse()
+
+    async def complete(self, model: str, messages: list[cpb.Message], tools: list[cpb.ToolSpec],
+                       max_tokens: int, ticket_id: str, timeout: float) -> cpb.CompleteResponse:
+        self._call("complete")
+        return cpb.CompleteResponse(message=cpb.Message(role="assistant", content="done"))
+
+
+if TYPE_CHECKING:   # mypy checks that the fakes implement the Protocols
+    _sandbox: SandboxBroker = FakeSandbox()
+    _credentials: CredentialBroker = FakeCredentials()
