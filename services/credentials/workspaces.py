@@ -8,8 +8,9 @@ Layout per ticket (see services/common/layout.py):
 
 Host git never runs with the workspace as its repository or work tree after
 the initial checkout: commits are built from a safe walk of the workspace
-(`snapshot.py`) into the ticket's private git dir. The sandbox can therefore
-never touch a config, hook, attribute file, object or ref that host git uses.
+(`snapshot.py`, `capture.py`) into the ticket's private git dir. The sandbox
+can therefore never touch a config, hook, attribute file, object or ref that
+host git uses. Spare checkouts are in `spares.py`.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from services.common.errors import (
 from services.common.layout import Layout, check_ticket_id
 from services.common.secrets import SecretValue
 
-from . import gitfailures, snapshot
+from . import capture, gitfailures
 from .askpass import askpass_env, origin_of
 from .gitcmd import GitFailed, GitRunner
+from .spares import Spares
 
 log = logging.getLogger(__name__)
 
@@ -74,23 +76,6 @@ class Committed:
     nested_repositories: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    tree: str
-    entries: int
-    nested_repositories: tuple[str, ...]
-
-
-def _repos_in(found: snapshot.Scan, entries: list[snapshot.Entry]) -> tuple[str, ...]:
-    """The nested repositories of a scan that contribute at least one committed entry."""
-    out = []
-    for repo in found.repos:
-        prefix = repo + b"/" if repo else b""
-        if any(e.path.startswith(prefix) for e in entries):
-            out.append(repo.decode("utf-8", "backslashreplace") or ".")
-    return tuple(out)
-
-
 class WorkspaceGit:
     def __init__(self, runner: GitRunner, layout: Layout, tokens: dict[str, SecretValue],
                  askpass: Path, config_dir: Path | None = None, spares_dir: Path | None = None,
@@ -110,7 +95,7 @@ class WorkspaceGit:
         self._locks: dict[str, asyncio.Lock] = {}
         self.remote_attempts = 3        # tries of a fetch/push that failed transiently (5xx, time-out)
         self.remote_backoff_s = 0.5     # first wait between them; doubles
-        self._spare_tasks: dict[Path, asyncio.Task] = {}
+        self.spares = Spares(spares_dir, self._populate, _remove_tree)
 
     # -- remotes -----------------------------------------------------------
     def remote(self, ws: Workspace) -> Remote:
@@ -222,11 +207,11 @@ class WorkspaceGit:
             if work.exists() or work.is_symlink():
                 await asyncio.to_thread(_remove_tree, work)
             self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
-            if not self._take_spare(mirror, base, work):
+            if not self.spares.take(mirror, base, work):
                 await self._populate(gitdir, work, base, gitdir / "afe-checkout.index")
             (gitdir / "afe-ready").write_text(ws.name + "\n")
             log.info("prepared workspace for ticket %s from %s@%s", ticket_id, ws.name, base[:12])
-            self._schedule_spare(mirror, base)
+            self.spares.schedule(mirror, base)
             return Prepared(base, branch)
 
     async def _populate(self, git_dir: Path, target: Path, sha: str, index: Path) -> None:
@@ -260,57 +245,12 @@ class WorkspaceGit:
         await self.git.run(["read-tree", "--end-of-options", sha], git_dir=scratch,
                            env={"GIT_INDEX_FILE": str(scratch / "index")}, what="git read-tree (scratch)")
 
-    # -- spare checkouts ---------------------------------------------------
-    def _spare_path(self, mirror: Path, base: str) -> Path | None:
-        if self.spares_dir is None:
-            return None
-        return self.spares_dir / f"{mirror.name}-{base}"
-
-    def _take_spare(self, mirror: Path, base: str, work: Path) -> bool:
-        """Move a ready spare checkout of `base` into place (atomic rename)."""
-        spare = self._spare_path(mirror, base)
-        if spare is None:
-            return False
-        try:
-            os.rename(spare, work)
-        except FileNotFoundError:
-            return False
-        return True
-
-    def _schedule_spare(self, mirror: Path, base: str) -> None:
-        spare = self._spare_path(mirror, base)
-        if spare is None or spare.exists() or spare in self._spare_tasks:
-            return
-        task = asyncio.get_running_loop().create_task(self._make_spare(mirror, base, spare))
-        self._spare_tasks[spare] = task
-        task.add_done_callback(lambda _t: self._spare_tasks.pop(spare, None))
-
-    async def _make_spare(self, mirror: Path, base: str, spare: Path) -> None:
-        assert self.spares_dir is not None
-        self.spares_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=self.spares_dir))
-        try:
-            os.rmdir(tmp)
-            await self._populate(mirror, tmp, base, self.spares_dir / (tmp.name + ".index"))
-            for old in self.spares_dir.glob(f"{mirror.name}-*"):
-                await asyncio.to_thread(_remove_tree, old)  # one spare per repository: the newest base
-            os.rename(tmp, spare)
-        except asyncio.CancelledError:
-            await asyncio.to_thread(_remove_tree, tmp)
-            raise
-        except Exception as exc:  # noqa: BLE001 -- a spare is an optimisation: never fail a ticket for it
-            log.warning("spare checkout failed: %s", exc)
-            await asyncio.to_thread(_remove_tree, tmp)
-
     async def idle(self) -> None:
         """Wait for background spare checkouts."""
-        while self._spare_tasks:
-            await asyncio.gather(*list(self._spare_tasks.values()), return_exceptions=True)
+        await self.spares.idle()
 
     async def close(self) -> None:
-        for task in list(self._spare_tasks.values()):
-            task.cancel()
-        await asyncio.gather(*list(self._spare_tasks.values()), return_exceptions=True)
+        await self.spares.close()
 
     async def _chown(self, work: Path) -> None:
         """Hand the checkout to the sandbox user: the same bounded, no-follow
@@ -324,64 +264,10 @@ class WorkspaceGit:
             raise FailedPrecondition(f"ticket {ticket_id} has no prepared workspace; prepare it first")
         return gitdir
 
-    async def snapshot_tree(self, ticket_id: str) -> Snapshot:
+    async def snapshot_tree(self, ticket_id: str) -> capture.Snapshot:
         """Capture the workspace into the ticket's git dir."""
-        gitdir = self._ticket_gitdir(ticket_id)
-        work = self.layout.workspace(ticket_id)
-        found = await asyncio.to_thread(snapshot.scan, work)
-        ignored = await self._ignored(gitdir, found)
-        writer = snapshot.ObjectWriter(gitdir / "objects", await self._known_blobs(gitdir, ticket_id))
-        entries = await asyncio.to_thread(snapshot.materialize, work, found, ignored, writer)
-        fd, index = tempfile.mkstemp(prefix="afe-snapshot-", suffix=".index", dir=gitdir)
-        os.close(fd)
-        os.unlink(index)
-        try:
-            env = {"GIT_INDEX_FILE": index}
-            await self.git.run(["update-index", "-z", "--add", "--index-info"], git_dir=gitdir, env=env,
-                               stdin=snapshot.index_info(entries), what="git update-index")
-            res = await self.git.run(["write-tree"], git_dir=gitdir, env=env, what="git write-tree")
-        finally:
-            Path(index).unlink(missing_ok=True)
-        return Snapshot(res.out.strip(), len(entries), _repos_in(found, entries))
-
-    async def _known_blobs(self, gitdir: Path, ticket_id: str) -> set[str]:
-        """Blob ids of the base and of the branch head: already stored, never rewritten."""
-        known: set[str] = set()
-        for ref in ("refs/afe/base", f"refs/heads/{branch_for(ticket_id)}"):
-            res = await self.git.run(["ls-tree", "-r", "-z", "--end-of-options", ref], git_dir=gitdir,
-                                     check=False, what="git ls-tree")
-            for item in res.stdout.split(b"\0"):
-                meta = item.partition(b"\t")[0].split()
-                if len(meta) == 3 and meta[1] == b"blob":
-                    known.add(meta[2].decode())
-        return known
-
-    async def _ignored(self, gitdir: Path, found: snapshot.Scan) -> set[bytes]:
-        """Paths the workspace's .gitignore files exclude, decided by git on a private copy
-        holding only the directory skeleton and the .gitignore bytes we read safely."""
-        if not found.gitignores:
-            return set()
-        candidates = [*found.files, *found.links]
-        if not candidates:
-            return set()
-        tmp = Path(tempfile.mkdtemp(prefix="afe-ignore-", dir=gitdir))
-        try:
-            def build() -> None:
-                fd = os.open(tmp, safefs.DIR_FLAGS)
-                try:
-                    snapshot.skeleton(fd, found)
-                finally:
-                    os.close(fd)
-
-            await asyncio.to_thread(build)
-            res = await self.git.run(["check-ignore", "--no-index", "-z", "--stdin"], git_dir=gitdir,
-                                     work_tree=tmp, stdin=b"".join(p + b"\0" for p in candidates),
-                                     check=False, what="git check-ignore")
-            if res.returncode not in (0, 1):
-                raise GitFailed("git check-ignore failed", res.returncode, "")
-        finally:
-            await asyncio.to_thread(safefs.remove_tree, tmp)
-        return {p for p in res.stdout.split(b"\0") if p}
+        return await capture.write_tree(self.git, self._ticket_gitdir(ticket_id), self.layout.workspace(ticket_id),
+                                        ("refs/afe/base", f"refs/heads/{branch_for(ticket_id)}"))
 
     # -- commit ------------------------------------------------------------
     async def commit(self, ws: Workspace, ticket_id: str, message: str) -> Committed:
