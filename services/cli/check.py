@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from services.common.config import Config
 from services.common.errors import ConfigError
 from services.common.manifests import load_config, missing_env
 
@@ -50,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     unset = missing_env(config, os.environ)
     for var, where in unset:
         print(f"  note: {var} is not set in this shell ({where}); `afe up` will refuse to start without it")
+    for line in _preset_image_notes(config):
+        print(line)
     return _check_database(args, os.environ)
 
 
@@ -72,6 +75,27 @@ def _check_database(args: argparse.Namespace, environ) -> int:
         return 1
     print(f"  store ({ENV}): {line}")
     return 0
+
+
+def _preset_image_notes(config: Config) -> list[str]:
+    """A note per agent whose preset image is missing or built from other inputs."""
+    from services.common.errors import AfeError
+    from services.common.presets import PRESETS
+    from services.sandbox.images import agent_image_state
+
+    notes = []
+    for agent in sorted(config.agents.values(), key=lambda a: a.name):
+        preset = PRESETS.get(agent.preset or "")
+        if preset is None or agent.image != preset.image:
+            continue
+        try:
+            state = agent_image_state(preset)
+        except (AfeError, OSError):
+            return ["  note: Docker is not reachable; cannot check the agent preset images"]
+        if state != "ready":
+            notes.append(f"  note: agent {agent.name}: image {preset.image} is {state}; build it with "
+                         f"`afe images build --agent {preset.name}`")
+    return notes
 
 
 def _demo_dir(base: Path) -> Path:

@@ -1,5 +1,6 @@
-"""`afe images build [--force]`: build the local images (Debian base from
-debootstrap when missing, then the sandbox and egress proxy images)."""
+"""`afe images build [--force] [--agent NAME]`: build the local images (Debian
+base from debootstrap when missing, then the sandbox and egress proxy
+images), or an agent preset's image (services/common/presets.py)."""
 
 from __future__ import annotations
 
@@ -17,16 +18,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         description="Build afe/base:bookworm (debootstrap + docker import) when missing, then "
                         "afe/sandbox:latest and afe/proxy:latest. With a registry, set "
                         "AFE_BASE_IMAGE=debian:bookworm-slim to skip debootstrap.")
-    b.add_argument("--force", action="store_true", help="rebuild the sandbox and proxy images")
+    b.add_argument("--force", action="store_true", help="rebuild the sandbox and proxy images (with --agent: "
+                   "that agent's image)")
+    b.add_argument("--agent", action="append", default=[], metavar="NAME",
+                   help="build an agent preset's image (claude-code, codex, gemini, opencode; docs/AGENTS.md) "
+                   "from its pinned npm packages; repeatable")
     b.set_defaults(func=run)
     p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.sandbox.images import ensure_images
+    from services.sandbox.images import build_agent_image, ensure_images
 
+    def progress(m: str) -> None:
+        print(m, flush=True)
+
+    if args.agent:
+        try:
+            for name in args.agent:
+                if not build_agent_image(name, progress=progress, force=args.force):
+                    print(f"agent image for {name} is up to date (use --force to rebuild)")
+        except AfeError as exc:
+            print(f"afe images build: {exc}", file=sys.stderr)
+            return 1
+        return 0
     try:
-        built = ensure_images(progress=lambda m: print(m, flush=True), force=args.force)
+        built = ensure_images(progress=progress, force=args.force)
     except AfeError as exc:
         print(f"afe images build: {exc}", file=sys.stderr)
         return 1

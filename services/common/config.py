@@ -88,6 +88,10 @@ class Agent:
     # env var NAME -> template of {base_url} / {capability} / {model}, set in the agent's
     # process (never the container); empty = the provider's default (services/common/relayenv.py)
     relay_env: tuple[tuple[str, str], ...] = ()
+    preset: str | None = None              # claude-code | codex | gemini | opencode (services/common/presets.py)
+    # env var NAME -> literal, non-secret value (a tool's "no telemetry" switch), set in the
+    # agent's process like relay_env; validated by presets.check_fixed_env
+    fixed_env: tuple[tuple[str, str], ...] = ()
     source: str = ""
 
 

@@ -44,6 +44,7 @@ from .config import (
     Workspace,
 )
 from .errors import ConfigError
+from .presets import PRESETS, apply_preset, check_fixed_env
 from .redact import secret_kind
 from .relayenv import DEFAULT_RELAY_ENV, RELAY_PROVIDERS, template_problem
 
@@ -475,8 +476,9 @@ class _Loader:
                                       timeout_s=timeout, source=doc.where)
 
     def load_agent(self, doc: _Doc, d: Mapping[str, Any], name: str | None) -> None:
-        doc.fields(d, "", ("kind", "name", "type", "command", "env", "image", "model", "relayEnv"),
-                   ("type", "command"))
+        doc.fields(d, "", ("kind", "name", "type", "command", "env", "image", "model", "relayEnv", "preset",
+                           "fixedEnv"), ("type",) if "preset" in d else ("type", "command"),
+                   hint="" if "preset" in d else " (or preset: one of " + ", ".join(PRESETS) + ")")
         atype = doc.choice(d, "type", "type", ("acp",))
         # An argv: repeated items are meaningful (`[codex-acp, -c, a=1, -c, b=2]`).
         command = doc.str_list(d, "command", "command", nonempty="command" in d, unique=False)
@@ -487,9 +489,45 @@ class _Loader:
         relay_env = self.relay_env(doc, d, env)
         if relay_env and model is None:
             doc.error("relayEnv", "only an agent with model: gets the relay's variables; add model: <Model name>")
-        if doc.named and name is not None and atype is not None and command:
-            self.agents[name] = Agent(name=name, type=atype, command=command, env=env, image=image,
-                                      model=model, relay_env=relay_env, source=doc.where)
+        preset = doc.choice(d, "preset", "preset", tuple(PRESETS))
+        fixed_env = self.fixed_env(doc, d, env, relay_env)
+        if doc.named and name is not None and atype is not None and (command or preset is not None):
+            agent = apply_preset(Agent(name=name, type=atype, command=command, env=env, image=image, model=model,
+                                       relay_env=relay_env, fixed_env=fixed_env, source=doc.where), preset)
+            clash = sorted(set(env) & {k for k, _ in (*agent.relay_env, *agent.fixed_env)})
+            if preset is not None and clash:
+                doc.error("env", f"preset {preset} sets {', '.join(clash)} itself (from the relay or as a fixed "
+                          "value); remove it from env: a model key never enters the sandbox (R32)")
+            self.agents[name] = agent
+
+    def fixed_env(self, doc: _Doc, d: Mapping[str, Any], secret_names: tuple[str, ...],
+                  relay_env: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """fixedEnv: NAME -> a literal, non-secret value set in the agent's process (presets.py)."""
+        raw = doc.mapping(d, "fixedEnv", "fixedEnv") or {}
+        relay_names = {k for k, _ in relay_env}
+        out: list[tuple[str, str]] = []
+        for k, v in raw.items():
+            path = f"fixedEnv.{k}"
+            if not isinstance(k, str) or not ENV_NAME_RE.match(k):
+                doc.error("fixedEnv", "a key is not an environment variable name: use A-Z, 0-9 and _")
+                continue
+            if k in secret_names or k in relay_names:
+                doc.error(path, f"{k} is also in {'env' if k in secret_names else 'relayEnv'}; a variable "
+                          "comes from one place only: remove one of them")
+                continue
+            if isinstance(v, bool):
+                v = "1" if v else "0"
+            elif isinstance(v, int):
+                v = str(v)
+            if not isinstance(v, str):
+                doc.error(path, "must be a text value (quote it: '1', 'false')")
+                continue
+            problem = check_fixed_env(k, v)
+            if problem:
+                doc.error(path, problem)
+                continue
+            out.append((k, v))
+        return tuple(out)
 
     def relay_env(self, doc: _Doc, d: Mapping[str, Any], secret_names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         """relayEnv: NAME -> template of {base_url}, {capability}, {model} (R32)."""

@@ -34,6 +34,7 @@ from services.common.errors import AfeError, ConfigError, FailedPrecondition
 from services.common.layout import DEFAULT_PORTS, Layout
 from services.common.links import LinkSecrets, new_secret
 from services.common.manifests import load_config, missing_env
+from services.common.presets import preset_for_image
 
 from .environment import child_env
 from .supervisor import ChildSpec, Supervisor
@@ -128,7 +129,9 @@ def _check_other_images(config: Config) -> None:
         probe = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
                                capture_output=True, check=False, env=docker_cli_env())
         if probe.returncode != 0:
-            missing.append(f"  {image} (named by {where})")
+            preset = preset_for_image(image)
+            fix = f"; build it with `afe images build --agent {preset.name}`" if preset else ""
+            missing.append(f"  {image} (named by {where}{fix})")
     if missing:
         raise ConfigError("these Docker images do not exist on this machine; build or pull them, or fix the "
                           "manifest:\n" + "\n".join(missing))

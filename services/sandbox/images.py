@@ -1,6 +1,7 @@
 """The local images: a Debian base made with debootstrap (no registry
 needed), the default sandbox image and the egress proxy image, all built
-from `deploy/images/`.
+from `deploy/images/`; and, on request, the agent preset images
+(`deploy/images/agents/NAME/`, `build_agent_image`).
 
 `ensure_images()` builds whatever is missing and stays quiet when all three
 are present; `force=True` rebuilds the sandbox and proxy images (the base is
@@ -9,15 +10,19 @@ only rebuilt when it is missing: it is the slow, network-bound step).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import shutil
 import subprocess
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from services.common.childenv import DOCKER_CLI_NAMES, PROXY_NAMES, docker_cli_env, tool_env
+from services.common.childenv import DEFAULT_PATH, DOCKER_CLI_NAMES, PROXY_NAMES, docker_cli_env, tool_env
 from services.common.config import DEFAULT_PROXY_IMAGE, DEFAULT_SANDBOX_IMAGE
-from services.common.errors import FailedPrecondition, Unavailable
+from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.common.presets import PRESETS, Preset
 
 log = logging.getLogger(__name__)
 
@@ -84,3 +89,104 @@ def ensure_images(progress: Progress = print, force: bool = False,
     if built:
         progress("images ready: " + ", ".join(built))
     return built
+
+
+# -- agent preset images (`afe images build --agent NAME`, docs/AGENTS.md) ------
+
+AGENT_DIGEST_LABEL = "afe.agent.digest"
+
+
+def _image_id(image: str) -> str | None:
+    r = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image], capture_output=True,
+                       text=True, check=False, env=docker_cli_env())
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def _image_label(image: str, label: str) -> str | None:
+    r = subprocess.run(["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{label}"}}}}',
+                        image], capture_output=True, text=True, check=False, env=docker_cli_env())
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def agent_image_digest(preset: Preset, base: str = SANDBOX_IMAGE) -> str:
+    """A hash of every input of a preset's image: the files of its build
+    folder (Dockerfile, package.json, package-lock.json, config) and the
+    base image's id. Raises FailedPrecondition when the base is missing."""
+    base_id = _image_id(base)
+    if base_id is None:
+        raise FailedPrecondition(f"the base image {base} is missing; run `afe images build` first")
+    h = hashlib.sha256(base_id.encode() + b"\0")
+    for f in sorted(p for p in preset.context_dir.iterdir() if p.is_file()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def agent_image_state(preset: Preset, base: str = SANDBOX_IMAGE) -> str:
+    """"ready", "missing", or "stale" (built from other inputs than today's)."""
+    label = _image_label(preset.image, AGENT_DIGEST_LABEL)
+    if label is None:
+        return "missing"
+    try:
+        return "ready" if label == agent_image_digest(preset, base) else "stale"
+    except FailedPrecondition:
+        return "stale"
+
+
+# What the host's npm reads besides PATH HOME LANG TZ (R33): the operator's
+# proxies, CA bundle and registry (also from ~/.npmrc, under HOME).
+NPM_NAMES = (*PROXY_NAMES, "NODE_EXTRA_CA_CERTS", "NPM_CONFIG_REGISTRY", "npm_config_registry",
+             "NPM_CONFIG_CAFILE", "npm_config_cafile", "XDG_CACHE_HOME")
+
+
+def npm_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """npm's download cache for the agent images (kept between builds)."""
+    src = os.environ if environ is None else environ
+    base = src.get("XDG_CACHE_HOME") or os.path.join(src.get("HOME") or "/root", ".cache")
+    return Path(base) / "afe" / "npm"
+
+
+def _npm_ci(preset: Preset, ctx: Path, progress: Progress) -> None:
+    """`npm ci` of the preset's lock into `ctx` on this machine: exact
+    versions and integrity hashes from the lock, no install scripts."""
+    npm = shutil.which("npm", path=os.environ.get("PATH") or DEFAULT_PATH)
+    if npm is None:
+        raise FailedPrecondition("building an agent image needs npm on this machine (it installs the pinned "
+                                 "packages): install it, e.g. `apt-get install nodejs npm`, and retry")
+    env = tool_env(NPM_NAMES)
+    if os.environ.get("AFE_CA_FILE") and "NODE_EXTRA_CA_CERTS" not in env:
+        env["NODE_EXTRA_CA_CERTS"] = os.environ["AFE_CA_FILE"]   # the operator's CA (a mirror, a proxy)
+    env.update(npm_config_update_notifier="false", npm_config_fund="false", npm_config_audit="false")
+    cache = npm_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    _run([npm, "ci", "--ignore-scripts", "--omit=dev", "--no-audit", "--no-fund", "--prefer-offline",
+          "--cache", str(cache), "--prefix", str(ctx)],
+         f"npm ci {preset.package}@{preset.version} (cache {cache})", progress, env)
+
+
+def build_agent_image(name: str, progress: Progress = print, force: bool = False,
+                      base: str = SANDBOX_IMAGE) -> bool:
+    """Build preset `name`'s image unless it is there with today's inputs (or
+    with `force`). The npm packages are installed on this machine from the
+    committed lock (npm's cache keeps them between builds); the image build
+    itself runs without network. Returns True when it built."""
+    preset = PRESETS.get(name)
+    if preset is None:
+        raise InvalidArgument(f"no agent preset named {name!r}; presets: {', '.join(PRESETS)}")
+    check_engine()
+    if _image_id(base) is None:
+        ensure_images(progress)
+    digest = agent_image_digest(preset, base)
+    if not force and _image_label(preset.image, AGENT_DIGEST_LABEL) == digest:
+        return False
+    with tempfile.TemporaryDirectory(prefix=f"afe-agent-{preset.name}-") as tmp:
+        ctx = Path(tmp)
+        for f in preset.context_dir.iterdir():
+            if f.is_file():
+                shutil.copy2(f, ctx / f.name)
+        _npm_ci(preset, ctx, progress)
+        _run(["docker", "build", "--network", "none", "--build-arg", f"BASE={base}",
+              "--label", f"{AGENT_DIGEST_LABEL}={digest}", "--label", f"afe.agent.preset={preset.name}",
+              "-t", preset.image, str(ctx)],
+             f"building {preset.image} ({preset.package} {preset.version})", progress, docker_cli_env())
+    progress(f"image ready: {preset.image}")
+    return True
