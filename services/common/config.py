@@ -31,6 +31,8 @@ class SandboxConfig:
     image: str = DEFAULT_SANDBOX_IMAGE
     limits: Limits = field(default_factory=Limits)
     egress: tuple[str, ...] = ()          # empty => --network none (R10)
+    # operator-allowed private destinations: names (also in egress) and CIDRs (R11)
+    egress_private: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,10 @@ MIN_DISK = 16 * 1024 * 1024    # smallest workspace disk cap (R34): a filesystem
 MAX_DISK = 16 * 1024 ** 4
 
 _MISSING = object()
+# Never allowed by sandbox.egressPrivate (mirrors services/sandbox/egress.py NEVER_RANGES).
+_NEVER_NETS = tuple(ipaddress.ip_network(r) for r in (
+    "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
+    "::/128", "::1/128", "::ffff:0:0/96", "fe80::/10", "ff00::/8"))
 
 
 def parse_memory(value: object) -> int | None:
@@ -338,7 +342,7 @@ class _Loader:
         sandbox = SandboxConfig()
         sd = doc.mapping(d, "sandbox", "sandbox")
         if sd is not None:
-            doc.fields(sd, "sandbox", ("image", "limits", "egress"))
+            doc.fields(sd, "sandbox", ("image", "limits", "egress", "egressPrivate"))
             image = doc.text(sd, "image", "sandbox.image", DEFAULT_SANDBOX_IMAGE)
             limits = Limits()
             ld = doc.mapping(sd, "limits", "sandbox.limits")
@@ -383,8 +387,9 @@ class _Loader:
                     pass
             for host in bad_ip:
                 doc.error("sandbox.egress", f"{_show(host)} is an IP address; name a host instead")
-            sandbox = SandboxConfig(image=image, limits=limits,
-                                    egress=tuple(h for h in egress if h not in bad_ip))
+            egress = tuple(h for h in egress if h not in bad_ip)
+            sandbox = SandboxConfig(image=image, limits=limits, egress=egress,
+                                    egress_private=self.egress_private(doc, sd, egress))
         author = Author()
         ad = doc.mapping(d, "author", "author")
         if ad is not None:
@@ -396,6 +401,40 @@ class _Loader:
             self.workspaces[name] = Workspace(
                 name=name, repo=repo, base_branch=base_branch, token_env=token_env, forge=forge,
                 sandbox=sandbox, author=author, max_running=max_running, source=doc.where)
+
+    def egress_private(self, doc: _Doc, sd: Mapping[str, Any], egress: tuple[str, ...]) -> tuple[str, ...]:
+        """sandbox.egressPrivate: host names (each also allowed by egress) that may
+        resolve to private addresses, or CIDR subnets the proxy may reach for names
+        in egress; never loopback, link-local or multicast (R11)."""
+        raw = doc.str_list(sd, "egressPrivate", "sandbox.egressPrivate")
+        out: list[str] = []
+        for i, entry in enumerate(raw):
+            path = f"sandbox.egressPrivate[{i}]"
+            try:
+                net = ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                net = None
+            if net is not None:
+                if any(net.version == n.version and net.overlaps(n) for n in _NEVER_NETS):  # type: ignore[arg-type]
+                    doc.error(path, f"{_show(entry)} overlaps loopback, link-local, multicast or reserved "
+                              "addresses; list only the private subnet of the service (e.g. 10.20.0.0/16)")
+                    continue
+                out.append(str(net))
+                continue
+            if not EGRESS_RE.match(entry):
+                doc.error(path, f"{_show(entry)} is neither a host name (mirror.internal, .corp.example) nor a "
+                          "CIDR subnet (10.20.0.0/16)")
+                continue
+            bare = entry.lstrip(".")
+            if not any(e == entry or (e.startswith(".") and (bare == e[1:] or bare.endswith(e))) for e in egress):
+                doc.error(path, f"{_show(entry)} is not in sandbox.egress; add it there too (egressPrivate only "
+                          "lets an allowed name reach a private address)")
+                continue
+            out.append(entry)
+        if out and not egress:
+            doc.error("sandbox.egressPrivate", "has no effect without sandbox.egress (no network at all); add "
+                      "the names the sandbox may reach to sandbox.egress")
+        return tuple(out)
 
     def repo(self, doc: _Doc, value: Any) -> str | None:
         if value is None:

@@ -6,7 +6,9 @@ The proxy allows only the listed names (exact `host.example` or suffix
 IP-literal destinations in every spelling (dotted, decimal, octal, hex, v6)
 and any name that resolves to a loopback, link-local, private, CGNAT or
 metadata address (except subnets the operator exempts with
-`--allow-private`, used by tests and `afe doctor` for their own target), and
+`--allow-private`, used by tests and `afe doctor` for their own target, and a
+ticket's `egress_private` entries: the Workspace's `sandbox.egressPrivate`,
+an internal mirror, say; loopback and link-local stay refused even then), and
 caches nothing.
 """
 
@@ -70,7 +72,61 @@ def check_cidrs(cidrs: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
-def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()) -> str:
+# Never reachable, not even for an operator-allowed private entry: this
+# host's and the proxy's loopback, link-local (cloud metadata), "this
+# network", multicast and reserved ranges.
+NEVER_RANGES = (
+    "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
+    "::/128", "::1/128", "::ffff:0:0/96", "fe80::/10", "ff00::/8",
+)
+
+
+def _covered(name: str, egress: list[str]) -> bool:
+    """Is host name `name` (exact or .suffix) allowed by the egress list?"""
+    bare = name.lstrip(".")
+    for e in egress:
+        if e == name or (e.startswith(".") and (bare == e[1:] or bare.endswith(e))):
+            return True
+    return False
+
+
+def check_private(entries: list[str] | tuple[str, ...], egress: list[str] | tuple[str, ...]
+                  ) -> tuple[list[str], list[str]]:
+    """Split a ticket's egress_private into (host names, CIDR subnets).
+
+    A name must also be allowed by `egress` (the proxy allows nothing else); a
+    subnet must not touch loopback, link-local, multicast or reserved space.
+    """
+    allowed = check_egress_names(list(egress))
+    never = [ipaddress.ip_network(r) for r in NEVER_RANGES]
+    names: list[str] = []
+    cidrs: list[str] = []
+    for raw in entries:
+        text = str(raw).strip()
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            net = None
+        if net is not None:
+            if any(net.version == n.version and net.overlaps(n) for n in never):  # type: ignore[arg-type]
+                raise InvalidArgument(f"egress_private entry {text!r} overlaps loopback, link-local, multicast "
+                                      "or reserved addresses; list the private subnet of the service only")
+            cidrs.append(str(net))
+            continue
+        (name,) = check_egress_names([text])
+        if not _covered(name, allowed):
+            raise InvalidArgument(f"egress_private entry {text!r} is not in the egress allowlist; add it to "
+                                  "egress too (egress_private only lets an allowed name reach a private address)")
+        names.append(name)
+    return check_egress_names(names), list(dict.fromkeys(cidrs))
+
+
+def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = (),
+               private: list[str] | tuple[str, ...] = ()) -> str:
+    """The proxy's configuration. `allow_private` is the broker's exemption
+    (tests, doctor); `private` the ticket's operator-allowed private entries
+    (host names and subnets, see `check_private`)."""
+    private_names, private_cidrs = check_private(list(private), names)
     names = check_egress_names(names)
     exempt = check_cidrs(allow_private)
     lines = [
@@ -103,15 +159,22 @@ def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()
         lines.append(f"acl exempt_dst dst {' '.join(exempt)}")
     if names:
         lines.append(f"acl allowed_names dstdomain -n {' '.join(names)}")
+    if private_names or private_cidrs:
+        lines.append(f"acl never_dst dst {' '.join(NEVER_RANGES)}")
+    if private_names:
+        lines.append(f"acl private_names dstdomain -n {' '.join(private_names)}")
+    if private_cidrs:
+        lines.append(f"acl private_dst dst {' '.join(private_cidrs)}")
     lines += [
         "http_access deny CONNECT !SSL_ports",
         "http_access deny !Safe_ports",
         "http_access deny ip_literal",
     ]
-    if exempt:
-        lines.append("http_access deny blocked_dst !exempt_dst")
-    else:
-        lines.append("http_access deny blocked_dst")
+    if private_names or private_cidrs:
+        lines.append("http_access deny never_dst")
+    unless = (" !exempt_dst" if exempt else "") + (" !private_names" if private_names else "") \
+        + (" !private_dst" if private_cidrs else "")
+    lines.append(f"http_access deny blocked_dst{unless}")
     if names:
         lines.append("http_access allow allowed_names")
     lines += ["http_access deny all", "http_reply_access allow all"]

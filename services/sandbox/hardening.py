@@ -46,6 +46,7 @@ class SandboxSettings:
     pids: int = DEFAULT_LIMITS.pids
     disk_bytes: int = DEFAULT_LIMITS.disk_bytes   # the workspace's disk cap (R34, diskcap.py)
     egress: tuple[str, ...] = ()
+    egress_private: tuple[str, ...] = ()   # operator-allowed private names/CIDRs (egress.check_private)
     env_names: tuple[str, ...] = ()
     relay: bool = False                           # mount the ticket's model relay folder (R32)
     extra: dict = field(default_factory=dict)

@@ -33,7 +33,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
 
 from . import diskcap, hardening, relayforward
-from .egress import PROXY_PORT, check_cidrs, check_egress_names, squid_conf
+from .egress import PROXY_PORT, check_cidrs, check_egress_names, check_private, squid_conf
 from .hardening import LABEL_ENV, LABEL_INSTANCE, LABEL_RELAY, LABEL_ROLE, LABEL_TICKET, SandboxSettings
 
 log = logging.getLogger(__name__)
@@ -162,10 +162,12 @@ class SandboxManager:
     async def create(self, settings: SandboxSettings) -> SandboxInfo:
         ticket_id = check_ticket_id(settings.ticket_id)
         egress = tuple(check_egress_names(list(settings.egress)))
+        names, cidrs = check_private(list(settings.egress_private), list(egress))
         for n in settings.env_names:
             if not _ENV_NAME_RE.match(n):
                 raise InvalidArgument(f"environment variable name {n[:64]!r} is not valid")
-        settings = replace(settings, egress=egress, env_names=tuple(sorted(set(settings.env_names))),
+        settings = replace(settings, egress=egress, egress_private=(*names, *cidrs),
+                           env_names=tuple(sorted(set(settings.env_names))),
                            disk_bytes=diskcap.resolve_disk(settings.disk_bytes))
         async with self._lock(ticket_id):
             if ticket_id in self._exceeded:
@@ -213,7 +215,8 @@ class SandboxManager:
                     raise
             await self._ensure_cap(ticket_id, settings.disk_bytes, info.container_id)
             self._cache[ticket_id] = info
-            log.info("sandbox created for %s (egress: %s)", ticket_id, ",".join(egress) or "none")
+            log.info("sandbox created for %s (egress: %s; private: %s)", ticket_id, ",".join(egress) or "none",
+                     ",".join(settings.egress_private) or "none")
             return info
 
     def _create_sync(self, s: SandboxSettings, workspace: str) -> tuple[SandboxInfo, str]:
@@ -229,7 +232,7 @@ class SandboxManager:
         try:
             if s.egress:
                 network = self.network_name(ticket_id)
-                conf = squid_conf(list(s.egress), self.allow_private)
+                conf = squid_conf(list(s.egress), self.allow_private, s.egress_private)
                 proxy_kw = hardening.proxy_create_kwargs(
                     ticket_id=ticket_id, name=self.proxy_name(ticket_id), instance=self.instance,
                     outside_network=self.egress_network, conf=conf, image=self.proxy_image)

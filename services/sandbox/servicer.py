@@ -63,6 +63,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         settings = SandboxSettings(ticket_id=request.ticket_id,
                                    image=spec.image or self.default_image or SandboxSettings.image,
                                    cpus=cpus, memory_bytes=mem, pids=pids, egress=tuple(spec.egress),
+                                   egress_private=tuple(spec.egress_private),
                                    disk_bytes=spec.limits.disk_bytes,
                                    env_names=tuple(spec.env_names), relay=spec.relay)
         t0 = time.monotonic()

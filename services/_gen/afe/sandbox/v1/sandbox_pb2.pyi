@@ -87,6 +87,7 @@ class SandboxSpec(_message.Message):
     EGRESS_FIELD_NUMBER: _builtins.int
     ENV_NAMES_FIELD_NUMBER: _builtins.int
     RELAY_FIELD_NUMBER: _builtins.int
+    EGRESS_PRIVATE_FIELD_NUMBER: _builtins.int
     image: _builtins.str
     """"" = default sandbox image"""
     relay: _builtins.bool
@@ -107,6 +108,15 @@ class SandboxSpec(_message.Message):
         broker passes from its own environment (R9).
         """
 
+    @_builtins.property
+    def egress_private(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Operator-allowed private destinations of this ticket's egress (the
+        Workspace's sandbox.egressPrivate): host names (exact or ".suffix", each
+        also in `egress`) that may resolve to private addresses, and CIDR subnets
+        the proxy may reach for names in `egress`. Loopback, link-local and
+        multicast stay refused. Empty = every private address refused (R11).
+        """
+
     def __init__(
         self,
         *,
@@ -115,10 +125,11 @@ class SandboxSpec(_message.Message):
         egress: _abc.Iterable[_builtins.str] | None = ...,
         env_names: _abc.Iterable[_builtins.str] | None = ...,
         relay: _builtins.bool = ...,
+        egress_private: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "env_names", b"env_names", "image", b"image", "limits", b"limits", "relay", b"relay"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_private", b"egress_private", "env_names", b"env_names", "image", b"image", "limits", b"limits", "relay", b"relay"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
