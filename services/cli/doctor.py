@@ -306,11 +306,40 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Check the Docker engine and images, then start probe containers and prove "
                        "R5-R12 and R31 (one PASS/FAIL line per rule). Exit status 1 on any FAIL.")
     p.add_argument("--no-build", action="store_true", help="do not build missing images")
+    p.add_argument("--egress-network", default="bridge", metavar="NAME",
+                   help="the network `afe up --egress-network` gives the egress proxies (default: bridge)")
+    p.add_argument("--config", default=None, metavar="DIR",
+                   help="manifest folder whose private egress entries to show (default: ./afe.d when it exists)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(doctor(build=not args.no_build))
+    return asyncio.run(doctor(build=not args.no_build, egress_network=args.egress_network, config_dir=args.config))
+
+
+def _egress_settings(report: Report, client, network: str, config_dir: str | None) -> None:
+    """The egress network exists, and which private destinations the manifests allow."""
+    from services.common.errors import ConfigError
+    from services.common.manifests import load_config
+    from services.launcher.launch import egress_lines
+
+    try:
+        driver = client.api.inspect_network(network).get("Driver", "?")
+        report.add("egress network", True, f"{network} exists (driver {driver}); the egress proxies join it")
+    except Exception:  # noqa: BLE001 - docker.errors.NotFound or an engine error: either way unusable
+        report.add("egress network", False, f"no Docker network named {network}; create it or pass "
+                   "--egress-network NAME to `afe up` and `afe doctor`")
+    directory = config_dir or ("afe.d" if Path("afe.d").is_dir() else None)
+    if directory is None:
+        print("info private egress: no --config and no ./afe.d; none configured (every private address is "
+              "refused)")
+        return
+    try:
+        config = load_config(directory)
+    except ConfigError as exc:
+        report.add("private egress", False, str(exc).splitlines()[0] + "; run `afe check`")
+        return
+    print("info " + egress_lines(config, network)[1].strip(), flush=True)
 
 
 async def _exec(runner, ticket: str, argv: list[str], timeout_ms: int = 30000) -> tuple[int, str]:
@@ -329,7 +358,7 @@ async def _py(runner, ticket: str, script: str, *args: str) -> str:
     return (await _exec(runner, ticket, ["python3", "-c", script, *args]))[1]
 
 
-async def doctor(build: bool = True) -> int:
+async def doctor(build: bool = True, egress_network: str = "bridge", config_dir: str | None = None) -> int:
     import docker
 
     from services.common.errors import AfeError
@@ -355,6 +384,7 @@ async def doctor(build: bool = True) -> int:
     except AfeError as exc:
         report.add("images", False, str(exc).splitlines()[0])
         return 1
+    _egress_settings(report, client, egress_network, config_dir)
 
     instance = "doctor-" + secrets.token_hex(4)
     tmp = Path(tempfile.mkdtemp(prefix="afe-doctor-", dir="/tmp"))

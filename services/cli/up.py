@@ -39,6 +39,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--instance", default=None, metavar="ID",
                    help="label value afe.instance=<ID> on every Docker object this afe owns (default: "
                    "default); two afe installations on one Docker engine need different ids")
+    p.add_argument("--egress-network", default="bridge", metavar="NAME",
+                   help="the Docker network the egress proxies join to reach the allowed hosts (default: "
+                   "bridge); pick the one that routes to an internal mirror a Workspace lists in "
+                   "sandbox.egressPrivate")
     p.add_argument("--no-images", action="store_true",
                    help="do not check/build the Docker images before starting")
     p.add_argument("--ready-timeout", type=float, default=90.0, help=argparse.SUPPRESS)
@@ -86,6 +90,6 @@ def run(args: argparse.Namespace) -> int:
                    public_url=args.public_url, max_running=args.max_running,
                    ready_timeout=args.ready_timeout, check_images=not args.no_images,
                    log_level=os.environ.get("AFE_LOG_LEVEL"), instance=args.instance,
-                   broker_recovery=args.broker_recovery)
+                   broker_recovery=args.broker_recovery, egress_network=args.egress_network)
     logging.getLogger(__name__).debug("launching with %s", config_dir)
     return launch(opts, out=lambda line: print(line, flush=True))

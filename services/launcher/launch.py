@@ -66,6 +66,7 @@ class Options:
     check_images: bool = True
     log_level: str | None = None
     instance: str | None = None      # the sandbox broker's afe.instance label (Docker objects it owns)
+    egress_network: str = "bridge"   # the Docker network the egress proxies join (--egress-network)
     broker_recovery: float | None = None   # the scheduler's --broker-recovery (tests turn it off)
     python: str = sys.executable
     modules: dict[str, str] = field(default_factory=lambda: dict(MODULES))
@@ -121,7 +122,7 @@ def _check_other_images(config: Config) -> None:
         wanted.setdefault(w.sandbox.image, f"{w.source} Workspace {w.name} sandbox.image")
     for a in config.agents.values():
         if a.image:
-            wanted.setdefault(a.image, f"{a.source} Agent {a.name} image")
+            wanted.setdefault(a.image, f"{a.source} Agent {a.name} " + (f"preset {a.preset}" if a.preset else "image"))
     missing = []
     for image, where in sorted(wanted.items()):
         if image in (SANDBOX_IMAGE, PROXY_IMAGE):
@@ -196,6 +197,8 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
             argv += ["--log-level", opts.log_level]
         if service == "sandbox" and opts.instance:
             argv += ["--instance", opts.instance]
+        if service == "sandbox" and opts.egress_network != "bridge":
+            argv += ["--egress-network", opts.egress_network]
         if service == "scheduler" and opts.max_running is not None:
             argv += ["--max-running", str(opts.max_running)]
         if service == "scheduler" and opts.broker_recovery is not None:
@@ -231,7 +234,18 @@ class _Lock:
         os.close(self.fd)
 
 
-def _banner(opts: Options, sup: Supervisor, token_where: str, out: Callable[[str], None]) -> None:
+def egress_lines(config: Config, network: str) -> list[str]:
+    """The banner's (and `afe doctor`'s) egress summary: the proxies' network
+    and each Workspace's operator-allowed private destinations."""
+    lines = [f"  egress network: {network} (the egress proxies join it; --egress-network)"]
+    private = [f"{w.name}: {', '.join(w.sandbox.egress_private)}" for w in
+               sorted(config.workspaces.values(), key=lambda w: w.name) if w.sandbox.egress_private]
+    lines.append("  private egress: " + ("; ".join(private) if private else
+                                          "none (every private address is refused)"))
+    return lines
+
+
+def _banner(opts: Options, config: Config, sup: Supervisor, token_where: str, out: Callable[[str], None]) -> None:
     gw = sup.child("gateway").ready or {}
     url = gw.get("url") or opts.public_url or f"http://{gw.get('listen') or opts.listen}/"
     out(f"afe is up: open {url}")
@@ -240,6 +254,8 @@ def _banner(opts: Options, sup: Supervisor, token_where: str, out: Callable[[str
         port = (c.ready or {}).get("ops_port")
         out(f"  {c.name:<12} pid {c.pid:<8} ops http://{opts.ops_host}:{port}/readyz")
     out(f"  automation key: {opts.layout.automation_key}")
+    for line in egress_lines(config, opts.egress_network):
+        out(line)
     out("Press Ctrl-C to stop.")
 
 
@@ -282,7 +298,7 @@ def _supervise(opts: Options, config: Config, environ: dict[str, str], out: Call
             out(f"afe up: {exc}")
             return 1
         write_state(opts.layout, sup)
-        _banner(opts, sup, token_where, out)
+        _banner(opts, config, sup, token_where, out)
         seen = _signature(sup)
         while not stop_requested:
             sup.tick(0.5)
