@@ -91,7 +91,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         providers=("gemini",),
     ),
     Preset(
-        name="opencode", package="opencode-ai", version="1.18.33",
+        # the native binary of opencode-ai (its platform package; opencode-ai itself is
+        # only a launcher whose other platform packages the registry may not carry)
+        name="opencode", package="opencode-linux-x64", version="1.18.33",
         command=("opencode", "acp"),
         # /etc/opencode/opencode.json reads both providers' variables; the
         # relay sets the pair of the Agent's Model (its provider default).

@@ -1,5 +1,5 @@
-"""The claude-code and codex preset images (`afe images build --agent NAME`)
-build from their pinned locks, and their ACP agents start inside a hardened
+"""The preset images (`afe images build --agent NAME`: claude-code, codex,
+gemini, opencode) build from their pinned locks, and their ACP agents start inside a hardened
 sandbox made by the real sandbox broker and answer `initialize`, with no key
 in their environment (models are reached later through the relay, R32).
 
@@ -64,7 +64,7 @@ async def initialize(stub, ticket: str, argv: tuple[str, ...]) -> tuple[dict, by
     return answer, err
 
 
-@pytest.mark.parametrize("name", ["claude-code", "codex"])
+@pytest.mark.parametrize("name", sorted(PRESETS))
 async def test_preset_agent_starts_in_a_hardened_sandbox_and_answers_initialize(short_tmp, name):
     preset = PRESETS[name]
     await asyncio.to_thread(build_agent_image, name, lambda _m: None)
