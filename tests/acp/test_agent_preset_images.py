@@ -113,3 +113,24 @@ def test_digest_follows_the_inputs(tmp_path, monkeypatch):
     assert agent_image_digest(preset) == before
     (copy / "package-lock.json").write_text((copy / "package-lock.json").read_text() + " ")
     assert agent_image_digest(preset) != before
+
+
+def test_up_preflight_names_the_build_command_for_a_missing_preset_image(tmp_path, monkeypatch):
+    from services.common.errors import ConfigError
+    from services.common.manifests import load_config
+    from services.common.presets import Preset
+    from services.launcher.launch import _check_other_images
+
+    missing = f"afe/agent-codex:missing-{secrets.token_hex(4)}"
+    monkeypatch.setattr(Preset, "image", property(lambda p: missing if p.name == "codex" else
+                                                   f"afe/agent-{p.name}:{p.version}"))
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "afe.yaml").write_text("kind: Workspace\nname: ws\nrepo: /tmp/nowhere.git\n---\n"
+                                  "kind: Agent\nname: coder\ntype: acp\npreset: codex\n---\n"
+                                  "kind: Workflow\nname: wf\nworkspace: ws\nnodes:\n"
+                                  "  - {id: a, agent: coder, prompt: hi}\n")
+    with pytest.raises(ConfigError) as exc:
+        _check_other_images(load_config(cfg))
+    assert (f"{missing} (named by afe.yaml#2 Agent coder preset codex; build it with "
+            "`afe images build --agent codex`)") in str(exc.value)

@@ -127,3 +127,16 @@ def test_every_preset_fixed_value_passes_its_own_check():
         for k, v in p.fixed_env:
             assert check_fixed_env(k, v) is None, (p.name, k)
         assert all(k not in dict(p.fixed_env) for k, _ in p.relay_env)
+
+
+def test_images_build_names_the_presets_for_an_unknown_agent():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "services.cli.main", "images", "build", "--agent", "cursor"],
+                       cwd=root, capture_output=True, text=True, timeout=60, check=False,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)})
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("afe images build: no agent preset named 'cursor'; presets: claude-code, codex, "
+                                "gemini, opencode")
