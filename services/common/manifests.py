@@ -801,6 +801,11 @@ class _Loader:
             elif m.provider not in RELAY_PROVIDERS:
                 self.errors.append(f"{a.source} model: Model {_show(a.model)} has provider {m.provider}, which "
                                    f"has no HTTP API an agent can call; use one of: {', '.join(RELAY_PROVIDERS)}")
+            elif a.preset in PRESETS and m.provider not in PRESETS[a.preset].providers:
+                want = " or ".join(PRESETS[a.preset].providers)
+                self.errors.append(f"{a.source} model: preset {a.preset} talks to {want} models, but Model "
+                                   f"{_show(a.model)} has provider {m.provider}; name a Model of provider {want} or "
+                                   "choose the preset of that provider (docs/AGENTS.md)")
             elif not a.relay_env and m.provider not in DEFAULT_RELAY_ENV:
                 self.errors.append(f"{a.source} relayEnv: provider {m.provider} has no default; list the "
                                    "variables the agent reads")

@@ -26,6 +26,18 @@ provider: anthropic
 model: claude-sonnet-4
 apiKeyEnv: ANTHROPIC_KEY_FOR_AFE
 ---
+kind: Model
+name: gpt
+provider: openai
+model: gpt-5
+apiKeyEnv: OPENAI_KEY_FOR_AFE
+---
+kind: Model
+name: gem
+provider: gemini
+model: gemini-2.5-pro
+apiKeyEnv: GEMINI_KEY_FOR_AFE
+---
 kind: Workflow
 name: wf
 workspace: ws
@@ -53,7 +65,8 @@ def errors(tmp_path: Path, agent: str) -> str:
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_expands_image_command_relay_and_fixed_env(tmp_path, name):
     p = PRESETS[name]
-    a = load(tmp_path, f"kind: Agent\nname: coder\ntype: acp\npreset: {name}\nmodel: claude\n").agents["coder"]
+    model = {"anthropic": "claude", "openai": "gpt", "gemini": "gem"}[p.providers[0]]
+    a = load(tmp_path, f"kind: Agent\nname: coder\ntype: acp\npreset: {name}\nmodel: {model}\n").agents["coder"]
     assert a.preset == name
     assert a.image == p.image == f"afe/agent-{name}:{p.version}"
     assert a.command == p.command and a.command
@@ -70,7 +83,7 @@ kind: Agent
 name: coder
 type: acp
 preset: codex
-model: claude
+model: gpt
 image: my/codex:1
 command: [codex-acp, -c, model="o4"]
 relayEnv: {OPENAI_BASE_URL: "{base_url}/v1", OPENAI_API_KEY: "{capability}", EXTRA_URL: "{base_url}"}
@@ -84,14 +97,14 @@ fixedEnv: {CODEX_HOME: /workspace/.codex, RUST_LOG: warn, VERBOSE: 1}
 
 def test_without_preset_command_is_still_required_and_nothing_is_added(tmp_path):
     msg = errors(tmp_path, "kind: Agent\nname: coder\ntype: acp\n")
-    assert "afe.yaml#4 command: required field is missing" in msg
+    assert "afe.yaml#6 command: required field is missing" in msg
     a = load(tmp_path, "kind: Agent\nname: coder\ntype: acp\ncommand: [my-agent]\n").agents["coder"]
     assert (a.preset, a.image, a.relay_env, a.fixed_env) == (None, None, (), ())
 
 
 def test_unknown_preset_names_the_field_and_lists_the_presets(tmp_path):
     msg = errors(tmp_path, "kind: Agent\nname: coder\ntype: acp\npreset: cursor\n")
-    assert "afe.yaml#4 preset: 'cursor' is not one of: claude-code, codex, gemini, opencode" in msg
+    assert "afe.yaml#6 preset: 'cursor' is not one of: claude-code, codex, gemini, opencode" in msg
 
 
 @pytest.mark.parametrize(("entry", "expected"), [
@@ -119,7 +132,7 @@ def test_r28_fixed_env_refuses_secrets_and_bad_entries(tmp_path, entry, expected
 def test_r32_preset_refuses_a_model_key_passed_by_name(tmp_path):
     msg = errors(tmp_path, "kind: Agent\nname: coder\ntype: acp\npreset: claude-code\nmodel: claude\n"
                            "env: [ANTHROPIC_API_KEY]\n")
-    assert "afe.yaml#4 env: preset claude-code sets ANTHROPIC_API_KEY itself" in msg
+    assert "afe.yaml#6 env: preset claude-code sets ANTHROPIC_API_KEY itself" in msg
 
 
 def test_every_preset_fixed_value_passes_its_own_check():
@@ -140,3 +153,12 @@ def test_images_build_names_the_presets_for_an_unknown_agent():
     assert r.returncode == 1
     assert r.stderr.strip() == ("afe images build: no agent preset named 'cursor'; presets: claude-code, codex, "
                                 "gemini, opencode")
+
+
+def test_preset_and_model_provider_must_match(tmp_path):
+    msg = errors(tmp_path, "kind: Agent\nname: coder\ntype: acp\npreset: codex\nmodel: claude\n")
+    assert ("afe.yaml#6 model: preset codex talks to openai models, but Model 'claude' has provider anthropic; "
+            "name a Model of provider openai or choose the preset of that provider") in msg
+    # control: the anthropic preset with the same Model loads
+    assert load(tmp_path, "kind: Agent\nname: coder\ntype: acp\npreset: claude-code\nmodel: claude\n"
+                ).agents["coder"].model == "claude"
