@@ -1,0 +1,201 @@
+"""The coding agents people use, for real, with no model key in any sandbox
+(R9, R32): the preset images with the pinned npm packages of the Claude
+Code and Codex ACP adapters (built by `build_agent_image`, rebuilt only
+when their inputs change) run a ticket of the demo repository through the
+real scheduler and both real brokers:
+
+    fix (Agent preset: claude-code | codex, model: my-claude | my-gpt)
+      -> test (python3 -m unittest) -> pr (builtin:open_pr) -> merge (waits)
+
+The Model's baseUrl is a server of the tests' own (tests/agents/
+scripted_models.py) that speaks the provider's real streaming API and
+scripts the tool use: the agent edits calc.py with its edit tool, runs the
+tests with its shell tool, and answers. The real key is only in the
+credential broker's environment. While the agent works, the test looks at
+the sandbox from outside (`docker inspect`) and inside (every process's
+/proc/<pid>/environ, cmdline and the writable folders): the real key is
+nowhere, the relay's capability is in the agent's environment (the
+positive control); the model server saw the real key on every request and
+never the capability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+
+import docker
+import pytest
+
+from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+from services.common.demo import make_repo
+from services.common.layout import Layout
+from services.sandbox.images import build_agent_image
+from services.scheduler.store import N_SUCCEEDED
+from tests.acp.test_workflow_end_to_end import events_of, git, wait_done
+from tests.agents.scripted_models import (
+    FINAL_TEXT,
+    FIXED_SOURCE,
+    Scripted,
+    ScriptedAnthropic,
+    ScriptedResponses,
+)
+from tests.support.system import afe_system
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
+
+CONFIG = """\
+kind: Workspace
+name: calc
+repo: repos/calc.git
+baseBranch: main
+forge: {type: local}
+sandbox:
+  limits: {cpus: 1, memory: 1g, pids: 256}
+---
+kind: Model
+name: %(model)s
+provider: %(provider)s
+model: %(model_id)s
+baseUrl: %(url)s
+apiKeyEnv: REAL_AGENT_MODEL_KEY
+---
+kind: Agent
+name: coder
+type: acp
+preset: %(preset)s
+model: %(model)s
+---
+kind: Workflow
+name: fix
+workspace: calc
+nodes:
+  - id: fix
+    agent: coder
+    prompt: "Fix the failing test. Ticket: {{ticket.title}}\\n{{ticket.body}}"
+    timeout: 240
+  - {id: test, run: "python3 -m unittest -v", needs: [fix], timeout: 120}
+  - {id: pr, uses: "builtin:open_pr", needs: [test]}
+  - {id: merge, uses: "builtin:merge", needs: [pr]}
+"""
+
+CASES = {
+    # preset: (Model name, provider, model id, key, the agent's key variable, fake server)
+    "claude-code": ("my-claude", "anthropic", "claude-sonnet-4-5", "sk-ant-api03-", "ANTHROPIC_API_KEY",
+                    ScriptedAnthropic),
+    "codex": ("my-gpt", "openai", "gpt-5-codex", "sk-proj-", "OPENAI_API_KEY", ScriptedResponses),
+}
+
+# Read from inside the sandbox, as the sandbox user (the agent's uid: a
+# process's environ is readable by its own uid; root in the container has no
+# CAP_SYS_PTRACE to read another uid's): every process's environment and
+# command line, one NUL-separated record per line, then the names of files
+# under the writable folders that hold `needle`.
+INSIDE = r"""
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  [ "$p" = "$$" ] && continue
+  printf 'PROC %s %s\n' "$p" "$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null)"
+  printf 'ENV %s %s\n' "$p" "$(tr '\0' '\n' < "$d/environ" 2>/dev/null | tr '\n' '\001')"
+done
+grep -rlsF -e "$1" /workspace /tmp /run /home 2>/dev/null | sed 's/^/FILE /'
+echo DONE
+"""
+
+
+def _inspect_sandbox(instance: str, key: str) -> dict:
+    """Every container of this broker: `docker inspect` as JSON, and what
+    its processes carry (see INSIDE)."""
+    client = docker.from_env()
+    try:
+        found = {}
+        for c in client.containers.list(all=True, filters={"label": f"afe.instance={instance}"}):
+            inspect = json.dumps(client.api.inspect_container(c.id))
+            inside = ""
+            if c.status == "running":
+                res = c.exec_run(["sh", "-c", INSIDE, "inside", key], user="10001:10001")
+                inside = res.output.decode(errors="replace")
+            found[c.name] = {"inspect": inspect, "inside": inside, "labels": c.labels}
+        return found
+    finally:
+        client.close()
+
+
+def _environs(inside: str) -> dict[str, dict[str, str]]:
+    """pid -> environment, from INSIDE's output."""
+    procs = {}
+    cmdlines = {}
+    for line in inside.splitlines():
+        kind, _, rest = line.partition(" ")
+        pid, _, value = rest.partition(" ")
+        if kind == "ENV":
+            procs[pid] = dict(kv.split("=", 1) for kv in value.split("\001") if "=" in kv)
+        elif kind == "PROC":
+            cmdlines[pid] = value
+    return {f"{pid} {cmdlines.get(pid, '')}": env for pid, env in procs.items()}
+
+
+@pytest.mark.parametrize("preset", ["claude-code", "codex"])
+async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_no_key_in_the_sandbox(
+        short_tmp, preset):
+    model_name, provider, model_id, key_prefix, key_var, server_cls = CASES[preset]
+    await asyncio.to_thread(build_agent_image, preset, lambda _m: None)
+    key = key_prefix + secrets.token_urlsafe(36)
+    server: Scripted = server_cls(key)
+    cfg = short_tmp / "cfg"
+    cfg.mkdir()
+    bare = make_repo(cfg / "repos" / "calc.git")
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    looked: dict = {}
+
+    async with server:
+        (cfg / "afe.yaml").write_text(CONFIG % {"model": model_name, "provider": provider, "model_id": model_id,
+                                                "url": server.url + ("/v1" if provider == "openai" else ""),
+                                                "preset": preset})
+        async with afe_system(cfg, layout, broker_secrets={"REAL_AGENT_MODEL_KEY": key}) as sys_:
+
+            async def look(step: int) -> None:
+                # the agent has edited the file and waits for the model's next move
+                if step == 1 and not looked:
+                    looked.update(await asyncio.to_thread(_inspect_sandbox, sys_.instance, key))
+
+            server.on_step = look
+            t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(
+                workflow="fix", title="Fix add()", body="add() subtracts; make the test pass", principal="tester"))
+            t = await wait_done(sys_.stub, t.id, deadline_s=600)
+            events = await events_of(sys_.stub, t.id)
+            log = [(ty, p) for ty, p in events if not ty.startswith("agent.stream")]
+            assert t.state == pb.WAITING_APPROVAL, (t.error, log[-30:], [s.path for s in server.seen])
+
+    # The agent did the work: it edited calc.py and ran the tests with its shell tool, then answered.
+    assert server.steps[:3] == [0, 1, 2], server.steps
+    assert "OK" in server.tool_results[1] and "Ran 2 tests" in server.tool_results[1], server.tool_results
+    texts = " ".join(p.get("text", "") for ty, p in events if ty == "agent.message")
+    assert FINAL_TEXT in texts, texts[-2000:]
+    # The test node passed, the PR exists on the local forge with the fix, main is untouched.
+    done = {p.get("node"): p for ty, p in events if ty == "node.finished"}
+    assert done["test"]["state"] == N_SUCCEEDED and "OK" in done["test"]["output"], done["test"]
+    assert t.pr.number and t.pr.head_branch == f"afe/{t.id}"
+    diff = git(bare, "diff", "main", t.pr.head_sha)
+    assert f"-    return a - b\n+    {FIXED_SOURCE}" in diff, diff
+    assert "return a - b" in git(bare, "show", "main:calc.py")
+
+    # The sandbox, looked at while the agent ran: no real key anywhere.
+    assert looked, "the sandbox was not inspected while the agent ran"
+    agents = {}
+    for name, seen in looked.items():
+        assert key not in seen["inspect"], f"the real key is in `docker inspect {name}`"
+        assert key not in seen["inside"], f"the real key is inside {name}:\n{seen['inside']}"
+        assert "DONE" in seen["inside"] or not seen["inside"], seen["inside"]
+        agents.update({p: env for p, env in _environs(seen["inside"]).items() if key_var in env})
+    # Positive control: the agent's processes do carry the relay's capability, and the
+    # reading above saw their environments (so a key there would have been found).
+    assert agents, f"no process with {key_var} found: {looked}"
+    caps = {env[key_var] for env in agents.values()}
+    assert len(caps) == 1 and next(iter(caps)).startswith("afe-relay-"), caps
+    cap = caps.pop()
+    assert all(cap not in seen["inspect"] for seen in looked.values())
+    # The model server saw the real key on every request and never the capability.
+    assert server.seen and all(server.authorized_seen(s) for s in server.seen), [s.headers for s in server.seen]
+    assert not [s for s in server.seen if cap in repr(s.headers) or cap.encode() in s.body or cap in s.query]
