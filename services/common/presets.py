@@ -1,7 +1,7 @@
 """Agent presets: the image, command and relay wiring of the coding agents
 people use (`preset: claude-code | codex | gemini | opencode` on an Agent).
 
-Pure data plus `apply_preset`, which `manifests.load_agent` calls to fill in
+Pure data plus `apply_preset`, which `schema.agent.load` calls to fill in
 what the manifest did not write by hand. Each preset's image is built
 locally by `afe images build --agent NAME` from `deploy/images/agents/NAME/`
 (a Dockerfile FROM afe/sandbox and a committed package-lock.json pinning

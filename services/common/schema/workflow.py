@@ -1,0 +1,197 @@
+"""kind: Workflow — the nodes a ticket runs (run, model, agent, builtin),
+their order (needs), budgets (maxTokens) and the inputs a ticket may set.
+
+`WorkflowManifest` and the node models declare the fields; `load` checks
+one document and adds a `config.Workflow`. References to other documents
+(workspace, model, agent) are checked by the loader once all are read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from ..config import BUILTINS, NODE_TOOLS, Node, Workflow
+from .document import Doc
+from .text import INPUT_RE, INPUT_WHAT, NAME_RE, NODE_ID_RE, fields_of, show
+from .workspace import MERGE_METHODS
+
+if TYPE_CHECKING:
+    from .loader import Loader
+
+# ACP tool-call kinds an agent node may deny.
+PERMISSION_KINDS = ("read", "edit", "delete", "move", "search", "execute", "think", "fetch",
+                    "switch_mode", "other")
+BUILTIN_WITH = {
+    "commit": ("message",),
+    "open_pr": ("title", "body"),
+    "approval": ("message",),
+    "merge": ("method",),
+}
+
+_STRICT = ConfigDict(extra="forbid", populate_by_name=True)
+NodeId = Annotated[str, StringConstraints(pattern=NODE_ID_RE.pattern)]
+
+
+class _NodeBase(BaseModel):
+    model_config = _STRICT
+    id: NodeId
+    needs: list[NodeId] = Field(default_factory=list, description="ids of nodes that must finish first")
+    timeout: float = Field(1800.0, gt=0, description="seconds")
+    retries: int = Field(0, ge=0)
+
+
+class RunNode(_NodeBase):
+    """A shell command in the ticket's sandbox."""
+    run: Annotated[str, StringConstraints(min_length=1)]
+
+
+class ModelNode(_NodeBase):
+    """A tool-using model loop driven by the engine."""
+    model: Annotated[str, StringConstraints(min_length=1)] = Field(description="a Model name")
+    prompt: str
+    tools: list[Literal[NODE_TOOLS]] = Field(default_factory=list)  # type: ignore[valid-type]
+    max_turns: int = Field(20, ge=1)
+    max_tokens: int = Field(0, ge=0, description="token budget of this node; 0 = none")
+
+
+class AgentNode(_NodeBase):
+    """An ACP agent (an Agent manifest) in the ticket's sandbox."""
+    agent: Annotated[str, StringConstraints(min_length=1)] = Field(description="an Agent name")
+    prompt: str
+    deny: list[Literal[PERMISSION_KINDS]] = Field(default_factory=list)  # type: ignore[valid-type]
+    max_tokens: int = Field(0, ge=0, description="token budget of this node; 0 = none")
+
+
+class BuiltinWith(BaseModel):
+    """Options of a builtin: commit/approval take message, open_pr title and body, merge method."""
+    model_config = _STRICT
+    message: str | None = None
+    title: str | None = None
+    body: str | None = None
+    method: Literal["merge", "squash", "rebase"] | None = None
+
+
+class BuiltinNode(_NodeBase):
+    """A step of the engine itself: commit, open_pr, approval or merge."""
+    uses: Literal[tuple(f"builtin:{b}" for b in BUILTINS)]  # type: ignore[valid-type]
+    with_: BuiltinWith | None = Field(None, alias="with")
+
+
+NODE_MODELS: dict[str, type[_NodeBase]] = {"run": RunNode, "model": ModelNode, "agent": AgentNode,
+                                           "uses": BuiltinNode}
+_COMMON = fields_of(_NodeBase)
+
+
+class WorkflowManifest(BaseModel):
+    """The nodes a ticket runs."""
+    model_config = _STRICT
+    kind: Literal["Workflow"]
+    name: Annotated[str, StringConstraints(pattern=NAME_RE.pattern)]
+    workspace: str | None = Field(None, description="the Workspace of tickets that name none")
+    inputs: list[Annotated[str, StringConstraints(pattern=INPUT_RE.pattern)]] = Field(
+        default_factory=list, description="input names a ticket may set")
+    maxTokens: int = Field(0, ge=0, description="token budget of a ticket; 0 = none")
+    nodes: list[RunNode | ModelNode | AgentNode | BuiltinNode] = Field(min_length=1)
+
+
+def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> None:
+    doc.fields(d, "", fields_of(WorkflowManifest), ("nodes",))
+    workspace = doc.text(d, "workspace", "workspace", None)
+    inputs = doc.str_list(d, "inputs", "inputs", pattern=INPUT_RE,
+                          what=INPUT_WHAT)
+    max_tokens = doc.integer(d, "maxTokens", "maxTokens", 0, minimum=0)
+    raw_nodes = d.get("nodes")
+    nodes: list[Node] = []
+    if raw_nodes is not None and not isinstance(raw_nodes, list):
+        doc.error("nodes", "must be a list of nodes (- id: ...)")
+    elif isinstance(raw_nodes, list):
+        if not raw_nodes:
+            doc.error("nodes", "must not be empty; add at least one node")
+        ids: set[str] = set()
+        for i, raw in enumerate(raw_nodes):
+            node = _node(loader, doc, raw, f"nodes[{i}]")
+            if node is None:
+                continue
+            if node.id in ids:
+                doc.error(f"nodes[{i}].id", f"node id {show(node.id)} is used twice; ids must be unique "
+                          "within a workflow")
+                continue
+            ids.add(node.id)
+            nodes.append(node)
+    if doc.named and name is not None and "nodes" in d:
+        loader.workflows[name] = Workflow(name=name, nodes=tuple(nodes), workspace=workspace, inputs=inputs,
+                                        max_tokens=max_tokens, source=doc.where)
+        loader._raw_nodes[name] = raw_nodes if isinstance(raw_nodes, list) else []
+
+
+def _node(loader: Loader, doc: Doc, raw: Any, path: str) -> Node | None:
+    if not isinstance(raw, dict):
+        doc.error(path, "must be a mapping with id and one of run / model / agent / uses")
+        return None
+    present = [k for k in ("run", "model", "agent", "uses") if k in raw]
+    if len(present) != 1:
+        every = _COMMON + tuple(k for m in NODE_MODELS.values() for k in fields_of(m) if k not in _COMMON)
+        doc.fields(raw, path, every, ("id",))
+        doc.error(path, "a node needs exactly one of run: (a command), model: (a Model name), "
+                  f"agent: (an Agent name) or uses: (builtin:{'|'.join(BUILTINS)}); "
+                  + ("it has none" if not present else f"it has {' and '.join(present)}"))
+        return None
+    which = present[0]
+    doc.fields(raw, path, fields_of(NODE_MODELS[which]), ("id",),
+               hint=f" (a {which} node)")
+    node_id = doc.text(raw, "id", f"{path}.id", None, pattern=NODE_ID_RE,
+                       what="use letters, digits, '_' and '-'")
+    needs = doc.str_list(raw, "needs", f"{path}.needs", pattern=NODE_ID_RE,
+                         what="list node ids of this workflow")
+    timeout = doc.number(raw, "timeout", f"{path}.timeout", 1800.0)
+    retries = doc.integer(raw, "retries", f"{path}.retries", 0, minimum=0)
+    kw: dict[str, Any] = {}
+    if which == "run":
+        kind = "run"
+        kw["run"] = doc.text(raw, "run", f"{path}.run", None)
+        if kw["run"] is None:
+            return None
+    elif which == "model":
+        kind = "model"
+        kw["model"] = doc.text(raw, "model", f"{path}.model", None)
+        kw["prompt"] = doc.text(raw, "prompt", f"{path}.prompt", "")
+        if "prompt" not in raw:
+            doc.error(f"{path}.prompt", "a model node needs a prompt; add prompt: ...")
+        kw["tools"] = doc.str_list(raw, "tools", f"{path}.tools", choices=NODE_TOOLS)
+        kw["max_turns"] = doc.integer(raw, "max_turns", f"{path}.max_turns", 20, minimum=1)
+        kw["max_tokens"] = doc.integer(raw, "max_tokens", f"{path}.max_tokens", 0, minimum=0)
+    elif which == "agent":
+        kind = "agent"
+        kw["agent"] = doc.text(raw, "agent", f"{path}.agent", None)
+        kw["prompt"] = doc.text(raw, "prompt", f"{path}.prompt", "")
+        if "prompt" not in raw:
+            doc.error(f"{path}.prompt", "an agent node needs a prompt; add prompt: ...")
+        kw["deny"] = doc.str_list(raw, "deny", f"{path}.deny", choices=PERMISSION_KINDS)
+        kw["max_tokens"] = doc.integer(raw, "max_tokens", f"{path}.max_tokens", 0, minimum=0)
+    else:
+        kind = "builtin"
+        uses = raw.get("uses")
+        builtin = uses[len("builtin:"):] if isinstance(uses, str) and uses.startswith("builtin:") else None
+        if builtin not in BUILTINS:
+            doc.error(f"{path}.uses", f"{show(uses)} is not a builtin; use one of "
+                      + ", ".join(f"builtin:{b}" for b in BUILTINS))
+            return None
+        kw["uses"] = builtin
+        with_ = doc.mapping(raw, "with", f"{path}.with") or {}
+        allowed = BUILTIN_WITH[builtin]
+        doc.fields(with_, f"{path}.with", allowed, hint=f" (builtin:{builtin})")
+        clean: dict[str, Any] = {}
+        for k in allowed:
+            v = doc.text(with_, k, f"{path}.with.{k}", None)
+            if v is not None:
+                clean[k] = v
+        if "method" in clean and clean["method"] not in MERGE_METHODS:
+            doc.error(f"{path}.with.method", f"is not one of: {', '.join(MERGE_METHODS)}")
+            clean.pop("method")
+        kw["with_"] = clean
+    if node_id is None:
+        return None
+    return Node(id=node_id, kind=kind, needs=needs, timeout_s=timeout, retries=retries, **kw)
+

@@ -1,0 +1,244 @@
+"""kind: Workspace — a repository, its forge, the sandbox its tickets run in
+(image, limits, egress, egressPrivate) and the commit author.
+
+`WorkspaceManifest` declares the fields (their names, types and defaults:
+the JSON Schema of `afe check --schema` and the keys `load` allows);
+`load` checks one document and adds a `config.Workspace`."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from ..config import DEFAULT_SANDBOX_IMAGE, Author, ForgeConfig, Limits, SandboxConfig, Workspace
+from .document import Doc, check_api_url
+from .text import EGRESS_RE, ENV_NAME_RE, GITHUB_REPO_RE, NAME_RE, fields_of, parse_memory, show
+
+if TYPE_CHECKING:
+    from .loader import Loader
+
+FORGES = ("github", "local")
+MERGE_METHODS = ("merge", "squash", "rebase")
+MIN_MEMORY = 6 * 1024 * 1024   # Docker's own minimum
+MIN_DISK = 16 * 1024 * 1024    # smallest workspace disk cap (R34): a filesystem and a checkout must fit
+MAX_DISK = 16 * 1024 ** 4
+# Never allowed by sandbox.egressPrivate (mirrors services/sandbox/egress.py NEVER_RANGES).
+_NEVER_NETS = tuple(ipaddress.ip_network(r) for r in (
+    "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
+    "::/128", "::1/128", "::ffff:0:0/96", "fe80::/10", "ff00::/8"))
+
+_STRICT = ConfigDict(extra="forbid", populate_by_name=True)
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_RE.pattern)]
+Size = int | Annotated[str, StringConstraints(pattern=r"^\s*\d+(\.\d+)?\s*[kmgtKMGT]?([iI]?[bB])?\s*$")]
+
+
+class ForgeManifest(BaseModel):
+    model_config = _STRICT
+    type: Literal["github", "local"]
+    repo: Annotated[str, StringConstraints(pattern=GITHUB_REPO_RE.pattern)] | None = Field(
+        None, description="github: the repository as owner/name")
+    baseUrl: str = Field("https://api.github.com", description="the forge API (https://, or http://localhost)")
+    mergeMethod: Literal["merge", "squash", "rebase"] = "merge"
+
+
+class LimitsManifest(BaseModel):
+    model_config = _STRICT
+    cpus: float = Field(1.0, gt=0)
+    memory: Size = Field("1g", description="bytes, or a size such as 512m or 2g (at least 6m)")
+    pids: int = Field(256, ge=1)
+    disk: Size = Field("10g", description="the workspace's disk cap, 16m to 16t (R34)")
+
+
+class SandboxManifest(BaseModel):
+    model_config = _STRICT
+    image: str = DEFAULT_SANDBOX_IMAGE
+    limits: LimitsManifest | None = None
+    egress: list[Annotated[str, StringConstraints(pattern=EGRESS_RE.pattern)]] = Field(
+        default_factory=list, description="host names the sandbox may reach through the proxy; empty = no "
+        "network (R10). .example.com allows a domain and its subdomains")
+    egressPrivate: list[str] = Field(
+        default_factory=list, description="names (also in egress) allowed to resolve to private addresses, "
+        "or private CIDR subnets (R11)")
+
+
+class AuthorManifest(BaseModel):
+    model_config = _STRICT
+    name: str = "afe"
+    email: str = "afe@localhost"
+
+
+class WorkspaceManifest(BaseModel):
+    """A repository tickets change, its forge and its sandbox."""
+    model_config = _STRICT
+    kind: Literal["Workspace"]
+    name: Annotated[str, StringConstraints(pattern=NAME_RE.pattern)]
+    repo: str = Field(description="an https:// URL, a local path or a file:// URL; never with user@")
+    baseBranch: str = "main"
+    tokenEnv: EnvName | None = Field(None, description="the NAME of the variable holding the forge token (R28)")
+    forge: ForgeManifest | None = None
+    sandbox: SandboxManifest | None = None
+    author: AuthorManifest | None = None
+    maxRunning: int = Field(0, ge=0, description="tickets running at once here; 0 = only the global limit")
+
+
+def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> None:
+    doc.fields(d, "", fields_of(WorkspaceManifest), ("repo",))
+    repo = _repo(loader, doc, d.get("repo"))
+    base_branch = doc.text(d, "baseBranch", "baseBranch", "main")
+    token_env = doc.env_name(d, "tokenEnv", "tokenEnv")
+    forge = ForgeConfig(type="local")
+    fd = doc.mapping(d, "forge", "forge")
+    if fd is not None:
+        doc.fields(fd, "forge", fields_of(ForgeManifest), ("type",))
+        ftype = doc.choice(fd, "type", "forge.type", FORGES, "local")
+        frepo = doc.text(fd, "repo", "forge.repo", "", pattern=GITHUB_REPO_RE,
+                         what="write the GitHub repository as owner/name")
+        base_url = doc.text(fd, "baseUrl", "forge.baseUrl", "https://api.github.com")
+        if "baseUrl" in fd and isinstance(fd.get("baseUrl"), str):
+            check_api_url(doc, fd["baseUrl"], "forge.baseUrl")
+        merge_method = doc.choice(fd, "mergeMethod", "forge.mergeMethod", MERGE_METHODS, "merge")
+        if ftype == "github":
+            if not frepo and "repo" not in fd:
+                doc.error("forge.repo", "required for a github forge; add repo: owner/name")
+            if "tokenEnv" not in d:
+                doc.error("tokenEnv", "a github forge needs a token: add tokenEnv: <NAME of the "
+                          "environment variable that holds a GitHub fine-grained token>")
+        forge = ForgeConfig(type=ftype, repo=frepo or "", base_url=base_url.rstrip("/"),
+                            merge_method=merge_method)
+    sandbox = SandboxConfig()
+    sd = doc.mapping(d, "sandbox", "sandbox")
+    if sd is not None:
+        doc.fields(sd, "sandbox", fields_of(SandboxManifest))
+        image = doc.text(sd, "image", "sandbox.image", DEFAULT_SANDBOX_IMAGE)
+        limits = Limits()
+        ld = doc.mapping(sd, "limits", "sandbox.limits")
+        if ld is not None:
+            doc.fields(ld, "sandbox.limits", fields_of(LimitsManifest))
+            cpus = doc.number(ld, "cpus", "sandbox.limits.cpus", limits.cpus)
+            memory = limits.memory_bytes
+            if ld.get("memory") is not None:
+                parsed = parse_memory(ld["memory"])
+                if parsed is None:
+                    doc.error("sandbox.limits.memory", f"{show(ld['memory'])} is not a size; write a "
+                              "number of bytes or a size such as 512m or 2g")
+                elif parsed < MIN_MEMORY:
+                    doc.error("sandbox.limits.memory", "is below Docker's minimum of 6m; raise it")
+                else:
+                    memory = parsed
+            pids = doc.integer(ld, "pids", "sandbox.limits.pids", limits.pids, minimum=1)
+            disk = limits.disk_bytes
+            if "disk" in ld:
+                parsed = parse_memory(ld["disk"])
+                if parsed is None or parsed <= 0:
+                    doc.error("sandbox.limits.disk", f"{show(ld['disk'])} is not a disk size; write a "
+                              "positive size such as 512m or 10g (the workspace's disk cap)")
+                elif parsed < MIN_DISK:
+                    doc.error("sandbox.limits.disk", f"{show(ld['disk'])} is below the minimum of 16m; "
+                              "raise it")
+                elif parsed > MAX_DISK:
+                    doc.error("sandbox.limits.disk", f"{show(ld['disk'])} is above the maximum of 16t; "
+                              "lower it")
+                else:
+                    disk = parsed
+            limits = Limits(cpus=cpus, memory_bytes=memory, pids=pids, disk_bytes=disk)
+        egress = doc.str_list(sd, "egress", "sandbox.egress", pattern=EGRESS_RE,
+                              what="write a lower-case host name such as pypi.org, or .example.com for "
+                              "a domain and its subdomains (no scheme, port, path or IP address)")
+        bad_ip = []
+        for host in egress:
+            try:
+                ipaddress.ip_address(host.lstrip("."))
+                bad_ip.append(host)
+            except ValueError:
+                pass
+        for host in bad_ip:
+            doc.error("sandbox.egress", f"{show(host)} is an IP address; name a host instead")
+        egress = tuple(h for h in egress if h not in bad_ip)
+        sandbox = SandboxConfig(image=image, limits=limits, egress=egress,
+                                egress_private=_egress_private(loader, doc, sd, egress))
+    author = Author()
+    ad = doc.mapping(d, "author", "author")
+    if ad is not None:
+        doc.fields(ad, "author", fields_of(AuthorManifest))
+        author = Author(name=doc.text(ad, "name", "author.name", author.name),
+                        email=doc.text(ad, "email", "author.email", author.email))
+    max_running = doc.integer(d, "maxRunning", "maxRunning", 0, minimum=0)
+    if doc.named and name is not None and repo is not None:
+        loader.workspaces[name] = Workspace(
+            name=name, repo=repo, base_branch=base_branch, token_env=token_env, forge=forge,
+            sandbox=sandbox, author=author, max_running=max_running, source=doc.where)
+
+
+def _egress_private(loader: Loader, doc: Doc, sd: Mapping[str, Any], egress: tuple[str, ...]) -> tuple[str, ...]:
+    """sandbox.egressPrivate: host names (each also allowed by egress) that may
+    resolve to private addresses, or CIDR subnets the proxy may reach for names
+    in egress; never loopback, link-local or multicast (R11)."""
+    raw = doc.str_list(sd, "egressPrivate", "sandbox.egressPrivate")
+    out: list[str] = []
+    for i, entry in enumerate(raw):
+        path = f"sandbox.egressPrivate[{i}]"
+        try:
+            net = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            net = None
+        if net is not None:
+            if any(net.version == n.version and net.overlaps(n) for n in _NEVER_NETS):  # type: ignore[arg-type]
+                doc.error(path, f"{show(entry)} overlaps loopback, link-local, multicast or reserved "
+                          "addresses; list only the private subnet of the service (e.g. 10.20.0.0/16)")
+                continue
+            out.append(str(net))
+            continue
+        if not EGRESS_RE.match(entry):
+            doc.error(path, f"{show(entry)} is neither a host name (mirror.internal, .corp.example) nor a "
+                      "CIDR subnet (10.20.0.0/16)")
+            continue
+        bare = entry.lstrip(".")
+        if not any(e == entry or (e.startswith(".") and (bare == e[1:] or bare.endswith(e))) for e in egress):
+            doc.error(path, f"{show(entry)} is not in sandbox.egress; add it there too (egressPrivate only "
+                      "lets an allowed name reach a private address)")
+            continue
+        out.append(entry)
+    if out and not egress:
+        doc.error("sandbox.egressPrivate", "has no effect without sandbox.egress (no network at all); add "
+                  "the names the sandbox may reach to sandbox.egress")
+    return tuple(out)
+
+
+def _repo(loader: Loader, doc: Doc, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        doc.error("repo", "must be an https:// URL or a local path")
+        return None
+    if value.startswith("file://"):
+        parts = urllib.parse.urlsplit(value)
+        if parts.username or parts.password or "@" in parts.netloc:
+            doc.error("repo", "must not hold credentials (user@ or user:password@); remove them and name "
+                      "the token's variable in tokenEnv")
+            return None
+        return value
+    if "://" in value or re.match(r"^[\w.-]+@[\w.-]+:", value):
+        parts = urllib.parse.urlsplit(value)
+        if "@" in parts.netloc or re.match(r"^[\w.-]+@[\w.-]+:", value):
+            doc.error("repo", "must not hold credentials (user@ or user:password@); remove them and name "
+                      "the token's variable in tokenEnv")
+            return None
+        if parts.scheme != "https":
+            doc.error("repo", "only https:// remotes are supported (or a local path / file:// URL); "
+                      "rewrite the URL as https://host/owner/name.git")
+            return None
+        if not parts.hostname:
+            doc.error("repo", "has no host; write https://host/owner/name.git")
+            return None
+        return value
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = loader.directory / path
+    return str(path.resolve())
+
