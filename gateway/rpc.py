@@ -1,7 +1,9 @@
 """JSON-RPC 2.0 over the /rpc WebSocket.
 
 Each text frame is one request object (batches are refused). Every request
-is validated: envelope, method name, params against the method's fields.
+is validated: envelope, method name, params against the method's pydantic
+model (`services/common/schema/rpc.py`, shared with the CLI; the ticket
+limits are those the scheduler applies).
 Failures become stable error codes (`error.code` number and
 `error.data.code` name) with a redacted message; tracebacks stay in the log.
 
@@ -16,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +25,11 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from services.common import errors, telemetry
-from services.common.layout import TICKET_ID_RE
 from services.common.redact import Redactor
+from services.common.schema.rpc import METHODS, parse_params
 
-from . import convert
 from .auth import Authenticator, Principal
 from .backend import SchedulerBackend
-from .schema import Field, validate
 
 log = logging.getLogger(__name__)
 
@@ -73,41 +72,6 @@ def error_body(exc: BaseException, redactor: Redactor) -> dict:
         code, name = INTERNAL
         message = "internal error (details are in the server log)"
     return {"code": code, "message": redactor.redact(message), "data": {"code": name}}
-
-
-_SHA = re.compile(r"[0-9a-f]{7,64}")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-_TICKET = Field("str", required=True, pattern=TICKET_ID_RE,
-                pattern_hint="must be a ticket id (a-z, 0-9 and '-', at most 63)")
-
-METHOD_FIELDS: dict[str, dict[str, Field]] = {
-    "tickets.create": {
-        "workspace": Field("str", default="", max_len=100, pattern=_NAME, pattern_hint="must be a workspace name"),
-        "workflow": Field("str", required=True, min_len=1, max_len=100, pattern=_NAME,
-                          pattern_hint="must be a workflow name"),
-        "title": Field("str", required=True, min_len=1, max_len=200),
-        "body": Field("str", default="", max_len=65536),
-        "inputs": Field("strmap", default={}, max_len=64),
-    },
-    "tickets.list": {
-        "states": Field("strlist", default=[], max_len=6, choices=frozenset(convert.TICKET_STATE_BY_NAME)),
-        "workspace": Field("str", default="", max_len=100),
-        "page_size": Field("int", default=50, minimum=1, maximum=500),
-        "page_token": Field("str", default="", max_len=512),
-    },
-    "tickets.get": {"id": _TICKET},
-    "tickets.diff": {"id": _TICKET},
-    "tickets.cancel": {"id": _TICKET},
-    "tickets.approve": {"id": _TICKET, "sha": Field("str", default="", pattern=_SHA,
-                                                      pattern_hint="must be a hex commit SHA")},
-    "tickets.reject": {"id": _TICKET, "reason": Field("str", default="", max_len=2000)},
-    "tickets.watch": {"id": _TICKET, "from_seq": Field("int", default=0, minimum=0, maximum=2**62),
-                      "follow": Field("bool", default=True)},
-    "tickets.unwatch": {"subscription": Field("str", required=True, max_len=32)},
-    "workflows.list": {},
-    "workspaces.list": {},
-    "session.info": {},
-}
 
 
 @dataclass
@@ -236,14 +200,14 @@ class RpcConnection:
         method = doc.get("method")
         if not isinstance(method, str):
             return None, (INVALID_REQUEST, "'method' must be a string")
-        if method not in METHOD_FIELDS:
+        if method not in METHODS:
             return None, (METHOD_NOT_FOUND, f"unknown method {method[:64]!r}; known: "
-                          + ", ".join(sorted(METHOD_FIELDS)))
+                          + ", ".join(sorted(METHODS)))
         return _Request(rid, method, doc.get("params")), ()
 
     async def _run(self, req: _Request) -> None:
         # Each JSON-RPC call starts its own trace (tickets.create -> scheduler -> brokers).
-        name = req.method if req.method in METHOD_FIELDS else "unknown"
+        name = req.method if req.method in METHODS else "unknown"
         with telemetry.span(f"rpc {name}", root=True, attributes={"rpc.method": name}):
             await self._run_call(req)
 
@@ -251,7 +215,7 @@ class RpcConnection:
         outcome = "ok"
         try:
             try:
-                params = validate(req.params, METHOD_FIELDS[req.method])
+                params = parse_params(req.method, req.params)
                 if req.method == "tickets.watch":
                     await self._watch(req.id, params)
                     return

@@ -1,4 +1,5 @@
-"""`afe check [--config DIR]`: validate the manifests and say what to fix."""
+"""`afe check [--config DIR]`: validate the manifests and say what to fix.
+`afe check --schema`: print the JSON Schema of the manifests, for editors."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="manifest folder (default: ./afe.d, else the bundled demo)")
     p.add_argument("--data", default=".afe/data", metavar="DIR",
                    help="data folder, for a relative sqlite AFE_DATABASE_URL (default: .afe/data)")
+    p.add_argument("--schema", action="store_true",
+                   help="print the JSON Schema (draft 2020-12) of every manifest kind, for editors, and exit")
     p.set_defaults(func=run)
 
 
@@ -32,6 +35,13 @@ def run(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
+    if getattr(args, "schema", False):
+        import json
+
+        from services.common.schema import manifest_json_schema
+
+        print(json.dumps(manifest_json_schema(), indent=2))
+        return 0
     directory = Path(args.config) if args.config is not None else default_config_dir()
     try:
         if directory is None:

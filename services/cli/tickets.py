@@ -300,6 +300,18 @@ def _read_body(value: str) -> str:
     return value
 
 
+def _check_create(params: dict[str, Any]) -> None:
+    """Refuse before sending what the gateway would refuse: the same model and limits
+    (services/common/schema/rpc.py; title, body and inputs as services/common/schema/tickets.py)."""
+    from services.common.errors import InvalidArgument
+    from services.common.schema.rpc import parse_params
+
+    try:
+        parse_params("tickets.create", params)
+    except InvalidArgument as exc:
+        raise CliError(f"{exc.message} (invalid_params)", EXIT_USAGE) from None
+
+
 async def _create(client: RpcClient, args: argparse.Namespace) -> int:
     if args.demo:
         params: dict[str, Any] = dict(DEMO)
@@ -316,6 +328,7 @@ async def _create(client: RpcClient, args: argparse.Namespace) -> int:
             inputs[key] = value
         params = {"workspace": args.workspace, "workflow": args.workflow, "title": args.title,
                   "body": _read_body(args.body), "inputs": inputs}
+    _check_create(params)
     t = await client.call("tickets.create", params)
     if args.json:
         _emit_json(t)

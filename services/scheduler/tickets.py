@@ -1,9 +1,11 @@
 """Ticket creation input: the checks that refuse bad input before anything
 is stored, and ticket ids.
 
-Documented caps: a title is 1-500 characters, a body at most 64 KiB of
-UTF-8, an input value at most 8 KiB; every text must be valid UTF-8; input
-names must be declared by the workflow's `inputs`.
+The limits of a title, body and inputs are `services.common.schema.tickets.
+TicketText`, the same model the gateway and the CLI check (a title is 1-200
+characters, a body at most 64 KiB of UTF-8, at most 64 inputs of at most
+8 KiB each); here too every text must be valid UTF-8 and input names must be
+declared by the workflow's `inputs`.
 """
 
 from __future__ import annotations
@@ -11,12 +13,20 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from services.common.config import Config, Workflow, Workspace
 from services.common.errors import InvalidArgument
+from services.common.schema.tickets import (
+    MAX_BODY_BYTES,
+    MAX_INPUT_BYTES,
+    MAX_TITLE_CHARS,
+    TicketText,
+    problem,
+)
 
-MAX_TITLE_CHARS = 500
-MAX_BODY_BYTES = 64 * 1024
-MAX_INPUT_BYTES = 8 * 1024
+__all__ = ["MAX_BODY_BYTES", "MAX_INPUT_BYTES", "MAX_TITLE_CHARS", "NewTicket", "new_ticket_id", "validate"]
+
 MAX_PRINCIPAL_CHARS = 200
 
 
@@ -37,6 +47,10 @@ def _utf8(value: object, what: str) -> bytes:
         return value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgument(f"{what} is not valid UTF-8; send UTF-8 text") from None
+
+
+def _str(value: str | bytes) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True)
@@ -65,25 +79,20 @@ def validate(config: Config, workspace: str, workflow: str, title: str, body: st
     if ws is None:
         known = ", ".join(sorted(config.workspaces)) or "none"
         raise InvalidArgument(f"unknown workspace {ws_name!r}; known workspaces: {known}")
-    title = title.strip()
-    if not title:
-        raise InvalidArgument("the title is empty; give the ticket a title")
-    if len(title) > MAX_TITLE_CHARS:
-        raise InvalidArgument(f"the title is {len(title)} characters; the limit is {MAX_TITLE_CHARS}")
-    size = len(_utf8(body, "body"))
-    if size > MAX_BODY_BYTES:
-        raise InvalidArgument(f"the body is {size} bytes; the limit is {MAX_BODY_BYTES} bytes (64 KiB)")
-    clean: dict[str, str] = {}
-    declared = set(wf.inputs)
     for name, value in (inputs or {}).items():
         _utf8(name, "an input name")
+        _utf8(value, f"input {name!r}")
+    try:
+        text = TicketText.model_validate({"title": _str(title), "body": _str(body),
+                                          "inputs": {_str(k): _str(v) for k, v in (inputs or {}).items()}})
+    except ValidationError as exc:
+        raise InvalidArgument(problem(exc)) from None
+    declared = set(wf.inputs)
+    for name in text.inputs:
         if name not in declared:
             listed = ", ".join(sorted(declared)) or "none"
             raise InvalidArgument(f"unknown input {name!r} for workflow {workflow!r}; declared inputs: {listed}")
-        if len(_utf8(value, f"input {name!r}")) > MAX_INPUT_BYTES:
-            raise InvalidArgument(f"input {name!r} is over {MAX_INPUT_BYTES} bytes")
-        clean[name] = value
     principal = (principal or "").strip() or "unknown"
     if len(principal) > MAX_PRINCIPAL_CHARS:
         raise InvalidArgument("the principal name is too long")
-    return NewTicket(ws, wf, title, body, clean, principal)
+    return NewTicket(ws, wf, text.title, text.body, text.inputs, principal)

@@ -9,7 +9,7 @@ import pytest_asyncio
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
-from services.scheduler.tickets import MAX_BODY_BYTES
+from services.scheduler.tickets import MAX_BODY_BYTES, MAX_TITLE_CHARS
 from tests.support.system import afe_system
 
 from .conftest import state_name, wait_for_state, write_config
@@ -49,7 +49,7 @@ BAD = [
     ("unknown workspace", _req(workspace="nope"), "unknown workspace 'nope'"),
     ("unknown workflow", _req(workflow="nope"), "unknown workflow 'nope'"),
     ("empty title", _req(title="   "), "title is empty"),
-    ("title over cap", _req(title="t" * 501), "limit is 500"),
+    ("title over cap", _req(title="t" * (MAX_TITLE_CHARS + 1)), f"limit is {MAX_TITLE_CHARS}"),
     ("body over cap", _req(body="b" * (MAX_BODY_BYTES + 1)), "64 KiB"),
     ("body over cap in bytes", _req(body="é" * (MAX_BODY_BYTES // 2 + 1)), "64 KiB"),
     ("unknown input", _req(inputs={"zzz": "1"}), "unknown input 'zzz'"),
@@ -88,7 +88,7 @@ async def test_invalid_utf8_is_refused_and_nothing_stored(system):
 
 
 async def test_limits_are_inclusive_and_declared_inputs_accepted(system):
-    t = await system.stub.CreateTicket(_req(title="t" * 500, body="b" * MAX_BODY_BYTES, inputs={"issue": "42"}))
+    t = await system.stub.CreateTicket(_req(title="t" * MAX_TITLE_CHARS, body="b" * MAX_BODY_BYTES, inputs={"issue": "42"}))
     assert t.inputs == {"issue": "42"} and len(t.body) == MAX_BODY_BYTES
     t = await wait_for_state(system.stub, t.id, {"succeeded", "failed"})
     assert state_name(t) == "succeeded"

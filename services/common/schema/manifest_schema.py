@@ -23,7 +23,6 @@ from .workspace import WorkspaceManifest
 __all__ = ["MANIFEST_MODELS", "manifest_json_schema"]
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-SCHEMA_ID = "https://afe.invalid/schema/manifest.json"
 MANIFEST_MODELS = (WorkspaceManifest, ModelManifest, AgentManifest, WorkflowManifest, TriggerManifest)
 
 Manifest = Annotated[WorkspaceManifest | ModelManifest | AgentManifest | WorkflowManifest | TriggerManifest,
@@ -33,7 +32,7 @@ Manifest = Annotated[WorkspaceManifest | ModelManifest | AgentManifest | Workflo
 def manifest_json_schema() -> dict[str, Any]:
     """One schema that accepts any single manifest document (selected by `kind`)."""
     schema = TypeAdapter(Manifest).json_schema(by_alias=True)
-    return {"$schema": DRAFT, "$id": SCHEMA_ID, "title": "afe manifest",
+    return {"$schema": DRAFT, "title": "afe manifest",
             "description": "One document of an afe config folder: kind Workspace, Model, Agent, Workflow or "
                            "Trigger. `afe check` also checks references between documents and refuses "
                            "secret-looking values (R28).",
