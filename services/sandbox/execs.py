@@ -2,8 +2,10 @@
 exit code, timeout that kills, output cap with a marker) and `Process`
 (an interactive byte stream with stdin, clean EOF and kill).
 
-Both use a Docker exec attached over a hijacked engine connection; argv is
-passed as-is (no shell). The working directory is confined to /workspace.
+Both go through the sandbox's command supervisor (supervisor.py: one
+process per sandbox fed over an attached stream) or, when a sandbox has
+none, one Docker exec each over a hijacked engine connection; argv is passed
+as-is (no shell). The working directory is confined to /workspace.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .dockerapi import STDERR, STDOUT, DockerAPI, EngineError, ExecStream
 from .hardening import WORKSPACE
 from .paths import split_relative
 from .sandboxes import SandboxManager
+from .supervisor import SupervisedCommand, SupervisorDown, Supervisors
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +69,65 @@ def truncation_marker(cap: int) -> bytes:
     return f"\n[afe: output truncated after {cap} bytes]\n".encode()
 
 
+class _Exec:
+    """One `docker exec`: the same face as a supervised command (frame, write,
+    close_stdin, close, kill, exit_code), used when a sandbox has no
+    supervisor (an image without python3, or one whose supervisor keeps
+    dying)."""
+
+    def __init__(self, runner: Runner, exec_id: str, stream: ExecStream) -> None:
+        self.runner = runner
+        self.exec_id = exec_id
+        self.stream = stream
+
+    async def frame(self) -> tuple[int, bytes] | None:
+        return await self.stream.frame()
+
+    async def write(self, data: bytes) -> None:
+        await self.stream.write(data)
+
+    def close_stdin(self) -> None:
+        self.stream.close_stdin()
+
+    def close(self) -> None:
+        self.stream.close()
+
+    async def kill(self) -> None:
+        await self.runner.kill(self.exec_id)
+
+    async def exit_code(self) -> int:
+        return await self.runner.api.exit_code(self.exec_id)
+
+
+Handle = _Exec | SupervisedCommand
+
+
 class Runner:
-    def __init__(self, sandboxes: SandboxManager, api: DockerAPI | None = None) -> None:
+    """Commands and processes in a ticket's sandbox: through the sandbox's
+    command supervisor (supervisor.py) when it has one, else one `docker
+    exec` each; the caller sees no difference but the speed."""
+
+    def __init__(self, sandboxes: SandboxManager, api: DockerAPI | None = None, *, supervise: bool = True) -> None:
         self.sandboxes = sandboxes
         self.api = api or DockerAPI()
+        self.supervisors = Supervisors(self.api, enabled=supervise)
+        self._containers: dict[str, str] = {}     # ticket -> container whose supervisor we hold
 
-    async def _create(self, ticket_id: str, argv: list[str], cwd: str, env: list[str], stdin: bool) -> str:
+    async def _open(self, ticket_id: str, argv: list[str], cwd: str, env: list[str], stdin: bool) -> Handle:
         info = await self.sandboxes.get(ticket_id)
+        argv, wd = check_argv(argv), workdir(cwd)
+        if info.state == "paused":
+            raise FailedPrecondition(f"the sandbox of {ticket_id} is not running (frozen or stopped)")
         try:
-            return await self.api.exec_create(info.container_id, check_argv(argv), workdir=workdir(cwd),
-                                              env=env, stdin=stdin)
+            link = await self.supervisors.link(info.container_id)
+            if link is not None:
+                self._containers[ticket_id] = info.container_id
+                try:
+                    return await link.open(argv, wd, env, stdin)
+                except SupervisorDown:
+                    pass                  # it stopped before the command started: one exec instead
+            exec_id = await self.api.exec_create(info.container_id, argv, workdir=wd, env=env, stdin=stdin)
+            return _Exec(self, exec_id, await self.api.exec_start(exec_id))
         except NotFound:
             self.sandboxes.forget(ticket_id)
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from None
@@ -84,6 +136,19 @@ class Runner:
                 raise FailedPrecondition(
                     f"the sandbox of {ticket_id} is not running (frozen or stopped)") from exc
             raise
+
+    async def warm(self, ticket_id: str) -> None:
+        """Start the ticket's command supervisor ahead of its first command."""
+        with contextlib.suppress(Exception):
+            info = await self.sandboxes.get(ticket_id)
+            self._containers[ticket_id] = info.container_id
+            await self.supervisors.warm(info.container_id)
+
+    def release(self, ticket_id: str) -> None:
+        """The ticket's sandbox is gone (destroyed, reconciled): drop its link."""
+        cid = self._containers.pop(ticket_id, None)
+        if cid:
+            self.supervisors.drop(cid)
 
     async def kill(self, exec_id: str) -> None:
         """SIGKILL the exec's process group (runc makes every exec a session leader)."""
@@ -127,8 +192,7 @@ class Runner:
         timeout = min(timeout_ms or DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS) / 1000
         cap = min(output_cap or DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP)
         t0 = time.monotonic()
-        exec_id = await self._create(ticket_id, argv, cwd, [], stdin=bool(stdin))
-        stream = await self.api.exec_start(exec_id)
+        stream = await self._open(ticket_id, argv, cwd, [], stdin=bool(stdin))
         sent = 0
         truncated = False
         timed_out = False
@@ -162,14 +226,14 @@ class Runner:
                 if truncated:
                     yield Output("stderr", truncation_marker(cap))
             if timed_out:
-                await self.kill(exec_id)
+                await stream.kill()
                 code = -1
             else:
-                code = await self.api.exit_code(exec_id)
+                code = await stream.exit_code()
         except BaseException:
             # The caller went away (cancelled): never leave the process behind.
             with contextlib.suppress(BaseException):
-                await asyncio.shield(self.kill(exec_id))
+                await asyncio.shield(stream.kill())
             raise
         finally:
             if writer_task:
@@ -187,12 +251,10 @@ class Runner:
         info = await self.sandboxes.get(ticket_id)
         literal = self.sandboxes.literal_env_for(info, env)
         env = literal + self.sandboxes.env_for(info, env_names)
-        exec_id = await self._create(ticket_id, argv, cwd, env, stdin=True)
-        stream = await self.api.exec_start(exec_id)
-        return Process(self, exec_id, stream)
+        return Process(await self._open(ticket_id, argv, cwd, env, stdin=True))
 
 
-async def _feed(stream: ExecStream, data: bytes) -> None:
+async def _feed(stream: Handle, data: bytes) -> None:
     try:
         await stream.write(data)
     except (ConnectionError, OSError):
@@ -216,9 +278,7 @@ class Process:
     """An interactive process: write stdin, close stdin (EOF), kill, and read
     output until the Exit."""
 
-    def __init__(self, runner: Runner, exec_id: str, stream: ExecStream) -> None:
-        self.runner = runner
-        self.exec_id = exec_id
+    def __init__(self, stream: Handle) -> None:
         self.stream = stream
         self.t0 = time.monotonic()
         self.killed = False
@@ -229,7 +289,7 @@ class Process:
             raise InvalidArgument("stdin is already closed")
         try:
             await self.stream.write(data)
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, SupervisorDown):
             pass
 
     def close_stdin(self) -> None:
@@ -238,7 +298,7 @@ class Process:
 
     async def kill(self) -> None:
         self.killed = True
-        await self.runner.kill(self.exec_id)
+        await self.stream.kill()
 
     async def output(self) -> AsyncIterator[Output | Exit]:
         try:
@@ -252,10 +312,10 @@ class Process:
                 name = "stdout" if kind == STDOUT else "stderr"
                 for i in range(0, len(data), MAX_CHUNK):
                     yield Output(name, data[i:i + MAX_CHUNK])
-            code = await self.runner.api.exit_code(self.exec_id)
+            code = await self.stream.exit_code()
         except BaseException:
             with contextlib.suppress(BaseException):
-                await asyncio.shield(self.runner.kill(self.exec_id))
+                await asyncio.shield(self.stream.kill())
             raise
         finally:
             self.stream.close()

@@ -51,6 +51,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         self.files = files
         self.default_image = default_image
         self.metrics = metrics
+        self._warming: set[asyncio.Task] = set()
 
     def _live(self, infos: list[SandboxInfo]) -> None:
         if self.metrics:
@@ -71,9 +72,14 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         if self.metrics:
             self.metrics.create_seconds.labels(egress="allowlist" if settings.egress else "none").observe(
                 time.monotonic() - t0)
+        # the command supervisor starts now, so the first command does not wait for it
+        task = asyncio.get_running_loop().create_task(self.runner.warm(info.ticket_id))
+        self._warming.add(task)
+        task.add_done_callback(self._warming.discard)
         return _sandbox(info)
 
     async def DestroySandbox(self, request, context):
+        self.runner.release(request.ticket_id)
         return pb.DestroySandboxResponse(removed=await self.sandboxes.destroy(request.ticket_id))
 
     async def ListSandboxes(self, request, context):
@@ -83,6 +89,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
 
     async def Reconcile(self, request, context):
         r = await self.sandboxes.reconcile(list(request.live_tickets))
+        for t in r.removed_tickets:
+            self.runner.release(t)
         return pb.ReconcileResponse(removed_tickets=list(r.removed_tickets),
                                     removed_containers=r.removed_containers,
                                     removed_networks=r.removed_networks, boot_id=self.boot_id)

@@ -1,0 +1,258 @@
+# afe-supervisor: runs INSIDE a sandbox, as the sandbox user (never on the host).
+"""The command supervisor that runs inside a sandbox (see supervisor.py).
+
+The sandbox broker starts this file's source once per sandbox with one
+`docker exec` (as the sandbox user, no extra environment, stdin attached) and
+then sends it commands over that exec's stdin; it answers on stdout. It has
+exactly the privileges of any other process in the sandbox, and nothing it
+holds is worth more: a declared environment value (R9) passes through it to
+the one child that asked for it and is not kept.
+
+Frames both ways: a header `>BII` (type, command id, payload length) then
+the payload.
+  broker -> here: S start (JSON {argv, cwd, env, stdin}), I stdin bytes,
+                  E close stdin, K kill the process group, C output credit
+  here -> broker: H hello, P started (ns pid), O stdout, R stderr,
+                  X exit (signed code, 128+N for a signal; 126 when the
+                  program could not be started, as `docker exec` answers)
+
+Output is flow controlled: a command gets WINDOW bytes of credit and more
+only as the broker consumes it, so one chatty command cannot make the
+broker buffer without bound (a child that writes more blocks on its pipe).
+When the broker's stream closes, every command's process group is killed
+and the supervisor exits.
+"""
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+
+HDR = struct.Struct(">BII")
+CODE = struct.Struct(">i")
+WINDOW = 256 * 1024
+MAX_IN = 1 << 20
+READ = 65536
+
+
+def send(kind, cid, payload=b""):
+    buf = HDR.pack(kind, cid, len(payload)) + payload
+    view = memoryview(buf)
+    while view:
+        n = os.write(1, view)
+        view = view[n:]
+
+
+class Cmd:
+    def __init__(self, cid, proc):
+        self.cid = cid
+        self.proc = proc
+        self.pid = proc.pid
+        self.credit = WINDOW
+        self.code = None
+        self.fds = {}            # fd -> kind (O or R)
+        self.paused = set()      # output fds waiting for credit
+        self.stdin_fd = proc.stdin.fileno() if proc.stdin else -1
+        self.pending = bytearray()
+        self.eof = False
+        self.pidfd = -1
+
+
+class Supervisor:
+    def __init__(self):
+        self.sel = selectors.DefaultSelector()
+        self.cmds = {}
+        self.base_env = dict(os.environ)
+        self.inbuf = bytearray()
+
+    def run(self):
+        os.set_blocking(0, False)
+        self.sel.register(0, selectors.EVENT_READ, ("ctl", None))
+        send(ord("H"), 0, b"afe-supervisor 1")
+        while True:
+            polled = [c for c in self.cmds.values() if c.pidfd < 0 and c.code is None]
+            for key, _mask in self.sel.select(0.05 if polled else None):
+                what, cmd = key.data
+                if what == "ctl":
+                    if not self.control():
+                        self.shutdown()
+                        return
+                elif what == "out":
+                    self.output(cmd, key.fd)
+                elif what == "in":
+                    self.feed(cmd)
+                elif what == "exit":
+                    self.reap(cmd)
+            for cmd in polled:          # no pidfd (an old kernel): poll
+                if cmd.code is None and cmd.proc.poll() is not None:
+                    self.reap(cmd)
+
+    # -- messages from the broker ------------------------------------------
+    def control(self):
+        try:
+            data = os.read(0, READ)
+        except BlockingIOError:
+            return True
+        if not data:
+            return False
+        self.inbuf += data
+        while len(self.inbuf) >= HDR.size:
+            kind, cid, n = HDR.unpack_from(self.inbuf)
+            if n > MAX_IN:
+                return False
+            if len(self.inbuf) < HDR.size + n:
+                break
+            payload = bytes(self.inbuf[HDR.size:HDR.size + n])
+            del self.inbuf[:HDR.size + n]
+            self.message(chr(kind), cid, payload)
+        return True
+
+    def message(self, kind, cid, payload):
+        cmd = self.cmds.get(cid)
+        if kind == "S" and cmd is None:
+            self.start(cid, json.loads(payload))
+        elif cmd is None:
+            return
+        elif kind == "I" and not cmd.eof:
+            cmd.pending += payload
+            self.feed(cmd)
+        elif kind == "E":
+            cmd.eof = True
+            self.feed(cmd)
+        elif kind == "K":
+            try:
+                os.killpg(cmd.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        elif kind == "C":
+            cmd.credit += CODE.unpack(payload)[0]
+            for fd in list(cmd.paused):
+                cmd.paused.discard(fd)
+                self.sel.register(fd, selectors.EVENT_READ, ("out", cmd))
+
+    def start(self, cid, spec):
+        env = dict(self.base_env)
+        for entry in spec.get("env", []):
+            k, _, v = entry.partition("=")
+            env[k] = v
+        try:
+            proc = subprocess.Popen(
+                spec["argv"], cwd=spec["cwd"], env=env, start_new_session=True, close_fds=True,
+                stdin=subprocess.PIPE if spec.get("stdin") else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            what = "chdir to " + spec["cwd"] if isinstance(exc, NotADirectoryError) else spec["argv"][0]
+            send(ord("R"), cid, f"afe: cannot start {what}: {exc.strerror}\n".encode())
+            send(ord("X"), cid, CODE.pack(126))
+            return
+        cmd = Cmd(cid, proc)
+        self.cmds[cid] = cmd
+        for f, kind in ((proc.stdout, "O"), (proc.stderr, "R")):
+            os.set_blocking(f.fileno(), False)
+            cmd.fds[f.fileno()] = kind
+            self.sel.register(f.fileno(), selectors.EVENT_READ, ("out", cmd))
+        if cmd.stdin_fd >= 0:
+            os.set_blocking(cmd.stdin_fd, False)
+        try:
+            cmd.pidfd = os.pidfd_open(proc.pid)
+            self.sel.register(cmd.pidfd, selectors.EVENT_READ, ("exit", cmd))
+        except (AttributeError, OSError):
+            cmd.pidfd = -1
+        send(ord("P"), cid, CODE.pack(proc.pid))
+
+    # -- the children ---------------------------------------------------------
+    def feed(self, cmd):
+        if cmd.stdin_fd < 0:
+            return
+        try:
+            while cmd.pending:
+                n = os.write(cmd.stdin_fd, cmd.pending[:READ])
+                del cmd.pending[:n]
+        except BlockingIOError:
+            pass
+        except OSError:
+            cmd.pending.clear()
+            cmd.eof = True
+        registered = cmd.stdin_fd in self.sel.get_map()
+        if cmd.pending and not registered:
+            self.sel.register(cmd.stdin_fd, selectors.EVENT_WRITE, ("in", cmd))
+        elif not cmd.pending:
+            if registered:
+                self.sel.unregister(cmd.stdin_fd)
+            if cmd.eof:
+                cmd.proc.stdin.close()
+                cmd.stdin_fd = -1
+
+    def output(self, cmd, fd):
+        if cmd.credit <= 0:
+            self.sel.unregister(fd)
+            cmd.paused.add(fd)
+            return
+        try:
+            data = os.read(fd, min(READ, cmd.credit))
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            cmd.credit -= len(data)
+            send(ord(cmd.fds[fd]), cmd.cid, data)
+            return
+        self.sel.unregister(fd)
+        del cmd.fds[fd]
+        self.finish(cmd)
+
+    def reap(self, cmd):
+        if cmd.code is not None:
+            return
+        if cmd.pidfd >= 0:
+            self.sel.unregister(cmd.pidfd)
+            os.close(cmd.pidfd)
+            cmd.pidfd = -1
+        code = cmd.proc.wait()
+        cmd.code = 128 - code if code < 0 else code
+        self.finish(cmd)
+
+    def finish(self, cmd):
+        """A command is over when its process has exited and its output is
+        closed (as a `docker exec` stream is)."""
+        if cmd.code is None or cmd.fds or cmd.paused:
+            return
+        if cmd.stdin_fd >= 0:
+            if cmd.stdin_fd in self.sel.get_map():
+                self.sel.unregister(cmd.stdin_fd)
+            cmd.proc.stdin.close()
+            cmd.stdin_fd = -1
+        for f in (cmd.proc.stdout, cmd.proc.stderr):
+            f.close()
+        del self.cmds[cmd.cid]
+        send(ord("X"), cmd.cid, CODE.pack(cmd.code))
+
+    def shutdown(self):
+        for cmd in self.cmds.values():
+            try:
+                os.killpg(cmd.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def main():
+    with contextlib.suppress(ImportError, OSError, AttributeError):
+        import ctypes
+        # Not dumpable: another process of the sandbox user can neither
+        # ptrace this one nor open its /proc/PID/fd (its stream to the broker).
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)      # PR_SET_DUMPABLE, 0
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        Supervisor().run()
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""The command supervisor (services/sandbox/supervisor.py): commands and
+processes run through one process per sandbox over an attached stream, and
+nothing about them is weaker than with one `docker exec` per command.
+
+Every test runs against the real broker and real sandboxes; each shows first
+that the command really went through the supervisor (its parent is the
+supervisor), so none can pass on the exec fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
+from services.sandbox import supervisor
+from services.sandbox.dockerapi import DockerAPI
+from tests.sandbox.conftest import run
+from tests.sandbox.test_exec import Proc
+from tests.support.sandbox_broker import new_instance
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
+
+PARENT = "tr '\\0' ' ' < /proc/$PPID/cmdline | head -c 200"
+
+
+def supervisor_pid(stub, ticket) -> int:
+    """The supervisor's pid in the sandbox: the parent of a command."""
+    r = run(stub, ticket, ["bash", "-c", "echo $PPID; " + PARENT])
+    ppid, cmdline = r.stdout.decode().split("\n", 1)
+    assert supervisor.MARKER in cmdline, cmdline          # supervised, not one exec per command
+    return int(ppid)
+
+
+def host_pids_of(docker_client, container: str, needle: str) -> list[int]:
+    top = docker_client.api.top(container, ps_args="-eo pid,args")
+    return [int(p[0]) for p in top["Processes"] if needle in p[1]]
+
+
+def container_of(stub, ticket) -> str:
+    return next(s.container_id for s in stub.ListSandboxes(pb.ListSandboxesRequest()).sandboxes
+                if s.ticket_id == ticket)
+
+
+@pytest.fixture
+def sandbox(stub):
+    ticket = "sup-" + new_instance("s")
+    stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(env_names=["AGENT_KEY"])))
+    try:
+        yield ticket
+    finally:
+        stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
+
+
+def test_commands_run_through_the_supervisor(stub, sandbox):
+    first = supervisor_pid(stub, sandbox)
+    assert supervisor_pid(stub, sandbox) == first         # one supervisor serves every command
+    r = run(stub, sandbox, "echo out; echo err >&2; exit 7")
+    assert (r.code, r.stdout, r.stderr) == (7, b"out\n", b"err\n")
+
+
+def test_start_failures_answer_like_docker_exec(stub, sandbox):
+    supervisor_pid(stub, sandbox)
+    r = run(stub, sandbox, ["no-such-program-afe"])
+    assert r.code == 126 and b"no-such-program-afe" in r.stderr
+    r = run(stub, sandbox, ["/etc/passwd"])
+    assert r.code == 126
+    r = run(stub, sandbox, ["bash", "-c", "kill -9 $$"])
+    assert r.code == 137                                  # 128 + SIGKILL, as an exec reports it
+
+
+def test_r9_supervised_command_gets_only_declared_env(stub, sandbox, docker_client):
+    """Exec gets no declared value; a Process gets exactly the names it asks
+    for; the supervisor keeps none of them (read from the host, as root)."""
+    supervisor_pid(stub, sandbox)
+    assert b"agent-secret-value-123" not in run(stub, sandbox, ["env"]).stdout
+    p = Proc(stub, sandbox, ["bash", "-c", PARENT + "; echo; env; echo END-OF-ENV; exec sleep 60"])
+    assert p.next().started
+    text = b""
+    while b"END-OF-ENV" not in text:
+        text += p.next().stdout
+    assert supervisor.MARKER.encode() in text
+    assert b"AGENT_KEY" not in text                       # not asked for: not given
+    p.send(kill=True)
+    p.until_exit()
+    p.q.put(None)
+
+    call = stub.Process(iter([pb.ProcessInput(start=pb.ProcessStart(
+        ticket_id=sandbox, env_names=["AGENT_KEY"],
+        argv=["bash", "-c", PARENT + "; echo; env; echo END-OF-ENV; exec sleep 60"]))]), timeout=60)
+    it = iter(call)
+    assert next(it).started
+    text = b""
+    while b"END-OF-ENV" not in text:
+        text += next(it).stdout
+    assert supervisor.MARKER.encode() in text             # it came through the supervisor
+    assert b"AGENT_KEY=agent-secret-value-123" in text    # positive control: asked for, given
+    # the supervisor itself holds no value: its environment (as root, from the host)
+    cid = container_of(stub, sandbox)
+    pids = host_pids_of(docker_client, cid, supervisor.MARKER)
+    assert pids, "no supervisor process found"
+    for pid in pids:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert b"agent-secret-value-123" not in f.read()
+    child = host_pids_of(docker_client, cid, "sleep 60")
+    with open(f"/proc/{child[0]}/environ", "rb") as f:     # positive control: the child holds it
+        assert b"agent-secret-value-123" in f.read()
+    call.cancel()
+
+
+def test_r6_r7_supervisor_has_exactly_the_sandbox_privileges(stub, sandbox, docker_client):
+    supervisor_pid(stub, sandbox)
+    cid = container_of(stub, sandbox)
+    init = docker_client.api.inspect_container(cid)["State"]["Pid"]
+
+    def status(pid: int) -> dict[str, str]:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+    def cgroup(pid: int) -> str:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return f.read()
+
+    (sup,) = host_pids_of(docker_client, cid, supervisor.MARKER)
+    s = status(sup)
+    assert s["Uid"].split()[0] == "10001" and s["Gid"].split()[0] == "10001"
+    assert int(s["CapEff"], 16) == 0 and int(s["CapPrm"], 16) == 0 and int(s["CapBnd"], 16) == 0
+    assert s["NoNewPrivs"] == "1" and s["Seccomp"] == "2"
+    assert cgroup(sup) == cgroup(init)                    # the container's limits hold for it
+    for ns in ("pid", "net", "mnt", "ipc", "uts"):
+        assert os.readlink(f"/proc/{sup}/ns/{ns}") == os.readlink(f"/proc/{init}/ns/{ns}")
+    # positive control: the same checks fail for a process outside the sandbox (this test, as root)
+    me = status(os.getpid())
+    assert int(me["CapEff"], 16) != 0 or me["Uid"].split()[0] != "10001"
+    assert os.readlink(f"/proc/{os.getpid()}/ns/mnt") != os.readlink(f"/proc/{init}/ns/mnt")
+
+
+def test_r4_a_sandbox_process_cannot_reach_the_supervisors_stream(stub, sandbox):
+    """The supervisor is not dumpable: a process of the same user can neither
+    open its /proc/PID/fd (the stream to the broker) nor ptrace it."""
+    pid = supervisor_pid(stub, sandbox)
+    r = run(stub, sandbox, f"ls /proc/{pid}/fd 2>&1; cat /proc/{pid}/environ 2>&1 | head -c 100")
+    assert b"Permission denied" in r.stdout
+    # positive control: a plain process of the same user is open to it
+    r = run(stub, sandbox, "sleep 30 & p=$!; ls /proc/$p/fd && echo OPEN; kill $p")
+    assert b"OPEN" in r.stdout
+
+
+def test_a_sandbox_that_kills_its_supervisor_fails_only_its_own_command(stub, sandbox, plain_sandbox):
+    first = supervisor_pid(stub, sandbox)
+    other = supervisor_pid(stub, plain_sandbox)
+    # another ticket's command, running while this sandbox kills its supervisor
+    slow = stub.Exec(pb.ExecRequest(ticket_id=plain_sandbox, argv=["bash", "-c", "sleep 3; echo other-ok"],
+                                    timeout_ms=60000), timeout=60)
+    r = run(stub, sandbox, "sleep 303 & kill -9 $PPID; sleep 304; echo never")
+    assert r.code == -1 and b"never" not in r.stdout
+    assert b"command supervisor stopped" in r.stderr      # a clear reason, not a hang or a raw error
+    # its children were killed with it
+    left = run(stub, sandbox, "pgrep -c -f '^sleep 30[34]' || true")
+    for _ in range(50):
+        if left.stdout.strip() == b"0":
+            break
+        left = run(stub, sandbox, "pgrep -c -f '^sleep 30[34]' || true")
+    assert left.stdout.strip() == b"0"
+    # the next command works, through a new supervisor
+    assert supervisor_pid(stub, sandbox) != first
+    # the other ticket's command and supervisor were untouched
+    events = list(slow)
+    assert b"".join(e.stdout for e in events) == b"other-ok\n" and events[-1].exit.code == 0
+    assert supervisor_pid(stub, plain_sandbox) == other
+
+
+async def _garbage_link(container: str, source: str, *, lag: bool = False) -> tuple[bytes, int]:
+    api = DockerAPI()
+    link = await supervisor.Link.start(api, container, source)
+    cmd = await link.open(["true"], "/workspace", [], False)
+    while lag and link.alive:            # a reader that lags: the credit is all it may send
+        await asyncio.sleep(0.05)
+    out = b""
+    while (f := await cmd.frame()) is not None:
+        out += f[1]
+    return out, await cmd.exit_code()
+
+
+CONFUSED = """
+import os, struct, sys
+os.write(1, struct.pack(">BII", ord("H"), 0, 3) + b"afe")
+sys.stdin.buffer.read(9)
+os.write(1, struct.pack(">BII", ord("O"), 1, 1 << 30) + b"x" * 1000)
+sys.stdin.buffer.read()
+"""
+
+FLOOD = """
+import os, struct, sys
+os.write(1, struct.pack(">BII", ord("H"), 0, 3) + b"afe")
+sys.stdin.buffer.read(9)
+os.write(1, struct.pack(">BII", ord("P"), 1, 4) + struct.pack(">i", 2))
+while True:
+    os.write(1, struct.pack(">BII", ord("O"), 1, 65536) + b"x" * 65536)
+"""
+
+HONEST = """
+import os, struct, sys
+os.write(1, struct.pack(">BII", ord("H"), 0, 3) + b"afe")
+hdr = sys.stdin.buffer.read(9)
+sys.stdin.buffer.read(struct.unpack(">BII", hdr)[2])
+for kind, payload in ((b"P", struct.pack(">i", 2)), (b"O", b"fine"), (b"X", struct.pack(">i", 0))):
+    os.write(1, struct.pack(">BII", kind[0], 1, len(payload)) + payload)
+sys.stdin.buffer.read()
+"""
+
+
+def test_a_confused_supervisor_fails_its_command_cleanly(stub, sandbox):
+    """Whatever the sandbox makes its supervisor say (a frame too large,
+    output past its credit), the broker bounds it and fails the command
+    with a reason; positive control: the same harness with honest frames."""
+    cid = container_of(stub, sandbox)
+    out, code = asyncio.run(_garbage_link(cid, HONEST))
+    assert (out, code) == (b"fine", 0)
+    for source, why in ((CONFUSED, b"malformed frame"), (FLOOD, b"more output than it was allowed")):
+        out, code = asyncio.run(_garbage_link(cid, source, lag=source is FLOOD))
+        assert code == -1 and why in out, out[-200:]
+    assert run(stub, sandbox, "echo still-fine").stdout == b"still-fine\n"
+
+
+def test_process_through_the_supervisor_is_interactive_and_killed(stub, sandbox):
+    supervisor_pid(stub, sandbox)
+    p = Proc(stub, sandbox, ["python3", "-u", "-c",
+                             "import sys\nfor l in sys.stdin: print('echo:' + l.strip(), flush=True)"])
+    assert p.next().started
+    p.send(stdin=b"a\n")
+    assert p.line() == b"echo:a\n"
+    p.send(kill=True)
+    _, ex = p.until_exit()
+    assert ex.code != 0
+    p.q.put(None)
+    assert run(stub, sandbox, "pgrep -c -f '^python3 -u -c' || true").stdout.strip() == b"0"
+
+
+def test_output_is_flow_controlled_not_buffered_whole(stub, sandbox):
+    """A command writing far more than the credit window still arrives
+    complete and in order (the window is refilled as the broker reads)."""
+    supervisor_pid(stub, sandbox)
+    r = run(stub, sandbox, "seq 1 400000", output_cap_bytes=8 * 1024 * 1024)
+    assert r.stdout == b"".join(b"%d\n" % i for i in range(1, 400001))
