@@ -14,14 +14,17 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from . import errors, metrics, telemetry
+from . import callers, errors, metrics, telemetry
 from .links import METADATA_KEY
+from .logs import ticket_var
 from .redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -111,6 +114,9 @@ class _Guard(grpc.aio.ServerInterceptor):
 
         # PERMISSION_DENIED either way (the documented contract); the text says which mistake it was.
         why = WRONG_KEY if self._presented(details.invocation_metadata) else NO_KEY
+        service = callers.service_of(method)
+        if who is not None and not callers.may_call(who, service):
+            why, who = callers.refusal(who, service), None   # a good key, but not for this service
 
         async def deny(request_or_iter, context):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
@@ -251,6 +257,143 @@ class _Metrics(grpc.aio.ServerInterceptor):
                                                      handler.response_serializer)
 
 
+def _rebuild(handler, wrap: Callable[[Any, bool, bool], Any],
+             deserializer: Callable[[bytes], Any] | None = None):
+    """The same kind of method handler around `wrap(fn, request_streaming, response_streaming)`."""
+    des = deserializer or handler.request_deserializer
+    ser = handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, False, False), des, ser)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream, False, True), des, ser)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, True, False), des, ser)
+    return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream, True, True), des, ser)
+
+
+def _call(fn, request_streaming: bool, response_streaming: bool,
+          before: Callable[[Any], Any], after: Callable[[Any], None],
+          each: Callable[[Any], None] | None = None):
+    """A handler that runs `before(request)` (its result goes to `after`), then
+    `fn`; with a request stream, `each` sees every message as it is read."""
+    async def requests(it):
+        async for message in it:
+            if each is not None:
+                each(message)
+            yield message
+
+    if response_streaming:
+        async def stream(request_or_iter, context):
+            token = before(None if request_streaming else request_or_iter)
+            try:
+                source = requests(request_or_iter) if request_streaming else request_or_iter
+                async for item in fn(source, context):
+                    yield item
+            finally:
+                after(token)
+        return stream
+
+    async def unary(request_or_iter, context):
+        token = before(None if request_streaming else request_or_iter)
+        try:
+            return await fn(requests(request_or_iter) if request_streaming else request_or_iter, context)
+        finally:
+            after(token)
+    return unary
+
+
+def ticket_of(message: Any) -> str | None:
+    """The ticket a request is about: its `ticket_id` field; the `id` of a
+    scheduler `*TicketRequest` (GetTicketRequest, WatchTicketRequest, ...);
+    else that of the one sub-message set (a stream's `start`)."""
+    desc = getattr(message, "DESCRIPTOR", None)
+    if desc is None:
+        return None
+    fields = desc.fields_by_name
+    if "ticket_id" in fields and fields["ticket_id"].type == fields["ticket_id"].TYPE_STRING:
+        return message.ticket_id or None
+    if desc.name.endswith("TicketRequest") and "id" in fields:
+        return message.id or None
+    for f in desc.fields:
+        if f.message_type is None:
+            continue
+        try:
+            present = message.HasField(f.name)
+        except ValueError:  # repeated or map: not a sub-message naming the call's ticket
+            continue
+        if present and (found := ticket_of(getattr(message, f.name))):
+            return found
+    return None
+
+
+class TicketLogging(grpc.aio.ServerInterceptor):
+    """Log records written while a call is handled name the ticket the
+    request is about (services/common/logs.py::ticket_var; logs may name a
+    ticket, metric labels may not). Sits outside the guard, so the guard's
+    own line about a failed call names the ticket too."""
+
+    async def intercept_service(self, continuation, details):  # type: ignore[override]
+        handler = await continuation(details)
+        if handler is None:
+            return None
+
+        def before(request):
+            return ticket_var.set(ticket_of(request))
+
+        def after(token) -> None:
+            with contextlib.suppress(ValueError):  # finalized in another context: nothing to reset
+                ticket_var.reset(token)
+
+        def each(message) -> None:
+            if ticket_var.get() is None:
+                ticket_var.set(ticket_of(message))
+
+        return _rebuild(handler, lambda fn, rs, ss: _call(fn, rs, ss, before, after, each))
+
+
+class _BadRequest:
+    """What the lenient decoder hands on instead of a message it could not decode."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+NOT_UTF8 = "a text field is not valid UTF-8; send UTF-8 text"
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def decode(data: bytes):
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            if "UTF-8" in str(exc):
+                return _BadRequest(NOT_UTF8)
+            return _BadRequest("the request could not be decoded as this method's request message")
+    return decode
+
+
+class TextDecoding(grpc.aio.ServerInterceptor):
+    """Requests are decoded here rather than inside grpc, so a string field
+    with invalid UTF-8 (or bytes that are no message at all) gets
+    INVALID_ARGUMENT with a message that says so, not an opaque decode
+    failure. Sits inside the guard, which turns the error into the status."""
+
+    async def intercept_service(self, continuation, details):  # type: ignore[override]
+        handler = await continuation(details)
+        if handler is None:
+            return None
+
+        def check(request) -> None:
+            if isinstance(request, _BadRequest):
+                raise errors.InvalidArgument(request.message)
+
+        return _rebuild(handler, lambda fn, rs, ss: _call(fn, rs, ss, check, lambda _: None, check),
+                        _lenient(handler.request_deserializer))
+
+
 def socket_target(path: str) -> str:
     return "unix://" + os.path.abspath(path)
 
@@ -262,44 +405,89 @@ _OPTIONS = [
 ]
 
 
+class _Registrations:
+    """Hands the grpc server to `register` callables and notes the services
+    they add (the generated `add_XServicer_to_server` names each one)."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+        self.services: list[str] = []
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, name: str, handlers) -> None:
+        self.services.append(name)
+        self._server.add_registered_method_handlers(name, handlers)
+
+
+@dataclass
+class AfeServer:
+    """One afe gRPC server: the grpc.aio server, its health service, the
+    socket it listens on and the afe services it answers."""
+
+    grpc_server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    socket_path: str
+    services: tuple[str, ...]
+
+    async def start(self) -> None:
+        """Listen (socket mode from `socket_mode()`), then report every service SERVING."""
+        mode = socket_mode()
+        old = os.umask(0o177)
+        try:
+            await self.grpc_server.start()
+        finally:
+            os.umask(old)
+        os.chmod(self.socket_path, mode)
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        for name in self.services:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float | None = 2.0) -> None:
+        await self.grpc_server.stop(grace)
+
+
 def create_server(socket_path: str, accepted: Mapping[str, bytes] | CallerSecrets, redactor: Redactor,
-                  register: Iterable[Callable[[grpc.aio.Server], None]],
-                  service_names: Iterable[str] = (),
+                  register: Iterable[Callable[[Any], None]], *,
                   interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
                   registry: CollectorRegistry | None = None,
-                  reflection: bool = False) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
-    """A grpc.aio server on a Unix socket (0600), guarded by link secrets.
+                  reflection: bool = False) -> AfeServer:
+    """An afe gRPC server on a Unix socket, guarded by link secrets.
 
-    `register` callables add servicers (`add_XServicer_to_server(core, server)`).
-    The socket file is created with mode 0600 (umask set around bind).
-    When tracing is on (telemetry.setup_tracing), every call gets a server
-    span continuing the caller's trace; with `registry`, every call is
-    counted in `afe_grpc_server_handled_total{method,code}`. With
-    `reflection`, the server also answers gRPC server reflection for
-    `service_names` and health — behind the same key check as every call.
+    `accepted`: the link keys of this process's callers (LinkSecrets.serve);
+    a caller is then served only the services services/common/callers.py
+    lists it for. `register` callables add servicers
+    (`add_XServicer_to_server(servicer, server)`). Every server has the same
+    boundary, in this order: tracing (when on, telemetry.setup_tracing);
+    call metrics with `registry` (`afe_grpc_server_handled_total{method,code}`);
+    `TicketLogging`; the guard (key and caller table, AfeError -> status);
+    `TextDecoding`. With `reflection`, the server also answers gRPC server
+    reflection for its services and health, behind the same key check.
     """
     chain: list[grpc.aio.ServerInterceptor] = [*telemetry.grpc_server_interceptors()]
     if registry is not None:
         chain.append(_Metrics(metrics.grpc_server_metrics(registry)))
     # A caller may still pass telemetry.grpc_server_interceptors() itself: keep one tracing interceptor.
     extra = [i for i in interceptors if not (chain and telemetry.is_tracing_interceptor(i))]
-    server = grpc.aio.server(interceptors=[*chain, *extra, _Guard(accepted, redactor)],
+    server = grpc.aio.server(interceptors=[*chain, *extra, TicketLogging(), _Guard(accepted, redactor),
+                                           TextDecoding()],
                              options=_OPTIONS)
+    added = _Registrations(server)
     for reg in register:
-        reg(server)
+        reg(added)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if reflection:
         from grpc_reflection.v1alpha import reflection as grpc_reflection
 
         grpc_reflection.enable_server_reflection(
-            [*service_names, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME], server)
+            [*added.services, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME], server)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
     server.add_secure_port(socket_target(socket_path),
                            grpc.local_server_credentials(grpc.LocalConnectionType.UDS))
-    server._afe_service_names = list(service_names)  # type: ignore[attr-defined]
-    return server, health_servicer
+    return AfeServer(server, health_servicer, socket_path, tuple(added.services))
 
 
 class StreamDropped(errors.ResourceExhausted):
@@ -364,19 +552,6 @@ def socket_mode() -> int:
     if value not in ("0600", "0660"):
         raise errors.ConfigError("AFE_SOCKET_MODE must be 0600 or 0660")
     return int(value, 8)
-
-
-async def start_server(server: grpc.aio.Server, health_servicer, socket_path: str) -> None:
-    mode = socket_mode()
-    old = os.umask(0o177)
-    try:
-        await server.start()
-    finally:
-        os.umask(old)
-    os.chmod(socket_path, mode)
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    for name in getattr(server, "_afe_service_names", []):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
 
 class _LinkAuth(grpc.AuthMetadataPlugin):

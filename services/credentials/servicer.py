@@ -1,12 +1,11 @@
-"""Thin gRPC servicer: parse, call the core, map the result."""
+"""Thin gRPC servicer: parse, call the core, map the result. The boundary
+(caller table, ticket-id logging, text decoding, error statuses) is
+grpcutil.create_server's, the same for every afe service."""
 
 from __future__ import annotations
 
-import functools
-
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
-from services.common.logs import ticket_var
 
 from .broker import Approval, CredentialCore
 from .forges import PullRequestInfo
@@ -19,49 +18,31 @@ def _pr(info: PullRequestInfo) -> pb.PullRequest:
                           merge_sha=info.merge_sha)
 
 
-def _names_ticket(fn):
-    """Log records written while handling the call name its ticket (never a metric label)."""
-    @functools.wraps(fn)
-    async def call(self, request, context):
-        token = ticket_var.set(getattr(request, "ticket_id", "") or None)
-        try:
-            return await fn(self, request, context)
-        finally:
-            ticket_var.reset(token)
-    return call
-
-
 class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
     def __init__(self, core: CredentialCore) -> None:
         self.core = core
 
-    @_names_ticket
     async def PrepareWorkspace(self, request, context):
         r = await self.core.prepare_workspace(request.ticket_id, request.workspace)
         return pb.PrepareWorkspaceResponse(base_sha=r.base_sha, branch=r.branch)
 
-    @_names_ticket
     async def Commit(self, request, context):
         r = await self.core.commit(request.ticket_id, request.workspace, request.message)
         return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed,
                                  nested_repositories=list(r.nested_repositories))
 
-    @_names_ticket
     async def Diff(self, request, context):
         text, truncated = await self.core.diff(request.ticket_id, request.workspace, request.max_bytes)
         return pb.DiffResponse(diff=text, truncated=truncated)
 
-    @_names_ticket
     async def Push(self, request, context):
         branch, sha = await self.core.push(request.ticket_id, request.workspace)
         return pb.PushResponse(branch=branch, sha=sha)
 
-    @_names_ticket
     async def ReleaseWorkspace(self, request, context):
         await self.core.release_workspace(request.ticket_id, request.workspace)
         return pb.ReleaseWorkspaceResponse()
 
-    @_names_ticket
     async def OpenPullRequest(self, request, context):
         return _pr(await self.core.open_pull_request(request.ticket_id, request.workspace,
                                                      request.title, request.body))
@@ -69,7 +50,6 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
     async def GetPullRequest(self, request, context):
         return _pr(await self.core.get_pull_request(request.workspace, request.number))
 
-    @_names_ticket
     async def MergePullRequest(self, request, context):
         approval = None
         if request.HasField("approval"):
@@ -84,7 +64,6 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         url = await self.core.comment_pull_request(request.workspace, request.number, request.body)
         return pb.CommentPullRequestResponse(url=url)
 
-    @_names_ticket
     async def Complete(self, request, context):
         messages = [Msg(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
                         tool_calls=tuple(ToolCallData(t.id, t.name, t.arguments_json) for t in m.tool_calls))
@@ -99,12 +78,10 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
                                    stop_reason=c.stop_reason)
 
 
-    @_names_ticket
     async def OpenRelay(self, request, context):
         cap = await self.core.open_relay(request.ticket_id, list(request.models), request.budget_tokens)
         return pb.OpenRelayResponse(capability=cap)
 
-    @_names_ticket
     async def RelayUsage(self, request, context):
         usage, budget, is_open = self.core.relay_usage(request.ticket_id)
         return pb.RelayUsageResponse(
@@ -112,7 +89,6 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
                                   requests=u.requests, refused=u.refused) for k, u in sorted(usage.items())],
             total_tokens=sum(u.total for u in usage.values()), budget_tokens=budget, open=is_open)
 
-    @_names_ticket
     async def CloseRelay(self, request, context):
         await self.core.close_relay(request.ticket_id)
         return pb.CloseRelayResponse()
@@ -136,5 +112,3 @@ def register(core: CredentialCore):
     servicer = CredentialBrokerServicer(core)
     return lambda server: pb_grpc.add_CredentialBrokerServicer_to_server(servicer, server)
 
-
-SERVICE_NAME = "afe.credentials.v1.CredentialBroker"

@@ -1,5 +1,6 @@
-"""Assembling the sandbox broker's core and gRPC server (used by main.py and
-by tests that run the real broker in-process)."""
+"""Builds the sandbox broker from its parts (sandbox manager, runner, file
+tools, servicer, server). Used by main.py and by tests that run the real
+broker in-process; the one place that wires them together."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
 from services.common import grpcutil
 from services.common.layout import Layout
+from services.common.links import LinkSecrets
 from services.common.metrics import sandbox_metrics
 from services.common.redact import Redactor
 
@@ -24,31 +26,27 @@ from .servicer import SandboxServicer
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "afe.sandbox.v1.SandboxBroker"
-
-
 @dataclass
-class Broker:
+class SandboxApp:
     sandboxes: SandboxManager
     runner: Runner
     files: FileTools
-    server: grpc.aio.Server
-    health: object
-    socket_path: str
+    server: grpcutil.AfeServer
     boot_id: str = ""
 
     async def start(self) -> None:
-        await grpcutil.start_server(self.server, self.health, self.socket_path)
+        await self.server.start()
 
-    async def stop(self, grace: float = 2.0) -> None:
+    async def stop(self, grace: float | None = 2.0) -> None:
         await self.server.stop(grace)
 
 
-def build_broker(layout: Layout, socket_path: str, accepted: dict[str, bytes], redactor: Redactor, *,
-                 instance: str = "default", egress_network: str = "bridge",
-                 allow_private: Iterable[str] = (), env_values: dict | None = None,
-                 interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
-                 registry: CollectorRegistry | None = None, disk_mode: str | None = None) -> Broker:
+def build_app(layout: Layout, links: LinkSecrets, redactor: Redactor, *, socket_path: str | None = None,
+              instance: str = "default", egress_network: str = "bridge",
+              allow_private: Iterable[str] = (), env_values: dict | None = None,
+              interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+              registry: CollectorRegistry | None = None, disk_mode: str | None = None) -> SandboxApp:
+    """`socket_path` defaults to the layout's `sandbox` socket."""
     sandboxes = SandboxManager(layout, instance=instance, egress_network=egress_network,
                                allow_private=allow_private, env_values=env_values, disk_mode=disk_mode)
     # R34: say which disk cap holds (a loop-mounted image, or the coarser watchdog) and why
@@ -59,8 +57,8 @@ def build_broker(layout: Layout, socket_path: str, accepted: dict[str, bytes], r
     # New on every start: the scheduler sees a restarted broker and reconciles (R12).
     boot_id = secrets.token_hex(8)
     servicer = SandboxServicer(sandboxes, runner, files, metrics=metrics, boot_id=boot_id)
-    server, health = grpcutil.create_server(
-        socket_path, accepted, redactor,
+    server = grpcutil.create_server(
+        socket_path or str(layout.socket("sandbox")), links.serve, redactor,
         [lambda s: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(servicer, s)],
-        service_names=[SERVICE_NAME], interceptors=interceptors, registry=registry)
-    return Broker(sandboxes, runner, files, server, health, socket_path, boot_id)
+        interceptors=interceptors, registry=registry)
+    return SandboxApp(sandboxes, runner, files, server, boot_id)

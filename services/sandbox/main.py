@@ -16,7 +16,7 @@ from services.common.process import make_context, parse_args, run_until_signalle
 from services.common.secrets import take_secret_env
 from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 
-from .broker import build_broker
+from .app import build_app
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +37,19 @@ async def amain(argv: list[str] | None = None) -> int:
     config = load_config(ctx.config_dir)
     env_values = take_secret_env(config.agent_env_names(), ctx.redactor)
     ctx.layout.ensure()
-    socket_path = str(ctx.layout.socket("sandbox"))
-    accepted = {k: v for k, v in ctx.links.serve.items() if k == "scheduler"}
-    broker = build_broker(ctx.layout, socket_path, accepted, ctx.redactor, instance=args.instance, egress_network=args.egress_network,
-                          allow_private=args.allow_private, env_values=env_values,
-                          interceptors=grpc_server_interceptors(), registry=ctx.registry)
+    app = build_app(ctx.layout, ctx.links, ctx.redactor, instance=args.instance,
+                    egress_network=args.egress_network, allow_private=args.allow_private,
+                    env_values=env_values, interceptors=grpc_server_interceptors(), registry=ctx.registry)
 
     async def start() -> dict:
-        await broker.start()
-        return {"socket": socket_path}
+        await app.start()
+        return {"socket": app.server.socket_path}
 
     async def stop() -> None:
-        await broker.stop()
+        await app.stop()
         shutdown_tracing()
 
-    await run_until_signalled(ctx, {"docker": broker.sandboxes.ping}, start, stop)
+    await run_until_signalled(ctx, {"docker": app.sandboxes.ping}, start, stop)
     return 0
 
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from prometheus_client import CollectorRegistry
 
-from services.common import grpcutil
+from services.common import callers, grpcutil
 from services.common.config import Config
 from services.common.layout import Layout
 from services.common.links import LinkSecrets
@@ -21,13 +20,10 @@ from .automation_key import AutomationKeyFile
 from .brokers import CredentialsClient, SandboxClient
 from .engine import Engine
 from .github_intake import GitHubIntake, Poller
-from .hooks import SERVICE as HOOKS_SERVICE
 from .hooks import register as register_hooks
-from .servicer import SERVICE, WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
+from .servicer import WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
 from .sqlite_store import SqliteStore
 from .store import Store
-
-CALLERS = ("gateway", "automation")
 
 
 @dataclass
@@ -36,9 +32,7 @@ class SchedulerApp:
     store: Store
     sandbox: SandboxClient
     credentials: CredentialsClient
-    server: grpc.aio.Server
-    health: object
-    socket_path: str
+    server: grpcutil.AfeServer
     automation_key: AutomationKeyFile | None = None
     intake: GitHubIntake | None = None
     poller: Poller | None = None
@@ -47,7 +41,7 @@ class SchedulerApp:
         if self.automation_key is not None:
             self.automation_key.load()      # a key rotated before a restart stays rotated
             self.automation_key.start()
-        await grpcutil.start_server(self.server, self.health, self.socket_path)
+        await self.server.start()
         await self.engine.start()
         if self.poller is not None:
             self.poller.start()
@@ -80,15 +74,14 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
                     registry=engine_registry,
                     recovery_interval=recovery_interval)
     intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry)
-    socket_path = str(layout.socket("scheduler"))
-    accepted = grpcutil.CallerSecrets({k: v for k, v in links.serve.items() if k in CALLERS})
+    # The keys of the scheduler's callers; services/common/callers.py says which service each may call.
+    accepted = grpcutil.CallerSecrets({k: v for k, v in links.serve.items()
+                                       if k in callers.callers_of(callers.SERVES["scheduler"])})
     # Automation callers get server reflection too (behind the same key check) so generic tools work
     # without the .proto files; see docs/AUTOMATION.md.
-    server, health = grpcutil.create_server(socket_path, accepted, redactor,
-                                            [register(SchedulerServicer(engine, watch_send_timeout)),
-                                             register_hooks(intake)],
-                                            service_names=[SERVICE, HOOKS_SERVICE], interceptors=interceptors,
-                                            registry=registry, reflection=True)
+    server = grpcutil.create_server(str(layout.socket("scheduler")), accepted, redactor,
+                                    [register(SchedulerServicer(engine, watch_send_timeout)),
+                                     register_hooks(intake)],
+                                    interceptors=interceptors, registry=registry, reflection=True)
     key_file = AutomationKeyFile(layout.automation_key, accepted) if "automation" in links.serve else None
-    return SchedulerApp(engine, store, sandbox, credentials, server, health, socket_path, key_file, intake,
-                        Poller(intake))
+    return SchedulerApp(engine, store, sandbox, credentials, server, key_file, intake, Poller(intake))

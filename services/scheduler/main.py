@@ -68,7 +68,7 @@ async def amain(argv: list[str] | None = None) -> int:
 
     async def start() -> dict:
         await app.start()
-        return {"socket": app.socket_path}
+        return {"socket": app.server.socket_path}
 
     async def stop() -> None:
         await app.stop()

@@ -1,16 +1,11 @@
 """The thin gRPC layer: parse the request, call the engine, map the result.
-
-Requests are decoded here rather than by grpc so that a request carrying
-invalid UTF-8 in a string field gets INVALID_ARGUMENT with a clear message
-instead of an opaque decode failure.
+The boundary (caller table, ticket-id logging, text decoding, error
+statuses) is grpcutil.create_server's, the same for every afe service.
 """
 
 from __future__ import annotations
 
 import contextlib
-
-import grpc
-from google.protobuf.message import DecodeError
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -131,67 +126,6 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return pb.ListWorkspacesResponse(workspaces=out)
 
 
-class _BadRequest:
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-
-def _lenient(deserializer):
-    def decode(data: bytes):
-        try:
-            return deserializer(data)
-        except DecodeError as exc:
-            if "UTF-8" in str(exc):
-                return _BadRequest("a text field is not valid UTF-8; send UTF-8 text")
-            return _BadRequest("the request could not be decoded")
-    return decode
-
-
-def _checked_unary(fn):
-    async def call(request, context):
-        if isinstance(request, _BadRequest):
-            raise InvalidArgument(request.message)
-        return await fn(request, context)
-    return call
-
-
-def _checked_stream(fn):
-    async def call(request, context):
-        if isinstance(request, _BadRequest):
-            raise InvalidArgument(request.message)
-        async for item in fn(request, context):
-            yield item
-    return call
-
-
-class _Capture:
-    def __init__(self) -> None:
-        self.handlers: dict = {}
-
-    def add_generic_rpc_handlers(self, handlers) -> None:
-        pass
-
-    def add_registered_method_handlers(self, name, handlers) -> None:
-        self.handlers = dict(handlers)
-
-
 def register(servicer: SchedulerServicer):
     """A `register` callable for grpcutil.create_server."""
-    cap = _Capture()
-    pb_grpc.add_SchedulerServicer_to_server(servicer, cap)
-    handlers = {}
-    for name, h in cap.handlers.items():
-        if h.unary_unary:
-            handlers[name] = grpc.unary_unary_rpc_method_handler(
-                _checked_unary(h.unary_unary), request_deserializer=_lenient(h.request_deserializer),
-                response_serializer=h.response_serializer)
-        else:
-            handlers[name] = grpc.unary_stream_rpc_method_handler(
-                _checked_stream(h.unary_stream), request_deserializer=_lenient(h.request_deserializer),
-                response_serializer=h.response_serializer)
-
-    def add(server: grpc.aio.Server) -> None:
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        server.add_registered_method_handlers(SERVICE, handlers)
-
-    return add
+    return lambda server: pb_grpc.add_SchedulerServicer_to_server(servicer, server)

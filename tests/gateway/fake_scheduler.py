@@ -118,8 +118,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
 
 async def start_fake_scheduler(socket_path: str, gateway_secret: bytes):
     fake = FakeScheduler()
-    server, health = grpcutil.create_server(
+    server = grpcutil.create_server(
         socket_path, {"gateway": gateway_secret}, Redactor(),
         [lambda s: scheduler_pb2_grpc.add_SchedulerServicer_to_server(fake, s)])
-    await grpcutil.start_server(server, health, socket_path)
+    await server.start()
     return fake, server

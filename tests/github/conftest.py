@@ -21,7 +21,6 @@ from prometheus_client import CollectorRegistry
 
 from gateway.hooks import sign
 from gateway.tokens import write_token_file
-from services.common import grpcutil
 from services.common.layout import Layout
 from services.common.links import LinkSecrets, new_secret
 from services.common.manifests import load_config
@@ -168,7 +167,7 @@ async def stack(examples, openapi):
             link = LinkSecrets(serve={"gateway": new_secret(), "automation": new_secret()},
                                call={"credentials": cb_secret})
             app = build_app(config, layout, link, redactor, registry=registry, recovery_interval=0)
-            await grpcutil.start_server(app.server, app.health, app.socket_path)   # engine not started
+            await app.server.start()   # engine not started
             gw = start_gateway(layout, link.serve["gateway"], config_dir=cfg_dir,
                                env={"AFE_GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET})
             try:

@@ -16,15 +16,13 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from services.common import grpcutil
 from services.common.config import Config
 from services.common.layout import Layout
-from services.common.links import new_secret
+from services.common.links import LinkSecrets, new_secret
 from services.common.redact import Redactor
 from services.common.secrets import SecretValue
-from services.credentials.compose import build_core
+from services.credentials.app import build_app
 from services.credentials.httpclient import RetryPolicy
-from services.credentials.servicer import SERVICE_NAME, register
 
 FAST_RETRY = RetryPolicy(attempts=4, backoff_s=0.05, max_wait_s=2.0)
 
@@ -40,21 +38,18 @@ async def credential_broker(config: Config, layout: Layout, *, secrets: dict[str
     for name, value in (secrets or {}).items():
         redactor.register(value)
         held[name] = SecretValue(name, value)
-    core = build_core(config, layout, held, redactor, ca_file=ca_file, retry=retry,
-                      spare_checkouts=spare_checkouts)
     tmp = None
     if socket_path is None:
         tmp = tempfile.mkdtemp(prefix="afe-cb-", dir="/tmp")
         socket_path = Path(tmp) / "credentials.sock"
     link_secret = new_secret()
-    server, health = grpcutil.create_server(str(socket_path), {"scheduler": link_secret}, redactor,
-                                            [register(core)], service_names=[SERVICE_NAME])
-    await grpcutil.start_server(server, health, str(socket_path))
+    app = build_app(config, layout, LinkSecrets(serve={"scheduler": link_secret}), held, redactor,
+                    socket_path=str(socket_path), ca_file=ca_file, retry=retry, spare_checkouts=spare_checkouts)
+    await app.start()
     try:
         yield str(socket_path), link_secret
     finally:
-        await server.stop(0)
-        await core.close()
+        await app.stop(0)
         if tmp:
             import shutil
 

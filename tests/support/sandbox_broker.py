@@ -23,9 +23,9 @@ import secrets
 from collections.abc import AsyncIterator
 
 from services.common.layout import Layout
-from services.common.links import new_secret
+from services.common.links import LinkSecrets, new_secret
 from services.common.redact import Redactor
-from services.sandbox.broker import build_broker
+from services.sandbox.app import build_app
 from services.sandbox.images import ensure_images
 from tests.support.temp_roots import remove_temp_root, temp_root
 
@@ -48,8 +48,9 @@ async def sandbox_broker(layout: Layout | None = None, *, env_values: dict | Non
     instance = instance or new_instance()
     socket_path = socket_path or str(layout.socket("sandbox"))
     secret = new_secret()
-    broker = build_broker(layout, socket_path, {"scheduler": secret}, Redactor(), instance=instance,
-                          egress_network=egress_network, allow_private=allow_private, env_values=env_values)
+    broker = build_app(layout, LinkSecrets(serve={"scheduler": secret}), Redactor(), socket_path=socket_path,
+                       instance=instance, egress_network=egress_network, allow_private=allow_private,
+                       env_values=env_values)
     await broker.start()
     try:
         yield socket_path, secret, instance

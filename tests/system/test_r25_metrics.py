@@ -74,8 +74,8 @@ async def test_r25_grpc_server_metrics_count_method_and_code_only(short_tmp):
     reg = CollectorRegistry()
     secret = new_secret()
     sock = str(short_tmp / "s.sock")
-    server, hs = grpcutil.create_server(sock, {"scheduler": secret}, Redactor(), [], registry=reg)
-    await grpcutil.start_server(server, hs, sock)
+    server = grpcutil.create_server(sock, {"scheduler": secret}, Redactor(), [], registry=reg)
+    await server.start()
     try:
         async with grpcutil.open_channel(sock, secret) as ch:
             await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))

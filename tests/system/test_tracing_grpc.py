@@ -50,14 +50,14 @@ async def test_one_trace_across_two_grpc_hops(memory_tracing, short_tmp):
     exporter, redactor = memory_tracing
     s_secret, g_secret = new_secret(), new_secret()
     sb_sock, sc_sock = str(short_tmp / "sandbox.sock"), str(short_tmp / "scheduler.sock")
-    sb, sb_health = grpcutil.create_server(
+    sb = grpcutil.create_server(
         sb_sock, {"scheduler": s_secret}, redactor,
         [lambda srv: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(Sandbox(), srv)])
-    sc, sc_health = grpcutil.create_server(
+    sc = grpcutil.create_server(
         sc_sock, {"gateway": g_secret}, redactor,
         [lambda srv: scheduler_pb2_grpc.add_SchedulerServicer_to_server(Scheduler(sb_sock, s_secret), srv)])
-    await grpcutil.start_server(sb, sb_health, sb_sock)
-    await grpcutil.start_server(sc, sc_health, sc_sock)
+    await sb.start()
+    await sc.start()
     try:
         with telemetry.span("gateway.rpc tickets.list", root=True):
             async with grpcutil.open_channel(sc_sock, g_secret) as ch:
@@ -160,10 +160,10 @@ async def test_r26_header_value_in_an_error_text_is_redacted_before_it_leaves(sh
 
     async def details_with(redactor: Redactor) -> str:
         secret, sock = new_secret(), str(short_tmp / f"{id(redactor)}.sock")
-        srv, hs = grpcutil.create_server(
+        srv = grpcutil.create_server(
             sock, {"scheduler": secret}, redactor,
             [lambda s: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(Leaky(), s)])
-        await grpcutil.start_server(srv, hs, sock)
+        await srv.start()
         try:
             async with grpcutil.open_channel(sock, secret) as ch:
                 try:

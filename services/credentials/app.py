@@ -1,0 +1,64 @@
+"""Builds the credential broker from its parts (core, metrics, servicer,
+server). Used by main.py and by the in-process test broker; the one place
+that wires them together."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from services.common import grpcutil
+from services.common.config import Config
+from services.common.layout import Layout
+from services.common.links import LinkSecrets
+from services.common.metrics import MeteredCredentials, relay_metrics
+from services.common.redact import Redactor
+from services.common.secrets import SecretValue
+
+from .broker import CredentialCore
+from .compose import build_core
+from .httpclient import RetryPolicy
+from .servicer import register
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CredentialsApp:
+    core: CredentialCore
+    server: grpcutil.AfeServer
+
+    async def start(self) -> None:
+        await self.server.start()
+        if self.core.relay is not None:
+            resumed = await self.core.relay.resume()     # tickets still running keep their relay (R32)
+            if resumed:
+                log.info("serving the model relay of %d running ticket(s) again", resumed)
+
+    async def stop(self, grace: float | None = 2.0) -> None:
+        await self.server.stop(grace)
+        await self.core.close()
+
+
+def build_app(config: Config, layout: Layout, links: LinkSecrets, secrets: dict[str, SecretValue],
+              redactor: Redactor, *, socket_path: str | None = None, ca_file: Path | None = None,
+              proxies: Mapping[str, str] | None = None, retry: RetryPolicy | None = None,
+              spare_checkouts: bool = True, registry: CollectorRegistry | None = None,
+              interceptors: Iterable[grpc.aio.ServerInterceptor] = ()) -> CredentialsApp:
+    """`socket_path` defaults to the layout's `credentials` socket."""
+    core = build_core(config, layout, secrets, redactor, ca_file=ca_file, proxies=proxies, retry=retry,
+                      spare_checkouts=spare_checkouts)
+    served: CredentialCore = core
+    if registry is not None:
+        if core.relay is not None:
+            core.relay.metrics = relay_metrics(registry, config.models)
+        served = cast(CredentialCore, MeteredCredentials(core, registry))
+    server = grpcutil.create_server(socket_path or str(layout.socket("credentials")), links.serve, redactor,
+                                    [register(served)], interceptors=interceptors, registry=registry)
+    return CredentialsApp(core, server)
