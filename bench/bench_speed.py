@@ -15,6 +15,7 @@ the notes:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 import statistics
@@ -27,6 +28,8 @@ import docker
 from bench.bench_sandbox import _Broker, _exec
 from bench.common import Result
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
+from services.sandbox import supervisor
+from services.sandbox.dockerapi import DockerAPI
 from services.sandbox.images import SANDBOX_IMAGE, ensure_images
 from tests.support.temp_roots import remove_temp_root, temp_root
 
@@ -82,6 +85,26 @@ def run(out_dir: Path) -> list[Result]:
             results.append(Result(ISSUE, "Exec `true` via broker gRPC (supervised)", "Docker SDK exec_run",
                                   statistics.median(s_ours), statistics.median(s_sdk), 0.05,
                                   notes=_note(s_ours, s_sdk)))
+
+            # the supervisor alone (its link from this process, no gRPC): what the stream costs
+            async def link_samples() -> list[float]:
+                link = await supervisor.Link.start(DockerAPI(), sb.container_id)
+                out = []
+                try:
+                    for _ in range(45):
+                        t0 = time.perf_counter()
+                        c = await link.open(["true"], "/workspace", [], False)
+                        while await c.frame() is not None:
+                            pass
+                        assert await c.exit_code() == 0
+                        out.append(time.perf_counter() - t0)
+                finally:
+                    link.close()
+                return out[5:]
+            s_link = asyncio.run(link_samples())
+            results.append(Result(ISSUE, "`true` through the supervisor's stream alone (no gRPC)",
+                                  "Docker SDK exec_run", statistics.median(s_link), statistics.median(s_sdk),
+                                  0.05, notes=_note(s_link, s_sdk)))
 
             chains = []
             for _ in range(5):

@@ -50,6 +50,7 @@ HELLO_TIMEOUT_S = 15.0
 START_TIMEOUT_S = 30.0
 MAX_RESTARTS = 3
 
+CLOSED = "the broker closed it"
 STOPPED = "[afe: the sandbox's command supervisor stopped ({why}); the command was killed]\n"
 
 
@@ -242,7 +243,7 @@ class Link:
         except (ConnectionError, OSError) as exc:
             why = f"its stream failed: {exc.__class__.__name__}"
         except asyncio.CancelledError:
-            why = "the broker closed it"
+            why = CLOSED
         self._die(why)
 
     def _parse(self) -> str:
@@ -282,18 +283,28 @@ class Link:
         if not self._hello.done():
             self._hello.set_exception(SupervisorDown(why))
             self._hello.exception()     # retrieved: no "never retrieved" warning
-        orphans = [c.pid for c in self.cmds.values() if not c.done and c.pid > 0]
+        running = [c for c in self.cmds.values() if not c.done and c.pid > 0]
         for c in list(self.cmds.values()):
-            c._fail(why)
+            if c not in running:
+                c._fail(why)
         self.cmds.clear()
         self.stream.close()
         if self._stderr:
             log.info("command supervisor of %s: %s", self.container_id[:12],
                      self._stderr.decode("utf-8", "replace")[-500:])
-        log.warning("command supervisor of sandbox %s stopped: %s", self.container_id[:12], why)
-        if orphans:
-            # their parent is gone: kill the process groups from inside, as the sandbox user
-            asyncio.get_running_loop().create_task(self._kill_inside(orphans))
+        (log.debug if why == CLOSED else log.warning)(
+            "command supervisor of sandbox %s stopped: %s", self.container_id[:12], why)
+        if running:
+            # their parent is gone: kill the process groups from inside, as the sandbox user,
+            # and only then tell their callers (so "the command was killed" is true)
+            asyncio.get_running_loop().create_task(self._kill_orphans(running, why))
+
+    async def _kill_orphans(self, cmds: list[SupervisedCommand], why: str) -> None:
+        try:
+            await self._kill_inside([c.pid for c in cmds])
+        finally:
+            for c in cmds:
+                c._fail(why)
 
     async def _kill_inside(self, pids: list[int]) -> None:
         with contextlib.suppress(Exception):
@@ -324,7 +335,7 @@ class Link:
             await self._kill_inside([cmd.pid])
 
     def close(self) -> None:
-        self._die("the broker closed it")
+        self._die(CLOSED)
         if self._reader is not None:
             self._reader.cancel()
 
