@@ -89,7 +89,7 @@ async def _system_benches(root: Path) -> list[Result]:
 
     cfg = _config(root)
     layout = Layout(root / "data", root / "run")
-    done = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED}
+    done = {pb.TICKET_STATE_SUCCEEDED, pb.TICKET_STATE_FAILED, pb.TICKET_STATE_CANCELLED}
     ours_chain, base_chain, ours_first, base_first = [], [], [], []
     async with afe_system(cfg, layout, subprocess=SCHEDULER_SUBPROCESS) as sys_:
         stub = sys_.stub
@@ -104,7 +104,7 @@ async def _system_benches(root: Path) -> list[Result]:
             while True:
                 await asyncio.sleep(0.5)
                 t = await stub.GetTicket(pb.GetTicketRequest(id=t.id))
-                if t.nodes[-1].state == pb.NODE_RUNNING or t.state in done:
+                if t.nodes[-1].state == pb.NODE_STATE_RUNNING or t.state in done:
                     break
             if t.state in done:
                 raise RuntimeError(f"chain ticket ended early: {t.error}")

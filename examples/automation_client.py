@@ -28,7 +28,7 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 METADATA_KEY = "x-afe-link"          # the key, hex, as in <run>/automation.key
-TERMINAL = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED}
+TERMINAL = {pb.TICKET_STATE_SUCCEEDED, pb.TICKET_STATE_FAILED, pb.TICKET_STATE_CANCELLED}
 
 
 def connect(run_dir: Path) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      principal=args.principal), metadata=auth)
         print(f"created {t.id}", flush=True)
         t = follow_until_waiting(stub, auth, t.id)
-        if t.state != pb.WAITING_APPROVAL:
+        if t.state != pb.TICKET_STATE_WAITING_APPROVAL:
             print(f"{t.id} is {pb.TicketState.Name(t.state)}, not waiting for approval: {t.error}")
             return 1
         diff = stub.GetTicketDiff(pb.GetTicketRequest(id=t.id), metadata=auth)

@@ -9,27 +9,14 @@ from __future__ import annotations
 import json
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+from services.common import states
+from services.common.states import NodeState, TicketState
 
-TICKET_STATES = {
-    pb.QUEUED: "queued",
-    pb.RUNNING: "running",
-    pb.WAITING_APPROVAL: "waiting_approval",
-    pb.SUCCEEDED: "succeeded",
-    pb.FAILED: "failed",
-    pb.CANCELLED: "cancelled",
-}
+# The words of services/common/states.py by proto number (the JSON-RPC contract: lowercase words).
+TICKET_STATES = {s.proto: s.value for s in TicketState}
 TICKET_STATE_BY_NAME = {v: k for k, v in TICKET_STATES.items()}
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
-
-NODE_STATES = {
-    pb.PENDING: "pending",
-    pb.NODE_RUNNING: "running",
-    pb.NODE_SUCCEEDED: "succeeded",
-    pb.NODE_FAILED: "failed",
-    pb.SKIPPED: "skipped",
-    pb.NODE_CANCELLED: "cancelled",
-    pb.NODE_WAITING: "waiting",
-}
+TERMINAL_STATES = frozenset(s.value for s in states.TERMINAL)
+NODE_STATES = {s.proto: s.value for s in NodeState}
 
 
 def node(n: pb.NodeRun) -> dict:

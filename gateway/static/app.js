@@ -4,9 +4,7 @@
 import { Rpc, RpcError } from "./rpc.js";
 import { h, clear, when } from "./dom.js";
 import { drawGraph, elapsed } from "./graph.js";
-
-const STATES = ["queued", "running", "waiting_approval", "succeeded", "failed", "cancelled"];
-const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+import { STATES, TERMINAL, WAITING_APPROVAL } from "/states.js";   // served from services/common/states.py
 const DEMO = { workspace: "demo", workflow: "demo-fix", title: "Fix add() in the demo calculator",
                body: "The test for add() fails: add(2, 3) returns -1. Make the tests pass." };
 
@@ -70,7 +68,7 @@ async function showBoard() {
   const load = async () => {
     const res = await rpc.call("tickets.list", { page_size: 200 });
     for (const c of cols.values()) clear(c);
-    for (const t of res.tickets) (cols.get(t.state) || cols.get("queued")).append(card(t));
+    for (const t of res.tickets) (cols.get(t.state) || cols.get(STATES[0])).append(card(t));
     for (const [s, c] of cols) if (!c.firstChild) c.append(h("p", { class: "muted" }, "—"));
   };
   try { await load(); } catch (e) { flash(errorText(e)); }
@@ -221,7 +219,7 @@ async function showTicket(id) {
         pr.merge_sha ? ` · merge ${pr.merge_sha.slice(0, 12)}` : "");
     }
     clear(actions);
-    if (ticket.state === "waiting_approval") {
+    if (ticket.state === WAITING_APPROVAL) {
       const reason = h("input", { id: "reject-reason", placeholder: "reason (for reject)", maxlength: 2000 });
       actions.append(
         h("span", { class: "muted" }, `Merge ${(ticket.awaiting_sha || "").slice(0, 12)}? `),
@@ -237,7 +235,7 @@ async function showTicket(id) {
         ` ${ticket.approval.granted ? "approved" : "rejected"} by ${ticket.approval.principal}${ticket.approval.reason ? ": " + ticket.approval.reason : ""}`));
     }
     const diffKey = `${ticket.state}:${ticket.awaiting_sha}:${ticket.last_seq}`;
-    if ((ticket.state === "waiting_approval" || TERMINAL.has(ticket.state) || ticket.pr) && diffKey !== diffFor) {
+    if ((ticket.state === WAITING_APPROVAL || TERMINAL.has(ticket.state) || ticket.pr) && diffKey !== diffFor) {
       diffFor = diffKey;
       rpc.call("tickets.diff", { id }).then((d) => renderDiff(diff, d.diff || "(no changes)")).catch(() => {});
     }

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Self
 
+from services.common.states import TicketState
+
 EXIT_OK = 0             # done / the ticket succeeded
 EXIT_FAILED = 1         # the ticket failed (watch), or an unexpected server error
 EXIT_USAGE = 2          # bad arguments (also invalid params reported by the server)
@@ -42,8 +44,10 @@ environment:
 DEFAULT_URL = "http://127.0.0.1:8420"
 DEMO = {"workspace": "demo", "workflow": "demo-fix", "title": "Fix add() in the demo calculator",
         "body": "The test for add() fails: add(2, 3) returns -1. Make the tests pass."}
-TERMINAL = {"succeeded": EXIT_OK, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
-STATES = ["queued", "running", "waiting_approval", "succeeded", "failed", "cancelled"]
+TERMINAL = {TicketState.SUCCEEDED.value: EXIT_OK, TicketState.FAILED.value: EXIT_FAILED,
+            TicketState.CANCELLED.value: EXIT_CANCELLED}
+STATES = [s.value for s in TicketState]
+WAITING = TicketState.WAITING_APPROVAL.value
 
 _BY_ERROR = {
     "invalid_params": EXIT_USAGE, "invalid_request": EXIT_USAGE, "method_not_found": EXIT_USAGE,
@@ -280,7 +284,7 @@ def _print_ticket(t: dict) -> None:
     if t.get("pr"):
         pr = t["pr"]
         print(f"pull request #{pr['number']} ({pr['state']}) {pr['head_branch']} -> {pr['base_branch']} {pr['url']}")
-    if t["state"] == "waiting_approval":
+    if t["state"] == WAITING:
         print(f"waiting for approval of {t.get('awaiting_sha') or '?'}: "
               f"afe approve {t['id']} --sha {t.get('awaiting_sha')}  |  afe reject {t['id']} --reason ...")
     if t.get("approval"):
@@ -424,7 +428,7 @@ async def _follow(client: RpcClient, ticket_id: str, args: argparse.Namespace) -
         print(f"{t['id']}  {t['title']}  ({t['workflow']})", flush=True)
     # A ticket that has already ended (or already waits, with --until-waiting)
     # gets its history printed and no live follow.
-    settled = t["state"] in TERMINAL or (args.until_waiting and t["state"] == "waiting_approval")
+    settled = t["state"] in TERMINAL or (args.until_waiting and t["state"] == WAITING)
     async for e in client.watch(ticket_id, follow=not settled):
         if args.json:
             _emit_json(e)
@@ -434,12 +438,12 @@ async def _follow(client: RpcClient, ticket_id: str, args: argparse.Namespace) -
                 print(line, flush=True)
         if args.until_waiting and e["type"] == "approval.requested":
             t = await client.call("tickets.get", {"id": ticket_id})
-            if t["state"] == "waiting_approval":
+            if t["state"] == WAITING:
                 break
     t = await client.call("tickets.get", {"id": ticket_id})
     if not args.json:
         print(f"{t['id']} {t['state']}" + (f": {t['error']}" if t.get("error") else ""), flush=True)
-    if t["state"] == "waiting_approval":
+    if t["state"] == WAITING:
         return EXIT_WAITING
     return TERMINAL.get(t["state"], EXIT_FAILED)
 

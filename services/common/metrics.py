@@ -23,8 +23,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .errors import InvalidArgument
+from .states import TicketState
 
-TICKET_STATES = ("queued", "running", "waiting_approval", "succeeded", "failed", "cancelled")
+TICKET_STATES = tuple(s.value for s in TicketState)
 NODE_KINDS = ("model", "agent", "run", "builtin")
 OUTCOMES = ("ok", "error", "timeout", "denied", "cancelled")
 GIT_OPS = ("clone", "fetch", "mirror", "checkout", "commit", "push", "merge", "diff")

@@ -11,36 +11,40 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common import grpcutil
 from services.common.errors import InvalidArgument
+from services.common.states import NodeState, TicketState
 
 from .engine import Engine, TicketView
 from .store import EventRecord
 
-SERVICE = "afe.scheduler.v1.Scheduler"
 # A watch whose caller takes in nothing for this long (the transport's window to it stays full) is
 # dropped with RESOURCE_EXHAUSTED; the caller resumes with from_seq, so nothing is lost, and a stalled
 # reader holds nothing in the scheduler beyond what the transport already holds for it.
 WATCH_SEND_TIMEOUT_S = 30.0
 RESUME_HINT = "watch again with from_seq = the seq after the last event you received"
 
-TICKET_STATES = {
-    "queued": pb.QUEUED, "running": pb.RUNNING, "waiting_approval": pb.WAITING_APPROVAL,
-    "succeeded": pb.SUCCEEDED, "failed": pb.FAILED, "cancelled": pb.CANCELLED,
-}
-STATE_NAMES = {v: k for k, v in TICKET_STATES.items()}
-NODE_STATES = {
-    "pending": pb.PENDING, "running": pb.NODE_RUNNING, "succeeded": pb.NODE_SUCCEEDED,
-    "failed": pb.NODE_FAILED, "skipped": pb.SKIPPED, "cancelled": pb.NODE_CANCELLED, "waiting": pb.NODE_WAITING,
-}
+
+def _ticket_state(word: str) -> pb.TicketState.ValueType:
+    try:
+        return TicketState(word).proto
+    except ValueError:
+        return pb.TICKET_STATE_UNSPECIFIED
+
+
+def _node_state(word: str) -> pb.NodeState.ValueType:
+    try:
+        return NodeState(word).proto
+    except ValueError:
+        return pb.NODE_STATE_UNSPECIFIED
 
 
 def ticket_pb(v: TicketView) -> pb.Ticket:
     t = v.ticket
     msg = pb.Ticket(
         id=t.id, workspace=t.workspace, workflow=t.workflow, title=t.title, body=t.body, inputs=t.inputs,
-        state=TICKET_STATES.get(t.state, pb.TICKET_STATE_UNSPECIFIED), created_at_ms=t.created_at_ms,
+        state=_ticket_state(t.state), created_at_ms=t.created_at_ms,
         updated_at_ms=t.updated_at_ms, error=t.error, last_seq=v.last_seq, awaiting_sha=t.awaiting_sha)
     for n in v.nodes:
-        msg.nodes.append(pb.NodeRun(id=n.node_id, kind=n.kind, state=NODE_STATES.get(n.state, pb.NODE_STATE_UNSPECIFIED),
+        msg.nodes.append(pb.NodeRun(id=n.node_id, kind=n.kind, state=_node_state(n.state),
                                     needs=list(n.needs), attempt=n.attempt, started_at_ms=n.started_at_ms,
                                     finished_at_ms=n.finished_at_ms, output=n.output, error=n.error))
     if v.pr is not None:
@@ -81,9 +85,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     async def ListTickets(self, request: pb.ListTicketsRequest, context) -> pb.ListTicketsResponse:
         states = []
         for s in request.states:
-            if s not in STATE_NAMES:
-                raise InvalidArgument(f"unknown ticket state {s}")
-            states.append(STATE_NAMES[s])
+            state = TicketState.from_proto(s)
+            if state is None:
+                raise InvalidArgument(f"unknown ticket state {s}; use one of "
+                                      + ", ".join(f"TICKET_STATE_{t.name}" for t in TicketState))
+            states.append(state.value)
         views, token = self.engine.list_tickets(states, request.workspace, request.page_size, request.page_token)
         return pb.ListTicketsResponse(tickets=[ticket_pb(v) for v in views], next_page_token=token)
 

@@ -12,25 +12,27 @@ import abc
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-# Ticket states.
-QUEUED = "queued"
-RUNNING = "running"
-WAITING_APPROVAL = "waiting_approval"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-CANCELLED = "cancelled"
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
-LIVE = (QUEUED, RUNNING, WAITING_APPROVAL)
+from services.common import states
+from services.common.states import NodeState, TicketState
 
-# Node states.
-N_PENDING = "pending"
-N_RUNNING = "running"
-N_SUCCEEDED = "succeeded"
-N_FAILED = "failed"
-N_SKIPPED = "skipped"
-N_CANCELLED = "cancelled"
-N_WAITING = "waiting"
-N_TERMINAL = frozenset({N_SUCCEEDED, N_FAILED, N_SKIPPED, N_CANCELLED})
+# States are stored as the words of services/common/states.py (plain text, as since the first schema).
+QUEUED = TicketState.QUEUED.value
+RUNNING = TicketState.RUNNING.value
+WAITING_APPROVAL = TicketState.WAITING_APPROVAL.value
+SUCCEEDED = TicketState.SUCCEEDED.value
+FAILED = TicketState.FAILED.value
+CANCELLED = TicketState.CANCELLED.value
+TERMINAL = frozenset(s.value for s in states.TERMINAL)
+LIVE = tuple(s.value for s in states.LIVE)
+
+N_PENDING = NodeState.PENDING.value
+N_RUNNING = NodeState.RUNNING.value
+N_SUCCEEDED = NodeState.SUCCEEDED.value
+N_FAILED = NodeState.FAILED.value
+N_SKIPPED = NodeState.SKIPPED.value
+N_CANCELLED = NodeState.CANCELLED.value
+N_WAITING = NodeState.WAITING.value
+N_TERMINAL = frozenset(s.value for s in states.NODE_TERMINAL)
 
 
 @dataclass

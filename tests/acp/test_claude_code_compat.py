@@ -191,7 +191,7 @@ async def test_r27_agent_stderr_in_ticket_events_is_redacted(short_tmp, acp_imag
                                                                 principal="tester"))
         t = await wait_done(sys_.stub, t.id)
         events = await events_of(sys_.stub, t.id)
-    assert t.state == pb.FAILED
+    assert t.state == pb.TICKET_STATE_FAILED
     assert "exited with code 1 during session/prompt; its last stderr line: claude-like: giving up" in t.error
     stderr = "".join(p["text"] for ty, p in events if ty == "agent.stderr")
     # The user sees why the agent died; the key it printed is masked.

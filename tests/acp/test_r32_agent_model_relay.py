@@ -71,7 +71,7 @@ async def test_r32_agent_node_reaches_its_model_only_through_the_relay(short_tmp
                                                                     principal="tester"))
             t = await wait_done(sys_.stub, t.id)
             events = await events_of(sys_.stub, t.id)
-            assert t.state == pb.SUCCEEDED, (t.error, events[-5:])
+            assert t.state == pb.TICKET_STATE_SUCCEEDED, (t.error, events[-5:])
             reports = [json.loads(p["text"].split("REPORT ", 1)[1]) for ty, p in events
                        if ty == "agent.message" and "REPORT " in p.get("text", "")]
             first, second = reports

@@ -78,7 +78,7 @@ nodes:
     needs: [test]
 """
 
-DONE = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED, pb.WAITING_APPROVAL}
+DONE = {pb.TICKET_STATE_SUCCEEDED, pb.TICKET_STATE_FAILED, pb.TICKET_STATE_CANCELLED, pb.TICKET_STATE_WAITING_APPROVAL}
 
 
 async def wait_done(stub, ticket_id: str, deadline_s: float = 240) -> pb.Ticket:
@@ -129,7 +129,7 @@ async def test_agent_then_tests_then_open_pr_on_the_demo_repository(short_tmp, a
         events = [e async for e in sys_.stub.WatchTicket(pb.WatchTicketRequest(id=t.id, from_seq=1,
                                                                                follow=False))]
         types = [e.type for e in events]
-        assert t.state == pb.SUCCEEDED, (t.error, types)
+        assert t.state == pb.TICKET_STATE_SUCCEEDED, (t.error, types)
 
         # The PR exists on the local forge and its head carries the agent's fix.
         assert t.pr.number and t.pr.head_branch == f"afe/{t.id}"
@@ -160,7 +160,7 @@ async def test_crashing_agent_fails_the_ticket_with_the_reason_and_no_pr(short_t
         t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="agent-crash", title="x",
                                                                 principal="tester"))
         t = await wait_done(sys_.stub, t.id)
-        assert t.state == pb.FAILED
+        assert t.state == pb.TICKET_STATE_FAILED
         assert "exited with code 3 during session/prompt" in t.error, t.error
         assert not t.pr.number
         assert git(bare, "branch", "--list", f"afe/{t.id}").strip() == ""     # nothing was pushed
@@ -180,6 +180,6 @@ async def test_ticket_cancel_reaches_the_agent_as_session_cancel(short_tmp, acp_
         assert containers_of(t.id), "control: the sandbox runs while the agent works"
         await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="tester"))
         t = await wait_done(sys_.stub, t.id)
-        assert t.state == pb.CANCELLED
+        assert t.state == pb.TICKET_STATE_CANCELLED
         assert ("agent.cancel", {"node": "code", "sent": "session/cancel"}) in await events_of(sys_.stub, t.id)
         assert containers_of(t.id) == []

@@ -99,7 +99,7 @@ def test_python_example_client_creates_follows_diffs_and_approves_the_sha_it_saw
     assert approved, out.stdout
     sha = approved[0].split(" at ")[1].split()[0]
     final = demo.finished(tid)
-    assert pb.TicketState.Name(final.state) == "SUCCEEDED", final
+    assert pb.TicketState.Name(final.state) == "TICKET_STATE_SUCCEEDED", final
     assert final.approval.sha == sha and final.approval.principal == "example-test"
     assert final.pr.state == "merged"
 
@@ -120,7 +120,7 @@ def test_node_grpc_js_client_creates_watches_and_approves_through_the_same_socke
                          cwd=demo.afe.base, env=env, capture_output=True, text=True, check=False, timeout=400)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["state"] == "SUCCEEDED", result
+    assert result["state"] == "TICKET_STATE_SUCCEEDED", result
     assert result["approved_sha"] and result["approval_sha"] == result["approved_sha"]
     assert result["pr_state"] == "merged"
     # Watched across two streams (stopped at approval.requested, resumed after approving): every seq once.

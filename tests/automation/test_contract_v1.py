@@ -83,10 +83,14 @@ BREAKING = {
         "rpc afe.scheduler.v1.Scheduler/WatchTicket: server_streaming changed"),
     "message removed": (lambda d: d["messages"].pop("afe.scheduler.v1.TicketDiff"),
                         "message afe.scheduler.v1.TicketDiff removed"),
-    "enum value removed": (lambda d: d["enums"]["afe.scheduler.v1.TicketState"].pop("CANCELLED"),
-                           "enum value afe.scheduler.v1.TicketState.CANCELLED (= 6) removed"),
-    "enum value renumbered": (lambda d: d["enums"]["afe.scheduler.v1.NodeState"].update(NODE_WAITING=8),
-                              "enum value afe.scheduler.v1.NodeState.NODE_WAITING: number changed 7 -> 8"),
+    "enum value removed": (lambda d: d["enums"]["afe.scheduler.v1.TicketState"].pop("TICKET_STATE_CANCELLED"),
+                           "enum value afe.scheduler.v1.TicketState.TICKET_STATE_CANCELLED (= 6) removed"),
+    "enum value renamed": (
+        lambda d: d["enums"]["afe.scheduler.v1.TicketState"].update(
+            QUEUED=d["enums"]["afe.scheduler.v1.TicketState"].pop("TICKET_STATE_QUEUED")),
+        "enum value afe.scheduler.v1.TicketState.TICKET_STATE_QUEUED (= 1) removed"),
+    "enum value renumbered": (lambda d: d["enums"]["afe.scheduler.v1.NodeState"].update(NODE_STATE_WAITING=8),
+                              "enum value afe.scheduler.v1.NodeState.NODE_STATE_WAITING: number changed 7 -> 8"),
 }
 
 
@@ -108,7 +112,7 @@ ADDITIVE = {
         RetryTicket={"input": "afe.scheduler.v1.GetTicketRequest", "output": "afe.scheduler.v1.Ticket",
                      "client_streaming": False, "server_streaming": False}),
     "message added": lambda d: d["messages"].update({"afe.scheduler.v1.Label": {"fields": {}}}),
-    "enum value added": lambda d: d["enums"]["afe.scheduler.v1.NodeState"].update(NODE_RETRYING=8),
+    "enum value added": lambda d: d["enums"]["afe.scheduler.v1.NodeState"].update(NODE_STATE_RETRYING=8),
 }
 
 

@@ -208,7 +208,7 @@ async def test_a_reader_that_stops_reading_does_not_hold_up_other_callers(endpoi
         await stalled.initial_metadata()          # connected; from here on it reads nothing
         # Meanwhile every other caller is served and the ticket runs to its end (48 MB of events).
         done = await wait_for_state(stub2, t.id, {"succeeded", "failed"})
-        assert pb.TicketState.Name(done.state) == "SUCCEEDED", done
+        assert pb.TicketState.Name(done.state) == "TICKET_STATE_SUCCEEDED", done
         assert len((await stub2.ListTickets(pb.ListTicketsRequest())).tickets) == 1
         stalled.cancel()
         # A new watch from the start gets every event once.
@@ -241,7 +241,7 @@ async def test_a_reader_that_stops_reading_is_dropped_with_resource_exhausted(en
         assert t.id not in watchers
         # ... and served everyone else meanwhile (another connection; the ticket runs to its end).
         done = await wait_for_state(stub2, t.id, {"succeeded", "failed"})
-        assert pb.TicketState.Name(done.state) == "SUCCEEDED", done
+        assert pb.TicketState.Name(done.state) == "TICKET_STATE_SUCCEEDED", done
         # The stalled caller, reading at last, gets what the transport held, then RESOURCE_EXHAUSTED
         # from afe itself (not a transport status) with what to do next.
         got: list[pb.Event] = []
@@ -274,7 +274,7 @@ async def test_a_slow_reader_that_keeps_reading_is_not_dropped(endpoint):
         t = await stub.CreateTicket(pb.CreateTicketRequest(workspace="ws", workflow="chatty", title="chatty",
                                                            principal="test"))
         done = await wait_for_state(stub, t.id, {"succeeded", "failed"})
-        assert pb.TicketState.Name(done.state) == "SUCCEEDED", done
+        assert pb.TicketState.Name(done.state) == "TICKET_STATE_SUCCEEDED", done
         seqs: list[int] = []
         size = since_pause = pauses = 0
         async for ev in stub.WatchTicket(pb.WatchTicketRequest(id=t.id, from_seq=1, follow=True)):

@@ -42,9 +42,9 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self._n += 1
         tid = f"t{self._n}"
         t = pb.Ticket(id=tid, workspace=request.workspace or "demo", workflow=request.workflow,
-                      title=request.title, body=request.body, inputs=dict(request.inputs), state=pb.QUEUED,
-                      nodes=[pb.NodeRun(id="fix", kind="model", state=pb.PENDING),
-                             pb.NodeRun(id="merge", kind="builtin:merge", state=pb.PENDING, needs=["fix"])])
+                      title=request.title, body=request.body, inputs=dict(request.inputs), state=pb.TICKET_STATE_QUEUED,
+                      nodes=[pb.NodeRun(id="fix", kind="model", state=pb.NODE_STATE_PENDING),
+                             pb.NodeRun(id="merge", kind="builtin:merge", state=pb.NODE_STATE_PENDING, needs=["fix"])])
         self.tickets[tid] = t
         self._event(tid, "ticket.created", {"principal": request.principal})
         return t
@@ -64,17 +64,17 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     async def CancelTicket(self, request, context):
         self.calls.append(("CancelTicket", request))
         t = self._get(request.id)
-        t.state = pb.CANCELLED
+        t.state = pb.TICKET_STATE_CANCELLED
         self._event(t.id, "ticket.finished", {"state": "cancelled", "principal": request.principal})
         return t
 
     async def ApproveTicket(self, request, context):
         self.calls.append(("ApproveTicket", request))
         t = self._get(request.id)
-        if t.state != pb.WAITING_APPROVAL:
+        if t.state != pb.TICKET_STATE_WAITING_APPROVAL:
             raise errors.FailedPrecondition("the ticket is not waiting for approval")
         t.approval.CopyFrom(pb.Approval(principal=request.principal, sha=request.sha, granted=True))
-        t.state = pb.SUCCEEDED
+        t.state = pb.TICKET_STATE_SUCCEEDED
         self._event(t.id, "approval.granted", {"principal": request.principal})
         return t
 
@@ -82,7 +82,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.calls.append(("RejectTicket", request))
         t = self._get(request.id)
         t.approval.CopyFrom(pb.Approval(principal=request.principal, granted=False, reason=request.reason))
-        t.state = pb.FAILED
+        t.state = pb.TICKET_STATE_FAILED
         self._event(t.id, "ticket.finished", {"state": "failed"})
         return t
 
@@ -96,7 +96,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                 yield evs[seq - 1]
                 seq += 1
             t = self.tickets[request.id]
-            if not request.follow or t.state in (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED):
+            if not request.follow or t.state in (pb.TICKET_STATE_SUCCEEDED, pb.TICKET_STATE_FAILED, pb.TICKET_STATE_CANCELLED):
                 return
             await waiter.wait()
 

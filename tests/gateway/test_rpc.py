@@ -96,7 +96,7 @@ async def test_methods_mirror_the_scheduler_and_record_the_principal(http, gatew
     resp = await login(http, gateway, gateway.token)
     _, uiws = await open_rpc(http, gateway, cookie=cookie_of(resp), origin=gateway.origin)
     t2 = await result(uiws, "tickets.create", {"workflow": "demo-fix", "title": "from ui"})
-    scheduler.run(scheduler.fake.set_state, t2["id"], pb.WAITING_APPROVAL)
+    scheduler.run(scheduler.fake.set_state, t2["id"], pb.TICKET_STATE_WAITING_APPROVAL)
     approved = await result(uiws, "tickets.approve", {"id": t2["id"], "sha": "abc1234"})
     assert approved["approval"]["principal"] == "ui" and approved["state"] == "succeeded"
     await uiws.close()
@@ -118,7 +118,7 @@ async def test_watch_streams_history_then_live_events_then_ends(scheduler, ws):
     first = json.loads((await ws.receive(timeout=30)).data)
     assert first["method"] == "tickets.event" and first["params"]["subscription"] == sub
     assert first["params"]["event"]["type"] == "ticket.created" and first["params"]["event"]["seq"] == 1
-    scheduler.run(scheduler.fake.set_state, t["id"], pb.CANCELLED)
+    scheduler.run(scheduler.fake.set_state, t["id"], pb.TICKET_STATE_CANCELLED)
     seen = []
     while True:
         doc = json.loads((await ws.receive(timeout=30)).data)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.demo import make_repo
+from services.common.states import TicketState
 
 WORKSPACE = """\
 kind: Workspace
@@ -24,9 +25,7 @@ sandbox:
 %s%s
 """
 
-STATE = {v: k for k, v in {
-    "queued": pb.QUEUED, "running": pb.RUNNING, "waiting_approval": pb.WAITING_APPROVAL,
-    "succeeded": pb.SUCCEEDED, "failed": pb.FAILED, "cancelled": pb.CANCELLED}.items()}
+STATE = {s.proto: s.value for s in TicketState}
 
 
 def write_config(root: Path, documents: str, *, workspace_extra: str = "", sandbox_extra: str = "",

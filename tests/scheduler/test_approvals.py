@@ -103,7 +103,7 @@ async def test_cancel_while_waiting_for_approval(short_tmp):
         assert state_name(t) == "waiting_approval", t.error
         t = await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="dave"))
         assert state_name(t) == "cancelled" and not t.awaiting_sha
-        assert {n.id: n.state for n in t.nodes}["merge"] == pb.NODE_CANCELLED
+        assert {n.id: n.state for n in t.nodes}["merge"] == pb.NODE_STATE_CANCELLED
         assert git(bare, "rev-parse", "main").strip() == base
         live = await sys_.sandbox.ListSandboxes(spb.ListSandboxesRequest())
         assert t.id not in [s.ticket_id for s in live.sandboxes]

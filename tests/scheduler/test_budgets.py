@@ -95,5 +95,5 @@ async def test_looping_model_stops_at_limits_with_reason(short_tmp):
         assert [b["limit"] for b in budget] == ["ticket_tokens"] and len(messages) == 3
         assert "ticket's token budget (100)" in budget[0]["reason"]
         t = await sys_.stub.GetTicket(pb.GetTicketRequest(id=ids["ticket-tokens"]))
-        assert [n.state for n in t.nodes] == [pb.NODE_SUCCEEDED, pb.NODE_FAILED]
+        assert [n.state for n in t.nodes] == [pb.NODE_STATE_SUCCEEDED, pb.NODE_STATE_FAILED]
         assert t.nodes[1].attempt == 1          # a spent budget is not retried

@@ -61,7 +61,7 @@ async def test_cancel_during_long_run_kills_it_and_tears_down(short_tmp):
             t = await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="bob"))
             assert state_name(t) == "cancelled" and "bob" in t.error
             states = {n.id: n.state for n in t.nodes}
-            assert states == {"wait": pb.NODE_CANCELLED, "after": pb.PENDING}
+            assert states == {"wait": pb.NODE_STATE_CANCELLED, "after": pb.NODE_STATE_PENDING}
 
             assert _objects(client, t.id) == ([], [])
             for cid in ids:

@@ -32,7 +32,7 @@ async def _max_running(stub, ids: list[str], workspace: str) -> int:
     """Poll the API until every ticket is terminal; the highest RUNNING count seen."""
     seen = 0
     while True:
-        r = await stub.ListTickets(pb.ListTicketsRequest(states=[pb.RUNNING], workspace=workspace))
+        r = await stub.ListTickets(pb.ListTicketsRequest(states=[pb.TICKET_STATE_RUNNING], workspace=workspace))
         seen = max(seen, len(r.tickets))
         states = [state_name(await stub.GetTicket(pb.GetTicketRequest(id=i))) for i in ids]
         if all(s in ("succeeded", "failed", "cancelled") for s in states):
@@ -69,7 +69,7 @@ async def test_global_limit_of_two_never_runs_more_than_two_and_starts_in_order(
         for i in range(5):
             t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="nap", workspace="ws", title=f"n{i}"))
             ids.append(t.id)
-        queued = await sys_.stub.ListTickets(pb.ListTicketsRequest(states=[pb.QUEUED]))
+        queued = await sys_.stub.ListTickets(pb.ListTicketsRequest(states=[pb.TICKET_STATE_QUEUED]))
         assert len(queued.tickets) == 3                     # excess waits
         peak = await _max_running(sys_.stub, ids, "")
         assert 1 <= peak <= 2

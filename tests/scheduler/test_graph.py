@@ -69,12 +69,12 @@ async def test_graph_semantics(short_tmp):
 
         assert state_name(t["slow"]) == "failed"
         slow = {n.id: n for n in t["slow"].nodes}
-        assert "timed out after 1s" in slow["slow"].error and slow["after"].state == pb.SKIPPED
+        assert "timed out after 1s" in slow["slow"].error and slow["after"].state == pb.NODE_STATE_SKIPPED
 
         assert state_name(t["broken"]) == "failed"
         broken = {n.id: n for n in t["broken"].nodes}
-        assert broken["bad"].state == pb.NODE_FAILED and "code 7" in broken["bad"].error
+        assert broken["bad"].state == pb.NODE_STATE_FAILED and "code 7" in broken["bad"].error
         assert "oops" in broken["bad"].error
-        assert broken["dependent"].state == pb.SKIPPED
-        assert broken["independent"].state == pb.NODE_CANCELLED      # stopped when the ticket failed
+        assert broken["dependent"].state == pb.NODE_STATE_SKIPPED
+        assert broken["independent"].state == pb.NODE_STATE_CANCELLED      # stopped when the ticket failed
         assert "node bad failed" in t["broken"].error

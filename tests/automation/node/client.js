@@ -72,7 +72,7 @@ async function main() {
   const asked = await watch(t.id, 'approval.requested');
   if (!asked) throw new Error(`ticket ${t.id} ended without asking for approval`);
   const waiting = await call('GetTicket', {id: t.id});
-  if (waiting.state !== 'WAITING_APPROVAL') throw new Error(`ticket ${t.id} is ${waiting.state}`);
+  if (waiting.state !== 'TICKET_STATE_WAITING_APPROVAL') throw new Error(`ticket ${t.id} is ${waiting.state}`);
   const sha = waiting.awaiting_sha;
   await call('ApproveTicket', {id: t.id, principal: opts.principal, sha});
   await watch(t.id, 'ticket.finished');

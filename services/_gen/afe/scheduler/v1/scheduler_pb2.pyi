@@ -28,22 +28,25 @@ class _TicketState:
 class _TicketStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TicketState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     TICKET_STATE_UNSPECIFIED: _TicketState.ValueType  # 0
-    QUEUED: _TicketState.ValueType  # 1
-    RUNNING: _TicketState.ValueType  # 2
-    WAITING_APPROVAL: _TicketState.ValueType  # 3
-    SUCCEEDED: _TicketState.ValueType  # 4
-    FAILED: _TicketState.ValueType  # 5
-    CANCELLED: _TicketState.ValueType  # 6
+    TICKET_STATE_QUEUED: _TicketState.ValueType  # 1
+    TICKET_STATE_RUNNING: _TicketState.ValueType  # 2
+    TICKET_STATE_WAITING_APPROVAL: _TicketState.ValueType  # 3
+    TICKET_STATE_SUCCEEDED: _TicketState.ValueType  # 4
+    TICKET_STATE_FAILED: _TicketState.ValueType  # 5
+    TICKET_STATE_CANCELLED: _TicketState.ValueType  # 6
 
-class TicketState(_TicketState, metaclass=_TicketStateEnumTypeWrapper): ...
+class TicketState(_TicketState, metaclass=_TicketStateEnumTypeWrapper):
+    """Names follow the standard enum-value prefix; services/common/states.py is
+    the one vocabulary (its lowercase words are what JSON-RPC, CLI and UI show).
+    """
 
 TICKET_STATE_UNSPECIFIED: TicketState.ValueType  # 0
-QUEUED: TicketState.ValueType  # 1
-RUNNING: TicketState.ValueType  # 2
-WAITING_APPROVAL: TicketState.ValueType  # 3
-SUCCEEDED: TicketState.ValueType  # 4
-FAILED: TicketState.ValueType  # 5
-CANCELLED: TicketState.ValueType  # 6
+TICKET_STATE_QUEUED: TicketState.ValueType  # 1
+TICKET_STATE_RUNNING: TicketState.ValueType  # 2
+TICKET_STATE_WAITING_APPROVAL: TicketState.ValueType  # 3
+TICKET_STATE_SUCCEEDED: TicketState.ValueType  # 4
+TICKET_STATE_FAILED: TicketState.ValueType  # 5
+TICKET_STATE_CANCELLED: TicketState.ValueType  # 6
 Global___TicketState: _TypeAlias = TicketState  # noqa: Y015
 
 class _NodeState:
@@ -53,25 +56,25 @@ class _NodeState:
 class _NodeStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NodeState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     NODE_STATE_UNSPECIFIED: _NodeState.ValueType  # 0
-    PENDING: _NodeState.ValueType  # 1
-    NODE_RUNNING: _NodeState.ValueType  # 2
-    NODE_SUCCEEDED: _NodeState.ValueType  # 3
-    NODE_FAILED: _NodeState.ValueType  # 4
-    SKIPPED: _NodeState.ValueType  # 5
-    NODE_CANCELLED: _NodeState.ValueType  # 6
-    NODE_WAITING: _NodeState.ValueType  # 7
+    NODE_STATE_PENDING: _NodeState.ValueType  # 1
+    NODE_STATE_RUNNING: _NodeState.ValueType  # 2
+    NODE_STATE_SUCCEEDED: _NodeState.ValueType  # 3
+    NODE_STATE_FAILED: _NodeState.ValueType  # 4
+    NODE_STATE_SKIPPED: _NodeState.ValueType  # 5
+    NODE_STATE_CANCELLED: _NodeState.ValueType  # 6
+    NODE_STATE_WAITING: _NodeState.ValueType  # 7
     """A builtin:merge / builtin:approval node waiting for a person."""
 
 class NodeState(_NodeState, metaclass=_NodeStateEnumTypeWrapper): ...
 
 NODE_STATE_UNSPECIFIED: NodeState.ValueType  # 0
-PENDING: NodeState.ValueType  # 1
-NODE_RUNNING: NodeState.ValueType  # 2
-NODE_SUCCEEDED: NodeState.ValueType  # 3
-NODE_FAILED: NodeState.ValueType  # 4
-SKIPPED: NodeState.ValueType  # 5
-NODE_CANCELLED: NodeState.ValueType  # 6
-NODE_WAITING: NodeState.ValueType  # 7
+NODE_STATE_PENDING: NodeState.ValueType  # 1
+NODE_STATE_RUNNING: NodeState.ValueType  # 2
+NODE_STATE_SUCCEEDED: NodeState.ValueType  # 3
+NODE_STATE_FAILED: NodeState.ValueType  # 4
+NODE_STATE_SKIPPED: NodeState.ValueType  # 5
+NODE_STATE_CANCELLED: NodeState.ValueType  # 6
+NODE_STATE_WAITING: NodeState.ValueType  # 7
 """A builtin:merge / builtin:approval node waiting for a person."""
 Global___NodeState: _TypeAlias = NodeState  # noqa: Y015
 
