@@ -1,5 +1,9 @@
 """Generate the gRPC contracts into services/_gen (run by `make proto`).
 
+Message stubs (`*_pb2.pyi`) and async/sync service stubs (`*_pb2_grpc.pyi`)
+come from mypy-protobuf, so `mypy services gateway` checks calls and
+servicers against the contracts.
+
 protoc writes imports as `from afe.<svc>.v1 import ...`; the generated modules
 live inside the `services._gen` package, so those imports are rewritten to be
 absolute from there. `--check` regenerates into a temporary folder and fails
@@ -38,6 +42,7 @@ def generate(out: pathlib.Path) -> None:
         f"--python_out={out}",
         f"--grpc_python_out={out}",
         f"--mypy_out={out}",
+        f"--mypy_grpc_out={out}",
         *files,
     ]
     if protoc.main(args) != 0:
