@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import subprocess
+import time
 
 import docker
 import pytest
@@ -31,9 +33,8 @@ import pytest
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.demo import make_repo
 from services.common.layout import Layout
+from services.common.states import NodeState, TicketState
 from services.sandbox.images import build_agent_image
-from services.scheduler.store import N_SUCCEEDED
-from tests.acp.test_workflow_end_to_end import events_of, git, wait_done
 from tests.agents.scripted_models import (
     FINAL_TEXT,
     FIXED_SOURCE,
@@ -104,6 +105,28 @@ echo DONE
 """
 
 
+async def wait_settled(stub, ticket_id: str, deadline_s: float = 600) -> tuple[pb.Ticket, TicketState]:
+    """The ticket once it stops moving: waiting for approval, or ended."""
+    end = time.monotonic() + deadline_s
+    while True:
+        t = await stub.GetTicket(pb.GetTicketRequest(id=ticket_id))
+        state = TicketState.from_proto(t.state)
+        if state is not None and (state.terminal or state is TicketState.WAITING_APPROVAL):
+            return t, state
+        assert time.monotonic() < end, f"ticket {ticket_id} did not settle"
+        await asyncio.sleep(0.2)
+
+
+async def events_of(stub, ticket_id: str) -> list[tuple[str, dict]]:
+    return [(e.type, json.loads(e.payload_json))
+            async for e in stub.WatchTicket(pb.WatchTicketRequest(id=ticket_id, from_seq=1, follow=False))]
+
+
+def git(bare, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(bare), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
 def _inspect_sandbox(instance: str, key: str) -> dict:
     """Every container of this broker: `docker inspect` as JSON, and what
     its processes carry (see INSIDE)."""
@@ -163,10 +186,9 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
             server.on_step = look
             t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(
                 workflow="fix", title="Fix add()", body="add() subtracts; make the test pass", principal="tester"))
-            t = await wait_done(sys_.stub, t.id, deadline_s=600)
+            t, state = await wait_settled(sys_.stub, t.id)
             events = await events_of(sys_.stub, t.id)
-            log = [(ty, p) for ty, p in events if not ty.startswith("agent.stream")]
-            assert t.state == pb.WAITING_APPROVAL, (t.error, log[-30:], [s.path for s in server.seen])
+            assert state is TicketState.WAITING_APPROVAL, (t.error, events[-30:], [s.path for s in server.seen])
 
     # The agent did the work: it edited calc.py and ran the tests with its shell tool, then answered.
     assert server.steps[:3] == [0, 1, 2], server.steps
@@ -175,7 +197,7 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
     assert FINAL_TEXT in texts, texts[-2000:]
     # The test node passed, the PR exists on the local forge with the fix, main is untouched.
     done = {p.get("node"): p for ty, p in events if ty == "node.finished"}
-    assert done["test"]["state"] == N_SUCCEEDED and "OK" in done["test"]["output"], done["test"]
+    assert done["test"]["state"] == NodeState.SUCCEEDED and "OK" in done["test"]["output"], done["test"]
     assert t.pr.number and t.pr.head_branch == f"afe/{t.id}"
     diff = git(bare, "diff", "main", t.pr.head_sha)
     assert f"-    return a - b\n+    {FIXED_SOURCE}" in diff, diff
