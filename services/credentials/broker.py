@@ -102,7 +102,13 @@ class CredentialCore:
         """The ticket has ended: its relay goes first (R32), then its git dir and workspace."""
         check_ticket_id(ticket_id)
         await self.close_relay(ticket_id)
-        await self.git.release(ticket_id)
+        await self.git.release(ticket_id, self.config.workspaces.get(workspace))
+
+    async def update_branch(self, ticket_id: str, workspace: str) -> tuple[str, bool, list[str]]:
+        """Merge the base branch into the ticket's pushed branch on the host and
+        push it: (new head, changed, conflicting paths)."""
+        check_ticket_id(ticket_id)
+        return await self.git.update_branch(self.workspace(workspace), ticket_id)
 
     # -- forge -------------------------------------------------------------
     async def open_pull_request(self, ticket_id: str, workspace: str, title: str, body: str) -> PullRequestInfo:

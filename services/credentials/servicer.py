@@ -43,6 +43,10 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         await self.core.release_workspace(request.ticket_id, request.workspace)
         return pb.ReleaseWorkspaceResponse()
 
+    async def UpdateBranch(self, request, context):
+        head, changed, conflicts = await self.core.update_branch(request.ticket_id, request.workspace)
+        return pb.UpdateBranchResponse(head_sha=head, changed=changed, conflicts=conflicts)
+
     async def OpenPullRequest(self, request, context):
         return _pr(await self.core.open_pull_request(request.ticket_id, request.workspace,
                                                      request.title, request.body))

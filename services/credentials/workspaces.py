@@ -27,6 +27,7 @@ from services.common import layout as layout_mod
 from services.common import safefs
 from services.common.config import Workspace
 from services.common.errors import (
+    AfeError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -42,6 +43,7 @@ from .spares import Spares
 log = logging.getLogger(__name__)
 
 DEFAULT_DIFF_BYTES = 1024 * 1024
+KEPT_REF = "refs/afe/kept/"     # + ticket id, in the mirror: a released workspace's last state
 
 
 def branch_for(ticket_id: str) -> str:
@@ -196,23 +198,120 @@ class WorkspaceGit:
             if base is None:
                 raise NotFound(f"workspace {ws.name!r}: branch {ws.base_branch!r} does not exist in "
                                f"{self.remote(ws).url}; check the Workspace's baseBranch")
+            head, checkout, base = await self._resume_point(mirror, ticket_id, base)
             await asyncio.to_thread(_remove_tree, gitdir)
             self.layout.gitdirs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             await self.git.run(["init", "--bare", "-q", "--", str(gitdir)], what="git init")
             alternates = gitdir / "objects" / "info" / "alternates"
             alternates.write_text(str(mirror / "objects") + "\n")
             await self.git.run(["update-ref", "--end-of-options", "refs/afe/base", base], git_dir=gitdir)
-            await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", base], git_dir=gitdir)
+            await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", head], git_dir=gitdir)
             await self.git.run(["symbolic-ref", "HEAD", f"refs/heads/{branch}"], git_dir=gitdir)
             if work.exists() or work.is_symlink():
                 await asyncio.to_thread(_remove_tree, work)
             self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
-            if not self.spares.take(mirror, base, work):
-                await self._populate(gitdir, work, base, gitdir / "afe-checkout.index")
+            if checkout != base or not self.spares.take(mirror, base, work):
+                await self._populate(gitdir, work, checkout, gitdir / "afe-checkout.index")
             (gitdir / "afe-ready").write_text(ws.name + "\n")
             log.info("prepared workspace for ticket %s from %s@%s", ticket_id, ws.name, base[:12])
             self.spares.schedule(mirror, base)
             return Prepared(base, branch)
+
+    async def _resume_point(self, mirror: Path, ticket_id: str, base: str) -> tuple[str, str, str]:
+        """(branch head, commit to check out, base) of a ticket's workspace.
+
+        A new ticket starts at the base. A ticket that ran before (a retry,
+        Engine.reopen) continues on its own branch: the pushed `afe/<ticket>`
+        when the remote has it (it may hold an update-branch merge), else the
+        branch it had when its workspace was released; the checkout is the
+        kept workspace (uncommitted work included) when it sits on that head.
+        The base is where the branch forked from the base branch now."""
+        branch = branch_for(ticket_id)
+        kept = await self._rev(mirror, f"{KEPT_REF}{ticket_id}^{{commit}}")
+        kept_head = await self._rev(mirror, f"{KEPT_REF}{ticket_id}^1") if kept else None
+        pushed = await self._rev(mirror, f"refs/heads/{branch}^{{commit}}")
+        head = pushed or kept_head
+        if head is None:
+            return base, base, base
+        fork = await self.git.run(["merge-base", "--end-of-options", head, base], git_dir=mirror, check=False,
+                                  what="git merge-base")
+        fork_sha = fork.out.strip() if fork.returncode == 0 and fork.out.strip() else base
+        checkout = kept if kept and kept_head == head else head
+        log.info("ticket %s continues on %s at %s", ticket_id, branch, head[:12])
+        return head, checkout, fork_sha
+
+    async def _keep(self, ws: Workspace, ticket_id: str) -> None:
+        """Before the workspace goes: its last state (a commit of the safe
+        snapshot on top of the branch head) under `refs/afe/kept/<ticket>` in
+        the mirror, which only the host reads. A retry starts from it."""
+        gitdir = self.layout.gitdir(ticket_id)
+        if not (gitdir / "afe-ready").exists() or not self.layout.workspace(ticket_id).is_dir():
+            return
+        head = await self._rev(gitdir, f"refs/heads/{branch_for(ticket_id)}")
+        if head is None:
+            return
+        tree = (await self.snapshot_tree(ticket_id)).tree
+        env = {"GIT_AUTHOR_NAME": ws.author.name, "GIT_AUTHOR_EMAIL": ws.author.email,
+               "GIT_COMMITTER_NAME": ws.author.name, "GIT_COMMITTER_EMAIL": ws.author.email}
+        res = await self.git.run(["commit-tree", "-p", head, "-F", "-", tree], git_dir=gitdir, env=env,
+                                 stdin=f"afe: workspace of ticket {ticket_id} when it ended\n".encode(),
+                                 what="git commit-tree (keep)")
+        sha = res.out.strip()
+        await self.git.run(["update-ref", "--end-of-options", "refs/afe/kept", sha], git_dir=gitdir)
+        mirror = self.mirror_path(ws)
+        async with self._lock(str(mirror)):
+            await self.git.run(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--end-of-options",
+                                str(gitdir), f"+refs/afe/kept:{KEPT_REF}{ticket_id}"], git_dir=mirror,
+                               what="git fetch (keep)")
+
+    # -- update branch ---------------------------------------------------------
+    async def update_branch(self, ws: Workspace, ticket_id: str) -> tuple[str, bool, list[str]]:
+        """Merge the base branch into the ticket's pushed branch, on the host,
+        and push the merge. Returns (new head, changed, conflicting paths);
+        with conflicts nothing is pushed."""
+        branch = branch_for(ticket_id)
+        remote = self.remote(ws)
+        async with self._lock("ticket:" + ticket_id):
+            mirror = await self.update_mirror(ws)
+            head = await self._rev(mirror, f"refs/heads/{branch}^{{commit}}")
+            if head is None:
+                raise FailedPrecondition(f"ticket {ticket_id} has no pushed branch {branch}; retry the ticket "
+                                         "so it opens its pull request first")
+            base = await self._rev(mirror, f"refs/heads/{ws.base_branch}^{{commit}}")
+            if base is None:
+                raise NotFound(f"workspace {ws.name!r}: branch {ws.base_branch!r} does not exist")
+            up = await self.git.run(["merge-base", "--is-ancestor", "--end-of-options", base, head],
+                                    git_dir=mirror, check=False, what="git merge-base")
+            if up.returncode == 0:
+                return head, False, []
+            res = await self.git.run(["merge-tree", "--write-tree", "--name-only", "--no-messages", "-z",
+                                      "--end-of-options", head, base], git_dir=mirror, check=False, what="git merge-tree")
+            parts = [p.decode("utf-8", "replace") for p in res.stdout.split(b"\0")]
+            if res.returncode == 1:
+                files: list[str] = []
+                for p in parts[1:]:
+                    if not p:
+                        break          # the end of the conflicted files
+                    files.append(p)
+                return head, False, sorted(set(files))
+            if res.returncode != 0:
+                raise FailedPrecondition(f"cannot merge {ws.base_branch} into {branch}: {res.err.strip()[:300]}")
+            tree = parts[0].strip()
+            env = {"GIT_AUTHOR_NAME": ws.author.name, "GIT_AUTHOR_EMAIL": ws.author.email,
+                   "GIT_COMMITTER_NAME": ws.author.name, "GIT_COMMITTER_EMAIL": ws.author.email}
+            msg = f"Merge {ws.base_branch} into {branch}\n\nafe ticket {ticket_id}: update branch\n"
+            out = await self.git.run(["commit-tree", "-p", head, "-p", base, "-F", "-", tree], git_dir=mirror,
+                                     env=env, stdin=msg.encode(), what="git commit-tree")
+            sha = out.out.strip()
+            # --force-with-lease: a branch that moved meanwhile is never overwritten.
+            await self._remote_git(ws, remote, ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
+                                                f"--force-with-lease=refs/heads/{branch}:{head}",
+                                                "--end-of-options", remote.url,
+                                                f"{sha}:refs/heads/{branch}"], mirror, "git push to")
+            await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", sha, head],
+                               git_dir=mirror, what="git update-ref")
+            log.info("updated %s of ticket %s with %s: %s", branch, ticket_id, ws.base_branch, sha[:12])
+            return sha, True, []
 
     async def _populate(self, git_dir: Path, target: Path, sha: str, index: Path) -> None:
         """Check `sha` out into the new folder `target` and hand it to the sandbox user."""
@@ -337,8 +436,15 @@ class WorkspaceGit:
             return branch, sha
 
     # -- release -----------------------------------------------------------
-    async def release(self, ticket_id: str) -> None:
+    async def release(self, ticket_id: str, ws: Workspace | None = None) -> None:
+        """Remove the ticket's git dir and workspace; with `ws`, keep the
+        workspace's last state in the mirror first (`_keep`, for a retry)."""
         async with self._lock("ticket:" + ticket_id):
+            if ws is not None:
+                try:
+                    await self._keep(ws, ticket_id)
+                except (GitFailed, AfeError, OSError) as exc:
+                    log.warning("ticket %s: could not keep its workspace for a retry: %s", ticket_id, exc)
             await asyncio.to_thread(_remove_tree, self.layout.workspace(ticket_id))
             await asyncio.to_thread(_remove_tree, self.layout.gitdir(ticket_id))
         self._locks.pop("ticket:" + ticket_id, None)

@@ -22,6 +22,7 @@ from .store import (
     TERMINAL,
     ApprovalRecord,
     EventRecord,
+    FollowUpRecord,
     NodeRunRecord,
     PullRequestRecord,
     Store,
@@ -37,9 +38,11 @@ SCHEMA_TABLE_SINCE = 2   # the version whose migration creates schema_version
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _TICKET_COLS = ("rowid, id, workspace, workflow, title, body, inputs_json, state, created_at_ms, "
-                "updated_at_ms, principal, error, tokens_used, awaiting_sha, torn_down, origin_json")
-_TICKET_FIELDS = {"state", "updated_at_ms", "error", "tokens_used", "awaiting_sha", "torn_down"}
-_NODE_FIELDS = {"state", "attempt", "started_at_ms", "finished_at_ms", "output", "error"}
+                "updated_at_ms, principal, error, tokens_used, awaiting_sha, torn_down, origin_json, reopened_at_ms")
+_TICKET_FIELDS = {"state", "updated_at_ms", "error", "tokens_used", "awaiting_sha", "torn_down",
+                  "reopened_at_ms"}
+_NODE_FIELDS = {"state", "attempt", "started_at_ms", "finished_at_ms", "output", "error", "rounds",
+                "feedback"}
 
 
 def _now_ms() -> int:
@@ -51,7 +54,7 @@ def _ticket(row: tuple) -> TicketRecord:
         rowid=row[0], id=row[1], workspace=row[2], workflow=row[3], title=row[4], body=row[5],
         inputs=json.loads(row[6]), state=row[7], created_at_ms=row[8], updated_at_ms=row[9],
         principal=row[10], error=row[11], tokens_used=row[12], awaiting_sha=row[13],
-        torn_down=bool(row[14]), origin=json.loads(row[15] or "{}"),
+        torn_down=bool(row[14]), origin=json.loads(row[15] or "{}"), reopened_at_ms=row[16] or 0,
     )
 
 
@@ -180,10 +183,11 @@ class SqliteStore(Store):
     def node_runs(self, ticket_id: str) -> list[NodeRunRecord]:
         rows = self.db.execute(
             "SELECT ticket_id, node_id, kind, state, needs_json, attempt, started_at_ms, "
-            "finished_at_ms, output, error FROM node_runs WHERE ticket_id=? ORDER BY ord", (ticket_id,))
+            "finished_at_ms, output, error, rounds, feedback FROM node_runs WHERE ticket_id=? ORDER BY ord", (ticket_id,))
         return [NodeRunRecord(ticket_id=r[0], node_id=r[1], kind=r[2], state=r[3],
                               needs=tuple(json.loads(r[4])), attempt=r[5], started_at_ms=r[6],
-                              finished_at_ms=r[7], output=r[8], error=r[9]) for r in rows]
+                              finished_at_ms=r[7], output=r[8], error=r[9], rounds=r[10], feedback=r[11])
+                for r in rows]
 
     def update_node(self, ticket_id: str, node_id: str, **fields: object) -> None:
         bad = set(fields) - _NODE_FIELDS
@@ -257,6 +261,18 @@ class SqliteStore(Store):
             "FROM pull_requests WHERE ticket_id=?", (ticket_id,)).fetchone()
         return PullRequestRecord(*row) if row else None
 
+    # records that outlive the ticket
+    def put_final_diff(self, ticket_id: str, diff: str, truncated: bool, at_ms: int) -> None:
+        self.db.execute(
+            "INSERT INTO ticket_diffs (ticket_id, diff, truncated, at_ms) VALUES (?,?,?,?) "
+            "ON CONFLICT (ticket_id) DO UPDATE SET diff=excluded.diff, truncated=excluded.truncated, "
+            "at_ms=excluded.at_ms", (ticket_id, diff, int(truncated), at_ms))
+
+    def final_diff(self, ticket_id: str) -> tuple[str, bool] | None:
+        row = self.db.execute("SELECT diff, truncated FROM ticket_diffs WHERE ticket_id=?",
+                              (ticket_id,)).fetchone()
+        return (row[0], bool(row[1])) if row else None
+
     # GitHub intake
     def claim_once(self, key: str, at_ms: int) -> bool:
         cur = self.db.execute("INSERT OR IGNORE INTO github_once (key, at_ms) VALUES (?,?)", (key, at_ms))
@@ -272,3 +288,33 @@ class SqliteStore(Store):
             "INSERT INTO github_poll_cursors (workspace, etag, last_event_id, updated_at_ms) VALUES (?,?,?,?) "
             "ON CONFLICT(workspace) DO UPDATE SET etag=excluded.etag, last_event_id=excluded.last_event_id, "
             "updated_at_ms=excluded.updated_at_ms", (workspace, etag, last_event_id, at_ms))
+
+    def ticket_for_pr(self, workspace: str, number: str) -> str | None:
+        row = self.db.execute(
+            "SELECT p.ticket_id FROM pull_requests p JOIN tickets t ON t.id=p.ticket_id WHERE t.workspace=? AND p.number=? "
+            "ORDER BY t.created_at_ms DESC LIMIT 1", (workspace, number)).fetchone()
+        return row[0] if row else None
+
+    # follow-ups and reports
+    def add_followup(self, rec: FollowUpRecord) -> None:
+        self.db.execute(
+            "INSERT INTO ticket_followups (ticket_id, at_ms, author, source, text, path, line, url) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            (rec.ticket_id, rec.at_ms, rec.author, rec.source, rec.text, rec.path, rec.line, rec.url))
+
+    def followups(self, ticket_id: str, since_ms: int) -> list[FollowUpRecord]:
+        rows = self.db.execute(
+            "SELECT ticket_id, at_ms, author, source, text, path, line, url FROM ticket_followups "
+            "WHERE ticket_id=? AND at_ms>=? ORDER BY id", (ticket_id, since_ms)).fetchall()
+        return [FollowUpRecord(*r) for r in rows]
+
+    def report(self, ticket_id: str, step: str) -> tuple[str, str] | None:
+        row = self.db.execute("SELECT comment_id, digest FROM github_reports WHERE ticket_id=? AND step=?",
+                              (ticket_id, step)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def put_report(self, ticket_id: str, step: str, comment_id: str, digest: str, at_ms: int) -> None:
+        self.db.execute(
+            "INSERT INTO github_reports (ticket_id, step, comment_id, digest, at_ms) VALUES (?,?,?,?,?) "
+            "ON CONFLICT (ticket_id, step) DO UPDATE SET comment_id=excluded.comment_id, "
+            "digest=excluded.digest, at_ms=excluded.at_ms", (ticket_id, step, comment_id, digest, at_ms))

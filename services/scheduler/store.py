@@ -55,6 +55,8 @@ class TicketRecord:
     # Where the ticket came from ({} = a person through the UI, CLI or API); for a GitHub
     # trigger: source, event, url, author, trigger, and which texts are untrusted (R36).
     origin: dict = field(default_factory=dict)
+    # When the ticket was last re-opened (Engine.reopen): approvals before it do not count (R16).
+    reopened_at_ms: int = 0
 
 
 @dataclass
@@ -69,6 +71,8 @@ class NodeRunRecord:
     finished_at_ms: int = 0
     output: str = ""
     error: str = ""
+    rounds: int = 0          # on_failure rounds this node's failure sent back
+    feedback: str = ""       # the failure text the latest on_failure round gave this node
 
 
 class EventRecord(NamedTuple):
@@ -102,6 +106,21 @@ class PullRequestRecord:
     state: str = "open"
     merge_sha: str = ""
     extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class FollowUpRecord:
+    """An instruction for a re-opened ticket's model and agent nodes (Engine.follow_up).
+    `text` is untrusted when `source` is not "operator" (R36): quoted in the prompt."""
+
+    ticket_id: str
+    at_ms: int
+    author: str
+    source: str              # operator | github:review | github:review_comment | github:comment
+    text: str
+    path: str = ""           # a review comment's file
+    line: int = 0            # and line
+    url: str = ""
 
 
 class Store(abc.ABC):
@@ -167,6 +186,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def get_pr(self, ticket_id: str) -> PullRequestRecord | None: ...
 
+    # records that outlive the ticket
+    @abc.abstractmethod
+    def put_final_diff(self, ticket_id: str, diff: str, truncated: bool, at_ms: int) -> None:
+        """The ticket's diff against its base, taken before its workspace is released."""
+
+    @abc.abstractmethod
+    def final_diff(self, ticket_id: str) -> tuple[str, bool] | None:
+        """(diff, truncated) as stored by `put_final_diff`, or None."""
+
     # GitHub intake (github_intake.py)
     @abc.abstractmethod
     def claim_once(self, key: str, at_ms: int) -> bool:
@@ -179,3 +207,22 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def put_poll_cursor(self, workspace: str, etag: str, last_event_id: str, at_ms: int) -> None: ...
+
+    def ticket_for_pr(self, workspace: str, number: str) -> str | None:
+        """The ticket whose pull request in `workspace` is `number`, if afe opened it."""
+        raise NotImplementedError
+
+    # follow-ups and reports (followups.py, github_report.py)
+    def add_followup(self, rec: FollowUpRecord) -> None:
+        raise NotImplementedError
+
+    def followups(self, ticket_id: str, since_ms: int) -> list[FollowUpRecord]:
+        """The ticket's follow-ups recorded at or after `since_ms`, oldest first."""
+        raise NotImplementedError
+
+    def report(self, ticket_id: str, step: str) -> tuple[str, str] | None:
+        """(comment id, digest) of the report `step` of the ticket, as last recorded."""
+        raise NotImplementedError
+
+    def put_report(self, ticket_id: str, step: str, comment_id: str, digest: str, at_ms: int) -> None:
+        raise NotImplementedError

@@ -256,6 +256,55 @@ class ReleaseWorkspaceResponse(_message.Message):
 Global___ReleaseWorkspaceResponse: _TypeAlias = ReleaseWorkspaceResponse  # noqa: Y015
 
 @_typing.final
+class UpdateBranchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    workspace: _builtins.str
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateBranchRequest: _TypeAlias = UpdateBranchRequest  # noqa: Y015
+
+@_typing.final
+class UpdateBranchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEAD_SHA_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    CONFLICTS_FIELD_NUMBER: _builtins.int
+    head_sha: _builtins.str
+    changed: _builtins.bool
+    """false: the branch already held the base"""
+    @_builtins.property
+    def conflicts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        head_sha: _builtins.str = ...,
+        changed: _builtins.bool = ...,
+        conflicts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "conflicts", b"conflicts", "head_sha", b"head_sha"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateBranchResponse: _TypeAlias = UpdateBranchResponse  # noqa: Y015
+
+@_typing.final
 class PullRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

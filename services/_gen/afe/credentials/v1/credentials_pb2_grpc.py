@@ -59,6 +59,11 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
                 _registered_method=True)
+        self.UpdateBranch = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/UpdateBranch',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchResponse.FromString,
+                _registered_method=True)
         self.OpenPullRequest = channel.unary_unary(
                 '/afe.credentials.v1.CredentialBroker/OpenPullRequest',
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.OpenPullRequestRequest.SerializeToString,
@@ -142,7 +147,18 @@ class CredentialBrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseWorkspace(self, request, context):
-        """Remove the ticket's git dir and workspace.
+        """Remove the ticket's git dir and workspace; the workspace's last state is
+        kept in the host's mirror (refs/afe/kept/<ticket_id>) for a retry, which
+        PrepareWorkspace continues from.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateBranch(self, request, context):
+        """Merge the base branch into the ticket's pushed branch afe/<ticket_id> on
+        the host and push the merge; with conflicts nothing is pushed and the
+        conflicting paths are returned.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -249,6 +265,11 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.ReleaseWorkspace,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.SerializeToString,
+            ),
+            'UpdateBranch': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateBranch,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchResponse.SerializeToString,
             ),
             'OpenPullRequest': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenPullRequest,
@@ -436,6 +457,33 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/ReleaseWorkspace',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateBranch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/UpdateBranch',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,7 +44,15 @@ class CredentialBrokerStub:
     Diff: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.DiffRequest, _credentials_pb2.DiffResponse]
     Push: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.PushRequest, _credentials_pb2.PushResponse]
     ReleaseWorkspace: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.ReleaseWorkspaceRequest, _credentials_pb2.ReleaseWorkspaceResponse]
-    """Remove the ticket's git dir and workspace."""
+    """Remove the ticket's git dir and workspace; the workspace's last state is
+    kept in the host's mirror (refs/afe/kept/<ticket_id>) for a retry, which
+    PrepareWorkspace continues from.
+    """
+    UpdateBranch: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.UpdateBranchRequest, _credentials_pb2.UpdateBranchResponse]
+    """Merge the base branch into the ticket's pushed branch afe/<ticket_id> on
+    the host and push the merge; with conflicts nothing is pushed and the
+    conflicting paths are returned.
+    """
     OpenPullRequest: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.OpenPullRequestRequest, _credentials_pb2.PullRequest]
     """Idempotent: finds the open PR for the head branch when there is one."""
     GetPullRequest: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.GetPullRequestRequest, _credentials_pb2.PullRequest]
@@ -86,7 +94,15 @@ class CredentialBrokerAsyncStub(CredentialBrokerStub):
     Diff: _aio.UnaryUnaryMultiCallable[_credentials_pb2.DiffRequest, _credentials_pb2.DiffResponse]  # type: ignore[assignment]
     Push: _aio.UnaryUnaryMultiCallable[_credentials_pb2.PushRequest, _credentials_pb2.PushResponse]  # type: ignore[assignment]
     ReleaseWorkspace: _aio.UnaryUnaryMultiCallable[_credentials_pb2.ReleaseWorkspaceRequest, _credentials_pb2.ReleaseWorkspaceResponse]  # type: ignore[assignment]
-    """Remove the ticket's git dir and workspace."""
+    """Remove the ticket's git dir and workspace; the workspace's last state is
+    kept in the host's mirror (refs/afe/kept/<ticket_id>) for a retry, which
+    PrepareWorkspace continues from.
+    """
+    UpdateBranch: _aio.UnaryUnaryMultiCallable[_credentials_pb2.UpdateBranchRequest, _credentials_pb2.UpdateBranchResponse]  # type: ignore[assignment]
+    """Merge the base branch into the ticket's pushed branch afe/<ticket_id> on
+    the host and push the merge; with conflicts nothing is pushed and the
+    conflicting paths are returned.
+    """
     OpenPullRequest: _aio.UnaryUnaryMultiCallable[_credentials_pb2.OpenPullRequestRequest, _credentials_pb2.PullRequest]  # type: ignore[assignment]
     """Idempotent: finds the open PR for the head branch when there is one."""
     GetPullRequest: _aio.UnaryUnaryMultiCallable[_credentials_pb2.GetPullRequestRequest, _credentials_pb2.PullRequest]  # type: ignore[assignment]
@@ -155,7 +171,21 @@ class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _credentials_pb2.ReleaseWorkspaceRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_credentials_pb2.ReleaseWorkspaceResponse, _abc.Awaitable[_credentials_pb2.ReleaseWorkspaceResponse]]:
-        """Remove the ticket's git dir and workspace."""
+        """Remove the ticket's git dir and workspace; the workspace's last state is
+        kept in the host's mirror (refs/afe/kept/<ticket_id>) for a retry, which
+        PrepareWorkspace continues from.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateBranch(
+        self,
+        request: _credentials_pb2.UpdateBranchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.UpdateBranchResponse, _abc.Awaitable[_credentials_pb2.UpdateBranchResponse]]:
+        """Merge the base branch into the ticket's pushed branch afe/<ticket_id> on
+        the host and push the merge; with conflicts nothing is pushed and the
+        conflicting paths are returned.
+        """
 
     @_abc_1.abstractmethod
     def OpenPullRequest(

@@ -283,6 +283,54 @@ class RejectTicketRequest(_message.Message):
 Global___RejectTicketRequest: _TypeAlias = RejectTicketRequest  # noqa: Y015
 
 @_typing.final
+class RetryTicketRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    FROM_NODE_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    principal: _builtins.str
+    from_node: _builtins.str
+    """empty: the nodes that did not succeed"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        from_node: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_node", b"from_node", "id", b"id", "principal", b"principal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryTicketRequest: _TypeAlias = RetryTicketRequest  # noqa: Y015
+
+@_typing.final
+class UpdateTicketBranchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    principal: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        principal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "principal", b"principal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateTicketBranchRequest: _TypeAlias = UpdateTicketBranchRequest  # noqa: Y015
+
+@_typing.final
 class WatchTicketRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -320,6 +368,8 @@ class NodeRun(_message.Message):
     FINISHED_AT_MS_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    FEEDBACK_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: _builtins.str
     """run | model | agent | builtin:<name>"""
@@ -331,6 +381,10 @@ class NodeRun(_message.Message):
     """redacted, capped"""
     error: _builtins.str
     """redacted, user-facing reason"""
+    rounds: _builtins.int
+    """on_failure rounds this node's failure sent back"""
+    feedback: _builtins.str
+    """redacted: the failure text the latest round gave this node"""
     @_builtins.property
     def needs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -345,10 +399,12 @@ class NodeRun(_message.Message):
         finished_at_ms: _builtins.int = ...,
         output: _builtins.str = ...,
         error: _builtins.str = ...,
+        rounds: _builtins.int = ...,
+        feedback: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "finished_at_ms", b"finished_at_ms", "id", b"id", "kind", b"kind", "needs", b"needs", "output", b"output", "started_at_ms", b"started_at_ms", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error", b"error", "feedback", b"feedback", "finished_at_ms", b"finished_at_ms", "id", b"id", "kind", b"kind", "needs", b"needs", "output", b"output", "rounds", b"rounds", "started_at_ms", b"started_at_ms", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -639,17 +695,21 @@ class TicketDiff(_message.Message):
 
     DIFF_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
+    RECORDED_FIELD_NUMBER: _builtins.int
     diff: _builtins.str
     truncated: _builtins.bool
+    recorded: _builtins.bool
+    """The diff stored when the ticket ended (its workspace is gone), not the live workspace's."""
     def __init__(
         self,
         *,
         diff: _builtins.str = ...,
         truncated: _builtins.bool = ...,
+        recorded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["diff", b"diff", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["diff", b"diff", "recorded", b"recorded", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

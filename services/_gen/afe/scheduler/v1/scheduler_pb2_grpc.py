@@ -84,6 +84,16 @@ class SchedulerStub:
                 request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkspacesRequest.SerializeToString,
                 response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkspacesResponse.FromString,
                 _registered_method=True)
+        self.RetryTicket = channel.unary_unary(
+                '/afe.scheduler.v1.Scheduler/RetryTicket',
+                request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.RetryTicketRequest.SerializeToString,
+                response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
+                _registered_method=True)
+        self.UpdateTicketBranch = channel.unary_unary(
+                '/afe.scheduler.v1.Scheduler/UpdateTicketBranch',
+                request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.UpdateTicketBranchRequest.SerializeToString,
+                response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -153,6 +163,24 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetryTicket(self, request, context):
+        """Re-run a failed or cancelled ticket on its own branch and pull request:
+        the failed/cancelled nodes (or from_node) and every node after them run
+        again; the nodes before keep their results. A merge needs a new approval.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTicketBranch(self, request, context):
+        """Merge the base branch into the ticket's pushed branch on the host (a
+        merge conflict is reported with its paths) and re-open the ticket from
+        its merge node, which asks for a new approval of the new head (R16).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +233,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.ListWorkspaces,
                     request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkspacesRequest.FromString,
                     response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkspacesResponse.SerializeToString,
+            ),
+            'RetryTicket': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryTicket,
+                    request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.RetryTicketRequest.FromString,
+                    response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.SerializeToString,
+            ),
+            'UpdateTicketBranch': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTicketBranch,
+                    request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.UpdateTicketBranchRequest.FromString,
+                    response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -477,6 +515,60 @@ class Scheduler:
             '/afe.scheduler.v1.Scheduler/ListWorkspaces',
             afe_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkspacesRequest.SerializeToString,
             afe_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkspacesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryTicket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.scheduler.v1.Scheduler/RetryTicket',
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.RetryTicketRequest.SerializeToString,
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTicketBranch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.scheduler.v1.Scheduler/UpdateTicketBranch',
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.UpdateTicketBranchRequest.SerializeToString,
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
             options,
             channel_credentials,
             insecure,

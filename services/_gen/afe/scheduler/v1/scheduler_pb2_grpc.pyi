@@ -48,6 +48,16 @@ class SchedulerStub:
     """The workspace diff of a ticket (base..workspace state), for display."""
     ListWorkflows: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkflowsRequest, _scheduler_pb2.ListWorkflowsResponse]
     ListWorkspaces: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkspacesRequest, _scheduler_pb2.ListWorkspacesResponse]
+    RetryTicket: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RetryTicketRequest, _scheduler_pb2.Ticket]
+    """Re-run a failed or cancelled ticket on its own branch and pull request:
+    the failed/cancelled nodes (or from_node) and every node after them run
+    again; the nodes before keep their results. A merge needs a new approval.
+    """
+    UpdateTicketBranch: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.UpdateTicketBranchRequest, _scheduler_pb2.Ticket]
+    """Merge the base branch into the ticket's pushed branch on the host (a
+    merge conflict is reported with its paths) and re-open the ticket from
+    its merge node, which asks for a new approval of the new head (R16).
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -67,6 +77,16 @@ class SchedulerAsyncStub(SchedulerStub):
     """The workspace diff of a ticket (base..workspace state), for display."""
     ListWorkflows: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkflowsRequest, _scheduler_pb2.ListWorkflowsResponse]  # type: ignore[assignment]
     ListWorkspaces: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkspacesRequest, _scheduler_pb2.ListWorkspacesResponse]  # type: ignore[assignment]
+    RetryTicket: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.RetryTicketRequest, _scheduler_pb2.Ticket]  # type: ignore[assignment]
+    """Re-run a failed or cancelled ticket on its own branch and pull request:
+    the failed/cancelled nodes (or from_node) and every node after them run
+    again; the nodes before keep their results. A merge needs a new approval.
+    """
+    UpdateTicketBranch: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.UpdateTicketBranchRequest, _scheduler_pb2.Ticket]  # type: ignore[assignment]
+    """Merge the base branch into the ticket's pushed branch on the host (a
+    merge conflict is reported with its paths) and re-open the ticket from
+    its merge node, which asks for a new approval of the new head (R16).
+    """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -143,5 +163,27 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.ListWorkspacesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.ListWorkspacesResponse, _abc.Awaitable[_scheduler_pb2.ListWorkspacesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RetryTicket(
+        self,
+        request: _scheduler_pb2.RetryTicketRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.Ticket, _abc.Awaitable[_scheduler_pb2.Ticket]]:
+        """Re-run a failed or cancelled ticket on its own branch and pull request:
+        the failed/cancelled nodes (or from_node) and every node after them run
+        again; the nodes before keep their results. A merge needs a new approval.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateTicketBranch(
+        self,
+        request: _scheduler_pb2.UpdateTicketBranchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.Ticket, _abc.Awaitable[_scheduler_pb2.Ticket]]:
+        """Merge the base branch into the ticket's pushed branch on the host (a
+        merge conflict is reported with its paths) and re-open the ticket from
+        its merge node, which asks for a new approval of the new head (R16).
+        """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
