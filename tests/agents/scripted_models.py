@@ -239,11 +239,15 @@ class ScriptedResponses(Scripted):
                 "call_id": call_id, "name": name, "arguments": json.dumps(args)}
 
     async def answer(self, request: web.Request, body: dict, items: list[dict]) -> web.StreamResponse:
-        usage = {"input_tokens": IN_TOKENS, "input_tokens_details": {"cached_tokens": 0},
+        usage = {"input_tokens": IN_TOKENS, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                  "output_tokens": OUT_TOKENS, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": IN_TOKENS + OUT_TOKENS}
         response = {"id": "resp_" + secrets.token_hex(12), "object": "response", "created_at": int(time.time()),
-                    "status": "in_progress", "model": body.get("model"), "output": [], "usage": None}
+                    "status": "in_progress", "model": body.get("model"), "output": [], "usage": None,
+                    "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
+                    "metadata": {}, "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
+                    "temperature": None, "top_p": None, "tool_choice": body.get("tool_choice") or "auto",
+                    "tools": body.get("tools") or []}
         if not body.get("stream"):
             return web.json_response({**response, "status": "completed", "output": items, "usage": usage})
         seq = iter(range(1000))
