@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from services.common import telemetry
@@ -37,6 +37,7 @@ from .store import (
     CANCELLED,
     FAILED,
     LIVE,
+    N_PENDING,
     QUEUED,
     RUNNING,
     TERMINAL,
@@ -83,6 +84,7 @@ class Engine:
         self._running: set[str] = set()        # tickets counted against capacity
         self._cancelling: dict[str, str] = {}  # ticket -> principal who cancelled
         self._finishing: set[str] = set()      # tickets tearing down / recording their end
+        self._reopening: set[str] = set()      # tickets in Engine.reopen
         self._waiters: dict[str, asyncio.Future] = {}
         self._background: set[asyncio.Task] = set()
         self._started = False
@@ -236,6 +238,64 @@ class Engine:
         self._wake(t.id, rec)
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
+        return self.view(ticket_id)
+
+    async def reopen(self, ticket_id: str, principal: str, reason: str, *, payload: dict | None = None,
+                     on_reopen: Callable[[TicketRecord, int], None] | None = None) -> TicketView:
+        """Run a ticket that waits for approval or has ended again, on its own
+        branch and pull request: every node back to pending, the ticket
+        `queued` with `ticket.reopened`, and `reopened_at_ms` now, so no approval
+        given before counts for what the re-run pushes (R16). The one re-open
+        transition; `afe ticket followup` and review iteration (followups.py)
+        use it. `on_reopen(ticket, at_ms)` runs once the re-open is allowed,
+        before the ticket is queued (e.g. to record the follow-up's text).
+
+        A ticket re-opened but not started yet takes more `on_reopen` calls
+        without a second re-open (a review and its comments arrive together).
+        Refused: a running ticket, a merged pull request, a teardown still
+        under way, a workflow or workspace no longer configured."""
+        t = self.view(ticket_id).ticket
+        if not principal:
+            raise InvalidArgument("a re-open needs the principal (who asks for it)")
+        if t.state == QUEUED and t.reopened_at_ms and ticket_id not in self._tasks:
+            if on_reopen is not None:
+                on_reopen(t, t.reopened_at_ms)
+            return self.view(ticket_id)
+        if t.state not in TERMINAL and t.state != WAITING_APPROVAL or ticket_id in self._reopening:
+            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}; ask again once it waits for approval or "
+                                     "has ended")
+        pr = self.store.get_pr(ticket_id)
+        if pr is not None and pr.state == "merged":
+            raise FailedPrecondition(f"ticket {ticket_id}'s pull request {pr.number} is merged; create a new "
+                                     "ticket for more changes")
+        if t.state in TERMINAL and not t.torn_down:
+            raise FailedPrecondition(f"ticket {ticket_id} is still being torn down; try again in a moment")
+        if t.workflow not in self.config.workflows or t.workspace not in self.config.workspaces:
+            raise FailedPrecondition(f"ticket {ticket_id}'s workflow {t.workflow!r} or workspace {t.workspace!r} "
+                                     "is no longer configured; create a new ticket")
+        self._reopening.add(ticket_id)
+        try:
+            task = self._tasks.get(ticket_id)
+            if task is not None:      # parked in waiting_approval: stop the run without ending the ticket
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            at = now_ms()
+            if on_reopen is not None:
+                on_reopen(t, at)
+            for n in self.store.node_runs(ticket_id):
+                self.store.update_node(ticket_id, n.node_id, state=N_PENDING, error="", output="",
+                                       started_at_ms=0, finished_at_ms=0)
+            self.events.flush()
+            self.transitions.move(ticket_id, QUEUED,
+                                  ("ticket.reopened", {"principal": principal, "reason": reason,
+                                                       "was": t.state, **(payload or {})}),
+                                  state_event(QUEUED), error="", awaiting_sha="", torn_down=False,
+                                  reopened_at_ms=at)
+            log.info("ticket %s re-opened by %s (%s)", ticket_id, principal, reason)
+        finally:
+            self._reopening.discard(ticket_id)
+        self._kick()
+        self.transitions.set_gauges()
         return self.view(ticket_id)
 
     def _wake(self, ticket_id: str, rec: ApprovalRecord) -> None:

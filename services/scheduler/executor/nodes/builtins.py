@@ -123,7 +123,9 @@ async def _await_approval(ctx: RunContext, node: Node, sha: str, pr: PullRequest
 async def _approval_for(ctx: RunContext, node: Node, sha: str, pr: PullRequestRecord | None) -> ApprovalRecord:
     appr = ctx.store.latest_approval(ctx.ticket.id)
     t = ctx.store.get_ticket(ctx.ticket.id)
-    decided = appr is not None and appr.sha == sha and (t is not None and t.state == RUNNING)
+    # An approval given before the ticket was last re-opened is not one of the re-run (R16).
+    decided = (appr is not None and appr.sha == sha and t is not None and t.state == RUNNING
+               and appr.at_ms >= t.reopened_at_ms)
     if not decided or appr is None:
         appr = await _await_approval(ctx, node, sha, pr)
     if not appr.granted:
