@@ -113,7 +113,7 @@ def test_the_table_names_every_service_and_the_launcher_hands_out_exactly_its_ke
             assert process in callers.callers_of(callers.SERVES[callee]), (process, callee)
 
 
-async def test_each_service_answers_only_the_callers_in_the_table(short_tmp):
+async def test_r35_each_service_answers_only_the_callers_in_the_table(short_tmp):
     async with three_servers(short_tmp) as s:
         for process, app in s.apps.items():
             assert set(app.server.services) == set(callers.SERVES[process])
