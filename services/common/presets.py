@@ -73,8 +73,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         name="codex", package="@zed-industries/codex-acp", version="0.16.0",
         # A wrapper in the image: turns Codex's inner sandbox off (afe's container is
         # the boundary; Linux namespaces/seccomp cannot be set up inside it),
-        # update checks and analytics off, and passes OPENAI_BASE_URL as
-        # `-c openai_base_url=` (Codex reads the base URL only from its config).
+        # update checks and analytics off, and with OPENAI_BASE_URL selects a
+        # model provider "afe" (that base URL, the Responses API, the key read
+        # from OPENAI_API_KEY): Codex reads the base URL only from its config, and
+        # its built-in "openai" provider would need an ACP `authenticate` first.
         command=("afe-codex-acp",),
         relay_env=(("OPENAI_BASE_URL", "{base_url}/v1"), ("OPENAI_API_KEY", "{capability}")),
         fixed_env=(("CODEX_HOME", "/tmp/.codex"),),

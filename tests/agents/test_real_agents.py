@@ -91,8 +91,9 @@ CASES = {
 # Read from inside the sandbox, as the sandbox user (the agent's uid: a
 # process's environ is readable by its own uid; root in the container has no
 # CAP_SYS_PTRACE to read another uid's): every process's environment and
-# command line, one NUL-separated record per line, then the names of files
-# under the writable folders that hold `needle`.
+# command line, one record per line, then the names of files under the
+# writable folders that hold the key ($1) and, as a control that the search
+# reads them, those that hold the agent's fix ($2: in /workspace/calc.py by now).
 INSIDE = r"""
 for d in /proc/[0-9]*; do
   p=${d#/proc/}
@@ -101,6 +102,7 @@ for d in /proc/[0-9]*; do
   printf 'ENV %s %s\n' "$p" "$(tr '\0' '\n' < "$d/environ" 2>/dev/null | tr '\n' '\001')"
 done
 grep -rlsF -e "$1" /workspace /tmp /run /home 2>/dev/null | sed 's/^/FILE /'
+grep -rlsF -e "$2" /workspace /tmp /run /home 2>/dev/null | sed 's/^/CONTROL /'
 echo DONE
 """
 
@@ -137,7 +139,7 @@ def _inspect_sandbox(instance: str, key: str) -> dict:
             inspect = json.dumps(client.api.inspect_container(c.id))
             inside = ""
             if c.status == "running":
-                res = c.exec_run(["sh", "-c", INSIDE, "inside", key], user="10001:10001")
+                res = c.exec_run(["sh", "-c", INSIDE, "inside", key, FIXED_SOURCE], user="10001:10001")
                 inside = res.output.decode(errors="replace")
             found[c.name] = {"inspect": inspect, "inside": inside, "labels": c.labels}
         return found
@@ -204,12 +206,15 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
     assert "return a - b" in git(bare, "show", "main:calc.py")
 
     # The sandbox, looked at while the agent ran: no real key anywhere.
-    assert looked, "the sandbox was not inspected while the agent ran"
+    assert any(seen["labels"].get("afe.ticket") == t.id and seen["inside"] for seen in looked.values()), \
+        "the ticket's sandbox was not inspected while the agent ran"
     agents = {}
     for name, seen in looked.items():
         assert key not in seen["inspect"], f"the real key is in `docker inspect {name}`"
         assert key not in seen["inside"], f"the real key is inside {name}:\n{seen['inside']}"
         assert "DONE" in seen["inside"] or not seen["inside"], seen["inside"]
+        if seen["inside"]:
+            assert "CONTROL /workspace/calc.py" in seen["inside"].splitlines(), seen["inside"]
         agents.update({p: env for p, env in _environs(seen["inside"]).items() if key_var in env})
     # Positive control: the agent's processes do carry the relay's capability, and the
     # reading above saw their environments (so a key there would have been found).
