@@ -57,6 +57,7 @@ class CredentialBroker(Protocol):
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse: ...
     async def push(self, ticket_id: str, workspace: str) -> cpb.PushResponse: ...
     async def release(self, ticket_id: str, workspace: str) -> None: ...
+    async def update_branch(self, ticket_id: str, workspace: str) -> cpb.UpdateBranchResponse: ...
     async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest: ...
     async def get_pr(self, workspace: str, number: str) -> cpb.PullRequest: ...
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
@@ -182,6 +183,11 @@ class CredentialsClient:
         async with rpc_errors(CREDENTIALS, "releasing the workspace"):
             await self.stub.ReleaseWorkspace(cpb.ReleaseWorkspaceRequest(ticket_id=ticket_id,
                                                                          workspace=workspace), timeout=LONG)
+
+    async def update_branch(self, ticket_id: str, workspace: str) -> cpb.UpdateBranchResponse:
+        async with rpc_errors(CREDENTIALS, "updating the branch"):
+            return await self.stub.UpdateBranch(cpb.UpdateBranchRequest(ticket_id=ticket_id, workspace=workspace),
+                                                timeout=LONG)
 
     async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest:
         async with rpc_errors(CREDENTIALS, "open_pr"):

@@ -20,6 +20,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.common import telemetry
 from services.common.config import Config
@@ -32,12 +33,15 @@ from .brokers import CredentialBroker, SandboxBroker
 from .events import EventLog, EventRecord, now_ms
 from .executor import TicketRun, Transitions
 from .executor.brokercalls import BROKER_RETRY_S
+from .executor.graph import descendants
 from .executor.transitions import state_event
+from .pool import DEFAULT_CAP, SandboxPool
 from .store import (
     CANCELLED,
     FAILED,
     LIVE,
     N_PENDING,
+    N_SUCCEEDED,
     QUEUED,
     RUNNING,
     TERMINAL,
@@ -54,6 +58,7 @@ from .tickets import new_ticket_id, validate
 log = logging.getLogger(__name__)
 
 DIFF_MAX_BYTES = 1024 * 1024
+REOPENABLE = (FAILED, CANCELLED)   # states `retry` and `update_branch` re-open
 
 
 @dataclass
@@ -68,7 +73,8 @@ class TicketView:
 class Engine:
     def __init__(self, config: Config, store: Store, sandbox: SandboxBroker, credentials: CredentialBroker,
                  redactor: Redactor, *, max_running: int = 4, registry=None,
-                 recovery_interval: float = 2.0) -> None:
+                 recovery_interval: float = 2.0, pool_dir: Path | None = None,
+                 pool_cap: int = DEFAULT_CAP) -> None:
         self.config = config
         self.store = store
         self.sandbox = sandbox
@@ -94,6 +100,10 @@ class Engine:
         # with back-off until done (R12). 0 turns both off (tests' positive control).
         self.recovery_interval = recovery_interval
         self.teardowns = Teardowns(store, sandbox, credentials, recovery_interval, self._finishing.__contains__)
+        # Warm sandboxes (pool.py): `pool_dir` None = none; their reserved ids are live for reconcile.
+        self.pool = SandboxPool(config, sandbox, credentials, pool_dir, cap=pool_cap,
+                                is_ticket=lambda tid: store.get_ticket(tid) is not None)
+        self.teardowns.reserved = self.pool.ids
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -101,6 +111,7 @@ class Engine:
         """Resume every non-terminal ticket, reconcile sandboxes, tear down leftovers."""
         self._started = True
         await self.teardowns.reconcile()
+        await self.pool.recover()
         live = self.store.tickets_in_states(LIVE)
         if self.recovery_interval > 0:
             self._spawn(self.teardowns.retry_loop())
@@ -116,6 +127,7 @@ class Engine:
                 self._launch(t, resumed=True)
         self._kick()
         self.transitions.set_gauges()
+        self.pool.start()
 
     async def stop(self) -> None:
         """Stop running work WITHOUT changing ticket states: they resume on the next start."""
@@ -125,6 +137,7 @@ class Engine:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        await self.pool.close()
         if self.recovery_interval > 0:
             await self.teardowns.final()
         self.events.flush()
@@ -142,17 +155,26 @@ class Engine:
         texts are untrusted (R36); it changes nothing of the workflow that runs."""
         nt = validate(self.config, workspace, workflow, title, body, inputs, principal)
         now = now_ms()
-        t = TicketRecord(id=new_ticket_id(), workspace=nt.workspace.name, workflow=nt.workflow.name,
+        # a warm sandbox of this profile, made for a reserved id, becomes this ticket's (pool.py, R12)
+        reserved = self.pool.claim(nt.workspace, nt.workflow)
+        t = TicketRecord(id=reserved or new_ticket_id(), workspace=nt.workspace.name, workflow=nt.workflow.name,
                          title=nt.title, body=nt.body, inputs=nt.inputs, state=QUEUED,
                          created_at_ms=now, updated_at_ms=now, principal=nt.principal, origin=dict(origin or {}))
         self._traceparents[t.id] = telemetry.current_traceparent()
         nodes = [NodeRunRecord(ticket_id=t.id, node_id=n.id, kind=n.label, needs=n.needs)
                  for n in nt.workflow.nodes]
-        self.transitions.create(t, nodes, {
-            "workspace": t.workspace, "workflow": t.workflow, "title": t.title, "principal": t.principal,
-            "nodes": [n.node_id for n in nodes],
-            **({"origin": {k: t.origin.get(k, "") for k in ("source", "event", "url", "author", "trigger")}}
-               if t.origin else {})})
+        try:
+            self.transitions.create(t, nodes, {
+                "workspace": t.workspace, "workflow": t.workflow, "title": t.title, "principal": t.principal,
+                "nodes": [n.node_id for n in nodes],
+                **({"origin": {k: t.origin.get(k, "") for k in ("source", "event", "url", "author", "trigger")}}
+                   if t.origin else {})})
+        except BaseException:
+            if reserved:
+                self.pool.unclaim(reserved, t.workspace)
+            raise
+        if reserved:
+            self.pool.claimed(reserved)
         log.info("ticket %s created (workflow %s)", t.id, t.workflow)
         self._kick()
         return self.view(t.id)
@@ -241,7 +263,8 @@ class Engine:
         return self.view(ticket_id)
 
     async def reopen(self, ticket_id: str, principal: str, reason: str, *, payload: dict | None = None,
-                     on_reopen: Callable[[TicketRecord, int], None] | None = None) -> TicketView:
+                     on_reopen: Callable[[TicketRecord, int], None] | None = None,
+                     nodes: set[str] | None = None) -> TicketView:
         """Run a ticket that waits for approval or has ended again, on its own
         branch and pull request: every node back to pending, the ticket
         `queued` with `ticket.reopened`, and `reopened_at_ms` now, so no approval
@@ -253,7 +276,10 @@ class Engine:
         A ticket re-opened but not started yet takes more `on_reopen` calls
         without a second re-open (a review and its comments arrive together).
         Refused: a running ticket, a merged pull request, a teardown still
-        under way, a workflow or workspace no longer configured."""
+        under way, a workflow or workspace no longer configured.
+
+        `nodes` (a retry, an update of the branch): only these nodes go back to
+        pending; the others keep their state and output."""
         t = self.view(ticket_id).ticket
         if not principal:
             raise InvalidArgument("a re-open needs the principal (who asks for it)")
@@ -283,8 +309,10 @@ class Engine:
             if on_reopen is not None:
                 on_reopen(t, at)
             for n in self.store.node_runs(ticket_id):
+                if nodes is not None and n.node_id not in nodes:
+                    continue          # `nodes` (a retry): the others keep their state and output
                 self.store.update_node(ticket_id, n.node_id, state=N_PENDING, error="", output="",
-                                       started_at_ms=0, finished_at_ms=0)
+                                       started_at_ms=0, finished_at_ms=0, rounds=0, feedback="")
             self.events.flush()
             self.transitions.move(ticket_id, QUEUED,
                                   ("ticket.reopened", {"principal": principal, "reason": reason,
@@ -318,13 +346,89 @@ class Engine:
             async for ev in events:
                 yield ev
 
-    async def diff(self, ticket_id: str) -> tuple[str, bool]:
+    async def diff(self, ticket_id: str) -> tuple[str, bool, bool]:
+        """(diff, truncated, recorded): the live workspace's diff, or, once the
+        ticket ended, the one stored when it ended (its workspace is gone)."""
         t = self.view(ticket_id).ticket
-        if t.torn_down:
-            raise FailedPrecondition(f"ticket {ticket_id} is {t.state} and its workspace is gone; "
-                                     f"see its pull request for the change")
+        if t.state in TERMINAL:
+            rec = self.store.final_diff(t.id)
+            if rec is not None:
+                return rec[0], rec[1], True
+        if t.torn_down or t.state == QUEUED:
+            raise FailedPrecondition(f"ticket {ticket_id} is {t.state} and has no workspace"
+                                     + (" and no stored diff (it ended before it changed anything)"
+                                        if t.state in TERMINAL else " yet; try again once it runs"))
         r = await self.credentials.diff(t.id, t.workspace, DIFF_MAX_BYTES)
-        return r.diff, r.truncated
+        return r.diff, r.truncated, False
+
+    # ---- recovery: re-open an ended ticket ------------------------------------
+
+    def _again(self, t: TicketRecord, from_node: str | None) -> list[str]:
+        """The nodes a retry runs again: `from_node` and every node after it, or,
+        without it, every node that did not succeed and every node after those."""
+        wf = self.config.workflows.get(t.workflow)
+        if wf is None:
+            raise FailedPrecondition(f"workflow {t.workflow!r} is no longer configured; create a new ticket")
+        runs = {r.node_id: r for r in self.store.node_runs(t.id)}
+        if from_node:
+            if from_node not in runs:
+                raise InvalidArgument(f"ticket {t.id} has no node {from_node!r}; its nodes: "
+                                      + ", ".join(n.id for n in wf.nodes))
+            start = {from_node}
+        else:
+            start = {nid for nid, r in runs.items() if r.state != N_SUCCEEDED}
+            if not start:
+                raise FailedPrecondition(f"every node of ticket {t.id} succeeded; name the node to run again "
+                                         "from (--from NODE)")
+        again = descendants(wf.nodes, start)
+        return [n.id for n in wf.nodes if n.id in again]
+
+    async def retry(self, ticket_id: str, from_node: str, principal: str) -> TicketView:
+        """`afe ticket retry ID [--from NODE]`: re-run a failed or cancelled
+        ticket on its own branch and pull request (`reopen`); the nodes before
+        keep their state and output, the workspace comes back from the
+        ticket's branch and its kept last state (PrepareWorkspace)."""
+        if not principal:
+            raise InvalidArgument("a retry needs the principal (who retries)")
+        t = self.view(ticket_id).ticket
+        if t.state not in REOPENABLE:
+            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}; only a failed or cancelled ticket can be "
+                                     "retried")
+        again = self._again(t, from_node or None)
+        return await self.reopen(ticket_id, principal, "retry", nodes=set(again),
+                                 payload={"from": from_node or "", "nodes": again})
+
+    async def update_branch(self, ticket_id: str, principal: str) -> TicketView:
+        """A pull request that conflicts with its base: merge the base into the
+        ticket's branch on the host and re-open the ticket from its merge node,
+        which waits for a person's approval of the new head (R16)."""
+        if not principal:
+            raise InvalidArgument("updating the branch needs the principal (who asks)")
+        v = self.view(ticket_id)
+        t = v.ticket
+        if t.state not in REOPENABLE:
+            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}; update the branch of a failed or "
+                                     "cancelled ticket (cancel it first)")
+        if v.pr is None or v.pr.state == "merged":
+            raise FailedPrecondition(f"ticket {ticket_id} has " + ("no pull request; retry it instead"
+                                                                   if v.pr is None else "a merged pull request"))
+        wf = self.config.workflows.get(t.workflow)
+        merge = next((n.id for n in wf.nodes if n.label == "builtin:merge"), None) if wf else None
+        r = await self.credentials.update_branch(t.id, t.workspace)
+        if r.conflicts:
+            shown = ", ".join(list(r.conflicts)[:20]) + (" ..." if len(r.conflicts) > 20 else "")
+            self.events.append(t.id, "branch.conflict", {"principal": principal, "paths": list(r.conflicts)[:100]})
+            self.events.flush()
+            raise FailedPrecondition(f"merging {v.pr.base_branch or 'the base branch'} into {v.pr.head_branch} "
+                                     f"conflicts in: {shown}; resolve them on that branch (or retry the ticket "
+                                     "with --from the node that writes the change) and approve again")
+        if r.changed:
+            v.pr.head_sha = r.head_sha
+            self.store.put_pr(v.pr)
+        again = self._again(t, merge)
+        return await self.reopen(ticket_id, principal, "update branch", nodes=set(again),
+                                 payload={"from": merge or "", "nodes": again, "head_sha": r.head_sha,
+                                          "branch_updated": bool(r.changed)})
 
     # ---- capacity ------------------------------------------------------------
 
@@ -413,6 +517,18 @@ class Engine:
         finally:
             self._finishing.discard(t.id)
 
+    async def _record_diff(self, t: TicketRecord) -> None:
+        """The ticket's diff against its base, stored before its workspace goes,
+        so it is shown after the ticket ended (also when it failed or was cancelled)."""
+        if t.workspace not in self.config.workspaces:
+            return
+        try:
+            r = await self.credentials.diff(t.id, t.workspace, DIFF_MAX_BYTES)
+        except AfeError as exc:   # no workspace (ended before it was prepared) or the broker is away
+            log.info("ticket %s: no diff to keep: %s", t.id, exc.message)
+            return
+        self.store.put_final_diff(t.id, self.redactor.redact(r.diff), r.truncated, now_ms())
+
     async def _finish_quietly(self, t: TicketRecord, state: str, error: str) -> None:
         try:
             await self._finish(t, state, error)
@@ -420,7 +536,8 @@ class Engine:
             log.exception("ticket %s: could not finish", t.id)
 
     async def _finish(self, t: TicketRecord, state: str, error: str) -> None:
-        """Tear down, then record the terminal state and the final event."""
+        """Record the final diff, tear down, then record the terminal state and the final event."""
+        await self._record_diff(t)
         torn = await self.teardowns.teardown(t)
         if not torn:
             self.teardowns.wake()

@@ -46,7 +46,8 @@ def ticket_pb(v: TicketView) -> pb.Ticket:
     for n in v.nodes:
         msg.nodes.append(pb.NodeRun(id=n.node_id, kind=n.kind, state=_node_state(n.state),
                                     needs=list(n.needs), attempt=n.attempt, started_at_ms=n.started_at_ms,
-                                    finished_at_ms=n.finished_at_ms, output=n.output, error=n.error))
+                                    finished_at_ms=n.finished_at_ms, output=n.output, error=n.error,
+                                    rounds=n.rounds, feedback=n.feedback))
     if v.pr is not None:
         p = v.pr
         msg.pr.CopyFrom(pb.PullRequest(number=p.number, url=p.url, head_branch=p.head_branch,
@@ -114,8 +115,14 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             yield
 
     async def GetTicketDiff(self, request: pb.GetTicketRequest, context) -> pb.TicketDiff:
-        diff, truncated = await self.engine.diff(request.id)
-        return pb.TicketDiff(diff=diff, truncated=truncated)
+        diff, truncated, recorded = await self.engine.diff(request.id)
+        return pb.TicketDiff(diff=diff, truncated=truncated, recorded=recorded)
+
+    async def RetryTicket(self, request: pb.RetryTicketRequest, context) -> pb.Ticket:
+        return ticket_pb(await self.engine.retry(request.id, request.from_node, request.principal))
+
+    async def UpdateTicketBranch(self, request: pb.UpdateTicketBranchRequest, context) -> pb.Ticket:
+        return ticket_pb(await self.engine.update_branch(request.id, request.principal))
 
     async def ListWorkflows(self, request, context) -> pb.ListWorkflowsResponse:
         out = []

@@ -70,6 +70,20 @@ def ancestors(nodes: Sequence[Node]) -> dict[str, set[str]]:
     return out
 
 
+def descendants(nodes: Sequence[Node], ids: set[str]) -> set[str]:
+    """`ids` and every node that needs one of them, directly or not (what a
+    re-run of `ids` must run again)."""
+    out = set(ids)
+    changed = True
+    while changed:
+        changed = False
+        for n in nodes:
+            if n.id not in out and out.intersection(n.needs):
+                out.add(n.id)
+                changed = True
+    return out
+
+
 async def run_graph(nodes: Sequence[Node], states: dict[str, str], run: Callable[[Node], Awaitable[None]],
                     skip: Callable[[str, str], None]) -> NodeFailed | None:
     """Run the pending nodes of `nodes` by the rules above. `states` (node id
