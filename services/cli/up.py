@@ -36,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="HOST:PORT the web UI listens on")
     p.add_argument("--public-url", default=None, metavar="URL", help="the URL users open (e.g. behind a TLS proxy)")
     p.add_argument("--max-running", type=int, default=None, metavar="N", help="tickets running at once (all workspaces)")
+    p.add_argument("--sandbox-pool-max", type=int, default=None, metavar="N",
+                   help="warm sandboxes kept ready in all (each Workspace asks for its own with sandbox.pool; "
+                   "default 8; 0 = none)")
     p.add_argument("--instance", default=None, metavar="ID",
                    help="label value afe.instance=<ID> on every Docker object this afe owns (default: "
                    "default); two afe installations on one Docker engine need different ids")
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
                    public_url=args.public_url, max_running=args.max_running,
                    ready_timeout=args.ready_timeout, check_images=not args.no_images,
                    log_level=os.environ.get("AFE_LOG_LEVEL"), instance=args.instance,
-                   broker_recovery=args.broker_recovery, egress_network=args.egress_network)
+                   broker_recovery=args.broker_recovery, egress_network=args.egress_network,
+                   sandbox_pool_max=args.sandbox_pool_max)
     logging.getLogger(__name__).debug("launching with %s", config_dir)
     return launch(opts, out=lambda line: print(line, flush=True))

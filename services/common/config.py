@@ -33,6 +33,8 @@ class SandboxConfig:
     egress: tuple[str, ...] = ()          # empty => --network none (R10)
     # operator-allowed private destinations: names (also in egress) and CIDRs (R11)
     egress_private: tuple[str, ...] = ()
+    # warm sandboxes kept ready per profile of this workspace (services/scheduler/pool.py)
+    pool: int = 0
 
 
 @dataclass(frozen=True)

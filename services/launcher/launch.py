@@ -62,6 +62,7 @@ class Options:
     listen: str = f"127.0.0.1:{DEFAULT_PORTS['gateway']}"
     public_url: str | None = None
     max_running: int | None = None
+    sandbox_pool_max: int | None = None   # the scheduler's --sandbox-pool-max (warm sandboxes in all)
     ready_timeout: float = 90.0
     check_images: bool = True
     log_level: str | None = None
@@ -201,6 +202,8 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
             argv += ["--egress-network", opts.egress_network]
         if service == "scheduler" and opts.max_running is not None:
             argv += ["--max-running", str(opts.max_running)]
+        if service == "scheduler" and opts.sandbox_pool_max is not None:
+            argv += ["--sandbox-pool-max", str(opts.sandbox_pool_max)]
         if service == "scheduler" and opts.broker_recovery is not None:
             argv += ["--broker-recovery", str(opts.broker_recovery)]
         if service == "gateway":

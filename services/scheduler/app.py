@@ -21,6 +21,7 @@ from .brokers import CredentialsClient, SandboxClient
 from .engine import Engine
 from .github_intake import GitHubIntake, Poller
 from .hooks import register as register_hooks
+from .pool import DEFAULT_CAP as DEFAULT_POOL_CAP
 from .servicer import WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
 from .sqlite_store import SqliteStore
 from .store import Store
@@ -62,7 +63,8 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
               store_path: Path | None = None, max_running: int = 4,
               registry: CollectorRegistry | None = None, interceptors=(),
               recovery_interval: float = 2.0,
-              watch_send_timeout: float = WATCH_SEND_TIMEOUT_S, store: Store | None = None) -> SchedulerApp:
+              watch_send_timeout: float = WATCH_SEND_TIMEOUT_S, store: Store | None = None,
+              pool_cap: int = DEFAULT_POOL_CAP) -> SchedulerApp:
     """`store` (already open, e.g. PostgreSQL from AFE_DATABASE_URL) wins over
     `store_path` (a SQLite file, default `<data>/afe.db`)."""
     if store is None:
@@ -72,7 +74,7 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
     engine_registry = registry if registry is not None else CollectorRegistry()
     engine = Engine(config, store, sandbox, credentials, redactor, max_running=max_running,
                     registry=engine_registry,
-                    recovery_interval=recovery_interval)
+                    recovery_interval=recovery_interval, pool_dir=layout.data_dir / "pool", pool_cap=pool_cap)
     intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry)
     # The keys of the scheduler's callers; services/common/callers.py says which service each may call.
     accepted = grpcutil.CallerSecrets({k: v for k, v in links.serve.items()

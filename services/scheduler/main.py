@@ -29,6 +29,7 @@ from services.common.telemetry import grpc_server_interceptors, setup_tracing, s
 
 from .app import build_app
 from .database_url import open_store, read_database_url
+from .pool import DEFAULT_CAP
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 def _extra(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, default=4,
                    help="global limit on tickets running at once (default 4)")
+    p.add_argument("--sandbox-pool-max", type=int, default=DEFAULT_CAP, metavar="N",
+                   help=f"warm sandboxes kept ready in all workspaces together (default {DEFAULT_CAP}; "
+                   "0 = none); each Workspace asks for its own with sandbox.pool")
     p.add_argument("--broker-recovery", type=float, default=2.0, metavar="SECONDS",
                    help="how often to check for a restarted sandbox broker (then reconcile) and to retry "
                    "failed teardowns at the latest (default 2; 0 = never, tests only)")
@@ -54,7 +58,8 @@ async def amain(argv: list[str] | None = None) -> int:
         return 2
     app = build_app(config, ctx.layout, ctx.links, ctx.redactor, store=store,
                     max_running=args.max_running, registry=ctx.registry,
-                    interceptors=grpc_server_interceptors(), recovery_interval=args.broker_recovery)
+                    interceptors=grpc_server_interceptors(), recovery_interval=args.broker_recovery,
+                    pool_cap=max(0, args.sandbox_pool_max))
 
     async def store_ready() -> bool:
         return app.store.ping()

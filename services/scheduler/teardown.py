@@ -39,6 +39,7 @@ class Teardowns:
         self.interval = interval
         self.finishing = finishing            # a ticket still recording its end (its own teardown runs)
         self._broker_boot: str | None = None
+        self.reserved: Callable[[], set[str]] = set   # reserved ids of warm sandboxes (pool.py): live too
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -75,7 +76,7 @@ class Teardowns:
         cannot miss a sandbox made during the call."""
         try:
             async with self.sandbox.creates_held():
-                live = [t.id for t in self.store.tickets_in_states(LIVE)]
+                live = [t.id for t in self.store.tickets_in_states(LIVE)] + sorted(self.reserved())
                 r = await self.sandbox.reconcile(live)
         except AfeError as exc:
             log.warning("could not reconcile sandboxes (retried when the sandbox broker answers): %s", exc)

@@ -28,6 +28,7 @@ MERGE_METHODS = ("merge", "squash", "rebase")
 MIN_MEMORY = 6 * 1024 * 1024   # Docker's own minimum
 MIN_DISK = 16 * 1024 * 1024    # smallest workspace disk cap (R34): a filesystem and a checkout must fit
 MAX_DISK = 16 * 1024 ** 4
+MAX_POOL = 16                  # warm sandboxes per profile of a workspace (sandbox.pool)
 # Never allowed by sandbox.egressPrivate (mirrors services/sandbox/egress.py NEVER_RANGES).
 _NEVER_NETS = tuple(ipaddress.ip_network(r) for r in (
     "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
@@ -65,6 +66,8 @@ class SandboxManifest(BaseModel):
     egressPrivate: list[str] = Field(
         default_factory=list, description="names (also in egress) allowed to resolve to private addresses, "
         "or private CIDR subnets (R11)")
+    pool: int = Field(0, ge=0, le=MAX_POOL, description="warm sandboxes kept ready for this workspace's "
+                      "tickets, per sandbox profile (0 = none); `afe up --sandbox-pool-max` caps the total")
 
 
 class AuthorManifest(BaseModel):
@@ -160,8 +163,12 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
         for host in bad_ip:
             doc.error("sandbox.egress", f"{show(host)} is an IP address; name a host instead")
         egress = tuple(h for h in egress if h not in bad_ip)
+        pool = doc.integer(sd, "pool", "sandbox.pool", 0, minimum=0)
+        if pool > MAX_POOL:
+            doc.error("sandbox.pool", f"{pool} is above the maximum of {MAX_POOL}; lower it")
+            pool = 0
         sandbox = SandboxConfig(image=image, limits=limits, egress=egress,
-                                egress_private=_egress_private(loader, doc, sd, egress))
+                                egress_private=_egress_private(loader, doc, sd, egress), pool=pool)
     author = Author()
     ad = doc.mapping(d, "author", "author")
     if ad is not None:
