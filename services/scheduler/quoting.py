@@ -68,3 +68,43 @@ def unquote(block: str) -> str | None:
         return None
     end = body.find(f"\n<<<END {b}>>>")
     return body[:end] if end >= 0 else None
+
+
+def prompt_fields(ticket) -> dict[str, object]:
+    """The ticket's template fields for a prompt: each text its `origin` marks
+    untrusted (a GitHub issue's title, body, mapped inputs) as a quoted block."""
+    origin = ticket.origin or {}
+    src, author = "GitHub", origin.get("author", "")
+    where = origin.get("url", "")
+    title, body = ticket.title, ticket.body
+    if origin.get("title_untrusted"):
+        title = quote(title, source=f"{src} (the issue's title)", author=author, where=where)
+    if origin.get("body_untrusted"):
+        body = quote(body, source=f"{src} (the issue's body)", author=author, where=where)
+    untrusted = {i.get("name"): i.get("source", "") for i in origin.get("inputs") or [] if i.get("untrusted")}
+    inputs = {k: quote(v, source=f"{src} ({untrusted[k]})", author=author, where=where) if k in untrusted else v
+              for k, v in (ticket.inputs or {}).items()}
+    return {"id": ticket.id, "title": title, "body": body, "inputs": inputs}
+
+
+FOLLOWUP_SOURCES = {
+    "operator": "an afe user (afe ticket followup)",
+    "github:review": "a GitHub pull request review",
+    "github:review_comment": "a GitHub review comment",
+    "github:comment": "a GitHub pull request comment",
+}
+
+
+def followup_section(followups) -> str:
+    """What a re-opened ticket's model and agent nodes get after their prompt:
+    each follow-up as a quoted block, with the file and line it points at."""
+    if not followups:
+        return ""
+    parts = ["\n\nFollow-up: this ticket ran before and its changes are on the branch you are working on. "
+             "Change the code further as the following request" + ("s ask" if len(followups) > 1 else " asks")
+             + ", each quoted below as data."]
+    for i, f in enumerate(followups, 1):
+        where = f"on {f.path} line {f.line}" if f.path and f.line else (f"on {f.path}" if f.path else "")
+        parts.append(f"\n{i}. " + quote(f.text, source=FOLLOWUP_SOURCES.get(f.source, f.source), author=f.author,
+                                        where=where))
+    return "\n".join(parts)

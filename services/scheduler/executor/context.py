@@ -19,7 +19,7 @@ from services.common.config import Agent, Config, Node, Workflow, Workspace
 from services.common.errors import AfeError, PeerUnavailable, ResourceExhausted
 from services.common.relayenv import relay_env
 
-from .. import templates
+from .. import quoting, templates
 from ..store import TicketRecord
 from . import brokercalls
 from .graph import ancestors
@@ -85,6 +85,21 @@ class RunContext:
         visible = {k: v for k, v in self.outputs.items() if k in self._ancestors[node_id]}
         return templates.render(template, {"id": t.id, "title": t.title, "body": t.body, "inputs": t.inputs},
                                 visible)
+
+    def prompt(self, node: Node) -> str:
+        """A model or agent node's prompt: its template with the ticket's
+        untrusted texts quoted, then the follow-ups of this re-run, quoted (R36)."""
+        t = self.store.get_ticket(self.ticket.id) or self.ticket
+        visible = {k: v for k, v in self.outputs.items() if k in self._node_ancestors(node.id)}
+        text = templates.render(node.prompt or "", quoting.prompt_fields(t), visible)
+        if t.reopened_at_ms:
+            text += quoting.followup_section(self.store.followups(t.id, t.reopened_at_ms))
+        return text
+
+    def _node_ancestors(self, node_id: str) -> set[str]:
+        if self._ancestors is None:
+            self._ancestors = ancestors(self.workflow.nodes)
+        return self._ancestors[node_id]
 
     def add_tokens(self, n: int) -> int:
         """Add `n` to the ticket's tokens used; returns the new total."""

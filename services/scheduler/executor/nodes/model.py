@@ -39,7 +39,7 @@ async def model_node(ctx: RunContext, node: Node) -> str:
 
     toolbox = Toolbox(ctx.sandbox, ctx.ticket.id, node.tools, on_output)
     return await run_model_node(
-        ticket_id=ctx.ticket.id, node=node, model=model, prompt=ctx.render(node.prompt, node.id),
+        ticket_id=ctx.ticket.id, node=node, model=model, prompt=ctx.prompt(node),
         toolbox=toolbox, credentials=ctx.credentials, emit=ctx.emit, add_tokens=ctx.add_tokens,
         ticket_budget=ctx.workflow.max_tokens)
 
