@@ -116,6 +116,10 @@ class Node:
     max_tokens: int = 0                    # per-node token budget; 0 = none
     deny: tuple[str, ...] = ()             # agent: permission kinds to deny
     with_: dict = field(default_factory=dict)  # builtin options (title, body, method)
+    # on_failure: {retry_from: ID, max: N}: this node's failure text goes back to the
+    # model/agent node ID (an ancestor), which runs again with it, at most N rounds.
+    retry_from: str | None = None
+    retry_max: int = 0
 
     @property
     def label(self) -> str:
@@ -128,8 +132,15 @@ class Workflow:
     nodes: tuple[Node, ...]
     workspace: str | None = None           # default workspace for tickets
     inputs: tuple[str, ...] = ()           # names a ticket may set
+    input_defaults: tuple[tuple[str, str], ...] = ()   # (name, value) of the optional inputs
     max_tokens: int = 0                    # per-ticket token budget; 0 = none
     source: str = ""
+
+    @property
+    def required_inputs(self) -> tuple[str, ...]:
+        """Declared inputs without a default: a ticket must set them."""
+        optional = {k for k, _ in self.input_defaults}
+        return tuple(n for n in self.inputs if n not in optional)
 
     def node(self, node_id: str) -> Node:
         for n in self.nodes:

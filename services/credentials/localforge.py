@@ -1,5 +1,8 @@
-"""The `local` forge: the Workspace's repo is a bare repository on disk that
-acts as the remote. A pull request is a JSON record under
+"""The `local` forge: the Workspace's repo is a repository on disk that acts
+as the remote — bare, or a working repository (its `.git` folder holds the
+branches; see `git_dir`). In a working repository whose checked-out branch
+is the base branch, a merge also updates that checkout (fast-forward, only
+when it has no uncommitted changes), so the files you see match the branch. A pull request is a JSON record under
 `Layout.forges_dir` plus the pushed branch; merging is a real git merge into
 the base branch (`merge-tree --write-tree`, `commit-tree`, `update-ref` with
 the old value, so a concurrent update is never overwritten)."""
@@ -20,6 +23,22 @@ from .forges import Forge, PullRequestInfo
 from .gitcmd import GitRunner
 
 
+def git_dir(path: Path, workspace: str = "") -> Path:
+    """The folder holding a repository's refs: `path` itself when bare, `path/.git`
+    for a working repository. A linked worktree or submodule (`.git` is a file)
+    is refused with what to name instead."""
+    dot = path / ".git"
+    if dot.is_dir():
+        return dot
+    if dot.exists():
+        raise InvalidArgument(f"workspace {workspace!r}: {path} is a linked worktree or submodule (its .git is a "
+                              "file); name the main repository's folder as repo")
+    if (path / "HEAD").is_file() and (path / "objects").is_dir() and (path / "refs").is_dir():
+        return path
+    raise InvalidArgument(f"workspace {workspace!r}: {path} is not a git repository; run `git init` there "
+                          "and commit the base branch, or name another folder as repo")
+
+
 class LocalForge(Forge):
     def __init__(self, runner: GitRunner, forges_dir: Path, config_dir: Path | None = None) -> None:
         self.git = runner
@@ -30,14 +49,19 @@ class LocalForge(Forge):
     def _repo(self, ws: Workspace) -> Path:
         repo = ws.repo.strip()
         if repo.startswith("https://") or ("://" in repo and not repo.startswith("file://")):
-            raise InvalidArgument(f"workspace {ws.name!r}: the local forge needs a local bare repository "
-                                  "as repo; use forge type github for a remote repository")
+            raise InvalidArgument(f"workspace {ws.name!r}: the local forge needs a repository on this machine "
+                                  "as repo (a path); use forge type github for a remote repository")
         path = Path(repo.removeprefix("file://"))
         if not path.is_absolute():
             path = (self.config_dir or Path.cwd()) / path
         if not path.exists():
             raise NotFound(f"workspace {ws.name!r}: repository {path} does not exist; check its repo field")
-        return path
+        return git_dir(path, ws.name)
+
+    def _work_tree(self, ws: Workspace) -> Path | None:
+        """The checkout of a working repository; None for a bare one."""
+        repo = self._repo(ws)
+        return repo.parent if repo.name == ".git" else None
 
     def _dir(self, ws: Workspace) -> Path:
         key = hashlib.sha256(str(self._repo(ws)).encode()).hexdigest()[:24]
@@ -133,6 +157,9 @@ class LocalForge(Forge):
                                          "update the branch and approve again")
             if res.returncode != 0:
                 raise FailedPrecondition(f"pull request {number} cannot be merged: {res.err.strip()[:300]}")
+            work_tree = await self._checked_out(ws, repo, base_ref)
+            if work_tree is not None:
+                await self._require_clean(work_tree, repo, rec["base"])
             tree = res.stdout.split(b"\0")[0].decode().strip()
             parents = ["-p", base] + (["-p", sha] if method == "merge" else [])
             title = rec.get("title") or f"Merge {rec['head']}"
@@ -144,12 +171,42 @@ class LocalForge(Forge):
             merge_sha = out.out.strip()
             rec["merging"] = {"sha": sha, "merge_sha": merge_sha}   # written ahead: see the top of this method
             self._save(ws, rec)
-            await self.git.run(["update-ref", "--end-of-options", base_ref, merge_sha, base],
-                               git_dir=repo, what="git update-ref")
+            await self._advance(ws, repo, base_ref, base, merge_sha)
             rec.pop("merging", None)
             rec.update(state="merged", merge_sha=merge_sha, merged_head=sha, merged_ms=int(time.time() * 1000))
             self._save(ws, rec)
             return merge_sha
+
+    async def _checked_out(self, ws: Workspace, repo: Path, ref: str) -> Path | None:
+        """The checkout of a working repository when `ref` is its current branch."""
+        work_tree = self._work_tree(ws)
+        if work_tree is None:
+            return None
+        head = await self.git.run(["symbolic-ref", "--quiet", "HEAD"], git_dir=repo, check=False,
+                                  what="git symbolic-ref")
+        return work_tree if head.out.strip() == ref else None
+
+    async def _require_clean(self, work_tree: Path, repo: Path, branch: str) -> None:
+        st = await self.git.run(["status", "--porcelain", "--untracked-files=no"], git_dir=repo,
+                                work_tree=work_tree, cwd=work_tree, what="git status")
+        if st.out.strip():
+            raise FailedPrecondition(f"{work_tree} has uncommitted changes on {branch}, which the merge would "
+                                     "have to overwrite; commit or stash them, then approve again")
+
+    async def _advance(self, ws: Workspace, repo: Path, ref: str, old: str, new: str) -> None:
+        """Move `ref` from `old` to `new`; when it is checked out, move its files too."""
+        work_tree = await self._checked_out(ws, repo, ref)
+        if work_tree is None:
+            await self.git.run(["update-ref", "--end-of-options", ref, new, old], git_dir=repo,
+                               what="git update-ref")
+            return
+        # Fast-forward only: refused (nothing changed) if the branch moved since `old`.
+        res = await self.git.run(["merge", "--ff-only", "--no-edit", "--quiet", "--end-of-options", new],
+                                 git_dir=repo, work_tree=work_tree, cwd=work_tree, check=False,
+                                 what="git merge --ff-only")
+        if res.returncode != 0:
+            raise FailedPrecondition(f"could not update the checkout {work_tree}: {res.err.strip()[:300]}; "
+                                     "commit or stash local changes there, then approve again")
 
     async def comment(self, ws, number, body):
         async with self._lock:

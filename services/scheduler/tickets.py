@@ -5,7 +5,8 @@ The limits of a title, body and inputs are `services.common.schema.tickets.
 TicketText`, the same model the gateway and the CLI check (a title is 1-200
 characters, a body at most 64 KiB of UTF-8, at most 64 inputs of at most
 8 KiB each); here too every text must be valid UTF-8 and input names must be
-declared by the workflow's `inputs`.
+declared by the workflow's `inputs`, and every declared input without a
+default must be set (a default fills an input the ticket leaves out).
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ def validate(config: Config, workspace: str, workflow: str, title: str, body: st
         if name not in declared:
             listed = ", ".join(sorted(declared)) or "none"
             raise InvalidArgument(f"unknown input {name!r} for workflow {workflow!r}; declared inputs: {listed}")
+    missing = [n for n in wf.required_inputs if not text.inputs.get(n)]
+    if missing:
+        raise InvalidArgument(f"workflow {workflow!r} needs the input(s) {', '.join(missing)}; set them "
+                              f"(afe ticket create --input {missing[0]}=VALUE) or give them a default in "
+                              "the workflow's inputs")
+    text.inputs.update({k: v for k, v in wf.input_defaults if not text.inputs.get(k)})
     principal = (principal or "").strip() or "unknown"
     if len(principal) > MAX_PRINCIPAL_CHARS:
         raise InvalidArgument("the principal name is too long")

@@ -19,7 +19,8 @@ NAMES = [f"in_{i}" for i in range(MAX_INPUTS + 1)]
 CONFIG = Config(directory=Path("/nowhere"),
                 workspaces={"ws": Workspace(name="ws", repo="/nowhere/ws.git")},
                 workflows={"wf": Workflow(name="wf", nodes=(Node(id="a", kind="run", run="true"),),
-                                          workspace="ws", inputs=tuple(NAMES))})
+                                          workspace="ws", inputs=tuple(NAMES),
+                                          input_defaults=tuple((n, "") for n in NAMES))})
 
 
 def _gateway(**kw) -> None:

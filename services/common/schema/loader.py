@@ -28,10 +28,11 @@ from typing import Any
 import yaml
 
 from ..config import Agent, Config, Model, Node, Trigger, Workflow, Workspace
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidArgument
 from ..presets import PRESETS
 from ..redact import secret_kind
 from ..relayenv import DEFAULT_RELAY_ENV, RELAY_PROVIDERS
+from ..templates import check as check_template
 from . import agent, model, trigger, workflow, workspace
 from .document import Doc
 from .text import KINDS, NAME_RE, NAME_WHAT, show
@@ -125,6 +126,12 @@ class Loader:
                     self.errors.append(f"{where} inputs.{k}: Workflow {show(wf.name)} declares no input "
                                        f"{show(k)}; declared: {', '.join(wf.inputs) or 'none'} (add it to "
                                        "the workflow's inputs or remove it here)")
+            given = {k for k, _ in tr.inputs}
+            for k in wf.required_inputs:
+                if k not in given:
+                    self.errors.append(f"{where} inputs: Workflow {show(wf.name)} needs input {show(k)}; map "
+                                       f"it here (inputs: {{{k}: issue.title}}) or give it a default in the "
+                                       "workflow")
 
     def check_references(self) -> None:
         self.check_trigger_references()
@@ -157,10 +164,24 @@ class Loader:
                                            f"workflow; ids: {', '.join(sorted(ids))}")
                     elif dep == n.id:
                         self.errors.append(f"{where} {p}.needs: a node cannot need itself")
+            by_id = {n.id: n for n in wf.nodes}
+            for n in wf.nodes:
+                if n.retry_from is None:
+                    continue
+                p = f"nodes[{index.get(n.id, '?')}].on_failure.retry_from"
+                target = by_id.get(n.retry_from)
+                if target is None or target.kind not in ("model", "agent"):
+                    self.errors.append(f"{where} {p}: {show(n.retry_from)} is not a model or agent node of this "
+                                       "workflow; name the node that writes the change this node checks")
+                elif not _needs_transitively(by_id, n.id, n.retry_from):
+                    self.errors.append(f"{where} {p}: node {show(n.id)} does not need {show(n.retry_from)}; "
+                                       "retry_from must run before it (add it to `needs`)")
             cycle = _find_cycle(wf.nodes)
             if cycle:
                 self.errors.append(f"{where} nodes: dependency cycle {' -> '.join(cycle)}; remove one of "
                                    "these needs")
+            else:
+                self.check_templates(wf, index)
 
         for a in self.agents.values():
             if a.model is None:
@@ -182,9 +203,45 @@ class Loader:
                 self.errors.append(f"{a.source} relayEnv: provider {m.provider} has no default; list the "
                                    "variables the agent reads")
 
+    def check_templates(self, wf: Workflow, index: Mapping[Any, int]) -> None:
+        """Every `{{...}}` in a run line, prompt or builtin text names what that node can see:
+        ticket fields, a declared input, or the output of a node that runs before it."""
+        needs = {n.id: set(n.needs) for n in wf.nodes}
+        for n in wf.nodes:
+            earlier: set[str] = set()
+            todo = list(needs.get(n.id, ()))
+            while todo:
+                dep = todo.pop()
+                if dep not in earlier and dep in needs:
+                    earlier.add(dep)
+                    todo.extend(needs[dep])
+            p = f"nodes[{index.get(n.id, '?')}]"
+            texts = [("run", n.run or "", True)] if n.kind == "run" else []
+            if n.kind in ("model", "agent"):
+                texts.append(("prompt", n.prompt or "", False))
+            texts += [(f"with.{k}", str(v), False) for k, v in (n.with_ or {}).items()]
+            for field, text, command in texts:
+                try:
+                    check_template(text, earlier, wf.inputs, f"{wf.source} {p}.{field}", command=command)
+                except InvalidArgument as exc:
+                    self.errors.append(exc.message)
+
     def config(self) -> Config:
         return Config(directory=self.directory, workspaces=self.workspaces, models=self.models,
                       agents=self.agents, workflows=self.workflows, triggers=self.triggers)
+
+
+def _needs_transitively(by_id: dict[str, Node], node: str, ancestor: str) -> bool:
+    seen: set[str] = set()
+    todo = list(by_id[node].needs)
+    while todo:
+        d = todo.pop()
+        if d == ancestor:
+            return True
+        if d not in seen and d in by_id:
+            seen.add(d)
+            todo.extend(by_id[d].needs)
+    return False
 
 
 def _find_cycle(nodes: tuple[Node, ...]) -> list[str] | None:

@@ -34,12 +34,21 @@ _STRICT = ConfigDict(extra="forbid", populate_by_name=True)
 NodeId = Annotated[str, StringConstraints(pattern=NODE_ID_RE.pattern)]
 
 
+class OnFailure(BaseModel):
+    """Send this node's failure (its output's tail) back to an earlier model or
+    agent node, which runs again with it; the nodes between run again too."""
+    model_config = _STRICT
+    retry_from: NodeId = Field(description="a model or agent node this node needs (directly or not)")
+    max: int = Field(3, ge=1, le=20, description="rounds at most; then the node fails")
+
+
 class _NodeBase(BaseModel):
     model_config = _STRICT
     id: NodeId
     needs: list[NodeId] = Field(default_factory=list, description="ids of nodes that must finish first")
     timeout: float = Field(1800.0, gt=0, description="seconds")
     retries: int = Field(0, ge=0)
+    on_failure: OnFailure | None = None
 
 
 class RunNode(_NodeBase):
@@ -84,14 +93,22 @@ NODE_MODELS: dict[str, type[_NodeBase]] = {"run": RunNode, "model": ModelNode, "
 _COMMON = fields_of(_NodeBase)
 
 
+class InputDecl(BaseModel):
+    """An input with a default: a ticket that does not set it gets the default."""
+    model_config = _STRICT
+    name: Annotated[str, StringConstraints(pattern=INPUT_RE.pattern)]
+    default: str = Field(description="the value of a ticket that does not set this input")
+    description: str = ""
+
+
 class WorkflowManifest(BaseModel):
     """The nodes a ticket runs."""
     model_config = _STRICT
     kind: Literal["Workflow"]
     name: Annotated[str, StringConstraints(pattern=NAME_RE.pattern)]
     workspace: str | None = Field(None, description="the Workspace of tickets that name none")
-    inputs: list[Annotated[str, StringConstraints(pattern=INPUT_RE.pattern)]] = Field(
-        default_factory=list, description="input names a ticket may set")
+    inputs: list[Annotated[str, StringConstraints(pattern=INPUT_RE.pattern)] | InputDecl] = Field(
+        default_factory=list, description="inputs of a ticket: a NAME (required) or {name, default} (optional)")
     maxTokens: int = Field(0, ge=0, description="token budget of a ticket; 0 = none")
     nodes: list[RunNode | ModelNode | AgentNode | BuiltinNode] = Field(min_length=1)
 
@@ -99,8 +116,7 @@ class WorkflowManifest(BaseModel):
 def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> None:
     doc.fields(d, "", fields_of(WorkflowManifest), ("nodes",))
     workspace = doc.text(d, "workspace", "workspace", None)
-    inputs = doc.str_list(d, "inputs", "inputs", pattern=INPUT_RE,
-                          what=INPUT_WHAT)
+    inputs, defaults = _inputs(doc, d)
     max_tokens = doc.integer(d, "maxTokens", "maxTokens", 0, minimum=0)
     raw_nodes = d.get("nodes")
     nodes: list[Node] = []
@@ -122,8 +138,44 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
             nodes.append(node)
     if doc.named and name is not None and "nodes" in d:
         loader.workflows[name] = Workflow(name=name, nodes=tuple(nodes), workspace=workspace, inputs=inputs,
-                                        max_tokens=max_tokens, source=doc.where)
+                                        input_defaults=defaults, max_tokens=max_tokens, source=doc.where)
         loader._raw_nodes[name] = raw_nodes if isinstance(raw_nodes, list) else []
+
+
+def _inputs(doc: Doc, d: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """`inputs:` — each a NAME (a ticket must set it) or {name, default[, description]}."""
+    raw = d.get("inputs")
+    if raw is None:
+        return (), ()
+    if not isinstance(raw, list):
+        doc.error("inputs", "must be a list of input names, or {name: NAME, default: VALUE}")
+        return (), ()
+    names: list[str] = []
+    defaults: list[tuple[str, str]] = []
+    for i, item in enumerate(raw):
+        p = f"inputs[{i}]"
+        default: str | None = None
+        if isinstance(item, dict):
+            doc.fields(item, p, fields_of(InputDecl), ("name", "default"))
+            name, default = item.get("name"), item.get("default")
+            if default is not None and not isinstance(default, str):
+                doc.error(f"{p}.default", "must be text; quote it (default: \"42\")")
+                default = None
+            if "default" not in item:
+                continue
+        else:
+            name = item
+        if not isinstance(name, str) or not INPUT_RE.match(name):
+            doc.error(p if not isinstance(item, dict) else f"{p}.name",
+                      f"{show(name)} is not a valid input name; {INPUT_WHAT}")
+            continue
+        if name in names:
+            doc.error(p, f"{show(name)} is listed twice; remove the duplicate")
+            continue
+        names.append(name)
+        if default is not None:
+            defaults.append((name, default))
+    return tuple(names), tuple(defaults)
 
 
 def _node(loader: Loader, doc: Doc, raw: Any, path: str) -> Node | None:
@@ -148,6 +200,14 @@ def _node(loader: Loader, doc: Doc, raw: Any, path: str) -> Node | None:
     timeout = doc.number(raw, "timeout", f"{path}.timeout", 1800.0)
     retries = doc.integer(raw, "retries", f"{path}.retries", 0, minimum=0)
     kw: dict[str, Any] = {}
+    on_failure = doc.mapping(raw, "on_failure", f"{path}.on_failure")
+    if on_failure is not None:
+        doc.fields(on_failure, f"{path}.on_failure", fields_of(OnFailure), ("retry_from",))
+        kw["retry_from"] = doc.text(on_failure, "retry_from", f"{path}.on_failure.retry_from", None,
+                                    pattern=NODE_ID_RE, what="name a model or agent node this node needs")
+        kw["retry_max"] = doc.integer(on_failure, "max", f"{path}.on_failure.max", 3, minimum=1)
+        if kw["retry_max"] > 20:
+            doc.error(f"{path}.on_failure.max", "at most 20 rounds; lower it")
     if which == "run":
         kind = "run"
         kw["run"] = doc.text(raw, "run", f"{path}.run", None)

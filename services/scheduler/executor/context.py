@@ -4,7 +4,8 @@ and the preparation every sandbox node needs first: the workspace (credential
 broker), the ticket's model relay (R32) and the sandbox (sandbox broker).
 
 The ticket's text is data: `render` substitutes it into prompts and PR text
-(templates.py) and never into commands, tools, egress or config.
+(templates.py); `render_command` passes it to a `run:` command as arguments,
+never as shell code (R36); it never reaches tools, egress or config.
 """
 
 from __future__ import annotations
@@ -79,12 +80,20 @@ class RunContext:
 
     def render(self, template: str, node_id: str) -> str:
         """`template` with the ticket's fields and the outputs of the nodes `node_id` needs."""
+        return templates.render(template, self._fields(), self._visible(node_id))
+
+    def render_command(self, script: str, node_id: str) -> tuple[str, list[str]]:
+        """(script, arguments) of a `run:` line: values as positional parameters (R36)."""
+        return templates.render_command(script, self._fields(), self._visible(node_id))
+
+    def _fields(self) -> dict[str, object]:
         t = self.ticket
+        return {"id": t.id, "title": t.title, "body": t.body, "inputs": t.inputs}
+
+    def _visible(self, node_id: str) -> dict[str, str]:
         if self._ancestors is None:
             self._ancestors = ancestors(self.workflow.nodes)
-        visible = {k: v for k, v in self.outputs.items() if k in self._ancestors[node_id]}
-        return templates.render(template, {"id": t.id, "title": t.title, "body": t.body, "inputs": t.inputs},
-                                visible)
+        return {k: v for k, v in self.outputs.items() if k in self._ancestors[node_id]}
 
     def prompt(self, node: Node) -> str:
         """A model or agent node's prompt: its template with the ticket's

@@ -1,6 +1,8 @@
 """A `run` node: one shell command in the ticket's sandbox; its output
-streams out as `node.output` events. A non-zero exit fails the node with the
-output's tail (and, when the disk cap was hit, which limit, R34)."""
+streams out as `node.output` events. Template values reach the command as
+positional parameters, never as shell code (R36, templates.render_command).
+A non-zero exit fails the node with the output's tail (and, when the disk cap
+was hit, which limit, R34)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ class CommandFailed(FailedPrecondition):
 
 async def run_node(ctx: RunContext, node: Node) -> str:
     await ctx.ensure_sandbox()
+    script, args = ctx.render_command(node.run or "", node.id)
     out: list[str] = []
     code, timed_out, truncated = -1, False, False
-    async for ev in ctx.sandbox.exec(ctx.ticket.id, ["bash", "-lc", node.run or ""],
+    async for ev in ctx.sandbox.exec(ctx.ticket.id, command_argv(script, args),
                                      timeout_ms=int(node.timeout_s * 1000), output_cap_bytes=RUN_OUTPUT_CAP):
         which = ev.WhichOneof("event")
         if which in ("stdout", "stderr"):
@@ -41,6 +44,11 @@ async def run_node(ctx: RunContext, node: Node) -> str:
         raise CommandFailed(f"the command exited with code {code}" + (f":\n{tail}" if tail else "")
                             + disk_full_hint(ctx.workspace, text))
     return text
+
+
+def command_argv(script: str, args: list[str]) -> list[str]:
+    """`bash -lc SCRIPT afe ARG...`: the template values are $1, $2, ... (R36)."""
+    return ["bash", "-lc", script, "afe", *args]
 
 
 def disk_full_hint(workspace: Workspace, output: str) -> str:
