@@ -90,6 +90,13 @@ class SchedulerBackend:
                 timeout=CALL_TIMEOUT)
         return convert.ticket(t)
 
+    async def followup_ticket(self, ticket_id: str, principal: str, instruction: str) -> dict:
+        async with rpc_errors():
+            t = await self.stub.FollowUpTicket(
+                pb.FollowUpTicketRequest(id=ticket_id, principal=principal, instruction=instruction),
+                timeout=CALL_TIMEOUT)
+        return convert.ticket(t)
+
     async def watch_ticket(self, ticket_id: str, from_seq: int, follow: bool) -> AsyncIterator[dict]:
         call = self.stub.WatchTicket(pb.WatchTicketRequest(id=ticket_id, from_seq=from_seq, follow=follow))
         try:

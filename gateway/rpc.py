@@ -103,6 +103,8 @@ class RpcConnection:
             "tickets.cancel": lambda p: self.backend.cancel_ticket(p["id"], self.principal.name),
             "tickets.approve": lambda p: self.backend.approve_ticket(p["id"], self.principal.name, p["sha"]),
             "tickets.reject": lambda p: self.backend.reject_ticket(p["id"], self.principal.name, p["reason"]),
+            "tickets.followup": lambda p: self.backend.followup_ticket(p["id"], self.principal.name,
+                                                                       p["instruction"]),
             "tickets.unwatch": self._unwatch,
             "workflows.list": lambda p: self.backend.list_workflows(),
             "workspaces.list": lambda p: self.backend.list_workspaces(),

@@ -1,4 +1,4 @@
-"""`afe ticket create|list|show|watch|cancel`, `afe approve`, `afe reject`.
+"""`afe ticket create|list|show|watch|cancel|followup`, `afe approve`, `afe reject`.
 
 The CLI talks JSON-RPC to the gateway's /rpc WebSocket with the bearer token
 (AFE_TOKEN, else the file <data>/ui-token). See docs/CLI.md.
@@ -205,6 +205,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     x.add_argument("id")
     _common(x)
     x.set_defaults(func=_run(_cancel))
+
+    f = _parser(tsub, "followup", help="run a ticket's model/agent again with an instruction",
+                description="Run the model/agent node of a ticket that waits for approval or has ended "
+                "again with INSTRUCTION: new commits on the same branch and pull request, then a new approval.")
+    f.add_argument("id")
+    f.add_argument("instruction", help="what should change (use @FILE to read a file, - for stdin)")
+    f.add_argument("--watch", action="store_true", help="then watch it (exit code as for `watch`)")
+    _common(f)
+    f.set_defaults(func=_run(_followup))
 
     a = _parser(sub, "approve", help="approve a merge that waits for a person",
                 description="Approve the merge a ticket is waiting on (recorded as principal 'cli').")
@@ -463,6 +472,21 @@ async def _simple(client: RpcClient, args: argparse.Namespace, method: str, para
 
 async def _cancel(client: RpcClient, args: argparse.Namespace) -> int:
     return await _simple(client, args, "tickets.cancel", {"id": args.id}, "cancelled")
+
+
+async def _followup(client: RpcClient, args: argparse.Namespace) -> int:
+    text = _read_body(args.instruction)
+    if not text.strip():
+        raise CliError("the instruction is empty; say what should change", EXIT_USAGE)
+    t = await client.call("tickets.followup", {"id": args.id, "instruction": text})
+    if args.json:
+        _emit_json(t)
+    else:
+        print(f"follow-up for {t['id']}: now {t['state']}")
+    if args.watch:
+        args.until_waiting, args.verbose = True, False
+        return await _follow(client, t["id"], args)
+    return EXIT_OK
 
 
 async def _approve(client: RpcClient, args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from services.common.errors import InvalidArgument
 from services.common.states import NodeState, TicketState
 
 from .engine import Engine, TicketView
+from .followups import follow_up
 from .store import EventRecord
 
 # A watch whose caller takes in nothing for this long (the transport's window to it stays full) is
@@ -117,6 +118,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     async def GetTicketDiff(self, request: pb.GetTicketRequest, context) -> pb.TicketDiff:
         diff, truncated, recorded = await self.engine.diff(request.id)
         return pb.TicketDiff(diff=diff, truncated=truncated, recorded=recorded)
+
+    async def FollowUpTicket(self, request: pb.FollowUpTicketRequest, context) -> pb.Ticket:
+        view = await follow_up(self.engine, request.id, request.instruction, principal=request.principal)
+        return ticket_pb(view)
 
     async def RetryTicket(self, request: pb.RetryTicketRequest, context) -> pb.Ticket:
         return ticket_pb(await self.engine.retry(request.id, request.from_node, request.principal))

@@ -76,6 +76,10 @@ class RejectParams(TicketParams):
     reason: str = Field("", max_length=2000)
 
 
+class FollowUpParams(TicketParams):
+    instruction: str = Field(min_length=1, max_length=64 * 1024)
+
+
 class WatchParams(TicketParams):
     from_seq: int = Field(0, ge=0, le=2 ** 62)
     follow: bool = True
@@ -93,6 +97,7 @@ METHODS: dict[str, type[_Params]] = {
     "tickets.cancel": TicketParams,
     "tickets.approve": ApproveParams,
     "tickets.reject": RejectParams,
+    "tickets.followup": FollowUpParams,
     "tickets.watch": WatchParams,
     "tickets.unwatch": UnwatchParams,
     "workflows.list": NoParams,

@@ -309,6 +309,32 @@ class RetryTicketRequest(_message.Message):
 Global___RetryTicketRequest: _TypeAlias = RetryTicketRequest  # noqa: Y015
 
 @_typing.final
+class FollowUpTicketRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    INSTRUCTION_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    principal: _builtins.str
+    instruction: _builtins.str
+    """what should change; at most 64 KiB"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        instruction: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "instruction", b"instruction", "principal", b"principal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowUpTicketRequest: _TypeAlias = FollowUpTicketRequest  # noqa: Y015
+
+@_typing.final
 class UpdateTicketBranchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -94,6 +94,11 @@ class SchedulerStub:
                 request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.UpdateTicketBranchRequest.SerializeToString,
                 response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
                 _registered_method=True)
+        self.FollowUpTicket = channel.unary_unary(
+                '/afe.scheduler.v1.Scheduler/FollowUpTicket',
+                request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.FollowUpTicketRequest.SerializeToString,
+                response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -181,6 +186,17 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FollowUpTicket(self, request, context):
+        """Run a ticket that waits for approval or has ended again with an
+        instruction: its model and agent nodes get it as quoted data (R36), new
+        commits go to the same branch and pull request, and the approval is
+        asked again for the new head (R16). Refused while the ticket runs or
+        once its pull request is merged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -242,6 +258,11 @@ def add_SchedulerServicer_to_server(servicer, server):
             'UpdateTicketBranch': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateTicketBranch,
                     request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.UpdateTicketBranchRequest.FromString,
+                    response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.SerializeToString,
+            ),
+            'FollowUpTicket': grpc.unary_unary_rpc_method_handler(
+                    servicer.FollowUpTicket,
+                    request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.FollowUpTicketRequest.FromString,
                     response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.SerializeToString,
             ),
     }
@@ -568,6 +589,33 @@ class Scheduler:
             target,
             '/afe.scheduler.v1.Scheduler/UpdateTicketBranch',
             afe_dot_scheduler_dot_v1_dot_scheduler__pb2.UpdateTicketBranchRequest.SerializeToString,
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FollowUpTicket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.scheduler.v1.Scheduler/FollowUpTicket',
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.FollowUpTicketRequest.SerializeToString,
             afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
             options,
             channel_credentials,

@@ -58,6 +58,13 @@ class SchedulerStub:
     merge conflict is reported with its paths) and re-open the ticket from
     its merge node, which asks for a new approval of the new head (R16).
     """
+    FollowUpTicket: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.FollowUpTicketRequest, _scheduler_pb2.Ticket]
+    """Run a ticket that waits for approval or has ended again with an
+    instruction: its model and agent nodes get it as quoted data (R36), new
+    commits go to the same branch and pull request, and the approval is
+    asked again for the new head (R16). Refused while the ticket runs or
+    once its pull request is merged.
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -86,6 +93,13 @@ class SchedulerAsyncStub(SchedulerStub):
     """Merge the base branch into the ticket's pushed branch on the host (a
     merge conflict is reported with its paths) and re-open the ticket from
     its merge node, which asks for a new approval of the new head (R16).
+    """
+    FollowUpTicket: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.FollowUpTicketRequest, _scheduler_pb2.Ticket]  # type: ignore[assignment]
+    """Run a ticket that waits for approval or has ended again with an
+    instruction: its model and agent nodes get it as quoted data (R36), new
+    commits go to the same branch and pull request, and the approval is
+    asked again for the new head (R16). Refused while the ticket runs or
+    once its pull request is merged.
     """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
@@ -184,6 +198,19 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         """Merge the base branch into the ticket's pushed branch on the host (a
         merge conflict is reported with its paths) and re-open the ticket from
         its merge node, which asks for a new approval of the new head (R16).
+        """
+
+    @_abc_1.abstractmethod
+    def FollowUpTicket(
+        self,
+        request: _scheduler_pb2.FollowUpTicketRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.Ticket, _abc.Awaitable[_scheduler_pb2.Ticket]]:
+        """Run a ticket that waits for approval or has ended again with an
+        instruction: its model and agent nodes get it as quoted data (R36), new
+        commits go to the same branch and pull request, and the approval is
+        asked again for the new head (R16). Refused while the ticket runs or
+        once its pull request is merged.
         """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
