@@ -35,6 +35,18 @@ class Result:
         return self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
 
 
+@dataclass(frozen=True)
+class Section:
+    """A part of the report of its own, after the table: markdown, the
+    images (file names in the report folder) the module wrote, and the
+    problems it found (a checked property that did not hold: the module is
+    then reported as failed, with its figures kept)."""
+    title: str
+    body: str                        # markdown
+    images: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
 def median_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()

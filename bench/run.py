@@ -4,7 +4,9 @@ Imports each `bench/bench_*.py`, calls its `run(out_dir) -> list[Result]`
 (a module that fails is reported and the others still run), then writes
 `bench/out/REPORT.md` — a table of every figure as a ratio against its
 same-run baseline, with the target beside it — plus `bench/out/ratios.png`
-and the machine it ran on.
+and the machine it ran on. A module may also return `Section`s: markdown
+(and charts it wrote into the report folder) printed after the table; a
+Section's problems fail the module while its figures stay in the report.
 
     python -m bench.run                      # everything
     python -m bench.run --only sandbox       # bench/bench_sandbox.py only
@@ -25,7 +27,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import Result
+from bench.common import Result, Section
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUT = BENCH_DIR / "out"
@@ -35,6 +37,7 @@ DEFAULT_OUT = BENCH_DIR / "out"
 class Outcome:
     module: str
     results: list[Result] = field(default_factory=list)
+    sections: list[Section] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
 
@@ -65,10 +68,15 @@ def run_module(module: str, out_dir: Path) -> Outcome:
     try:
         mod = importlib.import_module(module)
         results = mod.run(out_dir)
-        bad = [r for r in results if not isinstance(r, Result)]
+        bad = [r for r in results if not isinstance(r, (Result, Section))]
         if bad:
-            raise TypeError(f"run() must return bench.common.Result objects, got {type(bad[0]).__name__}")
-        outcome.results = list(results)
+            raise TypeError(f"run() must return bench.common.Result or Section objects, "
+                            f"got {type(bad[0]).__name__}")
+        outcome.results = [r for r in results if isinstance(r, Result)]
+        outcome.sections = [r for r in results if isinstance(r, Section)]
+        problems = [p for s in outcome.sections for p in s.problems]
+        if problems:
+            outcome.error = "checks failed:\n" + "\n".join(f"- {p}" for p in problems)
     except BaseException as exc:  # one broken benchmark must not stop the others
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -150,6 +158,12 @@ def write_report(outcomes: list[Outcome], out_dir: Path, info: dict[str, str]) -
         fmt = _fmt_rate if r.higher_is_better else _fmt_s
         lines.append(f"| {r.issue} | {_md(r.name)} | {_md(r.baseline)} | {fmt(r.measured_s)} | "
                      f"{fmt(r.baseline_s)} | {r.ratio:.3g} | {target} | {'yes' if r.met else '**no**'} |")
+    for o in outcomes:
+        for s in o.sections:
+            lines += ["", f"## {s.title}", "", s.body.rstrip()]
+            if s.problems:
+                lines += ["", "**Checks failed:**", ""] + [f"- {_md(p)}" for p in s.problems]
+            lines += [""] + [f"![{_md(s.title)}]({img})" for img in s.images]
     notes = [r for r in results if r.notes]
     if notes:
         lines += ["", "## Notes", ""] + [f"- **{_md(r.name)}**: {_md(r.notes)}" for r in notes]
