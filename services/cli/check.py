@@ -1,4 +1,6 @@
-"""`afe check [--config DIR]`: validate the manifests and say what to fix.
+"""`afe check [--config DIR] [--online]`: validate the manifests (fields,
+references, templates, inputs) and each Workspace's repository and base
+branch (repocheck.py), and say what to fix.
 `afe check --schema`: print the JSON Schema of the manifests, for editors."""
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from pathlib import Path
 from services.common.config import Config
 from services.common.errors import ConfigError
 from services.common.manifests import load_config, missing_env
+
+from .repocheck import check_repositories
 
 
 def default_config_dir() -> Path | None:
@@ -26,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="manifest folder (default: ./afe.d, else the bundled demo)")
     p.add_argument("--data", default=".afe/data", metavar="DIR",
                    help="data folder, for a relative sqlite AFE_DATABASE_URL (default: .afe/data)")
+    p.add_argument("--online", action="store_true",
+                   help="also contact each https:// repository (git ls-remote with its tokenEnv) and check "
+                   "its base branch; local repositories are always checked")
     p.add_argument("--schema", action="store_true",
                    help="print the JSON Schema (draft 2020-12) of every manifest kind, for editors, and exit")
     p.set_defaults(func=run)
@@ -47,12 +54,19 @@ def run(args: argparse.Namespace) -> int:
         if directory is None:
             with tempfile.TemporaryDirectory(prefix="afe-check-") as tmp:
                 config = load_config(_demo_dir(Path(tmp)))
+                problems, repo_notes = check_repositories(config, online=False, environ=os.environ)
         else:
             config = load_config(directory)
+            problems, repo_notes = check_repositories(config, online=getattr(args, "online", False),
+                                                      environ=os.environ)
     except ConfigError as exc:
         print(f"afe check: {exc}", file=sys.stderr)
         print("(file.yaml#N is the N-th document of file.yaml.) Fix the fields above and run "
               "`afe check` again.", file=sys.stderr)
+        return 1
+    if problems:
+        print(f"afe check: {len(problems)} problem(s) with the repositories of {config.directory}:\n"
+              + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
         return 1
     print(f"{config.directory}: OK — {len(config.workspaces)} workspace(s), {len(config.models)} model(s), "
           f"{len(config.agents)} agent(s), {len(config.workflows)} workflow(s)")
@@ -61,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     unset = missing_env(config, os.environ)
     for var, where in unset:
         print(f"  note: {var} is not set in this shell ({where}); `afe up` will refuse to start without it")
+    for line in repo_notes:
+        print(line)
     for line in _preset_image_notes(config):
         print(line)
     return _check_database(args, os.environ)

@@ -1,6 +1,8 @@
-"""`afe images build [--force] [--agent NAME]`: build the local images (Debian
-base from debootstrap when missing, then the sandbox and egress proxy
-images), or an agent preset's image (services/common/presets.py)."""
+"""`afe images build [--force] [--agent NAME] [--config DIR]`: build the local
+images (Debian base from debootstrap when missing, then the sandbox and
+egress proxy images), an agent preset's image (services/common/presets.py),
+and the config folder's project images (DIR/images/NAME/Dockerfile, FROM
+afe/sandbox, tagged afe/project-NAME:latest; `afe init` writes one)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--agent", action="append", default=[], metavar="NAME",
                    help="build an agent preset's image (claude-code, codex, gemini, opencode; docs/AGENTS.md) "
                    "from its pinned npm packages; repeatable")
+    b.add_argument("--config", default=None, metavar="DIR",
+                   help="also build the project images in DIR/images/NAME/Dockerfile as afe/project-NAME:latest "
+                   "(default: ./afe.d when it exists)")
     b.set_defaults(func=run)
     p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
 
@@ -47,6 +52,18 @@ def run(args: argparse.Namespace) -> int:
     except AfeError as exc:
         print(f"afe images build: {exc}", file=sys.stderr)
         return 1
+    from pathlib import Path
+
+    from services.sandbox.images import build_project_images
+
+    config = Path(args.config) if getattr(args, "config", None) else (Path("afe.d") if Path("afe.d").is_dir()
+                                                                     else None)
+    if config is not None:
+        try:
+            built += build_project_images(config, progress=progress, force=args.force)
+        except AfeError as exc:
+            print(f"afe images build: {exc}", file=sys.stderr)
+            return 1
     if not built:
         print("images already present (use --force to rebuild)")
     return 0

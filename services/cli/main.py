@@ -12,6 +12,7 @@ import sys
 VERBS: dict[str, str] = {
     "up": "services.cli.up",
     "check": "services.cli.check",
+    "init": "services.cli.init",
     "images": "services.cli.images",
     "doctor": "services.cli.doctor",
     "ticket": "services.cli.tickets",

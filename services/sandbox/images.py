@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -89,6 +90,41 @@ def ensure_images(progress: Progress = print, force: bool = False,
     if built:
         progress("images ready: " + ", ".join(built))
     return built
+
+
+# -- project images (`afe images build` with a config folder, docs/GUIDE.md) ------
+
+PROJECT_PREFIX = "afe/project-"
+_PROJECT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def project_images(config_dir: Path) -> list[tuple[str, Path]]:
+    """(image, folder) of every `CONFIG/images/NAME/Dockerfile`: image afe/project-NAME:latest."""
+    root = config_dir / "images"
+    if not root.is_dir():
+        return []
+    out = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and (p / "Dockerfile").is_file()):
+        if not _PROJECT_NAME.match(folder.name):
+            raise InvalidArgument(f"{folder}: a project image folder is named with lowercase letters, digits "
+                                  "and '-'; rename it")
+        out.append((f"{PROJECT_PREFIX}{folder.name}:latest", folder))
+    return out
+
+
+def build_project_images(config_dir: Path, progress: Progress = print, force: bool = False) -> list[str]:
+    """Build each project image (FROM afe/sandbox) that is missing, or all with force."""
+    built = []
+    for image, folder in project_images(config_dir):
+        if force or not _present(image):
+            _run(["docker", "build", "-t", image, str(folder)], f"building {image} from {folder}", progress,
+                 docker_cli_env())
+            built.append(image)
+    return built
+
+
+def image_present(image: str) -> bool:
+    return _present(image)
 
 
 # -- agent preset images (`afe images build --agent NAME`, docs/AGENTS.md) ------

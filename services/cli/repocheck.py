@@ -1,0 +1,98 @@
+"""`afe check`: can each Workspace's repository be reached, and does it have
+the base branch? A local repository (a path or file:// URL) is looked at
+at once; an https:// one only with `--online` (`git ls-remote`, the token
+from the Workspace's tokenEnv given to git by the askpass helper, never in
+argv). Returns problem lines that say what to change."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from services.common.config import Config, Workspace
+from services.common.errors import AfeError
+from services.common.redact import Redactor
+
+
+def local_path(config: Config, ws: Workspace) -> Path | None:
+    repo = ws.repo.strip()
+    if repo.startswith("https://"):
+        return None
+    path = Path(repo.removeprefix("file://")).expanduser()
+    return path if path.is_absolute() else config.directory / path
+
+
+async def _local(config: Config, ws: Workspace, runner) -> str | None:
+    from services.credentials.localforge import git_dir
+
+    path = local_path(config, ws)
+    assert path is not None
+    where = f"{ws.source} Workspace {ws.name} repo"
+    if not path.exists():
+        return (f"{where}: {path} does not exist; create the repository there (git init) or fix repo "
+                "(a relative path is relative to the config folder)")
+    try:
+        gdir = git_dir(path, ws.name)
+    except AfeError as exc:
+        return f"{where}: {exc.message}"
+    res = await runner.run(["rev-parse", "--verify", "--quiet", "--end-of-options",
+                            f"refs/heads/{ws.base_branch}^{{commit}}"], git_dir=gdir, check=False,
+                           what="git rev-parse")
+    if res.returncode != 0:
+        heads = await runner.run(["for-each-ref", "--format=%(refname:short)", "refs/heads/"], git_dir=gdir,
+                                 check=False, what="git for-each-ref")
+        have = ", ".join(heads.out.split()) or "none (commit something first)"
+        return (f"{ws.source} Workspace {ws.name} baseBranch: {path} has no branch {ws.base_branch!r}; "
+                f"branches: {have}. Set baseBranch or create the branch")
+    return None
+
+
+async def _remote(ws: Workspace, runner, helper: Path, environ: Mapping[str, str]) -> str | None:
+    from services.credentials.askpass import askpass_env
+
+    env: dict[str, str] = {}
+    if ws.token_env:
+        token = environ.get(ws.token_env, "")
+        if not token:
+            return f"{ws.source} Workspace {ws.name} tokenEnv: {ws.token_env} is not set; export it and retry"
+        runner.redactor.register(token)
+        env = askpass_env(helper, ws.repo, token)
+    res = await runner.run(["ls-remote", "--heads", "--end-of-options", ws.repo, f"refs/heads/{ws.base_branch}"],
+                           env=env, check=False, what="git ls-remote", timeout_s=60)
+    if res.returncode != 0:
+        err = runner.redactor.redact(res.err.strip().splitlines()[-1] if res.err.strip() else "")
+        return (f"{ws.source} Workspace {ws.name} repo: cannot read {ws.repo} ({err or 'git failed'}); check "
+                "the URL, the network and that the token in tokenEnv may read the repository")
+    if not res.out.strip():
+        return (f"{ws.source} Workspace {ws.name} baseBranch: {ws.repo} has no branch {ws.base_branch!r}; "
+                "set baseBranch to an existing branch")
+    return None
+
+
+def check_repositories(config: Config, *, online: bool, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(problems, notes) for every Workspace's repository."""
+    from services.credentials.askpass import write_helper
+    from services.credentials.gitcmd import GitRunner
+
+    async def go() -> tuple[list[str], list[str]]:
+        problems: list[str] = []
+        notes: list[str] = []
+        with tempfile.TemporaryDirectory(prefix="afe-check-git-") as tmp:
+            runner = GitRunner(Path(tmp) / "home", Redactor(), timeout_s=60)
+            helper = write_helper(Path(tmp) / "askpass")
+            for ws in sorted(config.workspaces.values(), key=lambda w: w.name):
+                if local_path(config, ws) is not None:
+                    line = await _local(config, ws, runner)
+                elif online:
+                    line = await _remote(ws, runner, helper, environ)
+                else:
+                    notes.append(f"  note: workspace {ws.name}: {ws.repo} not contacted; `afe check --online` "
+                                 "checks that it can be read and has the base branch")
+                    continue
+                if line:
+                    problems.append(line)
+        return problems, notes
+
+    return asyncio.run(go())
