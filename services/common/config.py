@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 DEFAULT_SANDBOX_IMAGE = "afe/sandbox:latest"
 DEFAULT_PROXY_IMAGE = "afe/proxy:latest"
@@ -115,7 +116,7 @@ class Node:
     max_turns: int = 20
     max_tokens: int = 0                    # per-node token budget; 0 = none
     deny: tuple[str, ...] = ()             # agent: permission kinds to deny
-    with_: dict = field(default_factory=dict)  # builtin options (title, body, method)
+    with_: dict[str, Any] = field(default_factory=dict)  # builtin options (title, body, method)
     # on_failure: {retry_from: ID, max: N}: this node's failure text goes back to the
     # model/agent node ID (an ancestor), which runs again with it, at most N rounds.
     retry_from: str | None = None

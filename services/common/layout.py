@@ -35,7 +35,8 @@ class Layout:
     run_dir: Path
 
     @classmethod
-    def from_args(cls, data: str | os.PathLike | None, run: str | os.PathLike | None = None) -> Layout:
+    def from_args(cls, data: str | os.PathLike[str] | None,
+                  run: str | os.PathLike[str] | None = None) -> Layout:
         data_dir = Path(data or ".afe/data").absolute()
         run_dir = Path(run).absolute() if run else data_dir.parent / "run"
         return cls(data_dir, run_dir)

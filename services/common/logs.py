@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 from .redact import RedactingFilter, Redactor
 
@@ -55,7 +56,7 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def setup_logging(process: str, redactor: Redactor, *, level: str = "INFO", stream=None,
+def setup_logging(process: str, redactor: Redactor, *, level: str = "INFO", stream: TextIO | None = None,
                   json_format: bool | None = None) -> None:
     """Install the formatter and the redacting filter on the root logger."""
     stream = stream or sys.stderr

@@ -110,7 +110,9 @@ class OpsServer:
         return app
 
     @web.middleware
-    async def _host_guard(self, request: web.Request, handler):
+    async def _host_guard(self, request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                          ) -> web.StreamResponse:
         if not self.hosts.allows(request.headers.get("Host")):
             return web.json_response(
                 {"error": "unknown Host: use the address the ops port is bound to, or let the process "
@@ -130,7 +132,7 @@ class OpsServer:
     async def _readyz(self, request: web.Request) -> web.Response:
         names = list(self.checks)
         results = await asyncio.gather(*(self._probe(n, self.checks[n]) for n in names))
-        failing = [n for n, ok in zip(names, results) if not ok]
+        failing = [n for n, ok in zip(names, results, strict=True) if not ok]
         if failing:
             return web.json_response({"status": "unavailable", "failing": failing}, status=503)
         return web.json_response({"status": "ok"})

@@ -19,6 +19,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -42,7 +43,7 @@ class ProcessContext:
     ops_host: str
     ops_port: int
     status_fd: int | None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     ops_names: tuple[str, ...] = ()
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -105,7 +106,7 @@ def report_ready(ctx: ProcessContext, **fields: object) -> None:
 
 
 async def run_until_signalled(ctx: ProcessContext, checks: dict[str, ReadyCheck],
-                              start: Callable[[], Awaitable[dict]],
+                              start: Callable[[], Awaitable[dict[str, Any]]],
                               stop: Callable[[], Awaitable[None]]) -> None:
     """Start the ops server and the service, report ready, wait for SIGTERM/SIGINT, stop."""
     loop = asyncio.get_running_loop()

@@ -11,6 +11,7 @@ redirect it outside the tree. A deeper or larger tree fails naming the limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from .open import DIR_FLAGS
@@ -35,7 +36,7 @@ def chown_tree_at(root_fd: int, uid: int, gid: int, limits: Limits) -> int:
     return changed
 
 
-def chown_tree(path: str | os.PathLike, uid: int, gid: int, limits: Limits) -> int:
+def chown_tree(path: str | os.PathLike[str], uid: int, gid: int, limits: Limits) -> int:
     """`chown_tree_at` on the directory at `path`, itself opened with O_NOFOLLOW
     (a link given as the tree fails with ELOOP instead of being followed)."""
     fd = os.open(path, DIR_FLAGS)
@@ -49,16 +50,12 @@ def own_at(dir_fd: int, name: str | bytes, uid: int, gid: int) -> None:
     """Give a new entry to uid:gid when this process may (root); the link
     itself when it is one. Best effort: the entry stays usable either way."""
     if os.geteuid() == 0:
-        try:
+        with contextlib.suppress(OSError):
             os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
-            pass
 
 
 def own_fd(fd: int, uid: int, gid: int) -> None:
     """`own_at` for an entry held open."""
     if os.geteuid() == 0:
-        try:
+        with contextlib.suppress(OSError):
             os.fchown(fd, uid, gid)
-        except OSError:
-            pass

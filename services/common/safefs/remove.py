@@ -10,11 +10,13 @@ same tree, never across it), which flattens any depth into a bounded one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 import stat
 from pathlib import Path
+from typing import Any
 
 from .open import DIR_FLAGS, open_dir_or_none
 
@@ -34,7 +36,7 @@ def empty_dir(root_fd: int) -> int:
     refilling it, or permissions).
     """
     # Each frame: [fd, name in parent, scandir iterator, rescans].
-    stack: list[list] = [[root_fd, b"", os.scandir(root_fd), 0]]
+    stack: list[list[Any]] = [[root_fd, b"", os.scandir(root_fd), 0]]
     hoisted = False
     removed = 0
     try:
@@ -87,10 +89,8 @@ def empty_dir(root_fd: int) -> int:
             if len(stack) >= _REMOVE_FDS:
                 # Too deep to hold another fd: move this directory to the root and
                 # deal with it from there (the root is scanned again at the end).
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.rename(name, b".afe-rm-" + secrets.token_hex(8).encode(), src_dir_fd=fd, dst_dir_fd=root_fd)
-                except FileNotFoundError:
-                    pass
                 hoisted = True
                 continue
             sub = open_dir_or_none(fd, name)
@@ -115,7 +115,7 @@ def empty_dir(root_fd: int) -> int:
     return removed
 
 
-def remove_tree(path: str | os.PathLike) -> None:
+def remove_tree(path: str | os.PathLike[str]) -> None:
     """Remove `path` (a directory tree, a file or a link) whatever its depth;
     nothing outside it is touched and no link is followed. Missing: no-op."""
     p = Path(path)
@@ -129,25 +129,19 @@ def remove_tree(path: str | os.PathLike) -> None:
         except FileNotFoundError:
             return
         if not stat.S_ISDIR(st.st_mode):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(p.name, dir_fd=parent_fd)
-            except FileNotFoundError:
-                pass
             return
         fd = open_dir_or_none(parent_fd, p.name)
         if fd is None:  # swapped for a link or a file since the stat
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(p.name, dir_fd=parent_fd)
-            except FileNotFoundError:
-                pass
             return
         try:
             empty_dir(fd)
         finally:
             os.close(fd)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.rmdir(p.name, dir_fd=parent_fd)
-        except FileNotFoundError:
-            pass
     finally:
         os.close(parent_fd)

@@ -13,6 +13,7 @@ because the tree changed under a call becomes a clear error on exit.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -42,7 +43,7 @@ class Root:
 
     MISSING = "the directory does not exist"
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         try:
             self.fd = os.open(path, DIR_FLAGS)
         except OSError as exc:
@@ -167,10 +168,8 @@ class Root:
                 # in is replaced, never followed); a directory makes it fail.
                 os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException as exc:
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dfd)
-                except OSError:
-                    pass
                 if isinstance(exc, OSError):
                     if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
                         raise FailedPrecondition(f"{shown} is a directory") from None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from ..errors import FailedPrecondition
@@ -88,7 +88,8 @@ def list_names(dir_fd: int) -> list[bytes]:
         return sorted(os.fsencode(e.name) for e in it)
 
 
-def walk(root_fd: int, limits: Limits, descend: Callable[[Item], bool] | None = None) -> Iterator[Item]:
+def walk(root_fd: int, limits: Limits, descend: Callable[[Item], bool] | None = None
+         ) -> Generator[Item, None, None]:
     """Every entry under `root_fd`, depth first, names sorted, never following a link.
 
     Directories are yielded before their contents; a directory is entered
@@ -140,7 +141,7 @@ def walk(root_fd: int, limits: Limits, descend: Callable[[Item], bool] | None = 
                 os.close(fd)
 
 
-def disk_usage(path: str | os.PathLike, stop_above: int, limits: Limits) -> tuple[int, str]:
+def disk_usage(path: str | os.PathLike[str], stop_above: int, limits: Limits) -> tuple[int, str]:
     """Bytes the tree under `path` takes on disk (st_blocks, a hard-linked
     inode counted once), stopping early past `stop_above`; with "" or the
     reason the walk was refused (too deep, too many entries). A missing

@@ -139,8 +139,9 @@ class Doc:
         return tuple(out)
 
     def env_name(self, obj: Mapping[str, Any], key: str, path: str) -> str | None:
-        return self.text(obj, key, path, None, pattern=ENV_NAME_RE,
+        name: str | None = self.text(obj, key, path, None, pattern=ENV_NAME_RE,
                          what=ENV_NAME_WHAT)
+        return name
 
     def mapping(self, obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:
         v = obj.get(key, _MISSING)

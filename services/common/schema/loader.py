@@ -55,7 +55,7 @@ class Loader:
         self.workflows: dict[str, Workflow] = {}
         self.triggers: dict[str, Trigger] = {}
         self.seen: dict[tuple[str, str], str] = {}
-        self._raw_nodes: dict[str, list] = {}
+        self._raw_nodes: dict[str, list[Any]] = {}
 
     # -- secrets ------------------------------------------------------------
 
@@ -256,7 +256,7 @@ def _find_cycle(nodes: tuple[Node, ...]) -> list[str] | None:
             if w not in graph:
                 continue
             if state.get(w) == 1:
-                return stack[stack.index(w):] + [w]
+                return [*stack[stack.index(w):], w]
             if w not in state:
                 found = visit(w)
                 if found:
@@ -299,7 +299,7 @@ def load_config(directory: str | Path) -> Config:
                 parsed.append((path, i, data))
     # Files named as replay scripts are data, not manifests.
     scripts: set[Path] = set()
-    for path, _, data in parsed:
+    for _path, _, data in parsed:
         if isinstance(data, dict) and data.get("kind") == "Model" and isinstance(data.get("script"), str):
             s = Path(data["script"]).expanduser()
             scripts.add((s if s.is_absolute() else directory / s).resolve())

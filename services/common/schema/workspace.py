@@ -195,7 +195,7 @@ def _egress_private(loader: Loader, doc: Doc, sd: Mapping[str, Any], egress: tup
         except ValueError:
             net = None
         if net is not None:
-            if any(net.version == n.version and net.overlaps(n) for n in _NEVER_NETS):  # type: ignore[arg-type]
+            if any(net.version == n.version and net.overlaps(n) for n in _NEVER_NETS):
                 doc.error(path, f"{show(entry)} overlaps loopback, link-local, multicast or reserved "
                           "addresses; list only the private subnet of the service (e.g. 10.20.0.0/16)")
                 continue

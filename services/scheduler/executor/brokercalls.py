@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from services.common.errors import PeerUnavailable, Unavailable
 
 T = TypeVar("T")
-Emit = Callable[[str, dict], None]
+Emit = Callable[[str, dict[str, Any]], None]
 
 # How long preparation and a builtin step (commit, push, open_pr, merge) wait
 # for a broker that went away. An engine may set `broker_retry_s` (0: fail at once).
