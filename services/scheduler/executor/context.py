@@ -69,6 +69,7 @@ class RunContext:
         self.sandbox = host.sandbox
         self.credentials = host.credentials
         self.outputs: dict[str, str] = {}
+        self.feedback: dict[str, str] = {}   # node -> failure text of the latest on_failure round
         self._ancestors: dict[str, set[str]] | None = None   # on first use: the graph is checked first
         self._ws_ready = False
         self._sb_ready = False
@@ -103,6 +104,10 @@ class RunContext:
         text = templates.render(node.prompt or "", quoting.prompt_fields(t), visible)
         if t.reopened_at_ms:
             text += quoting.followup_section(self.store.followups(t.id, t.reopened_at_ms))
+        feedback = self.feedback.get(node.id)
+        if feedback:   # an on_failure round (TicketRun): a later node's failure, sandbox-made text (R36)
+            text += ("\n\nA later step failed after your previous attempt; fix the cause. Its output:\n"
+                     + quoting.quote(feedback, source="the failing step's output in the sandbox"))
         return text
 
     def _node_ancestors(self, node_id: str) -> set[str]:

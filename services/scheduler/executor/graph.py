@@ -35,10 +35,11 @@ NOT_SUCCEEDED = (N_FAILED, N_SKIPPED, N_CANCELLED)
 class NodeFailed(Exception):
     """A node failed for good (its retries spent): the graph stops."""
 
-    def __init__(self, node_id: str, reason: str) -> None:
+    def __init__(self, node_id: str, reason: str, *, rejected: bool = False) -> None:
         super().__init__(reason)
         self.node_id = node_id
         self.reason = reason
+        self.rejected = rejected   # a person's rejection or a spent budget: never sent back (on_failure)
 
 
 def sorter(nodes: Sequence[Node]) -> graphlib.TopologicalSorter[str]:

@@ -32,7 +32,7 @@ from ..store import (
     TicketRecord,
 )
 from .context import SANDBOX_KINDS, RunContext
-from .graph import NodeFailed, run_graph
+from .graph import NodeFailed, descendants, run_graph
 from .host import Host
 from .nodes import NODE_KINDS
 from .nodes.builtins import Rejected
@@ -42,6 +42,13 @@ log = logging.getLogger(__name__)
 OUTPUT_KEEP = 64 * 1024          # characters of a node's output kept in the store
 WAITING_KINDS = ("builtin:merge", "builtin:approval")   # no timeout: they wait for a person
 NOT_RETRIED = (ResourceExhausted, Rejected)
+
+
+FEEDBACK_KEEP = 8 * 1024         # characters of a failure given back to a node (on_failure)
+
+
+def _keep_feedback(text: str) -> str:
+    return text if len(text) <= FEEDBACK_KEEP else "[cut]...\n" + text[-FEEDBACK_KEEP:]
 
 
 def _keep(text: str) -> str:
@@ -75,20 +82,59 @@ class TicketRun:
                 r.state = N_PENDING
             elif r.state == N_SUCCEEDED:
                 ctx.outputs[r.node_id] = r.output
+            if r.feedback and r.state == N_PENDING:
+                ctx.feedback[r.node_id] = r.feedback
         if self.resumed:
             ctx.emit("ticket.resumed", {})
         states = {nid: r.state for nid, r in records.items()}
 
         async def run(node: Node) -> None:
-            ctx.outputs[node.id] = await self.run_node(node, records[node.id].attempt)
+            ctx.outputs[node.id] = await self.run_node(node, store_attempt(node.id))
+
+        def store_attempt(node_id: str) -> int:
+            return next((r.attempt for r in store.node_runs(tid) if r.node_id == node_id), 0)
 
         def skip(node_id: str, reason: str) -> None:
             store.update_node(tid, node_id, state=N_SKIPPED, error=reason)
 
-        failure = await run_graph(self.workflow.nodes, states, run, skip)
-        if failure is not None:
-            return FAILED, f"node {failure.node_id} failed: {failure.reason}"
-        return SUCCEEDED, ""
+        while True:
+            failure = await run_graph(self.workflow.nodes, states, run, skip)
+            if failure is None:
+                return SUCCEEDED, ""
+            if not self._feedback_round(failure, states):
+                return FAILED, f"node {failure.node_id} failed: {failure.reason}"
+
+    def _feedback_round(self, failure: NodeFailed, states: dict[str, str]) -> bool:
+        """`on_failure: {retry_from: R, max: N}` of the failed node: give its
+        failure to R and put R and every node after it back to pending, at
+        most N rounds (counted in the store, so a restart does not reset
+        them). False when the node has no on_failure or its rounds are spent."""
+        tid, store, ctx = self.ticket.id, self.host.store, self.ctx
+        node = self.workflow.node(failure.node_id)
+        if not node.retry_from or failure.rejected:
+            return False
+        rec = next(r for r in store.node_runs(tid) if r.node_id == node.id)
+        if rec.rounds >= node.retry_max:
+            ctx.emit("node.feedback_spent", {"node": node.id, "to": node.retry_from, "rounds": rec.rounds,
+                                             "max": node.retry_max})
+            return False
+        rounds = rec.rounds + 1
+        text = self.host.redactor.redact(_keep_feedback(rec.error or failure.reason))
+        # R and what follows it, and what the failure stopped (skipped, or cancelled alongside).
+        stopped = {nid for nid, st in states.items() if st in (N_SKIPPED, N_CANCELLED)}
+        again = descendants(self.workflow.nodes, {node.retry_from} | stopped)
+        for n in self.workflow.nodes:
+            if n.id in again:
+                store.update_node(tid, n.id, state=N_PENDING, started_at_ms=0, finished_at_ms=0, output="",
+                                  error="", **({"feedback": text} if n.id == node.retry_from else {}))
+                states[n.id] = N_PENDING
+                ctx.outputs.pop(n.id, None)
+        store.update_node(tid, node.id, rounds=rounds)
+        ctx.feedback[node.retry_from] = text
+        ctx.emit("node.feedback", {"node": node.id, "to": node.retry_from, "round": rounds, "max": node.retry_max,
+                                   "error": text[-4000:], "nodes": [n.id for n in self.workflow.nodes
+                                                                    if n.id in again]})
+        return True
 
     async def run_node(self, node: Node, attempt: int) -> str:
         """Run `node` until it succeeds or its retries are spent (then `NodeFailed`)."""
@@ -143,7 +189,7 @@ class TicketRun:
                     continue
                 store.update_node(tid, node.id, state=N_FAILED, finished_at_ms=now_ms(), error=reason)
                 self.ctx.emit("node.finished", {"node": node.id, "state": N_FAILED, "error": reason})
-                raise NodeFailed(node.id, reason) from None
+                raise NodeFailed(node.id, reason, rejected=isinstance(exc, NOT_RETRIED)) from None
 
     async def _dispatch(self, node: Node) -> str:
         kind = NODE_KINDS.get(node.kind)
