@@ -9,6 +9,7 @@ recorded as `model.usage` events afterwards, whatever the outcome.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from services.common.config import Node
 from services.common.errors import FailedPrecondition
@@ -27,7 +28,7 @@ async def agent_node(ctx: RunContext, node: Node) -> str:
     await ctx.ensure_sandbox()
     agent = ctx.config.agents[node.agent or ""]
 
-    async def emit(type_: str, payload: dict) -> None:
+    async def emit(type_: str, payload: dict[str, Any]) -> None:
         ctx.emit(type_, {"node": node.id, **payload})
 
     before: dict[str, tuple[int, int]] | None = None

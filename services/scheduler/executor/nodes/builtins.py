@@ -9,8 +9,9 @@ SHA a person approved (R16).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
+from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.config import Node
 from services.common.errors import FailedPrecondition
 
@@ -25,7 +26,7 @@ class Rejected(FailedPrecondition):
     """A person rejected the change: not retried."""
 
 
-def nested_repositories_warning(paths) -> str:
+def nested_repositories_warning(paths: Sequence[str]) -> str:
     """One line for people (event, PR description): the workspace held other git
     repositories, committed as plain files. Paths are sandbox-made: each is shown
     as inline code with backticks and line breaks removed, and the list is bounded."""
@@ -50,7 +51,7 @@ def _default_message(ctx: RunContext) -> str:
     return f"{ctx.ticket.title}\n\nafe ticket {ctx.ticket.id}"
 
 
-async def _commit(ctx: RunContext, node: Node):
+async def _commit(ctx: RunContext, node: Node) -> cpb.CommitResponse:
     """Commit the workspace (the sandbox frozen meanwhile) and announce it."""
     await ctx.ensure_workspace()
     frozen = False

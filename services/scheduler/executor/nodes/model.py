@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.config import Model, Node
@@ -45,7 +46,7 @@ async def model_node(ctx: RunContext, node: Node) -> str:
 
 
 async def run_model_node(*, ticket_id: str, node: Node, model: Model, prompt: str, toolbox: Toolbox,
-                         credentials: CredentialBroker, emit: Callable[[str, dict], None],
+                         credentials: CredentialBroker, emit: Callable[[str, dict[str, Any]], None],
                          add_tokens: Callable[[int], int], ticket_budget: int) -> str:
     messages = [cpb.Message(role="system", content=SYSTEM_PROMPT), cpb.Message(role="user", content=prompt)]
     tools = [cpb.ToolSpec(name=t.name, description=t.description, parameters_json_schema=json.dumps(t.schema))

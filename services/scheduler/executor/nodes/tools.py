@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from services.common.errors import AfeError, InvalidArgument
 
@@ -25,10 +26,10 @@ RUN_TIMEOUT_S = 300
 class ToolDef:
     name: str
     description: str
-    schema: dict
+    schema: dict[str, Any]
 
 
-def _obj(props: dict, required: list[str]) -> dict:
+def _obj(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
 
 
@@ -55,7 +56,7 @@ def cap(text: str, limit: int = OUTPUT_CAP) -> str:
     return text[:limit] + f"\n... [{len(text) - limit} characters cut]"
 
 
-def _str(args: dict, key: str, default: str | None = None) -> str:
+def _str(args: dict[str, Any], key: str, default: str | None = None) -> str:
     v = args.get(key, default)
     if not isinstance(v, str):
         raise InvalidArgument(f"argument {key!r} must be a string")
@@ -72,7 +73,7 @@ def valid_text(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _not_utf8(args: dict) -> str | None:
+def _not_utf8(args: dict[str, Any]) -> str | None:
     """The name of the first argument holding a string that is not valid UTF-8
     (a key included), or None. Iterative: the JSON is the model's."""
     stack: list[tuple[str, object]] = [(k, v) for k, v in args.items()]
@@ -128,17 +129,17 @@ class Toolbox:
         except AfeError as exc:
             return valid_text(f"error: {exc.message}"), False
 
-    async def _read_file(self, args: dict) -> str:
+    async def _read_file(self, args: dict[str, Any]) -> str:
         r = await self.sandbox.read_file(self.ticket_id, _str(args, "path"), OUTPUT_CAP)
         text = r.content.decode("utf-8", errors="replace")
         return text + (f"\n... [file is {r.size} bytes; cut]" if r.truncated else "")
 
-    async def _write_file(self, args: dict) -> str:
+    async def _write_file(self, args: dict[str, Any]) -> str:
         size = await self.sandbox.write_file(self.ticket_id, _str(args, "path"),
                                              _str(args, "content").encode("utf-8"))
         return f"wrote {size} bytes to {args['path']}"
 
-    async def _list_dir(self, args: dict) -> str:
+    async def _list_dir(self, args: dict[str, Any]) -> str:
         r = await self.sandbox.list_dir(self.ticket_id, _str(args, "path", "."))
         lines = []
         for e in r.entries:
@@ -147,7 +148,7 @@ class Toolbox:
             lines.append("... [listing cut]")
         return "\n".join(lines) or "(empty)"
 
-    async def _search(self, args: dict) -> str:
+    async def _search(self, args: dict[str, Any]) -> str:
         r = await self.sandbox.search(self.ticket_id, _str(args, "pattern"), _str(args, "path", ""),
                                       bool(args.get("regex", False)))
         lines = [f"{m.path}:{m.line}: {m.text}" for m in r.matches]
@@ -155,7 +156,7 @@ class Toolbox:
             lines.append("... [more matches cut]")
         return cap("\n".join(lines) or "no matches")
 
-    async def _run(self, args: dict) -> str:
+    async def _run(self, args: dict[str, Any]) -> str:
         command = _str(args, "command")
         timeout = args.get("timeout_s", RUN_TIMEOUT_S)
         if not isinstance(timeout, int) or timeout <= 0:
