@@ -31,13 +31,13 @@ import os
 import secrets
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from bench.common import Result, Section
 
@@ -227,7 +227,7 @@ class RssSampler:
             self.samples.append((time.perf_counter(), {k: v for k, v in row.items() if v is not None}))
             self._stop.wait(self.every)
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -246,39 +246,39 @@ async def one_ticket(url: str, token: str, workflow: str, title: str, t0: float)
     import aiohttp
 
     w = Watched()
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
-        async with session.ws_connect(url.replace("http", "ws", 1) + "/rpc", max_msg_size=32 * 1024 * 1024,
-                                      headers={"Authorization": f"Bearer {token}"}) as ws:
-            async def call(rid: int, method: str, params: dict) -> dict:
-                await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
-                while True:
-                    doc = json.loads((await ws.receive()).data)
-                    if doc.get("id") == rid:
-                        if "error" in doc:
-                            raise RuntimeError(f"{method}: {doc['error'].get('message')}")
-                        return doc["result"]
-
-            w.created_s = time.perf_counter() - t0
-            created = await call(1, "tickets.create", {"workflow": workflow, "title": title})
-            w.ticket_id = created["id"]
-            sub = (await call(2, "tickets.watch", {"id": w.ticket_id, "from_seq": 1, "follow": True}))["subscription"]
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session, \
+            session.ws_connect(url.replace("http", "ws", 1) + "/rpc", max_msg_size=32 * 1024 * 1024,
+                               headers={"Authorization": f"Bearer {token}"}) as ws:
+        async def call(rid: int, method: str, params: dict) -> dict:
+            await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
             while True:
-                msg = await ws.receive()
-                if msg.type != aiohttp.WSMsgType.TEXT:
-                    w.error = f"the gateway closed the watch ({msg.type.name})"
-                    break
-                doc = json.loads(msg.data)
-                params = doc.get("params") or {}
-                if params.get("subscription") != sub:
-                    continue
-                if doc.get("method") == "tickets.watch_end":
-                    if params.get("error"):
-                        w.error = str(params["error"].get("message"))
-                    break
-                w.events.append(params["event"])
-                if params["event"]["type"] == "ticket.finished":
-                    w.finished_s = time.perf_counter() - t0
-            w.state = (await call(3, "tickets.get", {"id": w.ticket_id}))["state"]
+                doc = json.loads((await ws.receive()).data)
+                if doc.get("id") == rid:
+                    if "error" in doc:
+                        raise RuntimeError(f"{method}: {doc['error'].get('message')}")
+                    return doc["result"]
+
+        w.created_s = time.perf_counter() - t0
+        created = await call(1, "tickets.create", {"workflow": workflow, "title": title})
+        w.ticket_id = created["id"]
+        sub = (await call(2, "tickets.watch", {"id": w.ticket_id, "from_seq": 1, "follow": True}))["subscription"]
+        while True:
+            msg = await ws.receive()
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                w.error = f"the gateway closed the watch ({msg.type.name})"
+                break
+            doc = json.loads(msg.data)
+            params = doc.get("params") or {}
+            if params.get("subscription") != sub:
+                continue
+            if doc.get("method") == "tickets.watch_end":
+                if params.get("error"):
+                    w.error = str(params["error"].get("message"))
+                break
+            w.events.append(params["event"])
+            if params["event"]["type"] == "ticket.finished":
+                w.finished_s = time.perf_counter() - t0
+        w.state = (await call(3, "tickets.get", {"id": w.ticket_id}))["state"]
     return w
 
 
@@ -363,7 +363,7 @@ async def _load(afe: AfeUp, pids: dict[str, int], out_dir: Path) -> tuple[list[R
     t0 = time.perf_counter()
     with RssSampler(pids) as rss:
         tasks = [asyncio.create_task(one_ticket(url, token, "fan", f"load {i}", t0)) for i in range(TICKETS)]
-        done, pending = await asyncio.wait(tasks, timeout=DEADLINE_S)
+        _done, pending = await asyncio.wait(tasks, timeout=DEADLINE_S)
         wall = time.perf_counter() - t0
         for t in pending:
             t.cancel()
@@ -387,20 +387,20 @@ async def _load(afe: AfeUp, pids: dict[str, int], out_dir: Path) -> tuple[list[R
     events = sum(len(w.events) for w in watched)
     chart = write_chart(watched, rss, t0, out_dir / "load.png", MAX_RUNNING)
 
-    mib = lambda kib: f"{kib / 1024:.0f} MiB"  # noqa: E731
+    mib = lambda kib: f"{kib / 1024:.0f} MiB"
     rows = [
         ("tickets at once / nodes each", f"{TICKETS} / {nodes_per} (a → b1..b{FAN} → z, all `run:`)"),
         ("global capacity (`afe up --max-running`)", f"{MAX_RUNNING} tickets running at once; the rest queue"),
         ("tickets succeeded", f"{len(ok)} of {TICKETS}"),
-        ("nodes/s (all tickets: first create → last finished)", f"{nodes_s:.1f} ({len(ok) * nodes_per} nodes "
-                                                                  f"in {last_finish:.1f} s)"),
-        ("nodes/s of one ticket alone (same afe, before the load)", f"{alone_nodes_s:.1f} "
-                                                                      f"({alone.duration:.2f} s per ticket)"),
+        ("nodes/s (all tickets: first create → last finished)", (f"{nodes_s:.1f} ({len(ok) * nodes_per} nodes "
+                                                                  f"in {last_finish:.1f} s)")),
+        ("nodes/s of one ticket alone (same afe, before the load)", (f"{alone_nodes_s:.1f} "
+                                                                      f"({alone.duration:.2f} s per ticket)")),
         ("ticket duration p50 / p95 (created → finished)", f"{_p(durations, .5):.1f} s / {_p(durations, .95):.1f} s"),
         ("of which queued p50 / p95", f"{_p(queued, .5):.1f} s / {_p(queued, .95):.1f} s"),
         ("running p50 / p95 (state running → finished)", f"{_p(running, .5):.1f} s / {_p(running, .95):.1f} s"),
-        (f"events watched ({TICKETS} watchers over /rpc)", f"{events}; gap-free and duplicate-free: "
-                                                   f"{'yes' if not any('events' in p for p in problems) else 'no'}"),
+        (f"events watched ({TICKETS} watchers over /rpc)", (f"{events}; gap-free and duplicate-free: "
+                                                   f"{'yes' if not any('events' in p for p in problems) else 'no'}")),
     ]
     rows += [(f"peak RSS, {name} (VmHWM; polled VmRSS peak)", f"{mib(hwm.get(name, 0))}; {mib(rss.peak(name))}")
              for name in SERVICES]
@@ -411,7 +411,7 @@ async def _load(afe: AfeUp, pids: dict[str, int], out_dir: Path) -> tuple[list[R
                       notes=(f"max-running {MAX_RUNNING}; p50/p95 ticket {_p(durations, .5):.1f}/"
                              f"{_p(durations, .95):.1f} s; peak RSS scheduler {mib(hwm.get('scheduler', 0))}, "
                              f"sandbox broker {mib(hwm.get('sandbox', 0))}"))]
-    section = Section(title=f"Load: {TICKETS} tickets × {nodes_per} nodes at once (bench_load)",
+    section = Section(title=f"Load: {TICKETS} tickets x {nodes_per} nodes at once (bench_load)",
                       body="\n".join(body), images=(chart.name,), problems=tuple(problems))
     return results, section
 

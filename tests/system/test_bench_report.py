@@ -21,6 +21,16 @@ def run(out_dir):
             Result(issue=5, name="events per second", baseline="raw inserts", measured_s=4000.0,
                    baseline_s=8000.0, target=0.4, higher_is_better=True)]
 '''
+SECTIONS = '''
+from bench.common import Result, Section
+
+def run(out_dir):
+    (out_dir / "load.png").write_bytes(b"png")
+    return [Result(issue=0, name="nodes per second", baseline="one ticket alone", measured_s=30.0,
+                   baseline_s=20.0, target=1.0, higher_is_better=True),
+            Section("Load: 50 tickets", "| measurement | value |\\n|---|---|\\n| tickets succeeded | 49 of 50 |",
+                    images=("load.png",), problems=("ticket t-1: events missing seq [7]",))]
+'''
 FAIL = '''
 def run(out_dir):
     raise RuntimeError("docker engine went away")
@@ -34,6 +44,7 @@ def dummy_modules(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "bench_ok.py").write_text(textwrap.dedent(OK))
     (pkg / "bench_broken.py").write_text(textwrap.dedent(FAIL))
+    (pkg / "bench_sections.py").write_text(textwrap.dedent(SECTIONS))
     monkeypatch.syspath_prepend(str(tmp_path))
     yield ["dummybench.bench_broken", "dummybench.bench_ok"]
     for name in list(sys.modules):
@@ -69,3 +80,17 @@ def test_only_selects_one_module(dummy_modules, tmp_path):
 def test_discover_finds_the_project_benchmarks():
     mods = bench_run.discover()
     assert all(m.startswith("bench.bench_") for m in mods)
+
+
+@pytest.mark.timeout(120)
+def test_section_is_printed_with_its_chart_and_its_problems_fail_the_module(dummy_modules, tmp_path):
+    out = tmp_path / "out"
+    rc = bench_run.main(["--modules", "dummybench.bench_sections", "--out", str(out)])
+    assert rc == 1     # a failed check fails the run ...
+    report = (out / "REPORT.md").read_text()
+    # ... and the figures stay: the table row, the section, its chart, the problem.
+    assert "| 0 | nodes per second | one ticket alone | 30/s | 20/s | 1.5 | ≥ 1 | yes |" in report
+    assert "## Load: 50 tickets" in report and "| tickets succeeded | 49 of 50 |" in report
+    assert "![Load: 50 tickets](load.png)" in report
+    assert "**Checks failed:**" in report and "- ticket t-1: events missing seq [7]" in report
+    assert "| `dummybench.bench_sections` | 1 |" in report and "| failed |" in report
