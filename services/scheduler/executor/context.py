@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.common.config import Agent, Config, Node, Workflow, Workspace
@@ -76,7 +76,7 @@ class RunContext:
         self._relay_cap = ""
         self._prep_lock = asyncio.Lock()
 
-    def emit(self, type_: str, payload: dict) -> None:
+    def emit(self, type_: str, payload: dict[str, Any]) -> None:
         self.host.events.append(self.ticket.id, type_, payload)
 
     def render(self, template: str, node_id: str) -> str:
