@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,7 +287,7 @@ class Engine:
             if on_reopen is not None:
                 on_reopen(t, t.reopened_at_ms)
             return self.view(ticket_id)
-        if t.state not in TERMINAL and t.state != WAITING_APPROVAL or ticket_id in self._reopening:
+        if (t.state not in TERMINAL and t.state != WAITING_APPROVAL) or ticket_id in self._reopening:
             raise FailedPrecondition(f"ticket {ticket_id} is {t.state}; ask again once it waits for approval or "
                                      "has ended")
         pr = self.store.get_pr(ticket_id)
@@ -335,7 +335,7 @@ class Engine:
             if t is not None:
                 self._launch(t, resumed=True)
 
-    async def watch(self, ticket_id: str, from_seq: int, follow: bool) -> AsyncIterator[EventRecord]:
+    async def watch(self, ticket_id: str, from_seq: int, follow: bool) -> AsyncGenerator[EventRecord, None]:
         self.view(ticket_id)
 
         def terminal() -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from operator import itemgetter
 from time import time_ns
 from typing import cast
@@ -235,7 +235,7 @@ class EventLog:
                         q.behind = True
 
     async def watch(self, ticket_id: str, from_seq: int, follow: bool,
-                    is_terminal: Callable[[], bool]) -> AsyncIterator[EventRecord]:
+                    is_terminal: Callable[[], bool]) -> AsyncGenerator[EventRecord, None]:
         """History from `from_seq` (inclusive), then live events if `follow`.
 
         Ends after the final event, or after the history when the ticket is
