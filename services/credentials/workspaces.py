@@ -257,12 +257,18 @@ class WorkspaceGit:
                                  stdin=f"afe: workspace of ticket {ticket_id} when it ended\n".encode(),
                                  what="git commit-tree (keep)")
         sha = res.out.strip()
-        await self.git.run(["update-ref", "--end-of-options", "refs/afe/kept", sha], git_dir=gitdir)
+        # The objects the mirror lacks (everything past the base it lent), copied as a pack: no transport.
+        lent = await self._rev(gitdir, "refs/afe/base")
+        objects = await self.git.run(["rev-list", "--objects", "--end-of-options", sha,
+                                      *([f"^{lent}"] if lent else [])], git_dir=gitdir, what="git rev-list (keep)")
+        pack = await self.git.run(["pack-objects", "-q", "--stdout"], git_dir=gitdir, stdin=objects.stdout,
+                                  what="git pack-objects (keep)")
         mirror = self.mirror_path(ws)
         async with self._lock(str(mirror)):
-            await self.git.run(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--end-of-options",
-                                str(gitdir), f"+refs/afe/kept:{KEPT_REF}{ticket_id}"], git_dir=mirror,
-                               what="git fetch (keep)")
+            await self.git.run(["unpack-objects", "-q"], git_dir=mirror, stdin=pack.stdout,
+                               what="git unpack-objects (keep)")
+            await self.git.run(["update-ref", "--end-of-options", f"{KEPT_REF}{ticket_id}", sha], git_dir=mirror,
+                               what="git update-ref (keep)")
 
     # -- update branch ---------------------------------------------------------
     async def update_branch(self, ws: Workspace, ticket_id: str) -> tuple[str, bool, list[str]]:
