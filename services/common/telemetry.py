@@ -30,12 +30,16 @@ import logging
 import os
 import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .redact import Redactor
 from .secrets import take_secret_env
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Handler, Middleware
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +95,7 @@ def _protocol() -> str:
     return "grpc"
 
 
-def _build_exporter():
+def _build_exporter() -> SpanExporter:
     """The OTLP span exporter; it reads endpoint, headers, TLS, timeout and
     compression from the standard variables itself."""
     if _protocol() == "http/protobuf":
@@ -141,7 +145,7 @@ class RedactingSpanExporter:
         self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
+        return bool(self.inner.force_flush(timeout_millis))
 
 
 def setup_tracing(service_name: str, redactor: Redactor, *, exporter: Any = None) -> Any:
@@ -219,13 +223,13 @@ def force_flush(timeout_millis: int = 5000) -> None:
 UNTRACED_METHODS = ("/afe.sandbox.v1.SandboxBroker/Identify",)
 
 
-def _traced_calls():
+def _traced_calls() -> Callable[[Any], bool]:
     from opentelemetry.instrumentation.grpc import filters
 
     return filters.negate(filters.any_of(*(filters.full_method_name(m) for m in UNTRACED_METHODS)))
 
 
-def grpc_server_interceptors() -> list:
+def grpc_server_interceptors() -> list[Any]:
     if _active is None:
         return []
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
@@ -237,7 +241,7 @@ def is_tracing_interceptor(obj: object) -> bool:
     return type(obj).__name__ == "OpenTelemetryAioServerInterceptor"
 
 
-def grpc_client_interceptors() -> list:
+def grpc_client_interceptors() -> list[Any]:
     if _active is None:
         return []
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
@@ -279,7 +283,7 @@ def span(name: str, *, parent: str | None = None, root: bool = False,
         yield s
 
 
-def aiohttp_middleware():
+def aiohttp_middleware() -> Middleware:
     """aiohttp middleware giving every gateway request a SERVER span.
 
     The span carries the method, the route's template (never the path, query
@@ -289,7 +293,7 @@ def aiohttp_middleware():
     from aiohttp import web
 
     @web.middleware
-    async def tracing(request: web.Request, handler):
+    async def tracing(request: web.Request, handler: Handler) -> web.StreamResponse:
         if _active is None:
             return await handler(request)
         from opentelemetry import context as otel_context
