@@ -1,8 +1,9 @@
 """The coding agents people use, for real, with no model key in any sandbox
 (R9, R32): the preset images with the pinned npm packages of the Claude
 Code and Codex ACP adapters (built by `build_agent_image`, rebuilt only
-when their inputs change) run a ticket of the demo repository through the
-real scheduler and both real brokers:
+when their inputs change) run a ticket of the demo repository through
+`afe up` (the four real processes: gateway, scheduler, sandbox broker,
+credential broker):
 
     fix (Agent preset: claude-code | codex, model: my-claude | my-gpt)
       -> test (python3 -m unittest) -> pr (builtin:open_pr) -> merge (waits)
@@ -10,8 +11,9 @@ real scheduler and both real brokers:
 The Model's baseUrl is a server of the tests' own (tests/agents/
 scripted_models.py) that speaks the provider's real streaming API and
 scripts the tool use: the agent edits calc.py with its edit tool, runs the
-tests with its shell tool, and answers. The real key is only in the
-credential broker's environment. While the agent works, the test looks at
+tests with its shell tool, and answers. The real key is in the environment
+of `afe up`, which passes it to the credential broker only (R33; no service
+keeps it in its environment, R30). While the agent works, the test looks at
 the sandbox from outside (`docker inspect`) and inside (every process's
 /proc/<pid>/environ, cmdline and the writable folders): the real key is
 nowhere, the relay's capability is in the agent's environment (the
@@ -31,8 +33,9 @@ import docker
 import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
 from services.common.demo import make_repo
-from services.common.layout import Layout
+from services.common.grpcutil import open_channel
 from services.common.states import NodeState, TicketState
 from services.sandbox.images import build_agent_image
 from tests.agents.scripted_models import (
@@ -42,7 +45,7 @@ from tests.agents.scripted_models import (
     ScriptedAnthropic,
     ScriptedResponses,
 )
-from tests.support.system import afe_system
+from tests.foundation.launcher_support import base_env, environ_bytes, start_afe, wait_gone
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -129,13 +132,13 @@ def git(bare, *args: str) -> str:
                           text=True).stdout
 
 
-def _inspect_sandbox(instance: str, key: str) -> dict:
-    """Every container of this broker: `docker inspect` as JSON, and what
-    its processes carry (see INSIDE)."""
+def _inspect_sandbox(ticket_id: str, key: str) -> dict:
+    """Every container of the ticket: `docker inspect` as JSON, and what its
+    processes carry (see INSIDE)."""
     client = docker.from_env()
     try:
         found = {}
-        for c in client.containers.list(all=True, filters={"label": f"afe.instance={instance}"}):
+        for c in client.containers.list(all=True, filters={"label": f"afe.ticket={ticket_id}"}):
             inspect = json.dumps(client.api.inspect_container(c.id))
             inside = ""
             if c.status == "running":
@@ -143,6 +146,23 @@ def _inspect_sandbox(instance: str, key: str) -> dict:
                 inside = res.output.decode(errors="replace")
             found[c.name] = {"inspect": inspect, "inside": inside, "labels": c.labels}
         return found
+    finally:
+        client.close()
+
+
+def _containers_of(ticket_id: str) -> list[str]:
+    client = docker.from_env()
+    try:
+        return [c.name for c in client.containers.list(all=True, filters={"label": f"afe.ticket={ticket_id}"})]
+    finally:
+        client.close()
+
+
+def _remove_containers_of(ticket_id: str) -> None:
+    client = docker.from_env()
+    try:
+        for c in client.containers.list(all=True, filters={"label": f"afe.ticket={ticket_id}"}):
+            c.remove(force=True)
     finally:
         client.close()
 
@@ -171,39 +191,70 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
     cfg = short_tmp / "cfg"
     cfg.mkdir()
     bare = make_repo(cfg / "repos" / "calc.git")
-    layout = Layout(short_tmp / "data", short_tmp / "run")
     looked: dict = {}
+    services_env: dict = {}
+    ticket: dict = {}
 
     async with server:
         (cfg / "afe.yaml").write_text(CONFIG % {"model": model_name, "provider": provider, "model_id": model_id,
                                                 "url": server.url + ("/v1" if provider == "openai" else ""),
                                                 "preset": preset})
-        async with afe_system(cfg, layout, broker_secrets={"REAL_AGENT_MODEL_KEY": key}) as sys_:
+        # `afe up`: the four real processes; the key is in the launcher's environment only
+        afe = start_afe(short_tmp, base_env(REAL_AGENT_MODEL_KEY=key))
+        try:
+            await asyncio.to_thread(afe.wait_up)
 
             async def look(step: int) -> None:
                 # the agent has edited the file and waits for the model's next move
                 if step == 1 and not looked:
-                    looked.update(await asyncio.to_thread(_inspect_sandbox, sys_.instance, key))
+                    looked.update(await asyncio.to_thread(_inspect_sandbox, ticket["id"], key))
+                    services_env.update({name: key.encode() in environ_bytes(pid)
+                                         for name, pid in afe.pids().items()})
+                    services_env["launcher"] = key.encode() in environ_bytes(afe.proc.pid)
 
             server.on_step = look
-            t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(
-                workflow="fix", title="Fix add()", body="add() subtracts; make the test pass", principal="tester"))
-            t, state = await wait_settled(sys_.stub, t.id)
-            events = await events_of(sys_.stub, t.id)
-            assert state is TicketState.WAITING_APPROVAL, (t.error, events[-30:], [s.path for s in server.seen])
+            secret = bytes.fromhex((afe.run_dir / "automation.key").read_text().strip())
+            async with open_channel(str(afe.run_dir / "scheduler.sock"), secret) as channel:
+                stub = rpc.SchedulerStub(channel)
+                t = await stub.CreateTicket(pb.CreateTicketRequest(
+                    workflow="fix", title="Fix add()", body="add() subtracts; make the test pass",
+                    principal="tester"))
+                ticket["id"] = t.id
+                t, state = await wait_settled(stub, t.id)
+                events = await events_of(stub, t.id)
+                assert state is TicketState.WAITING_APPROVAL, (t.error, events[-30:],
+                                                               [s.path for s in server.seen])
+                assert "return a - b" in git(bare, "show", "main:calc.py")     # nothing merged before (R16)
+                # a person approves: the PR merges and the ticket's sandbox goes away
+                await stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="tester"))
+                merged, end_state = await wait_settled(stub, t.id)
+                assert end_state is TicketState.SUCCEEDED, merged.error
+            assert await asyncio.to_thread(_containers_of, t.id) == []
+        finally:
+            pids = list(afe.pids().values())
+            code = afe.stop()
+            assert wait_gone(pids, 20) == []
+            if "id" in ticket:      # a ticket left waiting keeps its sandbox after `afe up` stops
+                await asyncio.to_thread(_remove_containers_of, ticket["id"])
+        assert code == 0, afe.text()[-3000:]
 
+    # The key was in `afe up`'s environment (the control) and in none of the four services'
+    # while the agent ran: the credential broker got it at start and scrubbed it (R30, R33);
+    # the model server's record below shows that the broker, the only holder, used it.
+    assert services_env == {"launcher": True, "sandbox": False, "credentials": False, "scheduler": False,
+                            "gateway": False}, services_env
     # The agent did the work: it edited calc.py and ran the tests with its shell tool, then answered.
     assert server.steps[:3] == [0, 1, 2], server.steps
     assert "OK" in server.tool_results[1] and "Ran 2 tests" in server.tool_results[1], server.tool_results
     texts = " ".join(p.get("text", "") for ty, p in events if ty == "agent.message")
     assert FINAL_TEXT in texts, texts[-2000:]
-    # The test node passed, the PR exists on the local forge with the fix, main is untouched.
+    # The test node passed; the PR on the local forge carries the fix; approved, it merged.
     done = {p.get("node"): p for ty, p in events if ty == "node.finished"}
     assert done["test"]["state"] == NodeState.SUCCEEDED and "OK" in done["test"]["output"], done["test"]
     assert t.pr.number and t.pr.head_branch == f"afe/{t.id}"
-    diff = git(bare, "diff", "main", t.pr.head_sha)
+    diff = git(bare, "diff", f"{t.pr.head_sha}~1", t.pr.head_sha)
     assert f"-    return a - b\n+    {FIXED_SOURCE}" in diff, diff
-    assert "return a - b" in git(bare, "show", "main:calc.py")
+    assert FIXED_SOURCE in git(bare, "show", "main:calc.py")       # merged after the approval
 
     # The sandbox, looked at while the agent ran: no real key anywhere.
     assert any(seen["labels"].get("afe.ticket") == t.id and seen["inside"] for seen in looked.values()), \
