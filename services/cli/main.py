@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # verb -> module. A module may register several verbs (e.g. `ticket`, `approve`).
@@ -51,9 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`afe ticket watch ID | head`): stop quietly, as other Unix tools do.
+        # Python would flush stdout again at exit and fail once more: point it at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141   # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

@@ -471,6 +471,11 @@ async def _simple(client: RpcClient, args: argparse.Namespace, method: str, para
 
 
 async def _cancel(client: RpcClient, args: argparse.Namespace) -> int:
+    """A finished ticket cannot be cancelled: exit 3 (refused in its state), as documented."""
+    before = await client.call("tickets.get", {"id": args.id})
+    if before["state"] in TERMINAL:
+        raise CliError(f"ticket {before['id']} already finished ({before['state']}); nothing to cancel",
+                       EXIT_REFUSED)
     return await _simple(client, args, "tickets.cancel", {"id": args.id}, "cancelled")
 
 

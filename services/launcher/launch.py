@@ -96,7 +96,15 @@ def preflight(opts: Options, environ: Mapping[str, str],
     if opts.check_images:
         _ensure_images(progress)
         _check_other_images(config)
+    else:   # --no-images: no builds, but the sandbox broker still needs the engine (named if it is down)
+        _check_engine(environ)
     return config
+
+
+def _check_engine(environ: Mapping[str, str]) -> None:
+    from services.sandbox.images import check_engine
+
+    check_engine(environ)
 
 
 def _check_database(opts: Options, environ: Mapping[str, str]) -> None:

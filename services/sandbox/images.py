@@ -59,11 +59,27 @@ def _run(argv: list[str], what: str, progress: Progress, env: dict[str, str]) ->
         raise FailedPrecondition(f"{what} failed (exit {proc.returncode}); last output:\n" + "\n".join(tail))
 
 
-def check_engine() -> None:
-    r = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"],
-                       capture_output=True, text=True, check=False, env=docker_cli_env())
+def docker_host(environ: Mapping[str, str] | None = None) -> str:
+    """The engine address the docker CLI and docker-py use: DOCKER_HOST, else the default socket."""
+    src = os.environ if environ is None else environ
+    return src.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def check_engine(environ: Mapping[str, str] | None = None) -> None:
+    """Raise Unavailable, naming the address tried, when the Docker engine does not answer."""
+    try:
+        r = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                           text=True, check=False, env=docker_cli_env(environ), timeout=60)
+    except FileNotFoundError:
+        raise Unavailable("the docker command is not installed; install the Docker CLI (docker.io or "
+                          "docker-ce-cli) and retry") from None
+    except subprocess.TimeoutExpired:
+        r = subprocess.CompletedProcess([], 1, "", "no answer in 60 s")
     if r.returncode != 0:
-        raise Unavailable("the Docker engine is not reachable: start it (or set DOCKER_HOST) and retry")
+        why = next((ln.strip() for ln in reversed(r.stderr.splitlines()) if ln.strip()), "")[:300]
+        raise Unavailable(f"the Docker engine at {docker_host(environ)} is not reachable"
+                          + (f" ({why})" if why else "")
+                          + ": start it, or set DOCKER_HOST to its address, and retry")
 
 
 def ensure_images(progress: Progress = print, force: bool = False,

@@ -230,6 +230,10 @@ class PostgresStore(Store):
         sql = f"SELECT {_TICKET_COLS} FROM tickets WHERE state = ANY(%s) ORDER BY rowid"
         return [_ticket(r) for r in self._conn().execute(sql, (list(states),))]
 
+    def count_by_state(self) -> dict[str, int]:
+        rows = self._conn().execute("SELECT state, COUNT(*) FROM tickets GROUP BY state")
+        return {state: int(n) for state, n in rows}
+
     def terminal_not_torn_down(self) -> list[TicketRecord]:
         sql = f"SELECT {_TICKET_COLS} FROM tickets WHERE NOT torn_down AND state = ANY(%s) ORDER BY rowid"
         return [_ticket(r) for r in self._conn().execute(sql, (sorted(TERMINAL),))]

@@ -175,6 +175,9 @@ class SqliteStore(Store):
         sql = f"SELECT {_TICKET_COLS} FROM tickets WHERE state IN ({marks}) ORDER BY rowid"
         return [_ticket(r) for r in self.db.execute(sql, states)]
 
+    def count_by_state(self) -> dict[str, int]:
+        return {state: n for state, n in self.db.execute("SELECT state, COUNT(*) FROM tickets GROUP BY state")}
+
     def terminal_not_torn_down(self) -> list[TicketRecord]:
         sql = f"SELECT {_TICKET_COLS} FROM tickets WHERE torn_down=0 AND state IN (?,?,?) ORDER BY rowid"
         return [_ticket(r) for r in self.db.execute(sql, sorted(TERMINAL))]

@@ -156,6 +156,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def terminal_not_torn_down(self) -> list[TicketRecord]: ...
 
+    def count_by_state(self) -> dict[str, int]:
+        """How many tickets are in each state (the `afe_tickets` gauge)."""
+        counts: dict[str, int] = {}
+        for t in self.list_tickets(limit=1 << 30):
+            counts[t.state] = counts.get(t.state, 0) + 1
+        return counts
+
     # node runs
     @abc.abstractmethod
     def node_runs(self, ticket_id: str) -> list[NodeRunRecord]: ...

@@ -105,7 +105,7 @@ def test_cancel_and_watch_exit_cancelled(live_afe):
     w = afe(live_afe, "ticket", "watch", tid)
     assert w.returncode == cli.EXIT_CANCELLED, w.stdout + w.stderr
     again = afe(live_afe, "ticket", "cancel", tid)
-    assert again.returncode in (cli.EXIT_OK, cli.EXIT_REFUSED)
+    assert again.returncode == cli.EXIT_REFUSED and "already finished (cancelled)" in again.stderr
 
 
 def test_error_exit_codes(live_afe, tmp_path):

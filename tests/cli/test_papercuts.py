@@ -1,0 +1,52 @@
+"""CLI papercuts: a closed pipe ends `afe` quietly; `afe up --no-images`
+with no Docker engine names the address it tried, without a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.common.errors import Unavailable
+from services.sandbox.images import check_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_reader_that_goes_away_ends_afe_quietly():
+    # `afe check --schema | head -1`: more output than the pipe holds, the reader leaves after a line.
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli.main", "check", "--schema"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().strip() == b"{"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_check_engine_names_the_docker_host_it_tried(tmp_path):
+    nowhere = f"unix://{tmp_path}/no-docker.sock"
+    with pytest.raises(Unavailable) as info:
+        check_engine({**os.environ, "DOCKER_HOST": nowhere})
+    assert f"the Docker engine at {nowhere} is not reachable" in info.value.message
+    assert "set DOCKER_HOST" in info.value.message
+
+
+def test_afe_up_no_images_without_docker_says_which_host(tmp_path):
+    nowhere = f"unix://{tmp_path}/no-docker.sock"
+    env = {**os.environ, "DOCKER_HOST": nowhere}
+    r = subprocess.run([sys.executable, "-m", "services.cli.main", "up", "--no-images", "--data",
+                        str(tmp_path / "data")], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode != 0
+    assert f"the Docker engine at {nowhere} is not reachable" in r.stderr + r.stdout
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+@pytest.mark.docker
+def test_check_engine_control_the_default_engine_answers():
+    check_engine()   # the control: with the real engine, no error
