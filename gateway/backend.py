@@ -69,7 +69,7 @@ class SchedulerBackend:
     async def ticket_diff(self, ticket_id: str) -> dict:
         async with rpc_errors():
             d = await self.stub.GetTicketDiff(pb.GetTicketRequest(id=ticket_id), timeout=CALL_TIMEOUT)
-        return {"diff": d.diff, "truncated": d.truncated}
+        return {"diff": d.diff, "truncated": d.truncated, "recorded": d.recorded}
 
     async def cancel_ticket(self, ticket_id: str, principal: str) -> dict:
         async with rpc_errors():
@@ -95,6 +95,18 @@ class SchedulerBackend:
             t = await self.stub.FollowUpTicket(
                 pb.FollowUpTicketRequest(id=ticket_id, principal=principal, instruction=instruction),
                 timeout=CALL_TIMEOUT)
+        return convert.ticket(t)
+
+    async def retry_ticket(self, ticket_id: str, principal: str, from_node: str) -> dict:
+        async with rpc_errors():
+            t = await self.stub.RetryTicket(
+                pb.RetryTicketRequest(id=ticket_id, principal=principal, from_node=from_node), timeout=CALL_TIMEOUT)
+        return convert.ticket(t)
+
+    async def update_ticket_branch(self, ticket_id: str, principal: str) -> dict:
+        async with rpc_errors():
+            t = await self.stub.UpdateTicketBranch(
+                pb.UpdateTicketBranchRequest(id=ticket_id, principal=principal), timeout=CALL_TIMEOUT)
         return convert.ticket(t)
 
     async def watch_ticket(self, ticket_id: str, from_seq: int, follow: bool) -> AsyncIterator[dict]:

@@ -105,6 +105,8 @@ class RpcConnection:
             "tickets.reject": lambda p: self.backend.reject_ticket(p["id"], self.principal.name, p["reason"]),
             "tickets.followup": lambda p: self.backend.followup_ticket(p["id"], self.principal.name,
                                                                        p["instruction"]),
+            "tickets.retry": lambda p: self.backend.retry_ticket(p["id"], self.principal.name, p["from_node"]),
+            "tickets.updateBranch": lambda p: self.backend.update_ticket_branch(p["id"], self.principal.name),
             "tickets.unwatch": self._unwatch,
             "workflows.list": lambda p: self.backend.list_workflows(),
             "workspaces.list": lambda p: self.backend.list_workspaces(),

@@ -1,4 +1,4 @@
-"""`afe ticket create|list|show|watch|cancel|followup`, `afe approve`, `afe reject`.
+"""`afe ticket create|list|show|watch|cancel|followup|retry|update-branch`, `afe approve`, `afe reject`.
 
 The CLI talks JSON-RPC to the gateway's /rpc WebSocket with the bearer token
 (AFE_TOKEN, else the file <data>/ui-token). See docs/CLI.md.
@@ -215,6 +215,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _common(f)
     f.set_defaults(func=_run(_followup))
 
+    rt = _parser(tsub, "retry", help="run a failed or cancelled ticket again on its branch",
+                 description="Run a failed or cancelled ticket again on the same branch and pull request: the "
+                 "nodes that did not succeed (or --from NODE) and every node after them; the nodes before keep "
+                 "their results. A merge asks for a new approval.")
+    rt.add_argument("id")
+    rt.add_argument("--from", dest="from_node", default="", metavar="NODE", help="run again from this node")
+    rt.add_argument("--watch", action="store_true", help="then watch it (exit code as for `watch`)")
+    _common(rt)
+    rt.set_defaults(func=_run(_retry))
+
+    ub = _parser(tsub, "update-branch", help="merge the base into a conflicting ticket's branch",
+                 description="For a ticket whose merge failed on a conflict: merge the base branch into the "
+                 "ticket's branch on the host (conflicting files are named, nothing is pushed then) and ask "
+                 "for a new approval of the new head.")
+    ub.add_argument("id")
+    ub.add_argument("--watch", action="store_true", help="then watch it (exit code as for `watch`)")
+    _common(ub)
+    ub.set_defaults(func=_run(_update_branch))
+
     a = _parser(sub, "approve", help="approve a merge that waits for a person",
                 description="Approve the merge a ticket is waiting on (recorded as principal 'cli').")
     a.add_argument("id")
@@ -380,6 +399,9 @@ async def _show(client: RpcClient, args: argparse.Namespace) -> int:
         print(diff["diff"] or "(no changes)")
         if diff["truncated"]:
             print("(diff truncated)")
+        if diff.get("recorded"):
+            print(f"(the diff stored when the ticket ended; try `afe ticket retry {t['id']}` to run it again)"
+                  if t.get("state") in ("failed", "cancelled") else "(the diff stored when the ticket ended)")
     return EXIT_OK
 
 
@@ -488,6 +510,27 @@ async def _followup(client: RpcClient, args: argparse.Namespace) -> int:
         _emit_json(t)
     else:
         print(f"follow-up for {t['id']}: now {t['state']}")
+    if args.watch:
+        args.until_waiting, args.verbose = True, False
+        return await _follow(client, t["id"], args)
+    return EXIT_OK
+
+
+async def _retry(client: RpcClient, args: argparse.Namespace) -> int:
+    t = await client.call("tickets.retry", {"id": args.id, "from_node": args.from_node})
+    return await _reopened(client, args, t, "retried")
+
+
+async def _update_branch(client: RpcClient, args: argparse.Namespace) -> int:
+    t = await client.call("tickets.updateBranch", {"id": args.id})
+    return await _reopened(client, args, t, "branch updated")
+
+
+async def _reopened(client: RpcClient, args: argparse.Namespace, t: dict, what: str) -> int:
+    if args.json:
+        _emit_json(t)
+    else:
+        print(f"{t['id']} {what}: now {t['state']}")
     if args.watch:
         args.until_waiting, args.verbose = True, False
         return await _follow(client, t["id"], args)

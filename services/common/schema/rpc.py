@@ -80,6 +80,10 @@ class FollowUpParams(TicketParams):
     instruction: str = Field(min_length=1, max_length=64 * 1024)
 
 
+class RetryParams(TicketParams):
+    from_node: str = Field("", max_length=100)
+
+
 class WatchParams(TicketParams):
     from_seq: int = Field(0, ge=0, le=2 ** 62)
     follow: bool = True
@@ -98,6 +102,8 @@ METHODS: dict[str, type[_Params]] = {
     "tickets.approve": ApproveParams,
     "tickets.reject": RejectParams,
     "tickets.followup": FollowUpParams,
+    "tickets.retry": RetryParams,
+    "tickets.updateBranch": TicketParams,
     "tickets.watch": WatchParams,
     "tickets.unwatch": UnwatchParams,
     "workflows.list": NoParams,
