@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 PATH = "/hooks/github"
 MAX_BODY = 1024 * 1024              # GitHub caps payloads at 25 MB; issue events are a few KiB
-SUBSCRIBED = ("issues", "issue_comment")
+SUBSCRIBED = ("issues", "issue_comment", "pull_request_review", "pull_request_review_comment")
 DELIVERY_ID = re.compile(r"^[A-Za-z0-9-]{1,100}$")
 SIGNATURE = re.compile(r"^sha256=([0-9a-f]{64})$")
 STATUS = {"accepted": 202, "ignored": 202, "refused": 202, "duplicate": 409}
@@ -111,8 +111,9 @@ class GitHubWebhook:
             return self._answer(200, "accepted", "ping", "pong")
         if event not in SUBSCRIBED:
             log.info("github delivery %s refused: event type %s is not subscribed", delivery, _safe_id(event))
-            return self._answer(400, "refused", "unsubscribed_event", "afe acts on the issues and issue_comment "
-                                "events only; unselect the others in the webhook's settings on GitHub")
+            return self._answer(400, "refused", "unsubscribed_event", "afe acts on the issues, issue_comment, "
+                                "pull_request_review and pull_request_review_comment events only; unselect the "
+                                "others in the webhook's settings on GitHub")
         try:
             result = await self.backend.deliver_github(delivery, event, body)
         except Unavailable:
@@ -142,5 +143,8 @@ _MESSAGES = {
     "invalid_ticket": "the Trigger could not create a ticket; see the scheduler's log",
     "unsubscribed_event": "event type not subscribed", "bad_payload": "the payload is not a GitHub event",
     "bad_delivery_id": "X-GitHub-Delivery is malformed",
+    "followup": "a follow-up of the pull request's ticket started",
+    "not_afe_pull_request": "afe did not open this pull request (or it is not a review asking for changes)",
+    "busy": "the pull request's ticket is running or merged; nothing was started",
 }
 _REASONS = set(_MESSAGES)

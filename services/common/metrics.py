@@ -366,6 +366,7 @@ GITHUB_REASONS = (
     "ok", "ping", "no_signature", "bad_signature", "too_large", "unsubscribed_event", "bad_delivery_id",
     "bad_content_type", "bad_payload", "rate_limited", "scheduler_unavailable", "duplicate", "no_trigger",
     "bot", "pull_request", "no_write_access", "permission_unknown", "invalid_ticket",
+    "followup", "not_afe_pull_request", "busy",
 )
 
 

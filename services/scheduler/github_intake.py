@@ -36,12 +36,13 @@ from services.common.errors import AfeError
 from services.common.metrics import github_deliveries
 
 from .brokers import CredentialsClient
+from .followups import follow_up
 from .store import Store
 from .tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_TITLE_CHARS
 
 log = logging.getLogger(__name__)
 
-SUBSCRIBED = ("issues", "issue_comment")
+SUBSCRIBED = ("issues", "issue_comment", "pull_request_review", "pull_request_review_comment")
 DELIVERY_ID = re.compile(r"^[A-Za-z0-9-]{1,100}$")
 MAX_PAYLOAD = 1024 * 1024
 REFUSAL_COMMENT = ("Thanks for the request. Only people with write access to this repository can start work "
@@ -160,6 +161,9 @@ class GitHubIntake:
 
     async def _handle(self, event: str, data: dict, delivery: str) -> Outcome:
         action = _text(data.get("action"))
+        if event.startswith("pull_request_review") or (
+                event == "issue_comment" and isinstance(data.get("issue"), dict) and data["issue"].get("pull_request")):
+            return await self._iterate(event, action, data, delivery)
         matches = self._matches(event, data)
         if not matches:
             return Outcome("ignored", "no_trigger")
@@ -191,6 +195,75 @@ class GitHubIntake:
         if not created:
             return Outcome("refused", "invalid_ticket")
         return Outcome("accepted", "ok", created)
+
+    # -- iteration on afe's pull requests (docs/GITHUB.md, "Iteration") ----------
+
+    def _iteration_request(self, event: str, action: str, data: dict) -> tuple[dict, str, str, str, int] | None:
+        """(the acting user, text, source, path, line) when the event asks afe's PR for changes."""
+        if event == "pull_request_review":
+            review = data.get("review") or {}
+            if action != "submitted" or _text(review.get("state")).lower() != "changes_requested":
+                return None
+            text = _text(review.get("body")).strip() or "The reviewer requested changes; see the review comments."
+            return review.get("user") or {}, text, "github:review", "", 0
+        comment = data.get("comment") or {}
+        if action != "created" or not isinstance(comment, dict):
+            return None
+        body = _text(comment.get("body"))
+        if event == "pull_request_review_comment":
+            line = comment.get("line") or comment.get("original_line") or 0
+            return (comment.get("user") or {}, body, "github:review_comment", _text(comment.get("path")),
+                    line if isinstance(line, int) else 0)
+        words = body.lstrip().split(maxsplit=1)
+        commands = {t.command for t in self.config.triggers.values() if t.command} or {"/afe"}
+        if not words or words[0] not in commands:
+            return None
+        return comment.get("user") or {}, words[1] if len(words) > 1 else "", "github:comment", "", 0
+
+    async def _iterate(self, event: str, action: str, data: dict, delivery: str) -> Outcome:
+        """A review asking for changes, a review comment or a `/afe ...` comment on a
+        pull request afe opened: a follow-up of its ticket (followups.py), from a
+        person with write access only (R36); its text reaches the model quoted."""
+        repo = _text((data.get("repository") or {}).get("full_name")).lower()
+        pr = data.get("pull_request") or data.get("issue") or {}
+        number = pr.get("number") if isinstance(pr, dict) else None
+        spaces = {t.workspace for t in self.config.triggers.values()}
+        workspaces = [ws for ws in self.config.workspaces.values() if ws.name in spaces
+                      and ws.forge.type == "github" and repo and ws.forge.repo.lower() == repo]
+        if not workspaces:
+            return Outcome("ignored", "no_trigger")
+        if not isinstance(number, int):
+            return Outcome("refused", "bad_payload")
+        request = self._iteration_request(event, action, data)
+        found = [(ws, self.store.ticket_for_pr(ws.name, str(number))) for ws in workspaces]
+        found = [(ws, tid) for ws, tid in found if tid]
+        if request is None or not found:
+            return Outcome("ignored", "not_afe_pull_request")
+        user, text, source, path, line = request
+        login = _text(user.get("login"))
+        if not login or user.get("type") == "Bot" or login.endswith("[bot]"):
+            return Outcome("ignored", "bot")
+        ws, tid = found[0]
+        try:
+            perm = await self.credentials.repo_permission(ws.name, login)
+        except AfeError as exc:
+            log.warning("github %s.%s (delivery %s): write access of the sender could not be checked, so "
+                        "nothing was started: %s", event, action, delivery, exc)
+            return Outcome("refused", "permission_unknown")
+        if not perm.can_write:
+            log.info("github %s.%s (delivery %s): the reviewer has no write access (%s); no follow-up",
+                     event, action, delivery, perm.permission or "none")
+            return Outcome("refused", "no_write_access")
+        url = _text((data.get("comment") or data.get("review") or {}).get("html_url"))
+        try:
+            await follow_up(self.engine, tid, text, principal=f"github:{login}", author=login, source=source,
+                            path=path, line=line, url=url)
+        except AfeError as exc:
+            log.info("github %s.%s (delivery %s): no follow-up of ticket %s: %s", event, action, delivery, tid,
+                     exc.message)
+            return Outcome("ignored", "busy")
+        log.info("github %s.%s (delivery %s): follow-up of ticket %s by %s", event, action, delivery, tid, login)
+        return Outcome("accepted", "followup", [tid])
 
     async def _refusal_comment(self, ws: Workspace, number: int, login: str) -> None:
         """At most one polite comment per issue and person, ever (the key is stored first)."""

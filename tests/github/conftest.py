@@ -89,6 +89,18 @@ nodes:
   - id: anything
     run: "echo other"
 ---
+kind: Model
+name: scripted
+provider: replay
+script: none.yaml
+---
+kind: Workflow
+name: iterate
+workspace: hello
+nodes:
+  - {{id: think, model: scripted, prompt: "Fix it", tools: []}}
+  - {{id: gate, uses: builtin:approval, needs: [think]}}
+---
 kind: Trigger
 name: github-fix
 workspace: hello
@@ -143,6 +155,7 @@ class Stack:
 
 def write_config(folder: Path, repo: str, base: str, *, label: str, assignee: str, poll: bool = False) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "none.yaml").write_text("[]\n")       # the replay script of Model scripted (iteration tests)
     (folder / "afe.yaml").write_text(CONFIG.format(repo=repo, base=base, label=label, assignee=assignee,
                                                    poll="true" if poll else "false"))
     return folder
