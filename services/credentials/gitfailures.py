@@ -122,7 +122,7 @@ def _detail(stderr: str) -> str:
 def _fsck_line(stderr: str) -> str:
     """fsck's own complaint ("object <sha>: missingEmail: ..."), when git printed one."""
     for ln in stderr.splitlines():
-        if ln.startswith("error: object ") or "fsck" in ln.lower() and "object" in ln.lower():
+        if ln.startswith("error: object ") or ("fsck" in ln.lower() and "object" in ln.lower()):
             return _cut(ln.split(":", 1)[1].strip())
     return ""
 

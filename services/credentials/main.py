@@ -43,7 +43,7 @@ async def amain(argv: list[str] | None = None) -> int:
     if missing:
         log.warning("not set (workspaces/models using them will fail): %s", ", ".join(missing))
     ca = os.environ.get("AFE_CA_FILE")
-    if ca and not os.path.isfile(ca):
+    if ca and not os.path.isfile(ca):  # noqa: ASYNC240 - once at start, before serving
         log.warning("AFE_CA_FILE=%s is not a readable file; HTTPS to a server of a private CA will fail", ca)
     ctx.layout.ensure()
     app = build_app(config, ctx.layout, ctx.links, secrets, ctx.redactor, ca_file=Path(ca) if ca else None,

@@ -205,7 +205,7 @@ def _walk(root_fd: int, out: Scan, limits: safefs.Limits) -> None:
     for parent, marks in seen.items():
         if parent == b"" and marks == {b".git"}:
             continue  # the workspace's own scratch repository (never content)
-        if b".git" in marks or _BARE_SHAPE <= marks:
+        if b".git" in marks or marks >= _BARE_SHAPE:
             out.repos.append(parent.rstrip(b"/"))
     out.repos.sort()
 

@@ -135,10 +135,8 @@ class Child:
 
     def signal(self, sig: int) -> None:
         if self.proc and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
 
 
 class Supervisor:

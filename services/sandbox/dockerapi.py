@@ -8,6 +8,7 @@ socket engine (`DOCKER_HOST=unix://...` or the default) is supported here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import struct
@@ -177,10 +178,8 @@ class ExecStream:
 
     def close_stdin(self) -> None:
         if not self.writer.is_closing() and self.writer.can_write_eof():
-            try:
+            with contextlib.suppress(OSError):
                 self.writer.write_eof()
-            except OSError:
-                pass
 
     def close(self) -> None:
         self.writer.close()

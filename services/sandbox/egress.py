@@ -84,10 +84,7 @@ NEVER_RANGES = (
 def _covered(name: str, egress: list[str]) -> bool:
     """Is host name `name` (exact or .suffix) allowed by the egress list?"""
     bare = name.lstrip(".")
-    for e in egress:
-        if e == name or (e.startswith(".") and (bare == e[1:] or bare.endswith(e))):
-            return True
-    return False
+    return any(e == name or (e.startswith(".") and (bare == e[1:] or bare.endswith(e))) for e in egress)
 
 
 def check_private(entries: list[str] | tuple[str, ...], egress: list[str] | tuple[str, ...]

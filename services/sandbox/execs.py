@@ -287,10 +287,8 @@ class Process:
     async def write(self, data: bytes) -> None:
         if self._stdin_closed:
             raise InvalidArgument("stdin is already closed")
-        try:
+        with contextlib.suppress(ConnectionError, OSError, SupervisorDown):
             await self.stream.write(data)
-        except (ConnectionError, OSError, SupervisorDown):
-            pass
 
     def close_stdin(self) -> None:
         self._stdin_closed = True

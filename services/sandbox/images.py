@@ -52,7 +52,7 @@ def _run(argv: list[str], what: str, progress: Progress, env: dict[str, str]) ->
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip()
-        tail = (tail + [line])[-30:]
+        tail = [*tail, line][-30:]
         if line.startswith(("Step ", "#", "built ", "debootstrap", "base image")):
             progress("  " + line)
     if proc.wait() != 0:

@@ -124,10 +124,8 @@ class Supervisor:
             cmd.eof = True
             self.feed(cmd)
         elif kind == "K":
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(cmd.pid, signal.SIGKILL)
-            except OSError:
-                pass
         elif kind == "C":
             cmd.credit += CODE.unpack(payload)[0]
             for fd in list(cmd.paused):
@@ -234,10 +232,8 @@ class Supervisor:
 
     def shutdown(self):
         for cmd in self.cmds.values():
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(cmd.pid, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def main():
@@ -247,10 +243,8 @@ def main():
         # ptrace this one nor open its /proc/PID/fd (its stream to the broker).
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)      # PR_SET_DUMPABLE, 0
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    try:
+    with contextlib.suppress(BrokenPipeError, KeyboardInterrupt):
         Supervisor().run()
-    except (BrokenPipeError, KeyboardInterrupt):
-        pass
     sys.exit(0)
 
 

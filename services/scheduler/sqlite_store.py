@@ -7,6 +7,7 @@ transaction across a process kill (only an OS crash may lose the tail).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -63,10 +64,8 @@ class SqliteStore(Store):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        try:
+        with contextlib.suppress(OSError):
             os.chmod(self.path, 0o600)
-        except OSError:
-            pass
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=5000")

@@ -14,7 +14,7 @@ from typing import Any
 from services.common.metrics import SchedulerMetrics
 
 from ..events import EventLog, now_ms
-from ..store import QUEUED, RUNNING, TERMINAL, WAITING_APPROVAL, NodeRunRecord, Store, TicketRecord
+from ..store import QUEUED, TERMINAL, NodeRunRecord, Store, TicketRecord
 
 Event = tuple[str, dict[str, Any]]
 
