@@ -137,6 +137,10 @@ function eventLine(e) {
     case "approval.requested": return { cls: "sys", text: `${node}waiting for a person to approve ${String(p.sha || "").slice(0, 12)}` };
     case "approval.granted": return { cls: "sys", text: `approved by ${p.principal}` };
     case "approval.rejected": return { cls: "sys", text: `rejected by ${p.principal}${p.reason ? ": " + p.reason : ""}` };
+    case "ticket.reopened": return { cls: "sys", text: `ticket re-opened (${p.reason}) by ${p.principal}${p.nodes && p.nodes.length ? ": runs " + p.nodes.join(", ") + " again" : ""}` };
+    case "node.feedback": return { cls: "sys", text: `${node}failed; round ${p.round} of ${p.max}: its output goes back to ${p.to}` };
+    case "node.feedback_spent": return { cls: "sys", text: `${node}failed after ${p.rounds} rounds back to ${p.to}` };
+    case "branch.conflict": return { cls: "sys", text: `updating the branch conflicts in: ${(p.paths || []).join(", ")}` };
     case "merge.done": return { cls: "sys", text: `${node}merged ${String(p.merge_sha || p.sha || "").slice(0, 12)}` };
     default: {
       const rest = Object.keys(p).length ? " " + JSON.stringify(p) : "";
@@ -230,6 +234,16 @@ async function showTicket(id) {
     if (!TERMINAL.has(ticket.state)) {
       actions.append(h("button", { id: "cancel", type: "button", class: "quiet", onclick: () => act("tickets.cancel", { id }) }, "Cancel ticket"));
     }
+    if (ticket.state === "failed" || ticket.state === "cancelled") {
+      // Recovery: run it again on its branch (Engine.retry), or merge the base into a conflicting branch.
+      const from = h("select", { id: "retry-from", title: "run again from" },
+        h("option", { value: "" }, "the nodes that did not succeed"),
+        ...(ticket.nodes || []).map((n) => h("option", { value: n.id }, `from ${n.id}`)));
+      actions.append(h("button", { id: "retry", type: "button", class: "good", onclick: () => reopen("tickets.retry", { id, from_node: from.value }) }, "Retry"), from);
+      if (ticket.pr && ticket.pr.state !== "merged") {
+        actions.append(h("button", { id: "update-branch", type: "button", class: "quiet", onclick: () => reopen("tickets.updateBranch", { id }) }, "Update branch"));
+      }
+    }
     if (ticket.approval) {
       actions.append(h("span", { class: "muted", id: "approval" },
         ` ${ticket.approval.granted ? "approved" : "rejected"} by ${ticket.approval.principal}${ticket.approval.reason ? ": " + ticket.approval.reason : ""}`));
@@ -237,7 +251,7 @@ async function showTicket(id) {
     const diffKey = `${ticket.state}:${ticket.awaiting_sha}:${ticket.last_seq}`;
     if ((ticket.state === WAITING_APPROVAL || TERMINAL.has(ticket.state) || ticket.pr) && diffKey !== diffFor) {
       diffFor = diffKey;
-      rpc.call("tickets.diff", { id }).then((d) => renderDiff(diff, d.diff || "(no changes)")).catch(() => {});
+      rpc.call("tickets.diff", { id }).then((d) => renderDiff(diff, (d.diff || "(no changes)") + (d.recorded ? "\n(stored when the ticket ended)" : ""))).catch(() => {});
     }
   };
   const refresh = async () => {
@@ -246,6 +260,10 @@ async function showTicket(id) {
   const scheduleRefresh = () => {
     if (refreshTimer) return;
     refreshTimer = setTimeout(() => { refreshTimer = null; if (!stopped) refresh(); }, 150);
+  };
+  const reopen = async (method, params) => {
+    // A re-opened ticket has new events after its end: watch it again from the start.
+    try { await rpc.call(method, params); cleanup(); cleanup = () => {}; await showTicket(id); } catch (e) { flash(errorText(e)); }
   };
   const act = async (method, params) => {
     try { ticket = await rpc.call(method, params); render(); } catch (e) { flash(errorText(e)); }
