@@ -246,6 +246,14 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
     # The agent did the work: it edited calc.py and ran the tests with its shell tool, then answered.
     assert server.steps[:3] == [0, 1, 2], server.steps
     assert "OK" in server.tool_results[1] and "Ran 2 tests" in server.tool_results[1], server.tool_results
+    kinds = [p.get("kind") for ty, p in events if ty == "agent.tool_call"]
+    assert "edit" in kinds and "execute" in kinds, kinds
+    if preset == "claude-code":
+        # its edit and shell tools are afe's: an ACP fs write and an ACP terminal in the sandbox
+        fs = [(p["op"], p["path"], p["ok"]) for ty, p in events if ty == "agent.fs"]
+        assert ("write", "/workspace/calc.py", True) in fs, fs
+        exits = [p["exit_code"] for ty, p in events if ty == "agent.terminal" and p["op"] == "exit"]
+        assert exits == [0], exits
     texts = " ".join(p.get("text", "") for ty, p in events if ty == "agent.message")
     assert FINAL_TEXT in texts, texts[-2000:]
     # The test node passed; the PR on the local forge carries the fix; approved, it merged.
