@@ -24,7 +24,7 @@ def release_leaked_disk_caps(tmp_path_factory):
     Nothing whose image lives elsewhere is touched."""
     base = tmp_path_factory.getbasetemp()
     yield
-    roots = temp_roots() + [base]
+    roots = [*temp_roots(), base]
     left = release_disk_caps(roots)
     for root in temp_roots():       # folders whose removal failed on a mount: gone now
         if root.exists():

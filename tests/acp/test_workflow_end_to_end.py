@@ -174,8 +174,8 @@ async def test_ticket_cancel_reaches_the_agent_as_session_cancel(short_tmp, acp_
     async with afe_system(cfg, layout) as sys_:
         t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="agent-hang", title="x",
                                                                 principal="tester"))
-        while ("agent.message", {"node": "code", "text": "thinking forever"}) not in await events_of(
-                sys_.stub, t.id):
+        working = ("agent.message", {"node": "code", "text": "thinking forever"})
+        while working not in await events_of(sys_.stub, t.id):  # noqa: ASYNC110 - another process's events
             await asyncio.sleep(0.1)
         assert containers_of(t.id), "control: the sandbox runs while the agent works"
         await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="tester"))

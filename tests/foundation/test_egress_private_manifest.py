@@ -4,6 +4,7 @@ multicast; each error names the field and what to change."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -70,5 +71,6 @@ def test_r11_private_without_egress_is_refused(tmp_path):
     cfg.mkdir()
     (cfg / "afe.yaml").write_text(DOC.replace("  egress: [pypi.org, mirror.internal, .corp.example]\n", "")
                                   % "[10.20.0.0/16]")
-    with pytest.raises(ConfigError, match="sandbox.egressPrivate: has no effect without sandbox.egress"):
+    with pytest.raises(ConfigError,
+                       match=re.escape("sandbox.egressPrivate: has no effect without sandbox.egress")):
         load_config(cfg)

@@ -12,8 +12,10 @@ with a certificate error and the proxy sees nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
+import re
 import secrets
 import shutil
 import socket
@@ -135,10 +137,8 @@ class ConnectProxy:
         except OSError:
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
 
     def close(self) -> None:
         self.closed = True
@@ -290,7 +290,7 @@ def test_afe_up_refuses_an_ca_file_that_does_not_exist(short_tmp):
     cfg = short_tmp / "cfg"
     demo.materialize(cfg)
     opts = Options(config_dir=cfg, layout=Layout(short_tmp / "d", short_tmp / "r"), check_images=False)
-    with pytest.raises(ConfigError, match="AFE_CA_FILE=/nonexistent/ca.pem is not a file"):
+    with pytest.raises(ConfigError, match=re.escape("AFE_CA_FILE=/nonexistent/ca.pem is not a file")):
         preflight(opts, {"PATH": "/usr/bin", "AFE_CA_FILE": "/nonexistent/ca.pem"}, progress=lambda m: None)
     preflight(opts, {"PATH": "/usr/bin"}, progress=lambda m: None)      # control: unset is fine
 

@@ -36,15 +36,15 @@ def test_proto_values_are_the_members_with_the_standard_prefix_and_the_old_numbe
 def test_every_place_uses_the_words_of_the_one_vocabulary():
     words = [s.value for s in TicketState]
     # the store keeps plain text, the same words as before (no migration)
-    assert [store.QUEUED, store.RUNNING, store.WAITING_APPROVAL, store.SUCCEEDED, store.FAILED,
-            store.CANCELLED] == words
+    assert words == [store.QUEUED, store.RUNNING, store.WAITING_APPROVAL, store.SUCCEEDED, store.FAILED,
+                     store.CANCELLED]
     assert all(type(w) is str for w in (store.QUEUED, *store.TERMINAL, *store.LIVE, store.N_WAITING))
-    assert store.TERMINAL == {s.value for s in TERMINAL}
+    assert {s.value for s in TERMINAL} == store.TERMINAL
     # the gateway's JSON-RPC results
     assert list(convert.TICKET_STATES.values()) == words
-    assert convert.NODE_STATES == {s.proto: s.value for s in NodeState}
+    assert {s.proto: s.value for s in NodeState} == convert.NODE_STATES
     # the CLI and the metrics
-    assert cli.STATES == words and set(cli.TERMINAL) == {s.value for s in TERMINAL}
+    assert words == cli.STATES and set(cli.TERMINAL) == {s.value for s in TERMINAL}
     assert list(metrics.TICKET_STATES) == words
     # the UI imports its lists from /states.js, which the gateway makes from the enum
     app_js = (ROOT / "gateway" / "static" / "app.js").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,5 @@ def test_missing_images_are_built_with_progress():
         assert client.images.get(proxy).attrs["Config"]["User"] == "proxy"
     finally:
         for image in (sandbox, proxy):
-            try:
+            with contextlib.suppress(docker.errors.ImageNotFound):
                 client.images.remove(image, noprune=False)
-            except docker.errors.ImageNotFound:
-                pass

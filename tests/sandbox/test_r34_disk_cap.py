@@ -13,6 +13,7 @@ says why; with a cap above the write the same writer finishes.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import docker
@@ -206,9 +207,9 @@ async def test_r34_watchdog_stops_a_sandbox_that_writes_past_its_cap(tmp_path):
         assert "disk cap of 16m (sandbox.limits.disk)" in text, text
         used, _ = diskcap.usage(layout.workspace("wd-capped"), 1 << 40)
         assert used < 96 * MIB
-        with pytest.raises(FailedPrecondition, match="sandbox.limits.disk"):
+        with pytest.raises(FailedPrecondition, match=re.escape("sandbox.limits.disk")):
             [ev async for ev in runner.run_exec("wd-capped", ["true"])]
-        with pytest.raises(FailedPrecondition, match="sandbox.limits.disk"):
+        with pytest.raises(FailedPrecondition, match=re.escape("sandbox.limits.disk")):
             await mgr.create(SandboxSettings(ticket_id="wd-capped", disk_bytes=16 * MIB))
         # Positive control: the same writer under a cap above what it writes finishes.
         code, text = await _fill(runner, "wd-free")
@@ -223,7 +224,7 @@ def test_r34_disk_bounds_of_the_contract():
     assert diskcap.resolve_disk(0) == 10 * 1024 ** 3
     assert diskcap.resolve_disk(64 * MIB) == 64 * MIB
     for bad in (-1, 1, 15 * MIB, 17 * 1024 ** 4):
-        with pytest.raises(Exception, match="sandbox.limits.disk"):
+        with pytest.raises(Exception, match=re.escape("sandbox.limits.disk")):
             diskcap.resolve_disk(bad)
     assert diskcap.format_size(64 * MIB) == "64m" and diskcap.format_size(10 * 1024 ** 3) == "10g"
 

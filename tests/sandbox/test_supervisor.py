@@ -175,7 +175,7 @@ async def _garbage_link(container: str, source: str, *, lag: bool = False) -> tu
     api = DockerAPI()
     link = await supervisor.Link.start(api, container, source)
     cmd = await link.open(["true"], "/workspace", [], False)
-    while lag and link.alive:            # a reader that lags: the credit is all it may send
+    while lag and link.alive:  # noqa: ASYNC110 - a reader that lags: the credit is all it may send
         await asyncio.sleep(0.05)
     out = b""
     while (f := await cmd.frame()) is not None:

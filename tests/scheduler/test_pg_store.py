@@ -7,6 +7,7 @@ password, R29) or is at a newer schema. A throwaway server per session
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -179,7 +180,7 @@ def test_newer_schema_stops_afe_check_and_afe_up_before_any_process_starts(pg_ur
     layout = Layout(tmp_path / "up" / "data", tmp_path / "up" / "run")
     opts = Options(config_dir=cfg, layout=layout, check_images=False)
     env = {"PATH": "/usr/bin:/bin", "AFE_DATABASE_URL": pg_url}
-    with pytest.raises(FailedPrecondition, match="afe 9.8.7 or later"):
+    with pytest.raises(FailedPrecondition, match=re.escape("afe 9.8.7 or later")):
         preflight(opts, env, progress=lambda m: None)
     down = dict(env, AFE_DATABASE_URL=pg_url.rsplit("@", 1)[0] + f"@127.0.0.1:{_free_port()}/x")
     with pytest.raises(Unavailable, match="cannot reach") as exc:

@@ -77,7 +77,7 @@ async def test_remote_errors_name_the_real_cause_and_fail_fast(short_tmp):
         layout = Layout(short_tmp / "data", short_tmp / "run")
         env = r.broker_env(WRONG_TOKEN="not-the-token-" + r.token[::-1])
         async with system_with_credential_process(cfg, layout, env) as (sys_, _broker):
-            for name, (repo, token_env, inject, want, texts, max_requests) in CASES.items():
+            for name, (repo, _token_env, inject, want, texts, max_requests) in CASES.items():
                 r.git.failures.clear()
                 if inject:
                     r.git.fail_next(*inject)

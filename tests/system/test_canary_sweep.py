@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
@@ -245,10 +246,8 @@ def snapshot_procs(sweep: Sweep) -> None:
         if cmd and cmd not in sweep.cmdlines:
             sweep.cmdlines[cmd] = d.encode()
         if b"/opt/acp/agents/" in cmd:
-            try:
+            with contextlib.suppress(OSError):
                 sweep.agent_environs[d] = Path(f"/proc/{d}/environ").read_bytes()
-            except OSError:
-                pass
 
 
 def snapshot_containers(sweep: Sweep, client: docker.DockerClient) -> None:
