@@ -16,14 +16,21 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .errors import InvalidArgument
 from .states import TicketState
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Handler, Middleware
+
+T = TypeVar("T")
+# (positional args, keyword args, outcome) of a wrapped call -> its labelled child metric
+LabelsOf = Callable[[tuple[Any, ...], dict[str, Any], str], Any]
 
 TICKET_STATES = tuple(s.value for s in TicketState)
 NODE_KINDS = ("model", "agent", "run", "builtin")
@@ -144,16 +151,16 @@ class GrpcServerMetrics:
     dropped: Bounded              # counter {method}: server streams dropped because the caller stopped reading
 
 
-_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_cache: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, object]] = weakref.WeakKeyDictionary()
 _cache_lock = threading.Lock()
 
 
-def _once(registry: CollectorRegistry, kind: str, build):
+def _once(registry: CollectorRegistry, kind: str, build: Callable[[], T]) -> T:
     with _cache_lock:
         per = _cache.setdefault(registry, {})
         if kind not in per:
             per[kind] = build()
-        return per[kind]
+        return cast(T, per[kind])   # built by `build` for this kind
 
 
 def scheduler_metrics(registry: CollectorRegistry) -> SchedulerMetrics:
@@ -246,7 +253,7 @@ def http_method(method: str) -> str:
     return method if method in HTTP_METHODS else "other"
 
 
-def http_metrics_middleware(registry: CollectorRegistry):
+def http_metrics_middleware(registry: CollectorRegistry) -> Middleware:
     """aiohttp middleware counting gateway requests by method and status class
     (never the path: it can carry a ticket id)."""
     from aiohttp import web
@@ -254,7 +261,7 @@ def http_metrics_middleware(registry: CollectorRegistry):
     families = gateway_metrics(registry)
 
     @web.middleware
-    async def count(request: web.Request, handler):
+    async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
         status = 500
         try:
             response = await handler(request)
@@ -310,7 +317,7 @@ class MeteredCredentials:
         if name in _GIT_METHODS:
             return self._wrap(attr, lambda a, kw, o: self._m.git_ops.labels(op=_GIT_METHODS[name], outcome=o))
         if name in _FORGE_METHODS:
-            def forge(a: tuple, kw: dict, o: str):
+            def forge(a: tuple[Any, ...], kw: dict[str, Any], o: str) -> Any:
                 pos = 0 if name == "get_pull_request" else 1
                 ws = kw.get("workspace") or (a[pos] if len(a) > pos else "")
                 kind = self._forge_type(ws)
@@ -335,7 +342,8 @@ class MeteredCredentials:
             return "replay"
         return p if p in MODEL_PROVIDERS else "replay"
 
-    def _wrap(self, fn, family, timed: bool = False):
+    def _wrap(self, fn: Callable[..., Awaitable[Any]], family: LabelsOf,
+              timed: bool = False) -> Callable[..., Awaitable[Any]]:
         import functools
         import time
 
