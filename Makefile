@@ -48,8 +48,10 @@ test: $(STAMP) proto-check images-ready
 	  $(BIN)/python -c "import sys; from services.common.treewalk import remove_tree; remove_tree(sys.argv[1])" $$bt || true; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
+# ruff (default rules + B, ASYNC, SIM, RUF) and mypy (strict for services/common and
+# the executor): both must pass; .ci/run runs this before the tests.
 lint: $(STAMP)
-	$(BIN)/ruff check services gateway tests scripts
+	$(BIN)/ruff check services gateway tests scripts bench
 	$(BIN)/mypy services gateway
 
 bench: $(STAMP)
