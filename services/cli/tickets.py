@@ -412,12 +412,16 @@ def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str |
     typ = e["type"]
     if typ == "node.started":
         started[node] = e["at_ms"]
-        return f"{at} {node:<16} started ({p.get('kind', '')})"
+        attempt = f", attempt {p['attempt']}" if (p.get("attempt") or 1) > 1 else ""
+        return f"{at} {node:<16} started ({p.get('kind', '')}{attempt})"
+    if typ == "node.retry":
+        return (f"{at} {node:<16} attempt {p.get('attempt', '?')} failed, retrying"
+                + _indented(p.get("error")))
     if typ == "node.finished":
         took = _fmt_secs(e["at_ms"] - started[node]) if node in started else ""
         state = p.get("state", "finished")
         line = f"{at} {node:<16} {state} {took}".rstrip()
-        return line + (f"\n{'':>10} {p['error']}" if p.get("error") else "")
+        return line + _indented(p.get("error"))
     if typ == "node.tool_call":
         return f"{at} {node:<16} -> {p.get('name')} {str(p.get('arguments', ''))[:100]}"
     if typ in ("node.output", "node.tool_result"):
@@ -426,7 +430,12 @@ def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str |
         text = p.get("text") if typ == "node.output" else p.get("result")
         return "\n".join(f"{'':>10} {node:<16} | {ln}" for ln in str(text or "").rstrip("\n").split("\n"))
     if typ == "node.message":
-        return f"{at} {node:<16} model: {str(p.get('content') or p.get('text') or '')[:200]}" if verbose else None
+        if not verbose:
+            return None
+        turn = f"turn {p['turn']}, " if p.get("turn") else ""
+        used = f" [{turn}{p.get('input_tokens', 0)} in / {p.get('output_tokens', 0)} out tokens]" \
+            if "input_tokens" in p else ""
+        return f"{at} {node:<16} model: {str(p.get('content') or p.get('text') or '')[:200]}{used}"
     if typ == "agent.tool_call":
         return f"{at} {node:<16} -> agent {p.get('title') or p.get('kind', '')} [{p.get('status', '')}]"
     if typ in ("agent.message", "agent.thought"):
@@ -448,6 +457,44 @@ def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str |
         return f"{at} merged {p.get('merge_sha') or p.get('sha') or ''}".rstrip()
     if typ == "ticket.finished":
         return f"{at} ticket {p.get('state')}" + (f": {p['error']}" if p.get("error") else "")
+    return _describe_more(typ, p, at, node)
+
+
+def _indented(text: object) -> str:
+    """A multi-line error kept as lines, under the event's line."""
+    lines = str(text or "").rstrip().split("\n")
+    return "" if not text else "\n" + "\n".join(f"{'':>10} {ln}" for ln in lines)
+
+
+def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
+    """A readable line for the events above do not cover (never raw JSON)."""
+    if typ == "workspace.ready":
+        return f"{at} workspace ready: branch {p.get('branch', '')} from {str(p.get('base_sha', ''))[:12]}"
+    if typ == "sandbox.ready":
+        net = "egress " + ", ".join(p["egress"]) if p.get("egress") else "no network"
+        return f"{at} sandbox ready: {p.get('image', '')} ({net})"
+    if typ == "commit.done":
+        return f"{at} {node:<16} committed {str(p.get('sha', ''))[:12]}" + ("" if p.get("changed", True)
+                                                                               else " (no changes)")
+    if typ == "push.done":
+        return f"{at} {node:<16} pushed {p.get('branch', '')} at {str(p.get('sha', ''))[:12]}"
+    if typ == "model.usage":
+        return (f"{at} {node:<16} tokens: {p.get('input_tokens', 0)} in, {p.get('output_tokens', 0)} out "
+                f"({p.get('model', '')})")
+    if typ == "node.budget_exceeded":
+        return f"{at} {node:<16} budget spent ({p.get('limit', '')}): {p.get('reason', '')}"
+    if typ in ("broker.retry", "broker.recovered"):
+        what = "waiting for" if typ == "broker.retry" else "back:"
+        return f"{at} {node:<16} {what} the {p.get('broker', '')} broker ({p.get('step', '')})"
+    if typ == "node.resumed":
+        return f"{at} {node:<16} resumed (was {p.get('was', '')})"
+    if typ == "ticket.resumed":
+        return f"{at} ticket resumed after a restart"
+    if typ == "approval.stale":
+        return (f"{at} approval of {str(p.get('approved_sha', ''))[:12]} is stale: the head is now "
+                f"{str(p.get('head_sha', ''))[:12]}; approve again")
+    if typ == "commit.warning":
+        return f"{at} {node:<16} warning: {p.get('message') or p.get('kind', '')}"
     return None
 
 

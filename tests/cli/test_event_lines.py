@@ -1,0 +1,43 @@
+"""`afe ticket watch` prints a readable line for each engine event (never raw
+JSON), with attempt numbers, tokens, and multi-line errors kept as lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.cli.tickets import _describe
+
+EVENTS = [
+    ("node.started", {"node": "test", "kind": "run", "attempt": 2}, "started (run, attempt 2)"),
+    ("node.retry", {"node": "test", "attempt": 1, "error": "exit 1"}, "attempt 1 failed, retrying"),
+    ("workspace.ready", {"base_sha": "a" * 40, "branch": "afe/t-1"}, "workspace ready: branch afe/t-1"),
+    ("sandbox.ready", {"image": "afe/sandbox:latest", "egress": [], "network": False}, "(no network)"),
+    ("commit.done", {"node": "pr", "sha": "b" * 40, "changed": True}, "committed bbbbbbbbbbbb"),
+    ("push.done", {"node": "pr", "branch": "afe/t-1", "sha": "c" * 40}, "pushed afe/t-1"),
+    ("model.usage", {"node": "code", "model": "m", "input_tokens": 12, "output_tokens": 3},
+     "tokens: 12 in, 3 out (m)"),
+    ("node.message", {"node": "fix", "turn": 3, "content": "ok", "input_tokens": 100, "output_tokens": 7},
+     "[turn 3, 100 in / 7 out tokens]"),
+    ("node.budget_exceeded", {"node": "fix", "limit": "max_turns", "reason": "max_turns (8) reached"},
+     "budget spent (max_turns)"),
+    ("broker.retry", {"node": "pr", "step": "open_pr", "broker": "credentials"}, "waiting for the credentials"),
+    ("broker.recovered", {"node": "pr", "step": "open_pr", "broker": "credentials"}, "back: the credentials"),
+    ("node.resumed", {"node": "fix", "was": "running"}, "resumed (was running)"),
+    ("ticket.resumed", {}, "ticket resumed"),
+    ("approval.stale", {"node": "merge", "approved_sha": "d" * 40, "head_sha": "e" * 40}, "approve again"),
+]
+
+
+@pytest.mark.parametrize(("typ", "payload", "expected"), EVENTS, ids=[e[0] for e in EVENTS])
+def test_every_engine_event_has_a_readable_line(typ, payload, expected):
+    line = _describe({"type": typ, "payload": payload, "at_ms": 1500}, {}, 0, True)
+    assert line is not None and expected in line
+    assert "{" not in line and line.startswith("[   1.5s]")
+
+
+def test_a_multi_line_error_stays_on_separate_lines():
+    err = "the command exited with code 1:\nFAILED test_add\nassert -1 == 5"
+    line = _describe({"type": "node.finished", "payload": {"node": "test", "state": "failed", "error": err},
+                      "at_ms": 0}, {}, 0, False)
+    assert line is not None
+    assert line.splitlines()[1:] == [f"{'':>10} {ln}" for ln in err.split("\n")]
