@@ -448,11 +448,19 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
                          env_values={"AFE_DOCTOR_PROBE": probe_value}, client=client)
     runner = Runner(mgr)
     t0 = time.monotonic()
-    plain = await mgr.create(SandboxSettings(ticket_id="doctor-plain", pids=64, memory_bytes=64 * 1024 ** 2,
-                                             disk_bytes=32 * 1024 ** 2,
-                                             env_names=("AFE_DOCTOR_PROBE",)))
+    plain_settings = SandboxSettings(ticket_id="doctor-plain", pids=64, memory_bytes=64 * 1024 ** 2,
+                                     disk_bytes=32 * 1024 ** 2, env_names=("AFE_DOCTOR_PROBE",))
+    # A warm sandbox (services/scheduler/pool.py): made ahead for a reserved id, as the pool fills;
+    # claimed by the ticket given that id, whose own create finds it. Every probe below runs on it.
+    pooled = await mgr.create(plain_settings)
+    plain = await mgr.create(plain_settings)
     attrs = client.api.inspect_container(plain.container_id)
     hc = attrs["HostConfig"]
+    label = attrs["Config"]["Labels"].get("afe.ticket")
+    report.add("pool: the probes below run on a claimed warm sandbox",
+               plain.container_id == pooled.container_id and label == "doctor-plain",
+               f"made ahead as container {pooled.container_id[:12]}, claimed {plain.container_id[:12]}; "
+               f"afe.ticket={label} (R12: the label of the ticket it serves, from birth)")
 
     # R4: commands run inside the container, not on the host.
     _, hostname = await _exec(runner, "doctor-plain", ["hostname"])

@@ -26,7 +26,25 @@ def test_doctor_prints_pass_for_every_rule():
     for rule in RULES:
         assert any(line.startswith(f"PASS {rule} ") for line in lines), rule
     assert not any(line.startswith("FAIL") for line in lines)
+    assert any(line.startswith("PASS pool: ") for line in lines)   # the probes ran on a claimed warm sandbox
     assert "every probe object removed" in p.stdout
+
+
+def test_r12_doctor_fails_when_a_claim_does_not_find_the_warm_sandbox(monkeypatch, capsys):
+    """Positive control for the pool line: a claim that makes a second sandbox
+    instead of finding the one made ahead (its own id) is a FAIL."""
+    original = sandboxes.SandboxManager.create
+    made: set[str] = set()
+
+    async def fresh_each_time(self, settings):
+        if settings.ticket_id in made:
+            await self.destroy(settings.ticket_id)
+        made.add(settings.ticket_id)
+        return await original(self, settings)
+    monkeypatch.setattr(sandboxes.SandboxManager, "create", fresh_each_time)
+    assert asyncio.run(doctor.doctor(build=False)) == 1
+    out = capsys.readouterr().out
+    assert "FAIL pool: " in out and "PASS R5 " in out
 
 
 def test_doctor_fails_when_a_defence_is_missing(monkeypatch, capsys):
