@@ -138,3 +138,26 @@ async def test_r12_pool_of_a_dead_scheduler_is_reconciled_away(short_tmp):
 async def _other(sys_, old: str) -> dict[str, str]:
     sbs = await _sandboxes(sys_)
     return sbs if sbs and old not in sbs else {}
+
+
+async def test_r12_broker_restart_reconcile_keeps_the_pool_and_removes_a_dead_schedulers(short_tmp):
+    cfg = write_config(short_tmp, WORKFLOWS, sandbox_extra="  pool: 1\n")
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    async with afe_system(cfg, layout) as sys_:
+        engine = sys_.app.engine
+        await asyncio.wait_for(engine.pool.filled.wait(), 120)
+        (mine, container), = (await _sandboxes(sys_)).items()
+        # A pooled sandbox of a scheduler instance that died: a reserved id no scheduler holds.
+        await sys_.sandbox.CreateSandbox(spb.CreateSandboxRequest(ticket_id="t-deadbeef0001",
+                                                                  spec=spb.SandboxSpec()))
+        assert set(await _sandboxes(sys_)) == {mine, "t-deadbeef0001"}     # positive control
+        # The broker "restarted": the scheduler sees a boot id it does not know and reconciles.
+        engine.teardowns._broker_boot = "a-previous-broker"
+        await _until(lambda: _without(sys_, "t-deadbeef0001"), "the reconcile after the broker restart")
+        assert await _sandboxes(sys_) == {mine: container}                  # the live pool's stays
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="hello", title="after"))
+        assert t.id == mine
+
+
+async def _without(sys_, tid: str) -> bool:
+    return tid not in await _sandboxes(sys_)
