@@ -97,11 +97,13 @@ def test_demo_ticket_runs_to_merge_through_afe_up(demo_afe):
     calc = subprocess.run(["git", "--git-dir", str(repo), "show", "main:calc.py"], capture_output=True,
                           text=True, check=True).stdout
     assert "return a + b" in calc
-    # The ticket's sandbox is gone once it finished (R12).
+    # The ticket's sandbox is gone once it finished (R12); the demo's warm pool (sandbox.pool: 1)
+    # keeps one sandbox of another, reserved id.
     client = docker.from_env()
+    mine = {"label": [f"afe.instance={instance}", f"afe.ticket={ticket.id}"]}
     try:
         deadline = time.monotonic() + 30
-        while client.containers.list(all=True, filters={"label": f"afe.instance={instance}"}):
+        while client.containers.list(all=True, filters=mine):
             assert time.monotonic() < deadline, "the finished ticket's containers are still there"
             time.sleep(0.5)
     finally:
