@@ -119,10 +119,10 @@ class _Guard(grpc.aio.ServerInterceptor):
             why, who = callers.refusal(who, service), None   # a good key, but not for this service
 
         async def deny(request_or_iter, context):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why, _ORIGIN)
 
         async def deny_stream(request_or_iter, context):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why, _ORIGIN)
             yield  # pragma: no cover
 
         async def fail(context, exc: BaseException):
