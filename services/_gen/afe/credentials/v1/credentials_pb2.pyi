@@ -998,3 +998,117 @@ class ListRepoEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRepoEventsResponse: _TypeAlias = ListRepoEventsResponse  # noqa: Y015
+
+@_typing.final
+class UpsertIssueCommentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    NUMBER_FIELD_NUMBER: _builtins.int
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    number: _builtins.str
+    """the issue or pull request"""
+    ticket_id: _builtins.str
+    step: _builtins.str
+    """started | final | ... ([a-z0-9_-], at most 40)"""
+    body: _builtins.str
+    """markdown; the broker appends the marker"""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        number: _builtins.str = ...,
+        ticket_id: _builtins.str = ...,
+        step: _builtins.str = ...,
+        body: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "number", b"number", "step", b"step", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpsertIssueCommentRequest: _TypeAlias = UpsertIssueCommentRequest  # noqa: Y015
+
+@_typing.final
+class UpsertIssueCommentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMENT_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    comment_id: _builtins.str
+    url: _builtins.str
+    created: _builtins.bool
+    """false: an existing comment was edited (or already said this)"""
+    def __init__(
+        self,
+        *,
+        comment_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["comment_id", b"comment_id", "created", b"created", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpsertIssueCommentResponse: _TypeAlias = UpsertIssueCommentResponse  # noqa: Y015
+
+@_typing.final
+class SetCommitStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    SHA_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    TARGET_URL_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    sha: _builtins.str
+    """40 hex digits"""
+    state: _builtins.str
+    """pending | success | failure | error"""
+    context: _builtins.str
+    """e.g. afe/<workflow>"""
+    description: _builtins.str
+    """at most 140 characters (GitHub's limit)"""
+    target_url: _builtins.str
+    """http(s) URL of the ticket's page; "" = none"""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        sha: _builtins.str = ...,
+        state: _builtins.str = ...,
+        context: _builtins.str = ...,
+        description: _builtins.str = ...,
+        target_url: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "description", b"description", "sha", b"sha", "state", b"state", "target_url", b"target_url", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetCommitStatusRequest: _TypeAlias = SetCommitStatusRequest  # noqa: Y015
+
+@_typing.final
+class SetCommitStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetCommitStatusResponse: _TypeAlias = SetCommitStatusResponse  # noqa: Y015

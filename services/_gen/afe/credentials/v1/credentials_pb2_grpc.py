@@ -114,6 +114,16 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsResponse.FromString,
                 _registered_method=True)
+        self.UpsertIssueComment = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/UpsertIssueComment',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpsertIssueCommentRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpsertIssueCommentResponse.FromString,
+                _registered_method=True)
+        self.SetCommitStatus = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/SetCommitStatus',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusResponse.FromString,
+                _registered_method=True)
 
 
 class CredentialBrokerServicer:
@@ -238,6 +248,26 @@ class CredentialBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpsertIssueComment(self, request, context):
+        """Reporting back (docs/GITHUB.md): the one comment of (ticket, step) on an
+        issue or pull request, created or edited. The broker marks each comment
+        with an HTML comment holding an HMAC (its own key) over repo, number,
+        ticket and step, and first looks for the earliest comment carrying that
+        marker: after a crash between the post and the caller's record, the
+        comment is edited, never posted twice (R37).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCommitStatus(self, request, context):
+        """A commit status (POST /repos/{owner}/{repo}/statuses/{sha}); GitHub keeps
+        the latest per context, so a repeated call changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CredentialBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -320,6 +350,16 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.ListRepoEvents,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsResponse.SerializeToString,
+            ),
+            'UpsertIssueComment': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpsertIssueComment,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpsertIssueCommentRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpsertIssueCommentResponse.SerializeToString,
+            ),
+            'SetCommitStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCommitStatus,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -754,6 +794,60 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/ListRepoEvents',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ListRepoEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpsertIssueComment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/UpsertIssueComment',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.UpsertIssueCommentRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.UpsertIssueCommentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCommitStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/SetCommitStatus',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

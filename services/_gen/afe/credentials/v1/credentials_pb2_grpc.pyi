@@ -81,6 +81,18 @@ class CredentialBrokerStub:
     """One conditional request (If-None-Match: etag) for the repository's
     recent events (GET /repos/{owner}/{repo}/events): the polling mode.
     """
+    UpsertIssueComment: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.UpsertIssueCommentRequest, _credentials_pb2.UpsertIssueCommentResponse]
+    """Reporting back (docs/GITHUB.md): the one comment of (ticket, step) on an
+    issue or pull request, created or edited. The broker marks each comment
+    with an HTML comment holding an HMAC (its own key) over repo, number,
+    ticket and step, and first looks for the earliest comment carrying that
+    marker: after a crash between the post and the caller's record, the
+    comment is edited, never posted twice (R37).
+    """
+    SetCommitStatus: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.SetCommitStatusRequest, _credentials_pb2.SetCommitStatusResponse]
+    """A commit status (POST /repos/{owner}/{repo}/statuses/{sha}); GitHub keeps
+    the latest per context, so a repeated call changes nothing.
+    """
 
 @_typing.type_check_only
 class CredentialBrokerAsyncStub(CredentialBrokerStub):
@@ -130,6 +142,18 @@ class CredentialBrokerAsyncStub(CredentialBrokerStub):
     ListRepoEvents: _aio.UnaryUnaryMultiCallable[_credentials_pb2.ListRepoEventsRequest, _credentials_pb2.ListRepoEventsResponse]  # type: ignore[assignment]
     """One conditional request (If-None-Match: etag) for the repository's
     recent events (GET /repos/{owner}/{repo}/events): the polling mode.
+    """
+    UpsertIssueComment: _aio.UnaryUnaryMultiCallable[_credentials_pb2.UpsertIssueCommentRequest, _credentials_pb2.UpsertIssueCommentResponse]  # type: ignore[assignment]
+    """Reporting back (docs/GITHUB.md): the one comment of (ticket, step) on an
+    issue or pull request, created or edited. The broker marks each comment
+    with an HTML comment holding an HMAC (its own key) over repo, number,
+    ticket and step, and first looks for the earliest comment carrying that
+    marker: after a crash between the post and the caller's record, the
+    comment is edited, never posted twice (R37).
+    """
+    SetCommitStatus: _aio.UnaryUnaryMultiCallable[_credentials_pb2.SetCommitStatusRequest, _credentials_pb2.SetCommitStatusResponse]  # type: ignore[assignment]
+    """A commit status (POST /repos/{owner}/{repo}/statuses/{sha}); GitHub keeps
+    the latest per context, so a repeated call changes nothing.
     """
 
 class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -273,6 +297,30 @@ class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_credentials_pb2.ListRepoEventsResponse, _abc.Awaitable[_credentials_pb2.ListRepoEventsResponse]]:
         """One conditional request (If-None-Match: etag) for the repository's
         recent events (GET /repos/{owner}/{repo}/events): the polling mode.
+        """
+
+    @_abc_1.abstractmethod
+    def UpsertIssueComment(
+        self,
+        request: _credentials_pb2.UpsertIssueCommentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.UpsertIssueCommentResponse, _abc.Awaitable[_credentials_pb2.UpsertIssueCommentResponse]]:
+        """Reporting back (docs/GITHUB.md): the one comment of (ticket, step) on an
+        issue or pull request, created or edited. The broker marks each comment
+        with an HTML comment holding an HMAC (its own key) over repo, number,
+        ticket and step, and first looks for the earliest comment carrying that
+        marker: after a crash between the post and the caller's record, the
+        comment is edited, never posted twice (R37).
+        """
+
+    @_abc_1.abstractmethod
+    def SetCommitStatus(
+        self,
+        request: _credentials_pb2.SetCommitStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.SetCommitStatusResponse, _abc.Awaitable[_credentials_pb2.SetCommitStatusResponse]]:
+        """A commit status (POST /repos/{owner}/{repo}/statuses/{sha}); GitHub keeps
+        the latest per context, so a repeated call changes nothing.
         """
 
 def add_CredentialBrokerServicer_to_server(servicer: CredentialBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
