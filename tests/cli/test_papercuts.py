@@ -18,11 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_a_reader_that_goes_away_ends_afe_quietly():
     # `afe check --schema | head -1`: more output than the pipe holds, the reader leaves after a line.
+    import fcntl
+
+    read_fd, write_fd = os.pipe()
+    fcntl.fcntl(read_fd, 1031, 4096)   # F_SETPIPE_SZ: 4 KiB, far less than the ~28 KiB schema
     proc = subprocess.Popen([sys.executable, "-m", "services.cli.main", "check", "--schema"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    assert proc.stdout.readline().strip() == b"{"
-    proc.stdout.close()
+                            stdout=write_fd, stderr=subprocess.PIPE)
+    os.close(write_fd)
+    assert proc.stderr is not None
+    with os.fdopen(read_fd, "rb") as out:
+        assert out.readline().strip() == b"{"
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert "Traceback" not in err and "BrokenPipe" not in err, err

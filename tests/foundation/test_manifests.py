@@ -268,9 +268,12 @@ def test_afe_check_lists_every_problem_and_exits_1(tmp_path, capsys):
 
 def test_afe_check_summarises_a_valid_config(tmp_path, capsys):
     from services.cli.main import main
+    from tests.support.fakes.git_http import make_bare_repo
 
     write(tmp_path, GOOD)
-    assert main(["check", "--config", str(tmp_path)]) == 0
+    (tmp_path / "repos").mkdir()
+    make_bare_repo(tmp_path / "repos", "shop.git", {"README.md": "x\n"})   # afe check opens it, finds main
+    assert main(["check", "--config", str(tmp_path)]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "OK — 1 workspace(s), 1 model(s), 1 agent(s), 1 workflow(s)" in out
     assert "workflow wf: plan -> code -> test -> pr -> merge" in out

@@ -57,6 +57,10 @@ def test_r34_afe_check_names_the_disk_field(tmp_path, capsys):
     assert main(["check", "--config", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "afe.yaml#1 sandbox.limits.disk: 'lots' is not a disk size" in err and "10g" in err
-    # Positive control: the same manifest with a size passes.
+    # Positive control: the same manifest with a size passes (afe check also opens the repository).
+    from tests.support.fakes.git_http import make_bare_repo
+
+    (tmp_path / "repos").mkdir()
+    make_bare_repo(tmp_path / "repos", "shop.git", {"README.md": "x\n"})
     (tmp_path / "afe.yaml").write_text(WORKSPACE + "sandbox: {limits: {disk: 10g}}\n")
     assert main(["check", "--config", str(tmp_path)]) == 0
