@@ -109,6 +109,7 @@ def build_app(auth: Authenticator, backend: SchedulerBackend, redactor: Redactor
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
     app[AUTH_KEY] = auth
     app[BACKEND_KEY] = backend
+    backend.origin = backend.origin or auth.site.origin
     app["redactor"] = redactor
     conns: set[RpcConnection] = set()
     app[CONNS_KEY] = conns
@@ -121,6 +122,8 @@ def build_app(auth: Authenticator, backend: SchedulerBackend, redactor: Redactor
     auth.tokens.on_change(on_token_change)
 
     app.router.add_get("/", _index)
+    # A local-forge pull request's page (convert.pr_url): the same UI, its data through /rpc (R20-R22).
+    app.router.add_get(r"/pulls/{workspace:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}}/{number:[0-9]{1,20}}", _index)
     app.router.add_post("/auth/login", auth.login)
     app.router.add_post("/auth/logout", auth.logout)
     app.router.add_get("/auth/session", auth.whoami)

@@ -26,6 +26,7 @@ class SchedulerBackend:
         self._channel: grpc.aio.Channel | None = None
         self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
         self._hooks: hooks_pb2_grpc.GitHubHooksStub | None = None
+        self.origin = ""   # the gateway's public origin (build_app): local pull requests' URLs
 
     @property
     def stub(self) -> scheduler_pb2_grpc.SchedulerStub:
@@ -50,7 +51,7 @@ class SchedulerBackend:
             t = await self.stub.CreateTicket(pb.CreateTicketRequest(
                 workspace=workspace, workflow=workflow, title=title, body=body, inputs=inputs,
                 principal=principal), timeout=CALL_TIMEOUT)
-        return convert.ticket(t)
+        return convert.ticket(t, self.origin)
 
     async def list_tickets(self, *, states: list[str], workspace: str, page_size: int,
                            page_token: str) -> dict:
@@ -58,13 +59,20 @@ class SchedulerBackend:
                                     workspace=workspace, page_size=page_size, page_token=page_token)
         async with rpc_errors():
             resp = await self.stub.ListTickets(req, timeout=CALL_TIMEOUT)
-        return {"tickets": [convert.ticket(t) for t in resp.tickets],
+        return {"tickets": [convert.ticket(t, self.origin) for t in resp.tickets],
                 "next_page_token": resp.next_page_token}
 
     async def get_ticket(self, ticket_id: str) -> dict:
         async with rpc_errors():
             t = await self.stub.GetTicket(pb.GetTicketRequest(id=ticket_id), timeout=CALL_TIMEOUT)
-        return convert.ticket(t)
+        return convert.ticket(t, self.origin)
+
+    async def get_pull(self, workspace: str, number: str) -> dict:
+        """The ticket of a pull request afe opened (the UI's pull-request page)."""
+        async with rpc_errors():
+            t = await self.stub.GetPullRequest(pb.GetPullRequestRequest(workspace=workspace, number=number),
+                                               timeout=CALL_TIMEOUT)
+        return convert.ticket(t, self.origin)
 
     async def ticket_diff(self, ticket_id: str) -> dict:
         async with rpc_errors():
@@ -75,39 +83,39 @@ class SchedulerBackend:
         async with rpc_errors():
             t = await self.stub.CancelTicket(pb.CancelTicketRequest(id=ticket_id, principal=principal),
                                              timeout=CALL_TIMEOUT)
-        return convert.ticket(t)
+        return convert.ticket(t, self.origin)
 
     async def approve_ticket(self, ticket_id: str, principal: str, sha: str) -> dict:
         async with rpc_errors():
             t = await self.stub.ApproveTicket(
                 pb.ApproveTicketRequest(id=ticket_id, principal=principal, sha=sha), timeout=CALL_TIMEOUT)
-        return convert.ticket(t)
+        return convert.ticket(t, self.origin)
 
     async def reject_ticket(self, ticket_id: str, principal: str, reason: str) -> dict:
         async with rpc_errors():
             t = await self.stub.RejectTicket(
                 pb.RejectTicketRequest(id=ticket_id, principal=principal, reason=reason),
                 timeout=CALL_TIMEOUT)
-        return convert.ticket(t)
+        return convert.ticket(t, self.origin)
 
     async def followup_ticket(self, ticket_id: str, principal: str, instruction: str) -> dict:
         async with rpc_errors():
             t = await self.stub.FollowUpTicket(
                 pb.FollowUpTicketRequest(id=ticket_id, principal=principal, instruction=instruction),
                 timeout=CALL_TIMEOUT)
-        return convert.ticket(t)
+        return convert.ticket(t, self.origin)
 
     async def retry_ticket(self, ticket_id: str, principal: str, from_node: str) -> dict:
         async with rpc_errors():
             t = await self.stub.RetryTicket(
                 pb.RetryTicketRequest(id=ticket_id, principal=principal, from_node=from_node), timeout=CALL_TIMEOUT)
-        return convert.ticket(t)
+        return convert.ticket(t, self.origin)
 
     async def update_ticket_branch(self, ticket_id: str, principal: str) -> dict:
         async with rpc_errors():
             t = await self.stub.UpdateTicketBranch(
                 pb.UpdateTicketBranchRequest(id=ticket_id, principal=principal), timeout=CALL_TIMEOUT)
-        return convert.ticket(t)
+        return convert.ticket(t, self.origin)
 
     async def watch_ticket(self, ticket_id: str, from_seq: int, follow: bool) -> AsyncIterator[dict]:
         call = self.stub.WatchTicket(pb.WatchTicketRequest(id=ticket_id, from_seq=from_seq, follow=follow))

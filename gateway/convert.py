@@ -7,6 +7,7 @@ integer milliseconds, event payloads as parsed JSON objects.
 from __future__ import annotations
 
 import json
+import re
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common import states
@@ -17,6 +18,17 @@ TICKET_STATES = {s.proto: s.value for s in TicketState}
 TICKET_STATE_BY_NAME = {v: k for k, v in TICKET_STATES.items()}
 TERMINAL_STATES = frozenset(s.value for s in states.TERMINAL)
 NODE_STATES = {s.proto: s.value for s in NodeState}
+# The local forge's pull-request reference (services/credentials/localforge.py): local:<workspace>/pulls/<n>.
+LOCAL_PR = re.compile(r"local:([A-Za-z0-9][A-Za-z0-9_.-]{0,99})/pulls/([0-9]{1,20})")
+
+
+def pr_url(ref: str, origin: str) -> str:
+    """The URL people open for a pull request: the local forge's `local:demo/pulls/2`
+    becomes the gateway's page `<origin>/pulls/demo/2`; a GitHub URL stays as it is."""
+    m = LOCAL_PR.fullmatch(ref)
+    if m and origin:
+        return f"{origin}/pulls/{m.group(1)}/{m.group(2)}"
+    return ref
 
 
 def node(n: pb.NodeRun) -> dict:
@@ -33,11 +45,12 @@ def node(n: pb.NodeRun) -> dict:
     }
 
 
-def pull_request(p: pb.PullRequest) -> dict | None:
+def pull_request(p: pb.PullRequest, origin: str = "") -> dict | None:
+    """`url` is what to open (pr_url); `ref` the forge's own reference."""
     if not (p.number or p.url):
         return None
     return {
-        "number": p.number, "url": p.url, "head_branch": p.head_branch, "base_branch": p.base_branch,
+        "number": p.number, "url": pr_url(p.url, origin), "ref": p.url, "head_branch": p.head_branch, "base_branch": p.base_branch,
         "head_sha": p.head_sha, "state": p.state, "merge_sha": p.merge_sha,
     }
 
@@ -49,7 +62,8 @@ def approval(a: pb.Approval) -> dict | None:
             "reason": a.reason}
 
 
-def ticket(t: pb.Ticket) -> dict:
+def ticket(t: pb.Ticket, origin: str = "") -> dict:
+    """`origin`: the gateway's public origin, for the local forge's pull-request page."""
     return {
         "id": t.id,
         "workspace": t.workspace,
@@ -61,16 +75,17 @@ def ticket(t: pb.Ticket) -> dict:
         "created_at_ms": t.created_at_ms,
         "updated_at_ms": t.updated_at_ms,
         "nodes": [node(n) for n in t.nodes],
-        "pr": pull_request(t.pr) if t.HasField("pr") else None,
+        "pr": pull_request(t.pr, origin) if t.HasField("pr") else None,
         "approval": approval(t.approval) if t.HasField("approval") else None,
         "error": t.error,
         "last_seq": t.last_seq,
         "awaiting_sha": t.awaiting_sha,
-        "origin": origin(t.origin) if t.HasField("origin") else None,
+        "origin": _origin(t.origin) if t.HasField("origin") else None,
+        "usage": {"tokens": t.tokens_used},
     }
 
 
-def origin(o: pb.TicketOrigin) -> dict:
+def _origin(o: pb.TicketOrigin) -> dict:
     """Where a ticket came from and which of its texts are untrusted (R36), for the UI."""
     return {"source": o.source, "event": o.event, "url": o.url, "author": o.author, "trigger": o.trigger,
             "title_untrusted": o.title_untrusted, "body_untrusted": o.body_untrusted,

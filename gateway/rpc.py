@@ -108,6 +108,7 @@ class RpcConnection:
             "tickets.retry": lambda p: self.backend.retry_ticket(p["id"], self.principal.name, p["from_node"]),
             "tickets.updateBranch": lambda p: self.backend.update_ticket_branch(p["id"], self.principal.name),
             "tickets.unwatch": self._unwatch,
+            "pulls.get": lambda p: self.backend.get_pull(p["workspace"], p["number"]),
             "workflows.list": lambda p: self.backend.list_workflows(),
             "workspaces.list": lambda p: self.backend.list_workspaces(),
             "session.info": self._session_info,

@@ -161,6 +161,75 @@ function renderDiff(pre, diff) {
   }
 }
 
+// A pull request's link: the local forge's page (same origin) opens here, GitHub in a new tab.
+// Only http(s) URLs become links: a forge URL is data, never a script.
+function prLink(pr, id, label) {
+  const url = pr.url || "";
+  if (!/^https?:\/\//i.test(url)) return h("span", { id, title: url }, `${label} ${url}`);
+  if (new URL(url).origin === location.origin) return h("a", { href: url, id, "data-local": "1" }, label);
+  return h("a", { href: url, id, rel: "noopener noreferrer", target: "_blank" }, label);
+}
+
+// The records kept with a ticket after it ended: its run nodes' output (the tests) and its usage.
+function renderRecords(ticket, tests, usage) {
+  clear(tests);
+  const runs = (ticket.nodes || []).filter((n) => n.kind === "run" && (n.output || n.error));
+  for (const n of runs) {
+    tests.append(h("h3", {}, `${n.id} (${n.state})`),
+      h("pre", { class: "logs test-output", "data-node": n.id }, (n.output || "") + (n.error ? `\n${n.error}` : "")));
+  }
+  if (!runs.length) tests.append(h("p", { class: "muted" }, "(no test output)"));
+  const u = ticket.usage || {};
+  usage.textContent = `usage: ${u.tokens || 0} model tokens`;
+}
+
+// -- pull request page (local forge) ----------------------------------------
+async function showPull(workspace, number) {
+  const title = h("h1", { id: "pull-title" });
+  const state = h("span", { id: "pull-state", class: "badge" });
+  const meta = h("p", { class: "meta", id: "pull-meta" });
+  const actions = h("div", { class: "actions", id: "actions" });
+  const diff = h("pre", { id: "diff", class: "diff" }, "(loading)");
+  clear(app).append(h("section", { class: "ticket pull" }, h("div", { class: "head" }, title, state), meta, actions,
+    h("h2", {}, "Diff"), diff));
+  let stopped = false, ticket = null, diffFor = "";
+  const render = () => {
+    const pr = ticket.pr || {};
+    title.textContent = `Pull request #${pr.number}: ${ticket.title}`;
+    state.textContent = pr.state || "open";
+    state.dataset.state = pr.state || "open";
+    state.className = `badge pr-${pr.state || "open"}`;
+    clear(meta).append(`${workspace} · ${pr.head_branch} → ${pr.base_branch} · head ${(pr.head_sha || "").slice(0, 12)}`,
+      pr.merge_sha ? ` · merge ${pr.merge_sha.slice(0, 12)}` : "", " · ticket ",
+      h("a", { href: `/#/t/${ticket.id}`, id: "pull-ticket" }, ticket.id), ` (${ticket.state.replace("_", " ")})`);
+    clear(actions);
+    if (ticket.state === WAITING_APPROVAL) {
+      // Pinned to the head shown here: a newer push makes the approval fail (R16).
+      const reason = h("input", { id: "reject-reason", placeholder: "reason (for reject)", maxlength: 2000 });
+      actions.append(h("span", { class: "muted" }, `Merge ${(ticket.awaiting_sha || "").slice(0, 12)}? `),
+        h("button", { id: "approve", type: "button", class: "good", onclick: () => act("tickets.approve", { id: ticket.id, sha: ticket.awaiting_sha || undefined }) }, "Approve"),
+        reason,
+        h("button", { id: "reject", type: "button", class: "bad", onclick: () => act("tickets.reject", { id: ticket.id, reason: reason.value }) }, "Reject"));
+    }
+    if (ticket.approval) {
+      actions.append(h("span", { class: "muted", id: "approval" },
+        ` ${ticket.approval.granted ? "approved" : "rejected"} by ${ticket.approval.principal}${ticket.approval.reason ? ": " + ticket.approval.reason : ""}`));
+    }
+    const key = `${ticket.state}:${pr.head_sha}:${ticket.last_seq}`;
+    if (key !== diffFor) {
+      diffFor = key;
+      rpc.call("tickets.diff", { id: ticket.id }).then((d) => renderDiff(diff, (d.diff || "(no changes)") + (d.recorded ? "\n(stored when the ticket ended)" : ""))).catch((e) => renderDiff(diff, errorText(e)));
+    }
+  };
+  const load = async () => { ticket = await rpc.call("pulls.get", { workspace, number }); render(); };
+  const act = async (method, params) => {
+    try { await rpc.call(method, params); await load(); } catch (e) { flash(errorText(e)); }
+  };
+  await load();
+  const timer = setInterval(() => { if (!stopped) load().catch(() => {}); }, 2000);
+  cleanup = () => { stopped = true; clearInterval(timer); };
+}
+
 async function showTicket(id) {
   const title = h("h1", { id: "ticket-title" });
   const state = h("span", { id: "ticket-state", class: "badge" });
@@ -173,6 +242,8 @@ async function showTicket(id) {
   const tools = h("ol", { id: "tools", class: "tools" });
   const diff = h("pre", { id: "diff", class: "diff" }, "(no changes yet)");
   const body = h("pre", { class: "body", id: "ticket-body" });
+  const tests = h("div", { id: "test-output" });
+  const usage = h("p", { class: "meta", id: "usage" });
   const provenance = h("ul", { class: "meta", id: "ticket-provenance", hidden: true });
   clear(app).append(h("section", { class: "ticket" },
     h("div", { class: "head" }, title, state), meta, provenance, err, actions, prBox,
@@ -180,7 +251,7 @@ async function showTicket(id) {
     h("div", { class: "split" },
       h("div", {}, h("h2", {}, "Live log"), logs),
       h("div", {}, h("h2", {}, "Tool calls"), tools)),
-    h("h2", {}, "Diff"), diff, h("h2", {}, "Ticket"), body));
+    h("h2", {}, "Diff"), diff, h("h2", {}, "Test output"), tests, usage, h("h2", {}, "Ticket"), body));
 
   let ticket = null, stopped = false, sub = null, lastSeq = 0, refreshTimer = null, diffFor = "";
   const render = () => {
@@ -216,9 +287,7 @@ async function showTicket(id) {
       const pr = ticket.pr;
       // Only http(s) URLs become links: a forge URL is data, never a script.
       const label = `#${pr.number}`;
-      const link = /^https?:\/\//i.test(pr.url || "")
-        ? h("a", { href: pr.url, id: "pr-link", rel: "noopener noreferrer", target: "_blank" }, label)
-        : h("span", { id: "pr-link", title: pr.url || "" }, `${label} ${pr.url || ""}`);
+      const link = prLink(pr, "pr-link", label);
       prBox.append("Pull request ", link, ` (${pr.state}) ${pr.head_branch} → ${pr.base_branch}`,
         pr.merge_sha ? ` · merge ${pr.merge_sha.slice(0, 12)}` : "");
     }
@@ -248,6 +317,7 @@ async function showTicket(id) {
       actions.append(h("span", { class: "muted", id: "approval" },
         ` ${ticket.approval.granted ? "approved" : "rejected"} by ${ticket.approval.principal}${ticket.approval.reason ? ": " + ticket.approval.reason : ""}`));
     }
+    renderRecords(ticket, tests, usage);
     const diffKey = `${ticket.state}:${ticket.awaiting_sha}:${ticket.last_seq}`;
     if ((ticket.state === WAITING_APPROVAL || TERMINAL.has(ticket.state) || ticket.pr) && diffKey !== diffFor) {
       diffFor = diffKey;
@@ -309,7 +379,10 @@ async function showTicket(id) {
 async function route() {
   cleanup(); cleanup = () => {};
   const hash = location.hash || "#/";
+  const pull = location.pathname.match(/^\/pulls\/([A-Za-z0-9][A-Za-z0-9_.-]{0,99})\/([0-9]{1,20})$/);
+  if (pull && location.hash) { location.assign("/" + location.hash); return; }   // the nav's links leave the page
   try {
+    if (pull) { await showPull(pull[1], pull[2]); return; }
     const m = hash.match(/^#\/t\/([a-z0-9-]{1,63})$/);
     if (m) await showTicket(m[1]);
     else if (hash === "#/new") await showNew();

@@ -319,6 +319,19 @@ def _print_ticket(t: dict) -> None:
         a = t["approval"]
         print(f"{'approved' if a['granted'] else 'rejected'} by {a['principal']}"
               f"{': ' + a['reason'] if a.get('reason') else ''}")
+    if t.get("usage") is not None:
+        print(f"usage: {t['usage'].get('tokens', 0)} model tokens")
+
+
+def _print_test_output(t: dict) -> None:
+    """The output of the ticket's `run:` nodes (its tests), kept with the ticket after it ended."""
+    runs = [n for n in t["nodes"] if n.get("kind") == "run" and (n.get("output") or n.get("error"))]
+    for n in runs:
+        print(f"test output of {n['id']} ({n['state']}):")
+        for ln in ((n.get("output") or "").rstrip("\n") + ("\n" + n["error"] if n.get("error") else "")).split("\n"):
+            print(f"    {ln}".rstrip())
+    if not runs:
+        print("test output: (none)")
 
 
 def _read_body(value: str) -> str:
@@ -396,6 +409,7 @@ async def _show(client: RpcClient, args: argparse.Namespace) -> int:
         return EXIT_OK
     _print_ticket(t)
     if diff:
+        _print_test_output(t)
         print(diff["diff"] or "(no changes)")
         if diff["truncated"]:
             print("(diff truncated)")

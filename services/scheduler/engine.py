@@ -187,6 +187,16 @@ class Engine:
         return TicketView(t, self.store.node_runs(t.id), self.store.get_pr(t.id),
                           self.store.latest_approval(t.id), self.store.last_seq(t.id))
 
+    def pull_request(self, workspace: str, number: str) -> TicketView:
+        """The ticket whose pull request in `workspace` is `number` (the UI's page of a
+        local-forge pull request)."""
+        if workspace not in self.config.workspaces:
+            raise NotFound(f"no workspace {workspace!r}; list workspaces to see their names")
+        tid = self.store.ticket_for_pr(workspace, number) if number else None
+        if tid is None:
+            raise NotFound(f"workspace {workspace!r} has no pull request {number!r} that afe opened")
+        return self.view(tid)
+
     def list_tickets(self, states: list[str], workspace: str, page_size: int,
                      page_token: str) -> tuple[list[TicketView], str]:
         size = page_size or 50

@@ -43,7 +43,8 @@ def ticket_pb(v: TicketView) -> pb.Ticket:
     msg = pb.Ticket(
         id=t.id, workspace=t.workspace, workflow=t.workflow, title=t.title, body=t.body, inputs=t.inputs,
         state=_ticket_state(t.state), created_at_ms=t.created_at_ms,
-        updated_at_ms=t.updated_at_ms, error=t.error, last_seq=v.last_seq, awaiting_sha=t.awaiting_sha)
+        updated_at_ms=t.updated_at_ms, error=t.error, last_seq=v.last_seq, awaiting_sha=t.awaiting_sha,
+        tokens_used=t.tokens_used)
     for n in v.nodes:
         msg.nodes.append(pb.NodeRun(id=n.node_id, kind=n.kind, state=_node_state(n.state),
                                     needs=list(n.needs), attempt=n.attempt, started_at_ms=n.started_at_ms,
@@ -97,6 +98,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def GetTicket(self, request: pb.GetTicketRequest, context) -> pb.Ticket:
         return ticket_pb(self.engine.view(request.id))
+
+    async def GetPullRequest(self, request: pb.GetPullRequestRequest, context) -> pb.Ticket:
+        return ticket_pb(self.engine.pull_request(request.workspace, request.number))
 
     async def CancelTicket(self, request: pb.CancelTicketRequest, context) -> pb.Ticket:
         return ticket_pb(await self.engine.cancel(request.id, request.principal))

@@ -26,6 +26,7 @@ __all__ = ["METHODS", "TICKET_STATE_NAMES", "parse_params"]
 TICKET_STATE_NAMES = ("queued", "running", "waiting_approval", "succeeded", "failed", "cancelled")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _SHA = re.compile(r"[0-9a-f]{7,64}")
+_PR_NUMBER = re.compile(r"[0-9]{1,20}")
 
 
 def _matching(pattern: re.Pattern[str], hint: str) -> AfterValidator:
@@ -89,6 +90,11 @@ class WatchParams(TicketParams):
     follow: bool = True
 
 
+class PullParams(_Params):
+    workspace: Annotated[str, Field(min_length=1, max_length=100), _matching(_NAME, "must be a workspace name")]
+    number: Annotated[str, Field(min_length=1, max_length=20), _matching(_PR_NUMBER, "must be a pull request number")]
+
+
 class UnwatchParams(_Params):
     subscription: str = Field(max_length=32)
 
@@ -106,6 +112,7 @@ METHODS: dict[str, type[_Params]] = {
     "tickets.updateBranch": TicketParams,
     "tickets.watch": WatchParams,
     "tickets.unwatch": UnwatchParams,
+    "pulls.get": PullParams,
     "workflows.list": NoParams,
     "workspaces.list": NoParams,
     "session.info": NoParams,

@@ -36,6 +36,7 @@ from .graph import NodeFailed, descendants, run_graph
 from .host import Host
 from .nodes import NODE_KINDS
 from .nodes.builtins import Rejected
+from .nodes.run import CommandFailed
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,9 @@ class TicketRun:
                 if tries <= node.retries and not isinstance(exc, NOT_RETRIED):
                     self.ctx.emit("node.retry", {"node": node.id, "attempt": attempt, "error": reason})
                     continue
-                store.update_node(tid, node.id, state=N_FAILED, finished_at_ms=now_ms(), error=reason)
+                kept = exc.output if isinstance(exc, CommandFailed) else ""   # what a failed command printed
+                store.update_node(tid, node.id, state=N_FAILED, finished_at_ms=now_ms(), error=reason,
+                                  **({"output": host.redactor.redact(_keep(kept))} if kept else {}))
                 self.ctx.emit("node.finished", {"node": node.id, "state": N_FAILED, "error": reason})
                 raise NodeFailed(node.id, reason, rejected=isinstance(exc, NOT_RETRIED)) from None
 

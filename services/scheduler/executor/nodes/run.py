@@ -16,7 +16,12 @@ CHUNK_EVENT = 8 * 1024            # characters per node.output event
 
 
 class CommandFailed(FailedPrecondition):
-    """A `run` command exited non-zero."""
+    """A `run` command exited non-zero; `output` is all it printed (kept as the
+    node's output, so a failed test's output outlives the ticket)."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 async def run_node(ctx: RunContext, node: Node) -> str:
@@ -42,7 +47,7 @@ async def run_node(ctx: RunContext, node: Node) -> str:
     if code != 0:
         tail = text[-2000:].strip()
         raise CommandFailed(f"the command exited with code {code}" + (f":\n{tail}" if tail else "")
-                            + disk_full_hint(ctx.workspace, text))
+                            + disk_full_hint(ctx.workspace, text), output=text)
     return text
 
 

@@ -208,6 +208,29 @@ class GetTicketRequest(_message.Message):
 Global___GetTicketRequest: _TypeAlias = GetTicketRequest  # noqa: Y015
 
 @_typing.final
+class GetPullRequestRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    NUMBER_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    number: _builtins.str
+    """as in PullRequest.number"""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        number: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["number", b"number", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPullRequestRequest: _TypeAlias = GetPullRequestRequest  # noqa: Y015
+
+@_typing.final
 class CancelTicketRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -546,6 +569,7 @@ class Ticket(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     AWAITING_SHA_FIELD_NUMBER: _builtins.int
     ORIGIN_FIELD_NUMBER: _builtins.int
+    TOKENS_USED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     workspace: _builtins.str
     workflow: _builtins.str
@@ -558,6 +582,8 @@ class Ticket(_message.Message):
     last_seq: _builtins.int
     awaiting_sha: _builtins.str
     """SHA a waiting merge would merge, shown to the approver."""
+    tokens_used: _builtins.int
+    """Model tokens the ticket used (its nodes' and agents' calls), kept after it ended."""
     @_builtins.property
     def inputs(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -591,10 +617,11 @@ class Ticket(_message.Message):
         last_seq: _builtins.int = ...,
         awaiting_sha: _builtins.str = ...,
         origin: Global___TicketOrigin | None = ...,
+        tokens_used: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "origin", b"origin", "pr", b"pr"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "awaiting_sha", b"awaiting_sha", "body", b"body", "created_at_ms", b"created_at_ms", "error", b"error", "id", b"id", "inputs", b"inputs", "last_seq", b"last_seq", "nodes", b"nodes", "origin", b"origin", "pr", b"pr", "state", b"state", "title", b"title", "updated_at_ms", b"updated_at_ms", "workflow", b"workflow", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "awaiting_sha", b"awaiting_sha", "body", b"body", "created_at_ms", b"created_at_ms", "error", b"error", "id", b"id", "inputs", b"inputs", "last_seq", b"last_seq", "nodes", b"nodes", "origin", b"origin", "pr", b"pr", "state", b"state", "title", b"title", "tokens_used", b"tokens_used", "updated_at_ms", b"updated_at_ms", "workflow", b"workflow", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

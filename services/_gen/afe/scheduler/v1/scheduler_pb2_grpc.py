@@ -99,6 +99,11 @@ class SchedulerStub:
                 request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.FollowUpTicketRequest.SerializeToString,
                 response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
                 _registered_method=True)
+        self.GetPullRequest = channel.unary_unary(
+                '/afe.scheduler.v1.Scheduler/GetPullRequest',
+                request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetPullRequestRequest.SerializeToString,
+                response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -197,6 +202,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPullRequest(self, request, context):
+        """The ticket whose pull request on the workspace's forge is `number` (the
+        local forge's PR page in the UI); NOT_FOUND when afe did not open it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -263,6 +276,11 @@ def add_SchedulerServicer_to_server(servicer, server):
             'FollowUpTicket': grpc.unary_unary_rpc_method_handler(
                     servicer.FollowUpTicket,
                     request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.FollowUpTicketRequest.FromString,
+                    response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.SerializeToString,
+            ),
+            'GetPullRequest': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPullRequest,
+                    request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetPullRequestRequest.FromString,
                     response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.SerializeToString,
             ),
     }
@@ -616,6 +634,33 @@ class Scheduler:
             target,
             '/afe.scheduler.v1.Scheduler/FollowUpTicket',
             afe_dot_scheduler_dot_v1_dot_scheduler__pb2.FollowUpTicketRequest.SerializeToString,
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPullRequest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.scheduler.v1.Scheduler/GetPullRequest',
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetPullRequestRequest.SerializeToString,
             afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
             options,
             channel_credentials,

@@ -65,6 +65,10 @@ class SchedulerStub:
     asked again for the new head (R16). Refused while the ticket runs or
     once its pull request is merged.
     """
+    GetPullRequest: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetPullRequestRequest, _scheduler_pb2.Ticket]
+    """The ticket whose pull request on the workspace's forge is `number` (the
+    local forge's PR page in the UI); NOT_FOUND when afe did not open it.
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -100,6 +104,10 @@ class SchedulerAsyncStub(SchedulerStub):
     commits go to the same branch and pull request, and the approval is
     asked again for the new head (R16). Refused while the ticket runs or
     once its pull request is merged.
+    """
+    GetPullRequest: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetPullRequestRequest, _scheduler_pb2.Ticket]  # type: ignore[assignment]
+    """The ticket whose pull request on the workspace's forge is `number` (the
+    local forge's PR page in the UI); NOT_FOUND when afe did not open it.
     """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
@@ -211,6 +219,16 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         commits go to the same branch and pull request, and the approval is
         asked again for the new head (R16). Refused while the ticket runs or
         once its pull request is merged.
+        """
+
+    @_abc_1.abstractmethod
+    def GetPullRequest(
+        self,
+        request: _scheduler_pb2.GetPullRequestRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.Ticket, _abc.Awaitable[_scheduler_pb2.Ticket]]:
+        """The ticket whose pull request on the workspace's forge is `number` (the
+        local forge's PR page in the UI); NOT_FOUND when afe did not open it.
         """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
