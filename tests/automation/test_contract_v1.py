@@ -109,7 +109,7 @@ ADDITIVE = {
     "field added": lambda d: d["messages"]["afe.scheduler.v1.Ticket"]["fields"].update(
         priority={"number": 16, "type": "int32", "type_name": "", "label": "optional"}),
     "rpc added": lambda d: d["services"]["afe.scheduler.v1.Scheduler"].update(
-        RetryTicket={"input": "afe.scheduler.v1.GetTicketRequest", "output": "afe.scheduler.v1.Ticket",
+        PauseTicket={"input": "afe.scheduler.v1.GetTicketRequest", "output": "afe.scheduler.v1.Ticket",
                      "client_streaming": False, "server_streaming": False}),
     "message added": lambda d: d["messages"].update({"afe.scheduler.v1.Label": {"fields": {}}}),
     "enum value added": lambda d: d["enums"]["afe.scheduler.v1.NodeState"].update(NODE_STATE_RETRYING=8),
