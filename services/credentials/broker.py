@@ -13,6 +13,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.common.config import Config, Model, Workspace
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
@@ -23,12 +24,16 @@ from .forges import MERGE_METHODS, Forge, PullRequestInfo
 from .github import GitHubForge, RepoEvents
 from .models.base import Completion, ModelProvider, Msg, Tool
 from .relay import RelayHub, Usage
+from .reportmarks import STEP, load_key, mark
 from .workspaces import Committed, Prepared, WorkspaceGit, branch_for
 
 log = logging.getLogger(__name__)
 
 PERMISSION_TTL_S = 60.0        # how long a GitHub permission lookup is trusted
 PERMISSION_CACHE_MAX = 4096
+SHA = re.compile(r"^[0-9a-fA-F]{40}$")
+STATUS_STATES = ("pending", "success", "failure", "error")
+STATUS_CONTEXT = re.compile(r"^afe/[A-Za-z0-9._/-]{1,100}$")
 GITHUB_LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
 
 
@@ -48,7 +53,8 @@ class MergeOutcome:
 
 class CredentialCore:
     def __init__(self, config: Config, git: WorkspaceGit, forges: dict[str, Forge],
-                 providers: dict[str, ModelProvider], redactor: Redactor, relay: RelayHub | None = None) -> None:
+                 providers: dict[str, ModelProvider], redactor: Redactor, relay: RelayHub | None = None,
+                 report_key_file: Path | None = None) -> None:
         self.config = config
         self.relay = relay
         self.git = git
@@ -57,6 +63,9 @@ class CredentialCore:
         self.redactor = redactor
         self._merge_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._permissions: dict[tuple[str, str], tuple[float, str]] = {}   # (ws, login) -> (until, permission)
+        self.report_key_file = report_key_file        # reportmarks.py: the key of the comments' marks
+        self._report_key_bytes: bytes | None = None
+        self._report_locks: dict[tuple[str, str, str, str], asyncio.Lock] = {}
 
     # -- lookups -----------------------------------------------------------
     def workspace(self, name: str) -> Workspace:
@@ -190,6 +199,45 @@ class CredentialCore:
     async def repo_events(self, workspace: str, etag: str) -> RepoEvents:
         ws, forge = self._github(workspace)
         return await forge.repo_events(ws, etag)
+
+    # -- reporting back (docs/GITHUB.md, "Reporting back") -----------------------
+    async def upsert_issue_comment(self, workspace: str, number: str, ticket_id: str, step: str,
+                                   body: str) -> tuple[str, str, bool]:
+        """The one comment of (ticket, step) on the issue: edited when it exists, else posted (R37)."""
+        check_ticket_id(ticket_id)
+        if not STEP.match(step or ""):
+            raise InvalidArgument("step must be 1-40 of a-z, 0-9, _ and -")
+        if not body.strip():
+            raise InvalidArgument("a comment needs a body")
+        number = _number(number)
+        ws, forge = self._github(workspace)
+        the_mark = mark(self._report_key(), ws.forge.repo, number, ticket_id, step)
+        if len(self._report_locks) > PERMISSION_CACHE_MAX:
+            self._report_locks = {k: v for k, v in self._report_locks.items() if v.locked()}
+        lock = self._report_locks.setdefault((ws.name, number, ticket_id, step), asyncio.Lock())
+        async with lock:
+            return await forge.upsert_comment(ws, number, body, the_mark)
+
+    async def set_commit_status(self, workspace: str, sha: str, state: str, context: str, description: str,
+                                target_url: str) -> None:
+        if not SHA.match(sha or ""):
+            raise InvalidArgument("sha must be a full commit SHA (40 hex digits)")
+        if state not in STATUS_STATES:
+            raise InvalidArgument(f"state must be one of {', '.join(STATUS_STATES)}")
+        if not STATUS_CONTEXT.match(context or ""):
+            raise InvalidArgument("context must start with afe/ and hold only letters, digits, . _ - /")
+        if target_url and not re.match(r"^https?://[^\s]+$", target_url):
+            raise InvalidArgument("target_url must be an http:// or https:// URL")
+        ws, forge = self._github(workspace)
+        await forge.set_status(ws, sha.lower(), state, context, description.replace("\n", " ")[:140],
+                               target_url[:2000])
+
+    def _report_key(self) -> bytes:
+        if self._report_key_bytes is None:
+            if self.report_key_file is None:
+                raise FailedPrecondition("this credential broker has no report key file")
+            self._report_key_bytes = load_key(self.report_key_file)
+        return self._report_key_bytes
 
     # -- models ------------------------------------------------------------
     async def complete(self, model: str, messages: list[Msg], tools: list[Tool], max_tokens: int) -> Completion:

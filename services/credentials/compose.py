@@ -52,4 +52,4 @@ def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], 
         "replay": ReplayProvider(),
     }
     relay = RelayHub(config, layout, secrets, redactor, state_dir=own / "relay", ca_file=ca_file, proxies=proxies)
-    return CredentialCore(config, git, forges, providers, redactor, relay)
+    return CredentialCore(config, git, forges, providers, redactor, relay, report_key_file=own / "report.key")

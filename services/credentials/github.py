@@ -14,6 +14,9 @@ from services.common.secrets import SecretValue
 
 from .forges import Forge, PullRequestInfo
 from .httpclient import HttpClient, Response
+from .reportmarks import carries, marked
+
+MAX_COMMENT_PAGES = 30          # 3000 comments: an issue's marked report is looked for no further
 
 
 class GitHubForge(Forge):
@@ -165,6 +168,50 @@ class GitHubForge(Forge):
                                          payload_json=json.dumps(e["payload"]),
                                          repo=str((e.get("repo") or {}).get("name", ""))))
         return RepoEvents(False, h.get("etag", ""), events, interval, reset_ms, remaining)
+
+    # -- reporting back (docs/GITHUB.md, "Reporting back") -------------------------
+
+    async def find_marked_comment(self, ws: Workspace, number: str, the_mark: str) -> dict | None:
+        """The earliest comment of the issue whose body ends with `the_mark` (oldest first, as
+        GitHub lists them; at most MAX_COMMENT_PAGES pages of 100)."""
+        for page in range(1, MAX_COMMENT_PAGES + 1):
+            url = self._url(ws, "issues", number, "comments", query={"per_page": "100", "page": str(page)})
+            resp = await self._call(ws, "GET", url, "comment list")
+            if not resp.ok or not isinstance(resp.body, list):
+                raise self._fail(ws, resp, f"comment list of issue {number}")
+            for c in resp.body:
+                if isinstance(c, dict) and carries(c.get("body"), the_mark):
+                    return c
+            if len(resp.body) < 100:
+                return None
+        return None
+
+    async def upsert_comment(self, ws: Workspace, number: str, body: str, the_mark: str) -> tuple[str, str, bool]:
+        """(comment id, url, created): edit the marked comment, or post it when there is none."""
+        full = marked(body, the_mark)
+        found = await self.find_marked_comment(ws, number, the_mark)
+        if found is not None:
+            cid = str(found.get("id", ""))
+            if found.get("body") == full:
+                return cid, str(found.get("html_url", "")), False
+            resp = await self._call(ws, "PATCH", self._url(ws, "issues", "comments", cid), "comment edit",
+                                    {"body": full})
+            if not resp.ok or not isinstance(resp.body, dict):
+                raise self._fail(ws, resp, f"edit of comment {cid} on issue {number}")
+            return cid, str(resp.body.get("html_url", "")), False
+        resp = await self._call(ws, "POST", self._url(ws, "issues", number, "comments"), "comment", {"body": full})
+        if not resp.ok or not isinstance(resp.body, dict):
+            raise self._fail(ws, resp, f"comment on issue {number}")
+        return str(resp.body.get("id", "")), str(resp.body.get("html_url", "")), True
+
+    async def set_status(self, ws: Workspace, sha: str, state: str, context: str, description: str,
+                         target_url: str) -> None:
+        body = {"state": state, "context": context, "description": description}
+        if target_url:
+            body["target_url"] = target_url
+        resp = await self._call(ws, "POST", self._url(ws, "statuses", sha), "commit status", body)
+        if not resp.ok:
+            raise self._fail(ws, resp, f"commit status on {sha[:12]}")
 
     async def close(self) -> None:
         await self.http.close()

@@ -111,6 +111,16 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
             events=[pb.RepoEvent(id=e.id, type=e.type, actor_login=e.actor_login, payload_json=e.payload_json,
                                  repo=e.repo) for e in r.events])
 
+    async def UpsertIssueComment(self, request, context):
+        cid, url, created = await self.core.upsert_issue_comment(request.workspace, request.number,
+                                                                 request.ticket_id, request.step, request.body)
+        return pb.UpsertIssueCommentResponse(comment_id=cid, url=url, created=created)
+
+    async def SetCommitStatus(self, request, context):
+        await self.core.set_commit_status(request.workspace, request.sha, request.state, request.context,
+                                          request.description, request.target_url)
+        return pb.SetCommitStatusResponse()
+
 
 def register(core: CredentialCore):
     servicer = CredentialBrokerServicer(core)

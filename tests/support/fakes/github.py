@@ -1,5 +1,5 @@
 """A GitHub-REST-compatible fake: pulls (list/create/get/merge), issue
-comments, collaborator permissions and repository events (ETag, X-Poll-Interval,
+comments (create, list, edit), commit statuses, collaborator permissions and repository events (ETag, X-Poll-Interval,
 rate-limit headers), with the Authorization header checked. Given an `OpenApi`
 (tests/support/fakes/openapi.py), every request is checked against GitHub's
 REST description and the undocumented ones are listed in `undocumented`. `branches` maps a branch
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -30,8 +32,15 @@ class FakeGitHub(FakeServer):
         self.repo = repo
         self.branches: dict[str, str] = {}
         self.pulls: dict[int, dict] = {}
-        self.comments: list[dict] = []
+        self.comments: list[dict] = []            # {"number", "body"}; a comment's id is its index + 1
+        self.edits: list[int] = []                # ids of edited comments, in order
+        self.statuses: list[dict] = []            # {"sha", "state", "context", "description", "target_url"}
         self.merges: list[dict] = []
+        # Tests' hooks: `after_comment(id)` is awaited once a comment is stored, before the answer
+        # (e.g. to kill the caller); `strip_marks` stores bodies without their HTML comments
+        # (a broker that does not mark its comments: the R37 positive control).
+        self.after_comment: Callable[[int], Awaitable[None]] | None = None
+        self.strip_marks = False
 
     def routes(self, app: web.Application) -> None:
         base = "/repos/{owner}/{name}"
@@ -40,6 +49,9 @@ class FakeGitHub(FakeServer):
         app.router.add_get(base + "/pulls/{n}", self.get_pull)
         app.router.add_put(base + "/pulls/{n}/merge", self.merge_pull)
         app.router.add_post(base + "/issues/{n}/comments", self.comment)
+        app.router.add_get(base + "/issues/{n}/comments", self.list_comments)
+        app.router.add_patch(base + "/issues/comments/{id}", self.edit_comment)
+        app.router.add_post(base + "/statuses/{sha}", self.status)
         app.router.add_get(base + "/collaborators/{user}/permission", self.permission)
         app.router.add_get(base + "/events", self.list_events)
         if self.openapi is not None:
@@ -157,13 +169,61 @@ class FakeGitHub(FakeServer):
         self.merges.append({"number": pr["number"], "method": body.get("merge_method"), "sha": body.get("sha")})
         return web.json_response({"sha": merge_sha, "merged": True, "message": "Pull Request successfully merged"})
 
+    def _comment_view(self, cid: int) -> dict:
+        c = self.comments[cid - 1]
+        return {"id": cid, "node_id": f"IC_{cid}", "body": c["body"],
+                "url": f"{self.url}/repos/{self.repo}/issues/comments/{cid}",
+                "html_url": f"{self.url}/{self.repo}/issues/{c['number']}#issuecomment-{cid}",
+                "issue_url": f"{self.url}/repos/{self.repo}/issues/{c['number']}",
+                "user": {"login": "afe-bot", "id": 1, "type": "User"}, "author_association": "MEMBER",
+                "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}
+
     async def comment(self, request):
         if (r := self._check(request)) is not None:
             return r
         body = await request.json()
-        self.comments.append({"number": int(request.match_info["n"]), "body": body.get("body", "")})
-        return web.json_response({"html_url": f"{self.url}/{self.repo}/pull/{request.match_info['n']}"
-                                              f"#issuecomment-{len(self.comments)}"}, status=201)
+        text = body.get("body", "")
+        if self.strip_marks:
+            text = re.sub(r"\s*<!--.*?-->", "", text, flags=re.DOTALL)
+        self.comments.append({"number": int(request.match_info["n"]), "body": text})
+        cid = len(self.comments)
+        if self.after_comment is not None:
+            await self.after_comment(cid)
+        return web.json_response(self._comment_view(cid), status=201)
+
+    async def list_comments(self, request):
+        if (r := self._check(request)) is not None:
+            return r
+        n = int(request.match_info["n"])
+        per_page = min(100, int(request.query.get("per_page", "30")))
+        page = max(1, int(request.query.get("page", "1")))
+        ids = [i + 1 for i, c in enumerate(self.comments) if c["number"] == n]
+        shown = ids[(page - 1) * per_page:page * per_page]
+        return web.json_response([self._comment_view(i) for i in shown], headers=self._rate_headers())
+
+    async def edit_comment(self, request):
+        if (r := self._check(request)) is not None:
+            return r
+        cid = int(request.match_info["id"])
+        if not 1 <= cid <= len(self.comments):
+            return web.json_response({"message": "Not Found"}, status=404)
+        body = await request.json()
+        self.comments[cid - 1]["body"] = body.get("body", "")
+        self.edits.append(cid)
+        return web.json_response(self._comment_view(cid))
+
+    async def status(self, request):
+        if (r := self._check(request)) is not None:
+            return r
+        body = await request.json()
+        if body.get("state") not in ("pending", "success", "failure", "error"):
+            return web.json_response({"message": "Validation Failed"}, status=422)
+        sha = request.match_info["sha"]
+        self.statuses.append({"sha": sha, "state": body["state"], "context": body.get("context", "default"),
+                              "description": body.get("description"), "target_url": body.get("target_url")})
+        return web.json_response({"id": len(self.statuses), "state": body["state"],
+                                  "context": body.get("context", "default"),
+                                  "url": f"{self.url}/repos/{self.repo}/statuses/{sha}"}, status=201)
 
 
 __all__ = ["FakeGitHub"]
