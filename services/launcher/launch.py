@@ -214,6 +214,9 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
             argv += ["--sandbox-pool-max", str(opts.sandbox_pool_max)]
         if service == "scheduler" and opts.broker_recovery is not None:
             argv += ["--broker-recovery", str(opts.broker_recovery)]
+        if service == "scheduler":
+            # Ticket links on GitHub (github_report.py): the UI's address as users open it.
+            argv += ["--public-url", (opts.public_url or f"http://{opts.listen}").rstrip("/")]
         if service == "gateway":
             argv += ["--token-file", str(opts.layout.token_file), "--listen", opts.listen]
             if opts.public_url:

@@ -20,6 +20,7 @@ from .automation_key import AutomationKeyFile
 from .brokers import CredentialsClient, SandboxClient
 from .engine import Engine
 from .github_intake import GitHubIntake, Poller
+from .github_report import GitHubReporter
 from .hooks import register as register_hooks
 from .pool import DEFAULT_CAP as DEFAULT_POOL_CAP
 from .servicer import WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
@@ -37,6 +38,7 @@ class SchedulerApp:
     automation_key: AutomationKeyFile | None = None
     intake: GitHubIntake | None = None
     poller: Poller | None = None
+    reporter: GitHubReporter | None = None
 
     async def start(self) -> None:
         if self.automation_key is not None:
@@ -46,12 +48,16 @@ class SchedulerApp:
         await self.engine.start()
         if self.poller is not None:
             self.poller.start()
+        if self.reporter is not None:
+            self.reporter.resume()
 
     async def stop(self, grace: float = 2.0) -> None:
         if self.automation_key is not None:
             await self.automation_key.stop()
         if self.poller is not None:
             await self.poller.stop()
+        if self.reporter is not None:
+            await self.reporter.stop()
         await self.server.stop(grace)
         await self.engine.stop()
         await self.sandbox.close()
@@ -64,9 +70,10 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
               registry: CollectorRegistry | None = None, interceptors=(),
               recovery_interval: float = 2.0,
               watch_send_timeout: float = WATCH_SEND_TIMEOUT_S, store: Store | None = None,
-              pool_cap: int = DEFAULT_POOL_CAP) -> SchedulerApp:
+              pool_cap: int = DEFAULT_POOL_CAP, public_url: str = "") -> SchedulerApp:
     """`store` (already open, e.g. PostgreSQL from AFE_DATABASE_URL) wins over
-    `store_path` (a SQLite file, default `<data>/afe.db`)."""
+    `store_path` (a SQLite file, default `<data>/afe.db`). `public_url`: the UI's
+    address, for the ticket links afe writes on GitHub (github_report.py)."""
     if store is None:
         store = SqliteStore(store_path or layout.store_file)
     sandbox = SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
@@ -76,6 +83,8 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
                     registry=engine_registry,
                     recovery_interval=recovery_interval, pool_dir=layout.data_dir / "pool", pool_cap=pool_cap)
     intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry)
+    reporter = GitHubReporter(config, store, credentials, public_url)
+    engine.transitions.listeners.append(reporter.changed)
     # The keys of the scheduler's callers; services/common/callers.py says which service each may call.
     accepted = grpcutil.CallerSecrets({k: v for k, v in links.serve.items()
                                        if k in callers.callers_of(callers.SERVES["scheduler"])})
@@ -86,4 +95,4 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
                                      register_hooks(intake)],
                                     interceptors=interceptors, registry=registry, reflection=True)
     key_file = AutomationKeyFile(layout.automation_key, accepted) if "automation" in links.serve else None
-    return SchedulerApp(engine, store, sandbox, credentials, server, key_file, intake, Poller(intake))
+    return SchedulerApp(engine, store, sandbox, credentials, server, key_file, intake, Poller(intake), reporter)

@@ -242,3 +242,17 @@ class CredentialsClient:
             r = await self.stub.CommentPullRequest(
                 cpb.CommentPullRequestRequest(workspace=workspace, number=number, body=body), timeout=SHORT)
         return r.url
+
+    # Reporting back (github_report.py): comments and commit statuses, through the credential broker.
+    async def upsert_comment(self, workspace: str, number: str, ticket_id: str, step: str,
+                             body: str) -> cpb.UpsertIssueCommentResponse:
+        async with rpc_errors(CREDENTIALS, "a GitHub report comment"):
+            return await self.stub.UpsertIssueComment(cpb.UpsertIssueCommentRequest(
+                workspace=workspace, number=number, ticket_id=ticket_id, step=step, body=body), timeout=LONG)
+
+    async def set_status(self, workspace: str, sha: str, state: str, context: str, description: str,
+                         target_url: str) -> None:
+        async with rpc_errors(CREDENTIALS, "a GitHub commit status"):
+            await self.stub.SetCommitStatus(cpb.SetCommitStatusRequest(
+                workspace=workspace, sha=sha, state=state, context=context, description=description,
+                target_url=target_url), timeout=SHORT)

@@ -296,6 +296,7 @@ class GitHubIntake:
         inputs = {name: _clip_utf8(fields[f], MAX_INPUT_BYTES) for name, f in tr.inputs}
         origin = {
             "source": "github", "event": f"{event}.{action}", "delivery_id": delivery, "url": fields["url"],
+            "issue": fields["number"],
             "author": login, "trigger": tr.name, "title_untrusted": True, "body_untrusted": True,
             "inputs": [{"name": name, "source": sources[f], "untrusted": True} for name, f in tr.inputs],
         }

@@ -3,7 +3,7 @@ It holds no git/forge/model secret and never talks to Docker; it asks the
 sandbox broker and the credential broker over their sockets.
 
     python -m services.scheduler.main --config DIR --data DIR --run DIR \
-        --link-fd N --status-fd N --ops-host H --ops-port P [--max-running N]
+        --link-fd N --status-fd N --ops-host H --ops-port P [--max-running N] [--public-url URL]
 
 Serves the callers "gateway" and "automation"; calls "sandbox" and
 "credentials". `AFE_DATABASE_URL` (optional: a SQLite file or a PostgreSQL
@@ -43,6 +43,9 @@ def _extra(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker-recovery", type=float, default=2.0, metavar="SECONDS",
                    help="how often to check for a restarted sandbox broker (then reconcile) and to retry "
                    "failed teardowns at the latest (default 2; 0 = never, tests only)")
+    p.add_argument("--public-url", default="", metavar="URL",
+                   help="the URL users open the UI at (the gateway's --public-url); ticket links in the "
+                   "comments and commit statuses afe writes on GitHub start with it (none without it)")
 
 
 async def amain(argv: list[str] | None = None) -> int:
@@ -59,7 +62,7 @@ async def amain(argv: list[str] | None = None) -> int:
     app = build_app(config, ctx.layout, ctx.links, ctx.redactor, store=store,
                     max_running=args.max_running, registry=ctx.registry,
                     interceptors=grpc_server_interceptors(), recovery_interval=args.broker_recovery,
-                    pool_cap=max(0, args.sandbox_pool_max))
+                    pool_cap=max(0, args.sandbox_pool_max), public_url=args.public_url)
 
     async def store_ready() -> bool:
         return app.store.ping()

@@ -9,6 +9,7 @@ the end). Node states are the run's business (`TicketRun.run_node`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from services.common.metrics import SchedulerMetrics
@@ -29,6 +30,13 @@ class Transitions:
         self.store = store
         self.events = events
         self.metrics = metrics
+        # Called with (ticket id, state) after every stored change (github_report.py); never raise.
+        self.listeners: list[Callable[[str, str], None]] = []
+
+    def notify(self, ticket_id: str, state: str) -> None:
+        """Tell the listeners; also for a change that is not a state (a pull request opened)."""
+        for listener in self.listeners:
+            listener(ticket_id, state)
 
     def create(self, ticket: TicketRecord, nodes: list[NodeRunRecord], created: dict[str, Any]) -> None:
         """Store a new `queued` ticket, its node runs and `ticket.created` at once."""
@@ -54,6 +62,7 @@ class Transitions:
             self.events.flush()
         if counted:
             self.count(state)
+        self.notify(ticket_id, state)
 
     def count(self, state: str) -> None:
         if self.metrics is not None:
