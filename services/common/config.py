@@ -80,6 +80,8 @@ class Model:
     max_tokens: int = 4096
     timeout_s: float = 120.0
     source: str = ""
+    # USD per million tokens (input, output), for the cost estimate (services/common/cost.py); None: unpriced
+    price: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,12 @@ class RelayMetrics:
 
 
 @dataclass(frozen=True)
+class UsageMetrics:
+    tokens: Bounded               # counter {model, direction}: tokens the scheduler recorded (nodes and agents)
+    cost: Bounded                 # counter {model}: estimated USD (services/common/cost.py), priced Models only
+
+
+@dataclass(frozen=True)
 class GatewayMetrics:
     http_requests: Bounded        # counter {method, code_class}
     # logins, /rpc handshakes and JSON-RPC calls are counted by gateway/metrics.py
@@ -216,6 +222,20 @@ def relay_metrics(registry: CollectorRegistry, model_names: Iterable[str]) -> Re
                             model=names, direction=("input", "output")),
         )
     return _once(registry, "relay", build)
+
+
+def usage_metrics(registry: CollectorRegistry, model_names: Iterable[str]) -> UsageMetrics:
+    """`model` labels are the Model manifest names: a fixed set read at start (R25)."""
+    names = tuple(sorted(model_names))
+
+    def build() -> UsageMetrics:
+        return UsageMetrics(
+            tokens=_counter(registry, "afe_model_tokens_total", "Model tokens used by tickets (model nodes and "
+                            "agents), by Model manifest.", model=names, direction=("input", "output")),
+            cost=_counter(registry, "afe_model_cost_usd_total", "Estimated model cost in US dollars, from the "
+                          "Model manifests' price.", model=names),
+        )
+    return _once(registry, "usage", build)
 
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "other")

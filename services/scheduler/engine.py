@@ -26,7 +26,7 @@ from services.common import telemetry
 from services.common.config import Config
 from services.common.errors import AfeError, FailedPrecondition, InvalidArgument, NotFound
 from services.common.logs import ticket_var
-from services.common.metrics import scheduler_metrics
+from services.common.metrics import scheduler_metrics, usage_metrics
 from services.common.redact import Redactor
 
 from .brokers import CredentialBroker, SandboxBroker
@@ -83,6 +83,7 @@ class Engine:
         self.max_running = max(1, max_running)
         self.events = EventLog(store, redactor)
         self.metrics = scheduler_metrics(registry) if registry is not None else None
+        self.usage = usage_metrics(registry, config.models) if registry is not None else None
         self.transitions = Transitions(store, self.events, self.metrics)
         self.broker_retry_s = BROKER_RETRY_S   # how long runs wait for a broker that went away (R37)
         self._tasks: dict[str, asyncio.Task] = {}
@@ -569,6 +570,15 @@ class Engine:
         if self.metrics is not None:
             k = kind.split(":")[0]
             self.metrics.node_duration.labels(kind=k, outcome=outcome).observe(seconds)
+
+    def usage_metric(self, model: str, input_tokens: int, output_tokens: int, cost_usd: float | None) -> None:
+        """Count a model call's tokens and estimated cost; `model` is a Model manifest name."""
+        if self.usage is None or model not in self.config.models:
+            return
+        self.usage.tokens.labels(model=model, direction="input").inc(max(0, input_tokens))
+        self.usage.tokens.labels(model=model, direction="output").inc(max(0, output_tokens))
+        if cost_usd:
+            self.usage.cost.labels(model=model).inc(cost_usd)
 
     async def wait_for_decision(self, ticket_id: str) -> ApprovalRecord:
         fut: asyncio.Future[ApprovalRecord] = asyncio.get_running_loop().create_future()

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -24,6 +25,13 @@ DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https:
                      "gemini": "https://generativelanguage.googleapis.com"}
 
 
+class ModelPrice(BaseModel):
+    """What a Model's tokens cost: USD per million tokens, by direction."""
+    model_config = ConfigDict(extra="forbid")
+    input: float = Field(ge=0, description="USD per million input (prompt) tokens")
+    output: float = Field(ge=0, description="USD per million output (completion) tokens")
+
+
 class ModelManifest(BaseModel):
     """A model API the engine (model nodes) or an agent (through the relay) calls."""
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -38,11 +46,13 @@ class ModelManifest(BaseModel):
                                "the config folder")
     maxTokens: int = Field(4096, ge=1)
     timeout: float = Field(120.0, gt=0, description="seconds per request")
+    price: ModelPrice | None = Field(None, description="USD per million tokens, for the cost estimate "
+                                     "(services/common/cost.py); unset: cost not estimated")
 
 
 def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> None:
     doc.fields(d, "", ("kind", "name", "provider", "model", "baseUrl", "apiKeyEnv", "script", "maxTokens",
-                       "timeout"), ("provider",))
+                       "timeout", "price"), ("provider",))
     provider = doc.choice(d, "provider", "provider", PROVIDERS)
     model = doc.text(d, "model", "model", "")
     base_url = doc.text(d, "baseUrl", "baseUrl", DEFAULT_BASE_URLS.get(provider or "", ""))
@@ -70,8 +80,27 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
             doc.error("model", f"required for provider {provider}; add model: <model id>")
     max_tokens = doc.integer(d, "maxTokens", "maxTokens", 4096, minimum=1)
     timeout = doc.number(d, "timeout", "timeout", 120.0)
+    price = _price(doc, d)
     if doc.named and name is not None and provider is not None:
         loader.models[name] = Model(name=name, provider=provider, model=model, base_url=base_url.rstrip("/"),
                                   api_key_env=api_key_env, script=script, max_tokens=max_tokens,
-                                  timeout_s=timeout, source=doc.where)
+                                  timeout_s=timeout, source=doc.where, price=price)
+
+
+def _price(doc: Doc, d: Mapping[str, Any]) -> tuple[float, float] | None:
+    """`price: {input: <USD per million tokens>, output: <USD per million tokens>}`, both required."""
+    p = doc.mapping(d, "price", "price")
+    if p is None:
+        return None
+    if not doc.fields(p, "price", ("input", "output"), ("input", "output"),
+                      hint=" (USD per million tokens, e.g. price: {input: 3, output: 15})"):
+        return None
+    values = []
+    for key in ("input", "output"):
+        v = p[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            doc.error(f"price.{key}", "must be a number of US dollars per million tokens, 0 or more")
+            return None
+        values.append(float(v))
+    return values[0], values[1]
 

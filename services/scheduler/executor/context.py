@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
+from services.common import cost
 from services.common.config import Agent, Config, Node, Workflow, Workspace
 from services.common.errors import AfeError, PeerUnavailable, ResourceExhausted
 from services.common.relayenv import relay_env
@@ -115,6 +116,15 @@ class RunContext:
             self._ancestors = ancestors(self.workflow.nodes)
         return self._ancestors[node_id]
 
+    def record_usage(self, node_id: str, model_name: str, input_tokens: int, output_tokens: int,
+                     **extra: Any) -> None:
+        """A `model.usage` event (tokens and the estimated cost, services/common/cost.py) and the
+        usage metrics; the ticket's token total is added to by the caller (add_tokens)."""
+        payload = cost.usage_payload(node_id, self.config.models.get(model_name), model_name,
+                                     input_tokens, output_tokens)
+        self.emit("model.usage", {**payload, **extra})
+        self.host.usage_metric(model_name, input_tokens, output_tokens, payload.get("cost_usd"))
+
     def add_tokens(self, n: int) -> int:
         """Add `n` to the ticket's tokens used; returns the new total."""
         t = self.store.get_ticket(self.ticket.id)
@@ -212,9 +222,7 @@ class RunContext:
             di, do = m.input_tokens - i0, m.output_tokens - o0
             if di or do:
                 added += di + do
-                self.emit("model.usage", {"node": node.id, "model": m.model, "input_tokens": di,
-                                          "output_tokens": do, "ticket_input_tokens": m.input_tokens,
-                                          "ticket_output_tokens": m.output_tokens,
-                                          "budget_tokens": usage.budget_tokens})
+                self.record_usage(node.id, m.model, di, do, ticket_input_tokens=m.input_tokens,
+                                  ticket_output_tokens=m.output_tokens, budget_tokens=usage.budget_tokens)
         if added:
             self.add_tokens(added)

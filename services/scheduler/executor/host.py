@@ -35,6 +35,8 @@ class Host(Protocol):
 
     def node_metric(self, kind: str, outcome: str, seconds: float) -> None: ...
 
+    def usage_metric(self, model: str, input_tokens: int, output_tokens: int, cost_usd: float | None) -> None: ...
+
     async def wait_for_decision(self, ticket_id: str) -> ApprovalRecord:
         """Park the ticket (it stops counting against capacity) until a person
         approves or rejects; the caller has moved it to `waiting_approval`."""

@@ -29,6 +29,7 @@ SYSTEM_PROMPT = (
     "When you are done, answer with a short summary and no tool call."
 )
 EVENT_TEXT = 4000  # characters of a message or tool result put in an event
+PROMPT_TEXT = 32000  # characters of the prompt a node received put in its node.prompt event
 
 
 async def model_node(ctx: RunContext, node: Node) -> str:
@@ -42,12 +43,16 @@ async def model_node(ctx: RunContext, node: Node) -> str:
     return await run_model_node(
         ticket_id=ctx.ticket.id, node=node, model=model, prompt=ctx.prompt(node),
         toolbox=toolbox, credentials=ctx.credentials, emit=ctx.emit, add_tokens=ctx.add_tokens,
-        ticket_budget=ctx.workflow.max_tokens)
+        ticket_budget=ctx.workflow.max_tokens, record_usage=ctx.record_usage)
 
 
 async def run_model_node(*, ticket_id: str, node: Node, model: Model, prompt: str, toolbox: Toolbox,
                          credentials: CredentialBroker, emit: Callable[[str, dict[str, Any]], None],
-                         add_tokens: Callable[[int], int], ticket_budget: int) -> str:
+                         add_tokens: Callable[[int], int], ticket_budget: int,
+                         record_usage: Callable[[str, str, int, int], None] | None = None) -> str:
+    # What the model receives, viewable in the UI and `afe ticket show --prompts` (redacted with every event).
+    emit("node.prompt", {"node": node.id, "model": model.name, "system": SYSTEM_PROMPT[:PROMPT_TEXT],
+                         "prompt": prompt[:PROMPT_TEXT], "truncated": len(prompt) > PROMPT_TEXT})
     messages = [cpb.Message(role="system", content=SYSTEM_PROMPT), cpb.Message(role="user", content=prompt)]
     tools = [cpb.ToolSpec(name=t.name, description=t.description, parameters_json_schema=json.dumps(t.schema))
              for t in toolbox.specs()]
@@ -69,6 +74,8 @@ async def run_model_node(*, ticket_id: str, node: Node, model: Model, prompt: st
             "tool_calls": [{"id": c.id, "name": c.name} for c in msg.tool_calls],
             "input_tokens": resp.usage.input_tokens, "output_tokens": resp.usage.output_tokens,
             "stop_reason": resp.stop_reason})
+        if record_usage is not None:
+            record_usage(node.id, model.name, resp.usage.input_tokens, resp.usage.output_tokens)
         messages.append(cpb.Message(role="assistant", content=msg.content, tool_calls=list(msg.tool_calls)))
         if node.max_tokens and node_tokens > node.max_tokens:
             raise stop("node_tokens", f"the node's token budget ({node.max_tokens}) is spent: "
