@@ -102,7 +102,8 @@ def event(e: pb.Event) -> dict:
 
 def workflow(w: pb.Workflow) -> dict:
     return {"name": w.name, "workspace": w.workspace,
-            "nodes": [{"id": n.id, "kind": n.kind, "needs": list(n.needs)} for n in w.nodes]}
+            "nodes": [{"id": n.id, "kind": n.kind, "needs": list(n.needs)} for n in w.nodes],
+            "inputs": [{"name": i.name, "required": i.required, "default": i.default_value} for i in w.inputs]}
 
 
 def workspace(w: pb.Workspace) -> dict:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Self
 
+from services.common import cost
 from services.common.states import TicketState
 
 EXIT_OK = 0             # done / the ticket succeeded
@@ -188,6 +189,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sh = _parser(tsub, "show", help="show one ticket", description="Show a ticket, its nodes and its PR.")
     sh.add_argument("id")
     sh.add_argument("--diff", action="store_true", help="also print the workspace diff")
+    sh.add_argument("--prompts", "-v", action="store_true",
+                    help="also print the system prompt and prompt each model node received")
     _common(sh)
     sh.set_defaults(func=_run(_show))
 
@@ -323,6 +326,40 @@ def _print_ticket(t: dict) -> None:
         print(f"usage: {t['usage'].get('tokens', 0)} model tokens")
 
 
+def _spent(u: dict) -> str:
+    money = cost.fmt_usd(u["cost_usd"]) + (" (some models have no price)" if u["unpriced"] and
+                                           u["cost_usd"] is not None else "")
+    if u["cost_usd"] is None:
+        money = "cost unknown (add price: to the Model manifests)"
+    return f"{u['input_tokens']} in / {u['output_tokens']} out tokens, {money}"
+
+
+def _print_usage(spent: dict) -> None:
+    """Tokens and the estimated cost (services/common/cost.py), per node and for the ticket."""
+    if not spent["nodes"]:
+        return
+    print("model usage (estimated cost):")
+    for node, u in sorted(spent["nodes"].items()):
+        print(f"  {node or '(ticket)':<16} {_spent(u)}")
+    print(f"  {'total':<16} {_spent(spent['ticket'])}")
+
+
+def _print_prompts(events: list[dict]) -> None:
+    prompts = [e.get("payload") or {} for e in events if e.get("type") == "node.prompt"]
+    if not prompts:
+        print("prompts: (no model node has started)")
+    for p in prompts:
+        print(f"prompt of {p.get('node', '?')} (model {p.get('model', '?')}):")
+        print("  system:")
+        for ln in str(p.get("system") or "").split("\n"):
+            print(f"    {ln}".rstrip())
+        print("  prompt:")
+        for ln in str(p.get("prompt") or "").split("\n"):
+            print(f"    {ln}".rstrip())
+        if p.get("truncated"):
+            print("    (cut short in the event)")
+
+
 def _print_test_output(t: dict) -> None:
     """The output of the ticket's `run:` nodes (its tests), kept with the ticket after it ended."""
     runs = [n for n in t["nodes"] if n.get("kind") == "run" and (n.get("output") or n.get("error"))]
@@ -404,10 +441,17 @@ async def _list(client: RpcClient, args: argparse.Namespace) -> int:
 async def _show(client: RpcClient, args: argparse.Namespace) -> int:
     t = await client.call("tickets.get", {"id": args.id})
     diff = (await client.call("tickets.diff", {"id": args.id})) if args.diff else None
+    # Tokens and cost per node, and the prompts, come from the ticket's recorded events.
+    events = [e async for e in client.watch(args.id, 1, follow=False)
+              if e.get("type") in ("model.usage", "node.prompt")]
+    spent = cost.totals(events)
     if args.json:
-        _emit_json({**t, **({"diff": diff} if diff else {})})
+        _emit_json({**t, "cost": spent, **({"diff": diff} if diff else {})})
         return EXIT_OK
     _print_ticket(t)
+    _print_usage(spent)
+    if getattr(args, "prompts", False):
+        _print_prompts(events)
     if diff:
         _print_test_output(t)
         print(diff["diff"] or "(no changes)")
@@ -493,8 +537,40 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
     if typ == "push.done":
         return f"{at} {node:<16} pushed {p.get('branch', '')} at {str(p.get('sha', ''))[:12]}"
     if typ == "model.usage":
+        money = f", ~{cost.fmt_usd(p['cost_usd'])}" if isinstance(p.get("cost_usd"), (int, float)) else ""
         return (f"{at} {node:<16} tokens: {p.get('input_tokens', 0)} in, {p.get('output_tokens', 0)} out "
-                f"({p.get('model', '')})")
+                f"({p.get('model', '')}{money})")
+    if typ == "node.prompt":
+        return f"{at} {node:<16} prompt sent to {p.get('model', '')} ({len(str(p.get('prompt') or ''))} chars)"
+    if typ == "node.feedback":
+        return (f"{at} {node:<16} failed; round {p.get('round', '?')} of {p.get('max', '?')}: its output goes "
+                f"back to {p.get('to', '?')}")
+    if typ == "node.feedback_spent":
+        return f"{at} {node:<16} failed after {p.get('rounds', '?')} rounds back to {p.get('to', '?')}"
+    if typ == "agent.tool_call_update":
+        return f"{at} {node:<16} agent tool {p.get('id', '')}: {p.get('status') or 'updated'}"
+    if typ == "agent.fs":
+        return f"{at} {node:<16} agent {p.get('op', '')} {p.get('path', '')}" + (
+            " (refused)" if p.get("ok") is False else "")
+    if typ == "agent.terminal":
+        cmd = f": {p['command']}" if p.get("command") else ""
+        return f"{at} {node:<16} agent terminal {p.get('op', '')}{cmd}" + (" (refused)" if p.get("ok") is False else "")
+    if typ == "agent.plan":
+        entries = p.get("entries") or []
+        done = sum(1 for x in entries if x.get("status") == "completed")
+        return f"{at} {node:<16} agent plan: {done} of {len(entries)} steps done"
+    if typ == "agent.cancel":
+        return f"{at} {node:<16} agent asked to stop (session/cancel)"
+    if typ == "agent.protocol_error":
+        return f"{at} {node:<16} agent protocol error: {p.get('reason', '')}"
+    if typ == "ticket.reopened":
+        again = f": runs {', '.join(p['nodes'])} again" if p.get("nodes") else ""
+        return f"{at} ticket re-opened ({p.get('reason', '')}) by {p.get('principal', '?')}{again}"
+    if typ == "branch.conflict":
+        return f"{at} updating the branch conflicts in: {', '.join(p.get('paths') or [])}"
+    if typ == "agent.permission":
+        what = p.get("title") or p.get("kind") or p.get("tool") or "a tool"
+        return f"{at} {node:<16} agent asked permission for {what}: {p.get('outcome') or p.get('decision') or ''}".rstrip()
     if typ == "node.budget_exceeded":
         return f"{at} {node:<16} budget spent ({p.get('limit', '')}): {p.get('reason', '')}"
     if typ in ("broker.retry", "broker.recovered"):

@@ -136,8 +136,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     async def ListWorkflows(self, request, context) -> pb.ListWorkflowsResponse:
         out = []
         for wf in sorted(self.engine.config.workflows.values(), key=lambda w: w.name):
+            defaults = dict(wf.input_defaults)
             out.append(pb.Workflow(name=wf.name, workspace=wf.workspace or "", nodes=[
-                pb.WorkflowNode(id=n.id, kind=n.label, needs=list(n.needs)) for n in wf.nodes]))
+                pb.WorkflowNode(id=n.id, kind=n.label, needs=list(n.needs)) for n in wf.nodes],
+                inputs=[pb.WorkflowInput(name=i, required=i not in defaults, default_value=defaults.get(i, ""))
+                        for i in wf.inputs]))
         return pb.ListWorkflowsResponse(workflows=out)
 
     async def ListWorkspaces(self, request, context) -> pb.ListWorkspacesResponse:

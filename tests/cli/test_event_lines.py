@@ -41,3 +41,30 @@ def test_a_multi_line_error_stays_on_separate_lines():
                       "at_ms": 0}, {}, 0, False)
     assert line is not None
     assert line.splitlines()[1:] == [f"{'':>10} {ln}" for ln in err.split("\n")]
+
+
+MORE = [
+    ("model.usage", {"node": "code", "model": "m", "input_tokens": 1000, "output_tokens": 10, "cost_usd": 0.0123},
+     "tokens: 1000 in, 10 out (m, ~$0.0123)"),
+    ("node.prompt", {"node": "fix", "model": "m", "system": "s", "prompt": "fix it"}, "prompt sent to m (6 chars)"),
+    ("node.feedback", {"node": "fix", "round": 1, "max": 2, "to": "code"}, "round 1 of 2: its output goes back to code"),
+    ("node.feedback_spent", {"node": "test", "rounds": 2, "to": "code"}, "failed after 2 rounds back to code"),
+    ("agent.tool_call_update", {"node": "code", "id": "c1", "status": "completed"}, "agent tool c1: completed"),
+    ("agent.fs", {"node": "code", "op": "write", "path": "/etc/x", "ok": False}, "agent write /etc/x (refused)"),
+    ("agent.terminal", {"node": "code", "op": "create", "command": "pytest", "ok": True}, "agent terminal create: pytest"),
+    ("agent.permission", {"node": "code", "kind": "edit", "title": "edit a.py", "decision": "allow"},
+     "agent asked permission for edit a.py: allow"),
+    ("agent.plan", {"node": "code", "entries": [{"status": "completed"}, {"status": "pending"}]},
+     "agent plan: 1 of 2 steps done"),
+    ("agent.cancel", {"node": "code", "sent": "session/cancel"}, "agent asked to stop"),
+    ("agent.protocol_error", {"node": "code", "reason": "bad"}, "agent protocol error: bad"),
+    ("ticket.reopened", {"principal": "ui", "reason": "retry", "nodes": ["test"]}, "re-opened (retry) by ui: runs test again"),
+    ("branch.conflict", {"paths": ["a.py", "b.py"]}, "conflicts in: a.py, b.py"),
+]
+
+
+@pytest.mark.parametrize(("typ", "payload", "expected"), MORE, ids=[e[0] for e in MORE])
+def test_agent_feedback_and_cost_events_have_a_readable_line(typ, payload, expected):
+    line = _describe({"type": typ, "payload": payload, "at_ms": 1500}, {}, 0, True)
+    assert line is not None and expected in line, line
+    assert "{" not in line and line.startswith("[   1.5s]")

@@ -810,27 +810,62 @@ class WorkflowNode(_message.Message):
 Global___WorkflowNode: _TypeAlias = WorkflowNode  # noqa: Y015
 
 @_typing.final
+class WorkflowInput(_message.Message):
+    """A declared workflow input, for the new-ticket form."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    REQUIRED_FIELD_NUMBER: _builtins.int
+    DEFAULT_VALUE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    required: _builtins.bool
+    """no default: a ticket must set it"""
+    default_value: _builtins.str
+    """the default of an optional input"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        required: _builtins.bool = ...,
+        default_value: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_value", b"default_value", "name", b"name", "required", b"required"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkflowInput: _TypeAlias = WorkflowInput  # noqa: Y015
+
+@_typing.final
 class Workflow(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     workspace: _builtins.str
     """default workspace, when the workflow names one"""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkflowNode]: ...
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkflowInput]:
+        """in declaration order"""
+
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         nodes: _abc.Iterable[Global___WorkflowNode] | None = ...,
         workspace: _builtins.str = ...,
+        inputs: _abc.Iterable[Global___WorkflowInput] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "nodes", b"nodes", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inputs", b"inputs", "name", b"name", "nodes", b"nodes", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
