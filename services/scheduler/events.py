@@ -258,7 +258,8 @@ class EventLog:
                 for ev in page:
                     yield ev
                     sent = ev.seq
-                    if ev.type == FINAL_EVENT:
+                    # A re-opened ticket (Engine.reopen) has events after an earlier end: go on to them.
+                    if ev.type == FINAL_EVENT and not self.store.events(ticket_id, ev.seq + 1, 1):
                         return
             if not follow:
                 return

@@ -57,6 +57,13 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     async def GetTicket(self, request, context):
         return self._get(request.id)
 
+    async def GetPullRequest(self, request, context):
+        for t in self.tickets.values():
+            if t.workspace == request.workspace and t.HasField("pr") and t.pr.number == request.number:
+                return t
+        raise errors.NotFound(f"workspace {request.workspace!r} has no pull request {request.number!r} that afe "
+                              "opened")
+
     async def GetTicketDiff(self, request, context):
         self._get(request.id)
         return pb.TicketDiff(diff="--- a/calc.py\n+++ b/calc.py\n", truncated=False)

@@ -125,3 +125,16 @@ def test_github_pull_request_urls_stay_links_to_github():
     assert convert.pr_url(gh, ORIGIN) == gh
     assert convert.pr_url("local:demo/pulls/2", ORIGIN) == f"{ORIGIN}/pulls/demo/2"
     assert convert.pr_url("local:demo/pulls/2/../x", ORIGIN) == "local:demo/pulls/2/../x"   # not the local form
+
+
+async def test_watching_a_re_opened_ticket_from_the_start_goes_past_its_earlier_end(h):
+    engine = await h.start()
+    tid = await _end(h, engine, "rejected")
+    await engine.retry(tid, "", "alice")
+    await h.until(tid, (WAITING_APPROVAL,))
+    t = h.store.get_ticket(tid)
+    await engine.approve(tid, "alice", t.awaiting_sha)
+    await h.until(tid)
+    seen = [ev.type async for ev in engine.watch(tid, 1, True)]
+    assert seen.count("ticket.finished") == 2 and seen[-1] == "ticket.finished", seen   # both ends, then done
+    assert "ticket.reopened" in seen and seen.index("ticket.reopened") > seen.index("ticket.finished")
