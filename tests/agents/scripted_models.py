@@ -6,11 +6,12 @@ run `python3 -m unittest` with the agent's shell tool, then answer in text.
 - `ScriptedAnthropic`: the Anthropic Messages API (`POST /v1/messages`,
   SSE `message_start`, `content_block_start` tool_use + `input_json_delta`,
   `message_delta` stop_reason `tool_use`, `message_stop`), as Claude Code
-  (through @zed-industries/claude-code-acp) calls it. Under ACP the adapter
-  gives Claude Code the client's fs and terminal as MCP tools
+  (through @zed-industries/claude-code-acp) and opencode call it. Under ACP
+  the adapter gives Claude Code the client's fs and terminal as MCP tools
   (`mcp__acp__Edit`, `mcp__acp__Bash`, ...) and disallows its built-in
-  Edit/Write/Bash; requests without those tools (title generation, a
-  quota probe, a haiku call) get a short text answer.
+  Edit/Write/Bash; opencode offers its own `read`/`edit`/`bash`. Requests
+  without those tools (title generation, a quota probe, a haiku call) get a
+  short text answer.
 - `ScriptedResponses`: the OpenAI Responses API (`POST /v1/responses`, SSE
   `response.created`, `response.output_item.added` / `.done` with a
   `function_call` or `custom_tool_call`, `response.completed` with usage),
@@ -30,6 +31,7 @@ import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from typing import ClassVar
 
 from aiohttp import web
 
@@ -64,7 +66,8 @@ class Scripted(FakeServer):
         self.steps: list[int] = []            # the main-loop step each scripted answer was for
         self.tool_results: list[str] = []     # what the agent sent back as each tool's result
         self.on_step: Callable[[int], Awaitable[None]] | None = None
-        self.errors: list[str] = []
+        self.edit_step = 0                    # the step whose answer is the edit
+        self.shell_step = 1                   # the step whose answer runs the tests
 
     def expected_header(self) -> str:
         raise NotImplementedError
@@ -92,8 +95,21 @@ class Scripted(FakeServer):
 
 class ScriptedAnthropic(Scripted):
     header = "x-api-key"
-    EDIT = "mcp__acp__Edit"
-    BASH = "mcp__acp__Bash"
+    # The tool calls per agent, by the tools its requests offer. Claude Code under
+    # ACP: the adapter's MCP tools that route to ACP fs/terminal. opencode: its own
+    # tools, whose edit refuses a file not read first in the session.
+    SCRIPTS: ClassVar[dict[str, tuple]] = {
+        "mcp__acp__Edit": (
+            ("mcp__acp__Edit", {"file_path": "/workspace/calc.py", "old_string": BUGGY_SOURCE,
+                                "new_string": FIXED_SOURCE}),
+            ("mcp__acp__Bash", {"command": TEST_COMMAND, "timeout": 60000, "description": "Run the unit tests"}),
+        ),
+        "edit": (
+            ("read", {"filePath": "/workspace/calc.py"}),
+            ("edit", {"filePath": "/workspace/calc.py", "oldString": BUGGY_SOURCE, "newString": FIXED_SOURCE}),
+            ("bash", {"command": TEST_COMMAND, "timeout": 60000, "description": "Run the unit tests"}),
+        ),
+    }
 
     def expected_header(self) -> str:
         return self.key
@@ -111,27 +127,30 @@ class ScriptedAnthropic(Scripted):
         return web.json_response({"type": "error", "error": {"type": "authentication_error",
                                                              "message": "invalid x-api-key"}}, status=401)
 
+    def script_for(self, tools: set) -> tuple | None:
+        for marker, script in self.SCRIPTS.items():
+            if {name for name, _ in script} <= tools and marker in tools:
+                return script
+        return None
+
     async def messages(self, request: web.Request) -> web.StreamResponse:
         if not self.authorized(request):
             return self.unauthorized()
         body = await request.json()
-        tools = {t.get("name") for t in body.get("tools") or []}
-        if self.EDIT not in tools or self.BASH not in tools:
+        script = self.script_for({t.get("name") for t in body.get("tools") or []})
+        if script is None:
             return await self.answer(request, body, [{"type": "text", "text": "Fix add() in calc.py"}], "end_turn")
         results = [b for m in body.get("messages", []) if m.get("role") == "user"
                    and isinstance(m.get("content"), list)
                    for b in m["content"] if b.get("type") == "tool_result"]
         step = len(results)
         self.tool_results = [json.dumps(r.get("content")) for r in results]
+        self.edit_step = next(i for i, (name, _) in enumerate(script) if name.lower().endswith("edit"))
+        self.shell_step = len(script) - 1
         await self._before(step)
-        if step == 0:
-            block = self.tool_use(self.EDIT, {"file_path": "/workspace/calc.py", "old_string": BUGGY_SOURCE,
-                                              "new_string": FIXED_SOURCE})
-            return await self.answer(request, body, [block], "tool_use")
-        if step == 1:
-            block = self.tool_use(self.BASH, {"command": TEST_COMMAND, "timeout": 60000,
-                                              "description": "Run the unit tests"})
-            return await self.answer(request, body, [block], "tool_use")
+        if step < len(script):
+            name, args = script[step]
+            return await self.answer(request, body, [self.tool_use(name, args)], "tool_use")
         return await self.answer(request, body, [{"type": "text", "text": FINAL_TEXT}], "end_turn")
 
     @staticmethod

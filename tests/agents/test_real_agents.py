@@ -1,11 +1,11 @@
 """The coding agents people use, for real, with no model key in any sandbox
 (R9, R32): the preset images with the pinned npm packages of the Claude
-Code and Codex ACP adapters (built by `build_agent_image`, rebuilt only
+Code and Codex ACP adapters, and of opencode (built by `build_agent_image`, rebuilt only
 when their inputs change) run a ticket of the demo repository through
 `afe up` (the four real processes: gateway, scheduler, sandbox broker,
 credential broker):
 
-    fix (Agent preset: claude-code | codex, model: my-claude | my-gpt)
+    fix (Agent preset: claude-code | codex | opencode, model: my-claude | my-gpt)
       -> test (python3 -m unittest) -> pr (builtin:open_pr) -> merge (waits)
 
 The Model's baseUrl is a server of the tests' own (tests/agents/
@@ -88,6 +88,8 @@ CASES = {
     # preset: (Model name, provider, model id, key, the agent's key variable, fake server)
     "claude-code": ("my-claude", "anthropic", "claude-sonnet-4-5", "sk-ant-api03-", "ANTHROPIC_API_KEY",
                     ScriptedAnthropic),
+    "opencode": ("my-claude", "anthropic", "claude-sonnet-4-5", "sk-ant-api03-", "ANTHROPIC_API_KEY",
+                 ScriptedAnthropic),
     "codex": ("my-gpt", "openai", "gpt-5-codex", "sk-proj-", "OPENAI_API_KEY", ScriptedResponses),
 }
 
@@ -181,7 +183,7 @@ def _environs(inside: str) -> dict[str, dict[str, str]]:
     return {f"{pid} {cmdlines.get(pid, '')}": env for pid, env in procs.items()}
 
 
-@pytest.mark.parametrize("preset", ["claude-code", "codex"])
+@pytest.mark.parametrize("preset", ["claude-code", "codex", "opencode"])
 async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_no_key_in_the_sandbox(
         short_tmp, preset):
     model_name, provider, model_id, key_prefix, key_var, server_cls = CASES[preset]
@@ -206,7 +208,7 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
 
             async def look(step: int) -> None:
                 # the agent has edited the file and waits for the model's next move
-                if step == 1 and not looked:
+                if step == server.edit_step + 1 and not looked:
                     looked.update(await asyncio.to_thread(_inspect_sandbox, ticket["id"], key))
                     services_env.update({name: key.encode() in environ_bytes(pid)
                                          for name, pid in afe.pids().items()})
@@ -244,8 +246,10 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
     assert services_env == {"launcher": True, "sandbox": False, "credentials": False, "scheduler": False,
                             "gateway": False}, services_env
     # The agent did the work: it edited calc.py and ran the tests with its shell tool, then answered.
-    assert server.steps[:3] == [0, 1, 2], server.steps
-    assert "OK" in server.tool_results[1] and "Ran 2 tests" in server.tool_results[1], server.tool_results
+    last = server.shell_step + 1
+    assert server.steps[:last + 1] == list(range(last + 1)), server.steps
+    ran = server.tool_results[server.shell_step]
+    assert "OK" in ran and "Ran 2 tests" in ran, server.tool_results
     kinds = [p.get("kind") for ty, p in events if ty == "agent.tool_call"]
     assert "edit" in kinds and "execute" in kinds, kinds
     if preset == "claude-code":

@@ -124,6 +124,25 @@ async def test_anthropic_script_streams_documented_events():
         assert [server.authorized_seen(s) for s in server.seen] == [True] * 6 + [False]
 
 
+async def test_anthropic_script_for_opencode_tools_reads_first():
+    """opencode's own tools: read, then edit (it refuses an edit of a file not read), then bash."""
+    async with ScriptedAnthropic(KEY) as server, aiohttp.ClientSession() as http:
+        tools = ("bash", "edit", "read", "write", "glob")
+        calls = []
+        for results in range(4):
+            async with http.post(server.url + "/v1/messages", json=anthropic_body(results, tools=tools),
+                                 headers={"x-api-key": KEY}) as resp:
+                blocks, stop = anthropic_turn(await sse(resp))
+                calls.append((blocks[0].get("name"), blocks[0].get("input"), stop))
+        assert calls == [
+            ("read", {"filePath": "/workspace/calc.py"}, "tool_use"),
+            ("edit", {"filePath": "/workspace/calc.py", "oldString": BUGGY_SOURCE, "newString": FIXED_SOURCE},
+             "tool_use"),
+            ("bash", {"command": TEST_COMMAND, "timeout": 60000, "description": "Run the unit tests"}, "tool_use"),
+            (None, None, "end_turn")]
+        assert (server.edit_step, server.shell_step) == (1, 2)
+
+
 def responses_body(results: int, tools: list[dict] | None = None, stream: bool = True) -> dict:
     items: list[dict] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix"}]}]
     for i in range(results):
