@@ -65,6 +65,8 @@ STATES_JS = (
     f"export const STATES = {json.dumps([s.value for s in TicketState])};\n"
     f"export const TERMINAL = new Set({json.dumps([s.value for s in TicketState if s.terminal])});\n"
     f"export const WAITING_APPROVAL = {json.dumps(TicketState.WAITING_APPROVAL.value)};\n"
+    # the ended states a person may run again (Retry / Update branch)
+    f"export const RETRYABLE = new Set({json.dumps([TicketState.FAILED.value, TicketState.CANCELLED.value])});\n"
 )
 
 

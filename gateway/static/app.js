@@ -4,14 +4,31 @@
 import { Rpc, RpcError } from "./rpc.js";
 import { h, clear, when } from "./dom.js";
 import { drawGraph, elapsed } from "./graph.js";
-import { STATES, TERMINAL, WAITING_APPROVAL } from "/states.js";   // served from services/common/states.py
+import { STATES, TERMINAL, WAITING_APPROVAL, RETRYABLE } from "/states.js";   // served from services/common/states.py
 const DEMO = { workspace: "demo", workflow: "demo-fix", title: "Fix add() in the demo calculator",
                body: "The test for add() fails: add(2, 3) returns -1. Make the tests pass." };
 
 const app = document.getElementById("app");
 const nav = document.getElementById("nav");
 const conn = document.getElementById("conn");
-const rpc = new Rpc((s) => { conn.textContent = s; conn.dataset.state = s; });
+const banner = document.getElementById("conn-banner");
+let wasConnected = false, bannerTimer = null;
+// A clear banner when the live connection drops, and when it comes back.
+function connStatus(s) {
+  conn.textContent = s; conn.dataset.state = s;
+  if (!banner) return;
+  clearTimeout(bannerTimer);
+  if (s === "disconnected" && wasConnected && !nav.hidden) {
+    banner.textContent = "Connection to afe lost: the page is not updating. Reconnecting…";
+    banner.dataset.kind = "lost"; banner.hidden = false;
+  } else if (s === "connected" && banner.dataset.kind === "lost") {
+    banner.textContent = "Reconnected: the page is live again.";
+    banner.dataset.kind = "back"; banner.hidden = false;
+    bannerTimer = setTimeout(() => { banner.hidden = true; banner.dataset.kind = ""; }, 4000);
+  }
+  if (s === "connected") wasConnected = true;
+}
+const rpc = new Rpc(connStatus);
 let cleanup = () => {};
 
 rpc.onAuthLost = () => showLogin("Your session ended. Log in again.");
@@ -22,7 +39,9 @@ function errorText(err) {
 }
 
 function flash(msg, kind = "error") {
-  const box = h("p", { class: `flash ${kind}`, role: kind === "error" ? "alert" : "status" }, msg);
+  // A multi-line error (a command's output) keeps its lines: preformatted.
+  const tag = String(msg).includes("\n") ? "pre" : "p";
+  const box = h(tag, { class: `flash ${kind}`, role: kind === "error" ? "alert" : "status" }, msg);
   app.prepend(box);
   setTimeout(() => box.remove(), 8000);
 }
@@ -86,15 +105,33 @@ async function showNew() {
     wf.workflows.map((w) => h("option", { value: w.name }, w.name)));
   const title = h("input", { id: "f-title", name: "title", required: true, maxlength: 200 });
   const body = h("textarea", { id: "f-body", name: "body", rows: 8 });
+  // The chosen workflow's declared inputs: required ones marked, defaults pre-filled.
+  const inputsBox = h("fieldset", { id: "f-inputs", class: "inputs" });
+  const showInputs = () => {
+    const w = wf.workflows.find((x) => x.name === wfSel.value);
+    const decl = (w && w.inputs) || [];
+    clear(inputsBox);
+    inputsBox.hidden = !decl.length;
+    if (!decl.length) return;
+    inputsBox.append(h("legend", {}, "Inputs"));
+    for (const i of decl) {
+      inputsBox.append(h("label", {}, i.name, i.required ? h("span", { class: "req", title: "required" }, " *") : " (optional)",
+        h("input", { name: `input-${i.name}`, "data-input": i.name, value: i.default || "", required: i.required || undefined })));
+    }
+  };
+  wfSel.addEventListener("change", showInputs);
+  showInputs();
   const form = h("form", { id: "new-form", class: "card" }, h("h1", {}, "New ticket"),
     h("label", {}, "Workspace", wsSel), h("label", {}, "Workflow", wfSel),
-    h("label", {}, "Title", title), h("label", {}, "Body", body),
+    h("label", {}, "Title", title), h("label", {}, "Body", body), inputsBox,
     h("button", { type: "submit" }, "Create ticket"));
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     try {
+      const inputs = {};
+      for (const el of inputsBox.querySelectorAll("input[data-input]")) inputs[el.dataset.input] = el.value;
       const t = await rpc.call("tickets.create", { workspace: wsSel.value, workflow: wfSel.value,
-                                                   title: title.value, body: body.value });
+                                                   title: title.value, body: body.value, inputs });
       location.hash = `#/t/${t.id}`;
     } catch (e) { flash(errorText(e)); }
   });
@@ -118,7 +155,21 @@ function eventLine(e) {
     case "node.tool_call": return { cls: "tool", text: `${node}→ ${p.name}(${p.arguments || ""})` };
     case "node.tool_result": return { cls: "tool", text: `${node}← ${p.name} ${p.ok === false ? "failed" : "ok"}: ${String(p.result || "").slice(0, 400)}` };
     case "node.started": return { cls: "sys", text: `${node}started (${p.kind || ""}${p.attempt > 1 ? ", attempt " + p.attempt : ""})` };
-    case "node.finished": return { cls: "sys", text: `${node}finished: ${p.state}${p.error ? " — " + p.error : ""}` };
+    case "node.finished": return { cls: "sys", text: `${node}finished: ${p.state}${p.attempt > 1 ? " (attempt " + p.attempt + ")" : ""}${p.error ? " — " + p.error : ""}` };
+    case "node.retry": return { cls: "sys", text: `${node}attempt ${p.attempt || "?"} failed, retrying${p.error ? " — " + p.error : ""}` };
+    case "node.prompt": return { cls: "sys", text: `${node}prompt sent to ${p.model || "the model"} (${String(p.prompt || "").length} chars; see Prompts)` };
+    case "model.usage": return { cls: "sys", text: `${node}tokens: ${p.input_tokens || 0} in, ${p.output_tokens || 0} out (${p.model || ""}${typeof p.cost_usd === "number" ? ", ~" + usd(p.cost_usd) : ""})` };
+    case "node.budget_exceeded": return { cls: "sys", text: `${node}budget spent (${p.limit}): ${p.reason || ""}` };
+    case "node.resumed": return { cls: "sys", text: `${node}resumed (was ${p.was || ""})` };
+    case "ticket.resumed": return { cls: "sys", text: "ticket resumed after a restart" };
+    case "broker.retry": return { cls: "sys", text: `${node}waiting for the ${p.broker} broker (${p.step || ""})` };
+    case "broker.recovered": return { cls: "sys", text: `${node}the ${p.broker} broker is back (${p.step || ""})` };
+    case "workspace.ready": return { cls: "sys", text: `workspace ready: branch ${p.branch || ""} from ${String(p.base_sha || "").slice(0, 12)}` };
+    case "approval.stale": return { cls: "sys", text: `approval of ${String(p.approved_sha || "").slice(0, 12)} is stale: the head is now ${String(p.head_sha || "").slice(0, 12)}; approve again` };
+    case "commit.warning": return { cls: "sys", text: `${node}warning: ${p.message || p.kind || ""}` };
+    case "agent.plan": return { cls: "tool", text: `${node}agent plan: ${(p.entries || []).filter((x) => x.status === "completed").length} of ${(p.entries || []).length} steps done` };
+    case "agent.cancel": return { cls: "sys", text: `${node}agent asked to stop (session/cancel)` };
+    case "agent.protocol_error": return { cls: "sys", text: `${node}agent protocol error: ${p.reason || ""}` };
     case "agent.message": return { cls: "msg", text: `${node}agent: ${p.text || ""}` };
     case "agent.thought": return { cls: "msg thought", text: `${node}agent (thinking): ${p.text || ""}` };
     case "agent.tool_call": return { cls: "tool", text: `${node}agent → ${p.title || p.kind} [${p.status}]` };
@@ -126,11 +177,11 @@ function eventLine(e) {
     case "agent.fs": return { cls: "tool", text: `${node}agent ${p.op} ${p.path}${p.ok === false ? " (refused)" : ""}` };
     case "agent.terminal": return { cls: "tool", text: `${node}agent terminal ${p.op}${p.command ? ": " + p.command : ""}${p.ok === false ? " (refused)" : ""}` };
     case "agent.stderr": return { cls: "out stderr", text: `${node}${p.omitted_bytes ? "… " + p.omitted_bytes + " bytes left out …\n" : ""}${p.text || ""}` };
-    case "agent.permission": return { cls: "tool", text: `${node}agent permission ${JSON.stringify(p)}` };
+    case "agent.permission": return { cls: "tool", text: `${node}agent asked permission for ${p.title || p.kind || "a tool"}: ${p.decision || ""}` };
     case "ticket.created": return { cls: "sys", text: `ticket created${p.principal ? " by " + p.principal : ""}` };
     case "ticket.state": return { cls: "sys", text: `ticket is ${String(p.state).replace("_", " ")}` };
     case "ticket.finished": return { cls: "sys", text: `ticket ${p.state}${p.error ? " — " + p.error : ""}` };
-    case "sandbox.ready": return { cls: "sys", text: "sandbox ready" };
+    case "sandbox.ready": return { cls: "sys", text: `sandbox ready${p.image ? ": " + p.image : ""} (${p.egress && p.egress.length ? "egress " + p.egress.join(", ") : "no network"})` };
     case "commit.done": return { cls: "sys", text: `${node}committed ${String(p.sha || "").slice(0, 12)}` };
     case "push.done": return { cls: "sys", text: `${node}pushed ${p.branch || ""} at ${String(p.sha || "").slice(0, 12)}` };
     case "pr.opened": return { cls: "sys", text: `${node}pull request #${p.number} opened (${p.head_branch} → ${p.base_branch})` };
@@ -146,6 +197,33 @@ function eventLine(e) {
       const rest = Object.keys(p).length ? " " + JSON.stringify(p) : "";
       return { cls: "sys", text: `${e.type}${rest}` };
     }
+  }
+}
+
+function usd(v) {
+  if (typeof v !== "number") return "—";
+  return v < 1 ? `$${v.toFixed(4)}` : `$${v.toFixed(2)}`;
+}
+
+// Tokens and the estimated cost (services/common/cost.py, in each model.usage event) per node and for the ticket.
+function renderCost(box, spent) {
+  clear(box);
+  const rows = [...spent.nodes.entries()].sort(([a], [b]) => a.localeCompare(b));
+  if (!rows.length) { box.append(h("p", { class: "muted" }, "(no model tokens used yet)")); return; }
+  const line = (name, u) => h("tr", { "data-node": name },
+    h("td", {}, name), h("td", {}, String(u.input)), h("td", {}, String(u.output)),
+    h("td", { class: "cost" }, u.cost === null ? "unknown (no price)" : usd(u.cost) + (u.unpriced ? " + unpriced" : "")));
+  box.append(h("table", { class: "cost-table" },
+    h("thead", {}, h("tr", {}, h("th", {}, "node"), h("th", {}, "input tokens"), h("th", {}, "output tokens"), h("th", {}, "estimated cost"))),
+    h("tbody", {}, rows.map(([n, u]) => line(n, u)), line("total", spent.total))));
+}
+
+function addUsage(spent, p) {
+  const node = p.node || "(ticket)";
+  if (!spent.nodes.has(node)) spent.nodes.set(node, { input: 0, output: 0, cost: null, unpriced: false });
+  for (const u of [spent.nodes.get(node), spent.total]) {
+    u.input += p.input_tokens || 0; u.output += p.output_tokens || 0;
+    if (typeof p.cost_usd === "number") u.cost = (u.cost || 0) + p.cost_usd; else u.unpriced = true;
   }
 }
 
@@ -234,7 +312,7 @@ async function showTicket(id) {
   const title = h("h1", { id: "ticket-title" });
   const state = h("span", { id: "ticket-state", class: "badge" });
   const meta = h("p", { class: "meta", id: "ticket-meta" });
-  const err = h("p", { class: "flash error", id: "ticket-error", hidden: true });
+  const err = h("pre", { class: "flash error", id: "ticket-error", hidden: true });   // multi-line errors keep their lines
   const actions = h("div", { class: "actions", id: "actions" });
   const prBox = h("p", { id: "pr" });
   const graph = h("div", { id: "graph", class: "graph-box" });
@@ -245,13 +323,33 @@ async function showTicket(id) {
   const tests = h("div", { id: "test-output" });
   const usage = h("p", { class: "meta", id: "usage" });
   const provenance = h("ul", { class: "meta", id: "ticket-provenance", hidden: true });
+  const costBox = h("div", { id: "cost" });
+  const prompts = h("div", { id: "prompts" }, h("p", { class: "muted" }, "(no model node has started)"));
+  const filterNote = h("p", { class: "meta", id: "log-filter", hidden: true });
+  const spent = { nodes: new Map(), total: { input: 0, output: 0, cost: null, unpriced: false } };
+  let filter = "";   // a node id: the log shows only its lines (click its box in the graph; again to clear)
+  const applyFilter = (span) => { span.hidden = !!filter && span.dataset.node !== filter; };
+  const markSelected = () => {
+    for (const g of graph.querySelectorAll("g.node")) g.classList.toggle("selected", g.dataset.node === filter);
+  };
+  graph.addEventListener("click", (ev) => {
+    const g = ev.target.closest && ev.target.closest("g.node");
+    if (!g) return;
+    filter = filter === g.dataset.node ? "" : g.dataset.node;
+    filterNote.hidden = !filter;
+    filterNote.textContent = filter ? `Showing only the lines of ${filter}; click it in the graph again to show all.` : "";
+    for (const span of logs.children) applyFilter(span);
+    markSelected();
+  });
   clear(app).append(h("section", { class: "ticket" },
     h("div", { class: "head" }, title, state), meta, provenance, err, actions, prBox,
     h("h2", {}, "Workflow"), graph,
     h("div", { class: "split" },
-      h("div", {}, h("h2", {}, "Live log"), logs),
+      h("div", {}, h("h2", {}, "Live log"), filterNote, logs),
       h("div", {}, h("h2", {}, "Tool calls"), tools)),
-    h("h2", {}, "Diff"), diff, h("h2", {}, "Test output"), tests, usage, h("h2", {}, "Ticket"), body));
+    h("h2", {}, "Diff"), diff, h("h2", {}, "Test output"), tests, usage,
+    h("h2", {}, "Tokens and cost"), costBox, h("h2", {}, "Prompts"), prompts, h("h2", {}, "Ticket"), body));
+  renderCost(costBox, spent);
 
   let ticket = null, stopped = false, sub = null, lastSeq = 0, refreshTimer = null, diffFor = "";
   const render = () => {
@@ -282,6 +380,7 @@ async function showTicket(id) {
       }
     }
     clear(graph).append(drawGraph(ticket.nodes, Date.now()));
+    markSelected();
     clear(prBox);
     if (ticket.pr) {
       const pr = ticket.pr;
@@ -303,7 +402,7 @@ async function showTicket(id) {
     if (!TERMINAL.has(ticket.state)) {
       actions.append(h("button", { id: "cancel", type: "button", class: "quiet", onclick: () => act("tickets.cancel", { id }) }, "Cancel ticket"));
     }
-    if (ticket.state === "failed" || ticket.state === "cancelled") {
+    if (RETRYABLE.has(ticket.state)) {
       // Recovery: run it again on its branch (Engine.retry), or merge the base into a conflicting branch.
       const from = h("select", { id: "retry-from", title: "run again from" },
         h("option", { value: "" }, "the nodes that did not succeed"),
@@ -351,9 +450,19 @@ async function showTicket(id) {
         if (li.dataset.call === p.id) { const st = li.querySelector(".status"); if (st) st.textContent = p.status; }
       }
     }
+    if (e.type === "model.usage") { addUsage(spent, p); renderCost(costBox, spent); }
+    if (e.type === "node.prompt") {
+      if (!prompts.querySelector("details")) clear(prompts);
+      prompts.append(h("details", { class: "prompt", "data-node": p.node || "" },
+        h("summary", {}, `${p.node}: the prompt sent to ${p.model || "the model"}`),
+        h("h3", {}, "System prompt"), h("pre", { class: "prompt-system" }, p.system || ""),
+        h("h3", {}, "Prompt"), h("pre", { class: "prompt-text" }, (p.prompt || "") + (p.truncated ? "\n(cut short in the event)" : ""))));
+    }
     const line = eventLine(e);
     const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
-    logs.append(h("span", { class: line.cls, "data-type": e.type }, line.text.endsWith("\n") ? line.text : line.text + "\n"));
+    const span = h("span", { class: line.cls, "data-type": e.type, "data-node": p.node || "" }, line.text.endsWith("\n") ? line.text : line.text + "\n");
+    applyFilter(span);
+    logs.append(span);
     if (atBottom) logs.scrollTop = logs.scrollHeight;
     if (e.type !== "node.output") scheduleRefresh();
   };
@@ -371,7 +480,7 @@ async function showTicket(id) {
   await refresh();
   if (!ticket) return;
   await startWatch();
-  const tick = setInterval(() => { if (ticket && !TERMINAL.has(ticket.state)) clear(graph).append(drawGraph(ticket.nodes, Date.now())); }, 1000);
+  const tick = setInterval(() => { if (ticket && !TERMINAL.has(ticket.state)) { clear(graph).append(drawGraph(ticket.nodes, Date.now())); markSelected(); } }, 1000);
   cleanup = () => { stopped = true; clearInterval(tick); if (sub) rpc.unwatch(sub); };
 }
 
