@@ -74,7 +74,7 @@ sandbox: {{egress: [pypi.org]}}
 kind: Workflow
 name: fix
 workspace: hello
-inputs: [issue, link, who, ask]
+inputs: [issue, link, who, {{name: ask, default: ""}}]     # ask: empty unless a /afe comment
 nodes:
   - id: work
     run: "echo working"
