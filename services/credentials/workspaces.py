@@ -10,16 +10,15 @@ Host git never runs with the workspace as its repository or work tree after
 the initial checkout: commits are built from a safe walk of the workspace
 (`snapshot.py`, `capture.py`) into the ticket's private git dir. The sandbox
 can therefore never touch a config, hook, attribute file, object or ref that
-host git uses. Spare checkouts are in `spares.py`.
+host git uses. Spare checkouts are in `spares.py`; remotes and the mirror in
+`mirrors.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,15 +28,14 @@ from services.common.config import Workspace
 from services.common.errors import (
     AfeError,
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
 )
 from services.common.layout import Layout, check_ticket_id
 from services.common.secrets import SecretValue
 
-from . import capture, gitfailures
-from .askpass import askpass_env, origin_of
+from . import capture
 from .gitcmd import GitFailed, GitRunner
+from .mirrors import Mirrors
 from .spares import Spares
 
 log = logging.getLogger(__name__)
@@ -48,18 +46,6 @@ KEPT_REF = "refs/afe/kept/"     # + ticket id, in the mirror: a released workspa
 
 def branch_for(ticket_id: str) -> str:
     return f"afe/{check_ticket_id(ticket_id)}"
-
-
-@dataclass(frozen=True)
-class Remote:
-    """Where a workspace's repository lives and how git may reach it."""
-
-    url: str                     # what git is given (never holds credentials)
-    local: bool
-    env: dict[str, str]          # askpass entries (https with a token) or {}
-
-    def __repr__(self) -> str:  # the env may hold the token
-        return f"Remote(url={self.url!r}, local={self.local})"
 
 
 @dataclass(frozen=True)
@@ -95,88 +81,14 @@ class WorkspaceGit:
         self.spares_dir = spares_dir
         self.scratch_git = scratch_git
         self._locks: dict[str, asyncio.Lock] = {}
-        self.remote_attempts = 3        # tries of a fetch/push that failed transiently (5xx, time-out)
-        self.remote_backoff_s = 0.5     # first wait between them; doubles
+        self.mirrors = Mirrors(runner, layout, tokens, askpass, config_dir, self._lock)
         self.spares = Spares(spares_dir, self._populate, _remove_tree)
-
-    # -- remotes -----------------------------------------------------------
-    def remote(self, ws: Workspace) -> Remote:
-        repo = ws.repo.strip()
-        if repo.startswith("https://"):
-            origin_of(repo)  # refuses userinfo
-            env: dict[str, str] = {}
-            if ws.token_env:
-                secret = self.tokens.get(ws.token_env)
-                if secret is None:
-                    raise FailedPrecondition(
-                        f"workspace {ws.name!r}: environment variable {ws.token_env} (its tokenEnv) is not set "
-                        "in the credential broker's environment; export it before starting afe")
-                env = askpass_env(self.askpass, repo, secret.reveal())
-            return Remote(repo, False, env)
-        if "://" in repo and not repo.startswith("file://"):
-            raise InvalidArgument(f"workspace {ws.name!r}: repo must be an https:// URL or a local path "
-                                  f"(got a {repo.split('://')[0]}:// URL)")
-        path = Path(repo.removeprefix("file://"))
-        if not path.is_absolute():
-            path = (self.config_dir or Path.cwd()) / path
-        if not path.exists():
-            raise NotFound(f"workspace {ws.name!r}: repository {path} does not exist; check its repo field")
-        return Remote(str(path), True, {})
-
-    def mirror_path(self, ws: Workspace) -> Path:
-        key = hashlib.sha256(ws.repo.strip().encode()).hexdigest()[:24]
-        return self.layout.mirrors_dir / f"{key}.git"
 
     def _lock(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         return lock
-
-    async def _remote_git(self, ws: Workspace, remote: Remote, args: list[str], git_dir: Path,
-                          operation: str) -> None:
-        """Run a git command that talks to the remote. A definitive failure (auth,
-        not found, DNS, TLS, a corrupt object, a rejected ref) fails at once with
-        what to change; a transient one (5xx, time-out, reset) is tried again
-        `remote_attempts` times in all, with back-off (see gitfailures.py)."""
-        attempts = max(1, self.remote_attempts)
-        for attempt in range(1, attempts + 1):
-            try:
-                await self.git.run(args, git_dir=git_dir, env=remote.env, allow_file=remote.local,
-                                   what=operation.split()[0] + " " + operation.split()[1])
-                return
-            except GitFailed as exc:
-                failure = gitfailures.classify(exc.stderr)
-                if failure.kind != gitfailures.TRANSIENT or attempt == attempts:
-                    raise gitfailures.error_for(failure, ws, operation, remote.url, attempt) from None
-                wait = self.remote_backoff_s * (2 ** (attempt - 1))
-                log.info("%s %s: %s; trying again in %.1fs (attempt %s of %s)", operation, remote.url,
-                         failure.detail, wait, attempt + 1, attempts)
-                await asyncio.sleep(wait)
-
-    # -- mirror ------------------------------------------------------------
-    async def update_mirror(self, ws: Workspace) -> Path:
-        remote = self.remote(ws)
-        mirror = self.mirror_path(ws)
-        async with self._lock(str(mirror)):
-            if not (mirror / "HEAD").exists():
-                self.layout.mirrors_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=self.layout.mirrors_dir))
-                await self.git.run(["init", "--bare", "-q", "--", str(tmp)], what="git init (mirror)")
-                try:
-                    await self._fetch(ws, remote, tmp)
-                except BaseException:
-                    await asyncio.to_thread(_remove_tree, tmp)
-                    raise
-                os.replace(tmp, mirror)
-            else:
-                await self._fetch(ws, remote, mirror)
-        return mirror
-
-    async def _fetch(self, ws: Workspace, remote: Remote, git_dir: Path) -> None:
-        await self._remote_git(ws, remote, ["fetch", "--quiet", "--prune", "--no-tags", "--no-recurse-submodules",
-                                            "--end-of-options", remote.url, "+refs/heads/*:refs/heads/*"],
-                               git_dir, "git fetch from")
 
     async def _rev(self, git_dir: Path, rev: str) -> str | None:
         res = await self.git.run(["rev-parse", "--verify", "--quiet", "--end-of-options", rev],
@@ -193,11 +105,11 @@ class WorkspaceGit:
                 base = await self._rev(gitdir, "refs/afe/base")
                 if base:
                     return Prepared(base, branch)
-            mirror = await self.update_mirror(ws)
+            mirror = await self.mirrors.update(ws)
             base = await self._rev(mirror, f"refs/heads/{ws.base_branch}^{{commit}}")
             if base is None:
                 raise NotFound(f"workspace {ws.name!r}: branch {ws.base_branch!r} does not exist in "
-                               f"{self.remote(ws).url}; check the Workspace's baseBranch")
+                               f"{self.mirrors.remote(ws).url}; check the Workspace's baseBranch")
             head, checkout, base = await self._resume_point(mirror, ticket_id, base)
             await asyncio.to_thread(_remove_tree, gitdir)
             self.layout.gitdirs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -263,7 +175,7 @@ class WorkspaceGit:
                                       *([f"^{lent}"] if lent else [])], git_dir=gitdir, what="git rev-list (keep)")
         pack = await self.git.run(["pack-objects", "-q", "--stdout"], git_dir=gitdir, stdin=objects.stdout,
                                   what="git pack-objects (keep)")
-        mirror = self.mirror_path(ws)
+        mirror = self.mirrors.path(ws)
         async with self._lock(str(mirror)):
             await self.git.run(["unpack-objects", "-q"], git_dir=mirror, stdin=pack.stdout,
                                what="git unpack-objects (keep)")
@@ -276,9 +188,9 @@ class WorkspaceGit:
         and push the merge. Returns (new head, changed, conflicting paths);
         with conflicts nothing is pushed."""
         branch = branch_for(ticket_id)
-        remote = self.remote(ws)
+        remote = self.mirrors.remote(ws)
         async with self._lock("ticket:" + ticket_id):
-            mirror = await self.update_mirror(ws)
+            mirror = await self.mirrors.update(ws)
             head = await self._rev(mirror, f"refs/heads/{branch}^{{commit}}")
             if head is None:
                 raise FailedPrecondition(f"ticket {ticket_id} has no pushed branch {branch}; retry the ticket "
@@ -310,7 +222,7 @@ class WorkspaceGit:
                                      env=env, stdin=msg.encode(), what="git commit-tree")
             sha = out.out.strip()
             # --force-with-lease: a branch that moved meanwhile is never overwritten.
-            await self._remote_git(ws, remote, ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
+            await self.mirrors.remote_git(ws, remote, ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
                                                 f"--force-with-lease=refs/heads/{branch}:{head}",
                                                 "--end-of-options", remote.url,
                                                 f"{sha}:refs/heads/{branch}"], mirror, "git push to")
@@ -427,14 +339,14 @@ class WorkspaceGit:
     # -- push --------------------------------------------------------------
     async def push(self, ws: Workspace, ticket_id: str) -> tuple[str, str]:
         branch = branch_for(ticket_id)
-        remote = self.remote(ws)
+        remote = self.mirrors.remote(ws)
         async with self._lock("ticket:" + ticket_id):
             gitdir = self._ticket_gitdir(ticket_id)
             sha = await self._rev(gitdir, f"refs/heads/{branch}")
             if sha is None:
                 raise FailedPrecondition(f"ticket {ticket_id}: nothing to push; commit first")
             # Pushing the same sha again is a no-op: a push repeated after a crash is idempotent (R37).
-            await self._remote_git(ws, remote, ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
+            await self.mirrors.remote_git(ws, remote, ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
                                                 "--end-of-options", remote.url,
                                                 f"+refs/heads/{branch}:refs/heads/{branch}"],
                                    gitdir, "git push to")
