@@ -27,11 +27,30 @@ function connStatus(s) {
     bannerTimer = setTimeout(() => { banner.hidden = true; banner.dataset.kind = ""; }, 4000);
   }
   if (s === "connected") wasConnected = true;
+  if (s === "disconnected" && wasConnected && !nav.hidden && !reconnecting) reconnect();
+}
+// Try again every 2 s; once back, the page is drawn again (a ticket page watches from the start).
+let reconnecting = false;
+async function reconnect() {
+  reconnecting = true;
+  while (!nav.hidden) {
+    await new Promise((r) => setTimeout(r, 2000));
+    try { await rpc.open(); break; } catch { /* still down */ }
+  }
+  reconnecting = false;
+  if (!nav.hidden) route();
 }
 const rpc = new Rpc(connStatus);
 let cleanup = () => {};
 
-rpc.onAuthLost = () => showLogin("Your session ended. Log in again.");
+rpc.onAuthLost = async (code) => {
+  if (code !== 4401) {
+    // The socket did not open: a lost connection (the banner says so), unless the session is gone.
+    try { const r = await fetch("/auth/session", { credentials: "same-origin" }); if (r.status !== 401) return; }
+    catch { return; }
+  }
+  showLogin("Your session ended. Log in again.");
+};
 
 function errorText(err) {
   if (err instanceof RpcError) return `${err.message} (${err.name})`;

@@ -110,6 +110,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     async def ListWorkflows(self, request, context):
         return pb.ListWorkflowsResponse(workflows=[pb.Workflow(
             name="demo-fix", workspace="demo",
+            inputs=[pb.WorkflowInput(name="issue", required=True),
+                    pb.WorkflowInput(name="level", default_value="high")],
             nodes=[pb.WorkflowNode(id="fix", kind="model"), pb.WorkflowNode(id="merge", kind="builtin:merge",
                                                                            needs=["fix"])])])
 
