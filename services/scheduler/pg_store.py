@@ -7,12 +7,7 @@ advisory lock (two schedulers starting together migrate once), recorded in
 `schema_version` with the afe release that applied them; a newer schema is
 refused with the release it needs.
 
-Event seqs: `event_counters` holds each ticket's last stored seq. A batch
-moves it from exactly `first - 1` to its last seq in the transaction that
-inserts the events; the UPDATE locks the counter's row, so of two writers
-that both hold seq n, one commits n+1.. and the other finds the counter moved
-and is refused (`FailedPrecondition`) with nothing written. A ticket's seqs
-are 1..n with no gap and no duplicate whatever the number of writers.
+Event seqs: see pg_events.py.
 
 The connection string is never logged or put in an error (R29): errors name
 the host, port and database only (`where`).
@@ -29,6 +24,7 @@ import psycopg
 from services.common.errors import FailedPrecondition, Unavailable
 
 from . import migrations
+from .pg_events import insert_events
 from .store import (
     LIVE,
     TERMINAL,
@@ -46,7 +42,6 @@ log = logging.getLogger(__name__)
 MIGRATIONS: list[str] = migrations.load("postgresql")
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x61666531   # pg_advisory_xact_lock key ("afe1") held while migrating
-COPY_FROM = 64                # batches of this many events or more go in with COPY
 
 _TICKET_COLS = ("rowid, id, workspace, workflow, title, body, inputs_json, state, created_at_ms, "
                 "updated_at_ms, principal, error, tokens_used, awaiting_sha, torn_down, origin_json, reopened_at_ms")
@@ -54,7 +49,6 @@ _TICKET_FIELDS = {"state", "updated_at_ms", "error", "tokens_used", "awaiting_sh
                   "reopened_at_ms"}
 _NODE_FIELDS = {"state", "attempt", "started_at_ms", "finished_at_ms", "output", "error", "rounds",
                 "feedback"}
-_INSERT_EVENT = "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES (%s,%s,%s,%s,%s)"
 
 
 def _ticket(row: tuple) -> TicketRecord:
@@ -190,7 +184,7 @@ class PostgresStore(Store):
                     "VALUES (%s,%s,%s,%s,%s,%s)",
                     [(n.ticket_id, n.node_id, i, n.kind, n.state, json.dumps(list(n.needs)))
                      for i, n in enumerate(nodes)])
-            self._insert_events(cur, first_events)
+            insert_events(cur, first_events)
         return ticket
 
     def get_ticket(self, ticket_id: str) -> TicketRecord | None:
@@ -257,48 +251,12 @@ class PostgresStore(Store):
                              [*fields.values(), ticket_id, node_id])
 
     # events
-    def _insert_events(self, cur: psycopg.Cursor, events: list[EventRecord]) -> None:
-        """Inside the caller's transaction: move each ticket's counter over its
-        events (refusing a batch that does not start right after the stored
-        seq), then insert them."""
-        if not events:
-            return
-        spans: dict[str, list[int]] = {}   # ticket -> [first seq, last seq]
-        for ev in events:
-            tid, seq = ev[0], ev[1]
-            span = spans.get(tid)
-            if span is None:
-                spans[tid] = [seq, seq]
-            elif seq == span[1] + 1:
-                span[1] = seq
-            else:
-                raise ValueError(f"events of ticket {tid} are not consecutive: seq {seq} after {span[1]}")
-        for tid, (first, last) in spans.items():
-            if first == 1:
-                cur.execute("INSERT INTO event_counters (ticket_id, last_seq) VALUES (%s,%s) "
-                            "ON CONFLICT (ticket_id) DO NOTHING", (tid, last))
-            else:
-                cur.execute("UPDATE event_counters SET last_seq=%s WHERE ticket_id=%s AND last_seq=%s",
-                            (last, tid, first - 1))
-            if cur.rowcount != 1:
-                row = cur.execute("SELECT last_seq FROM event_counters WHERE ticket_id=%s", (tid,)).fetchone()
-                stored = int(row[0]) if row else 0
-                raise FailedPrecondition(
-                    f"events of ticket {tid} from seq {first} do not follow its stored events (last seq "
-                    f"{stored}): another scheduler wrote this ticket's events; nothing of this batch was stored")
-        if len(events) >= COPY_FROM:
-            with cur.copy("COPY events (ticket_id, seq, type, payload_json, at_ms) FROM STDIN") as copy:
-                for ev in events:
-                    copy.write_row(ev)
-        else:
-            cur.executemany(_INSERT_EVENT, events)
-
     def append_events(self, events: list[EventRecord]) -> None:
         if not events:
             return
         db = self._conn()
         with db.transaction(), db.cursor() as cur:
-            self._insert_events(cur, events)
+            insert_events(cur, events)
 
     def events(self, ticket_id: str, from_seq: int, limit: int = 1000) -> list[EventRecord]:
         rows = self._conn().execute(
