@@ -13,12 +13,18 @@ the payload.
   broker -> here: S start (JSON {argv, cwd, env, stdin}), I stdin bytes,
                   E close stdin, K kill the process group, C output credit
   here -> broker: H hello, P started (ns pid), O stdout, R stderr,
+                  W stdin taken (bytes written to the child's pipe, or
+                  dropped because it is closed),
                   X exit (signed code, 128+N for a signal; 126 when the
                   program could not be started, as `docker exec` answers)
 
 Output is flow controlled: a command gets WINDOW bytes of credit and more
 only as the broker consumes it, so one chatty command cannot make the
 broker buffer without bound (a child that writes more blocks on its pipe).
+Stdin is too, the other way: the broker sends at most IN_WINDOW bytes a
+command has not taken yet (W), so a child that stops reading its stdin holds
+at most that here and its writer on the broker's side waits, as it would on
+an exec's stream; more than that is a broken broker and ends the supervisor.
 When the broker's stream closes, every command's process group is killed
 and the supervisor exits.
 """
@@ -35,6 +41,7 @@ import sys
 HDR = struct.Struct(">BII")
 CODE = struct.Struct(">i")
 WINDOW = 256 * 1024
+IN_WINDOW = 256 * 1024
 MAX_IN = 1 << 20
 READ = 65536
 
@@ -72,7 +79,7 @@ class Supervisor:
     def run(self):
         os.set_blocking(0, False)
         self.sel.register(0, selectors.EVENT_READ, ("ctl", None))
-        send(ord("H"), 0, b"afe-supervisor 1")
+        send(ord("H"), 0, b"afe-supervisor 2")
         while True:
             polled = [c for c in self.cmds.values() if c.pidfd < 0 and c.code is None]
             for key, _mask in self.sel.select(0.05 if polled else None):
@@ -108,7 +115,8 @@ class Supervisor:
                 break
             payload = bytes(self.inbuf[HDR.size:HDR.size + n])
             del self.inbuf[:HDR.size + n]
-            self.message(chr(kind), cid, payload)
+            if not self.message(chr(kind), cid, payload):
+                return False
         return True
 
     def message(self, kind, cid, payload):
@@ -116,10 +124,16 @@ class Supervisor:
         if kind == "S" and cmd is None:
             self.start(cid, json.loads(payload))
         elif cmd is None:
-            return
-        elif kind == "I" and not cmd.eof:
-            cmd.pending += payload
-            self.feed(cmd)
+            return True
+        elif kind == "I":
+            if cmd.eof or cmd.stdin_fd < 0:
+                if payload:
+                    send(ord("W"), cid, CODE.pack(len(payload)))    # nowhere to go: dropped
+            elif len(cmd.pending) + len(payload) > IN_WINDOW:
+                return False                    # past the stdin credit: not the broker's protocol
+            else:
+                cmd.pending += payload
+                self.feed(cmd)
         elif kind == "E":
             cmd.eof = True
             self.feed(cmd)
@@ -131,6 +145,7 @@ class Supervisor:
             for fd in list(cmd.paused):
                 cmd.paused.discard(fd)
                 self.sel.register(fd, selectors.EVENT_READ, ("out", cmd))
+        return True
 
     def start(self, cid, spec):
         env = dict(self.base_env)
@@ -166,15 +181,20 @@ class Supervisor:
     def feed(self, cmd):
         if cmd.stdin_fd < 0:
             return
+        taken = 0
         try:
             while cmd.pending:
                 n = os.write(cmd.stdin_fd, cmd.pending[:READ])
                 del cmd.pending[:n]
+                taken += n
         except BlockingIOError:
             pass
-        except OSError:
+        except OSError:                 # the child closed its stdin: the rest is dropped
+            taken += len(cmd.pending)
             cmd.pending.clear()
             cmd.eof = True
+        if taken:
+            send(ord("W"), cmd.cid, CODE.pack(taken))     # credit back to the broker's writer
         registered = cmd.stdin_fd in self.sel.get_map()
         if cmd.pending and not registered:
             self.sel.register(cmd.stdin_fd, selectors.EVENT_WRITE, ("in", cmd))

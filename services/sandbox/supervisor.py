@@ -14,6 +14,9 @@ Nothing is weaker than with an exec per command:
 - a command gets the sandbox's base environment plus exactly the entries the
   broker checked (R9), as an exec does; the supervisor keeps no value;
 - timeouts, output caps and exit codes stay in the broker (execs.py);
+- output and stdin are both flow controlled per command (bounded credit
+  each way), so neither side buffers more than a window for a command
+  that does not read, and a writer to a stuck stdin waits as on an exec;
   a kill is a SIGKILL of the command's process group, from the host when the
   broker may, else by the supervisor;
 - a sandbox that kills or confuses its supervisor (it runs as the sandbox
@@ -44,6 +47,7 @@ MARKER = "# afe-supervisor"
 HDR = struct.Struct(">BII")
 CODE = struct.Struct(">i")
 WINDOW = 256 * 1024            # as in supervise_main.py: output credit per command
+IN_WINDOW = 256 * 1024         # as in supervise_main.py: stdin sent but not yet taken, per command
 MAX_PAYLOAD = 1 << 20
 MAX_SEND = 64 * 1024
 HELLO_TIMEOUT_S = 15.0
@@ -81,6 +85,11 @@ class SupervisedCommand:
         self.started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.done = False
         self.abandoned = False
+        self.stdin_sent = 0           # stdin bytes sent ...
+        self.stdin_taken = 0          # ... and taken by the child (or dropped): at most IN_WINDOW apart
+        self._room = asyncio.Event()
+        self._room.set()
+        self._writing = asyncio.Lock()
 
     # called by the link's reader
     def _started(self, pid: int) -> None:
@@ -98,11 +107,19 @@ class SupervisedCommand:
         self.queue.put_nowait((kind, data))
         return True
 
+    def _taken(self, n: int) -> bool:
+        if n < 0 or self.stdin_taken + n > self.stdin_sent:
+            return False            # more than it was sent: not the supervisor we started
+        self.stdin_taken += n
+        self._room.set()
+        return True
+
     def _exit(self, code: int) -> None:
         if self.done:
             return
         self.done = True
         self.code = code
+        self._room.set()            # a writer waiting for stdin credit: the command is over
         if not self.started.done():
             self.started.set_result(None)
         self.queue.put_nowait(None)
@@ -123,8 +140,22 @@ class SupervisedCommand:
         return item
 
     async def write(self, data: bytes) -> None:
-        for i in range(0, len(data), MAX_SEND):
-            await self.link.send(b"I", self.cid, data[i:i + MAX_SEND])
+        """Send stdin, at most IN_WINDOW bytes ahead of what the child has
+        read: a child that stops reading makes this wait (backpressure, as on
+        an exec's stream), it never piles up in the supervisor. Once the
+        command is over the rest is dropped."""
+        view = memoryview(data)
+        async with self._writing:
+            while view and not self.done:
+                room = IN_WINDOW - (self.stdin_sent - self.stdin_taken)
+                if room <= 0:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                n = min(room, MAX_SEND, len(view))
+                self.stdin_sent += n
+                await self.link.send(b"I", self.cid, bytes(view[:n]))
+                view = view[n:]
 
     def close_stdin(self) -> None:
         self.link.send_nowait(b"E", self.cid)
@@ -268,6 +299,9 @@ class Link:
             elif k in "OR" and len(k) == 1:
                 if not cmd._output(STDOUT if k == "O" else STDERR, payload):
                     return "it sent more output than it was allowed"
+            elif k == "W" and n == CODE.size:
+                if not cmd._taken(CODE.unpack(payload)[0]):
+                    return "it acknowledged stdin it was not sent"
             elif k == "X" and n == CODE.size:
                 cmd._exit(CODE.unpack(payload)[0])
                 del self.cmds[cid]

@@ -9,6 +9,7 @@ supervisor), so none can pass on the exec fallback."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 
 import pytest
@@ -211,6 +212,17 @@ sys.stdin.buffer.read()
 """
 
 
+OVERACK = """
+import os, struct, sys
+os.write(1, struct.pack(">BII", ord("H"), 0, 3) + b"afe")
+hdr = sys.stdin.buffer.read(9)
+sys.stdin.buffer.read(struct.unpack(">BII", hdr)[2])
+os.write(1, struct.pack(">BII", ord("P"), 1, 4) + struct.pack(">i", 2))
+os.write(1, struct.pack(">BII", ord("W"), 1, 4) + struct.pack(">i", 1 << 20))
+sys.stdin.buffer.read()
+"""
+
+
 def test_a_confused_supervisor_fails_its_command_cleanly(stub, sandbox):
     """Whatever the sandbox makes its supervisor say (a frame too large,
     output past its credit), the broker bounds it and fails the command
@@ -218,7 +230,8 @@ def test_a_confused_supervisor_fails_its_command_cleanly(stub, sandbox):
     cid = container_of(stub, sandbox)
     out, code = asyncio.run(_garbage_link(cid, HONEST))
     assert (out, code) == (b"fine", 0)
-    for source, why in ((CONFUSED, b"malformed frame"), (FLOOD, b"more output than it was allowed")):
+    for source, why in ((CONFUSED, b"malformed frame"), (FLOOD, b"more output than it was allowed"),
+                        (OVERACK, b"acknowledged stdin it was not sent")):
         out, code = asyncio.run(_garbage_link(cid, source, lag=source is FLOOD))
         assert code == -1 and why in out, out[-200:]
     assert run(stub, sandbox, "echo still-fine").stdout == b"still-fine\n"
@@ -244,3 +257,78 @@ def test_output_is_flow_controlled_not_buffered_whole(stub, sandbox):
     supervisor_pid(stub, sandbox)
     r = run(stub, sandbox, "seq 1 400000", output_cap_bytes=8 * 1024 * 1024)
     assert r.stdout == b"".join(b"%d\n" % i for i in range(1, 400001))
+
+
+async def _stdin_backpressure(container: str) -> None:
+    api = DockerAPI()
+    link = await supervisor.Link.start(api, container)
+    total = 8 * supervisor.IN_WINDOW
+    try:
+        # positive control: a child that reads its stdin takes all of it, in order
+        wc = await link.open(["sha256sum"], "/workspace", [], True)
+        data = os.urandom(total)
+        await wc.write(data)
+        wc.close_stdin()
+        out = b""
+        while (f := await wc.frame()) is not None:
+            out += f[1]
+        assert await wc.exit_code() == 0
+        assert out.split()[0].decode() == hashlib.sha256(data).hexdigest()
+        assert wc.stdin_taken == wc.stdin_sent == total
+
+        # a child that never reads: the writer waits once the window (plus the pipe) is full
+        deaf = await link.open(["sleep", "600"], "/workspace", [], True)
+        writer = asyncio.create_task(deaf.write(b"x" * total))
+        while deaf.stdin_taken == 0 or deaf.stdin_sent - deaf.stdin_taken < supervisor.IN_WINDOW:
+            assert not writer.done(), "the whole write was accepted: stdin is not flow controlled"
+            await asyncio.sleep(0.02)
+        assert not writer.done()
+        assert deaf.stdin_sent - deaf.stdin_taken == supervisor.IN_WINDOW
+        assert deaf.stdin_taken < total - supervisor.IN_WINDOW     # the pipe holds a little, not the rest
+        # the stuck writer is released (the rest dropped) when the command ends
+        await deaf.kill()
+        await writer
+        assert (await deaf.exit_code()) == 137 and deaf.stdin_sent < total
+    finally:
+        link.close()
+
+
+def test_stdin_is_flow_controlled_a_child_that_stops_reading_makes_the_writer_wait(stub, sandbox):
+    """Stdin has a credit window like output: what a child has not read is
+    bounded in the supervisor and its writer waits (backpressure to the
+    caller, as on an exec's stream) instead of the supervisor buffering all of
+    it; positive control: a child that reads gets every byte."""
+    supervisor_pid(stub, sandbox)
+    asyncio.run(_stdin_backpressure(container_of(stub, sandbox)))
+
+
+async def _overfeed(container: str, n: int) -> tuple[bool, int]:
+    """Send one command `n` bytes of stdin at once, ignoring the credit (as a
+    broken broker would); the link is alive after it, or not."""
+    link = await supervisor.Link.start(DockerAPI(), container)
+    try:
+        cmd = await link.open(["sleep", "600"], "/workspace", [], True)
+        for i in range(0, n, supervisor.MAX_SEND):
+            chunk = b"x" * min(supervisor.MAX_SEND, n - i)
+            cmd.stdin_sent += len(chunk)        # counted, but not waited for
+            await link.send(b"I", cmd.cid, chunk)
+        probe = await link.open(["echo", "alive"], "/workspace", [], False)
+        out = b""
+        while (f := await probe.frame()) is not None:
+            out += f[1]
+        return out == b"alive\n", await probe.exit_code()
+    except supervisor.SupervisorDown:
+        return False, -1
+    finally:
+        link.close()
+
+
+def test_the_supervisor_holds_at_most_the_stdin_window(stub, sandbox):
+    """Stdin past the credit is not buffered: the supervisor stops (its
+    commands are killed); positive control: exactly the window plus what
+    the pipe takes is held and the supervisor goes on."""
+    supervisor_pid(stub, sandbox)
+    cid = container_of(stub, sandbox)
+    assert asyncio.run(_overfeed(cid, supervisor.IN_WINDOW)) == (True, 0)
+    alive, code = asyncio.run(_overfeed(cid, 4 * supervisor.IN_WINDOW))
+    assert not alive and code == -1
