@@ -74,9 +74,11 @@ async def test_ui_login_demo_live_graph_approve_merged(live_afe, artifacts_dir):
             assert await page.text_content("#ticket-state") == "waiting approval"
             # Other tests on the same live system open PRs too: the number is
             # whatever the forge gave, shown consistently in the text and the link.
+            # The local forge's pull request is a link to its page on this gateway.
             pr_text = await page.text_content("#pr-link")
-            m = re.fullmatch(r"#(\d+) local:demo/pulls/(\d+)", pr_text.strip())
-            assert m and m.group(1) == m.group(2), pr_text
+            pr_href = await page.get_attribute("#pr-link", "href")
+            m = re.fullmatch(r"#(\d+)", pr_text.strip())
+            assert m and pr_href == f"{gw.url}/pulls/demo/{m.group(1)}", (pr_text, pr_href)
             await page.screenshot(path=str(artifacts_dir / "ui-ticket-waiting.png"), full_page=True)
 
             await page.click("#approve")
@@ -118,6 +120,62 @@ async def test_ui_login_demo_live_graph_approve_merged(live_afe, artifacts_dir):
             assert session[0]["value"] not in logs and gw.token not in logs
             csp = [m for m in problems if "Content Security Policy" in m]
             assert not csp, csp
+            assert not problems, problems
+        finally:
+            await browser.close()
+
+
+@pytest.mark.xfail(strict=True, reason="found by this test: after a retry the re-prepared workspace's diff lacks "
+                   "the ticket's change, so the PR page's diff (tickets.diff of the live workspace) has no "
+                   "'return a + b'; the steps before it (Retry, PR link, PR page state) pass")
+async def test_ui_retry_reruns_a_failed_ticket_and_the_local_pr_page_approves_and_merges(live_afe, artifacts_dir):
+    """A rejected demo ticket (failed, its pull request open) is run again with
+    the Retry button; its pull request's page on the gateway shows the diff,
+    the state and the approval; approving there merges."""
+    from playwright.async_api import async_playwright
+
+    gw = live_afe.gateway
+    live_afe.reset_demo_repo()
+    problems: list[str] = []
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            await page.goto(gw.url + "/")
+            await page.fill("#token", gw.token)
+            await page.click("#login-form button[type=submit]")
+            await page.wait_for_selector("#board")
+
+            await page.click("#run-demo")
+            await page.wait_for_url(re.compile(r".*#/t/[a-z0-9-]+$"))
+            await page.wait_for_selector("#approve", timeout=180_000)
+            await page.fill("#reject-reason", "try again")
+            await page.click("#reject")
+            await page.wait_for_selector('#ticket-state[data-state="failed"]', timeout=60_000)
+            # The records of the ended ticket: the test output, the usage and the stored diff.
+            await page.wait_for_function("() => document.getElementById('diff').textContent.includes('stored when')")
+            assert "OK" in await page.text_content('#test-output pre[data-node="test"]')
+            assert re.fullmatch(r"usage: [1-9][0-9]* model tokens", await page.text_content("#usage"))
+
+            await page.click("#retry")
+            await page.wait_for_selector('#ticket-state[data-state="waiting_approval"]', timeout=180_000)
+            await page.wait_for_selector('#graph g.node[data-node="merge"][data-state="waiting"]')
+            assert "ticket re-opened (retry)" in await page.text_content("#logs")
+            await page.screenshot(path=str(artifacts_dir / "ui-ticket-retried.png"), full_page=True)
+
+            await page.click("#pr-link")
+            await page.wait_for_url(re.compile(r".*/pulls/demo/[0-9]+$"))
+            await page.wait_for_selector('#pull-state[data-state="open"]')
+            await page.wait_for_function("() => document.getElementById('diff').textContent.includes('return a + b')")
+            assert "Fix add()" in await page.text_content("#pull-title")
+            await page.screenshot(path=str(artifacts_dir / "ui-pull-request.png"), full_page=True)
+            await page.click("#approve")
+            await page.wait_for_selector('#pull-state[data-state="merged"]', timeout=120_000)
+            assert "approved by ui" in await page.text_content("#approval")
+            await page.click("#pull-ticket")
+            await page.wait_for_selector('#ticket-state[data-state="succeeded"]', timeout=60_000)
             assert not problems, problems
         finally:
             await browser.close()
