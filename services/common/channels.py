@@ -33,8 +33,7 @@ class _LinkAuth(grpc.AuthMetadataPlugin):  # type: ignore[misc]  # grpc ships no
         callback(((METADATA_KEY, self._value),), None)
 
 
-class _LinkSecret(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
-                  grpc.aio.StreamUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):
+class _LinkSecret:
     """Adds the link secret to every call's metadata. Not call credentials:
     gRPC runs a metadata plugin on a new thread for every call (about 0.3 ms
     a call, several under load, on each node's Exec); the secret goes over the
@@ -43,24 +42,48 @@ class _LinkSecret(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClie
     def __init__(self, secret: bytes) -> None:
         self._pair = (METADATA_KEY, secret.hex())
 
-    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    def details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         metadata = grpc.aio.Metadata(*(d.metadata or ()))
         metadata.add(*self._pair)
         return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready)
 
+    def interceptors(self) -> list[Any]:
+        """One per kind of call (a channel files an interceptor under the first kind it is)."""
+        return [_UnaryUnary(self), _UnaryStream(self), _StreamUnary(self), _StreamStream(self)]
+
+
+class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, link: _LinkSecret) -> None:
+        self.link = link
+
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request)
+        return await continuation(self.link.details(client_call_details), request)
+
+
+class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, link: _LinkSecret) -> None:
+        self.link = link
 
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[override]
-        return await continuation(self._details(client_call_details), request)
+        return await continuation(self.link.details(client_call_details), request)
+
+
+class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+    def __init__(self, link: _LinkSecret) -> None:
+        self.link = link
 
     async def intercept_stream_unary(self, continuation, client_call_details,  # type: ignore[override]
                                      request_iterator):
-        return await continuation(self._details(client_call_details), request_iterator)
+        return await continuation(self.link.details(client_call_details), request_iterator)
+
+
+class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, link: _LinkSecret) -> None:
+        self.link = link
 
     async def intercept_stream_stream(self, continuation, client_call_details,  # type: ignore[override]
                                       request_iterator):
-        return await continuation(self._details(client_call_details), request_iterator)
+        return await continuation(self.link.details(client_call_details), request_iterator)
 
 
 def open_channel(socket_path: str, secret: bytes | None) -> grpc.aio.Channel:
@@ -69,7 +92,7 @@ def open_channel(socket_path: str, secret: bytes | None) -> grpc.aio.Channel:
     creds = grpc.local_channel_credentials(grpc.LocalConnectionType.UDS)
     interceptors = telemetry.grpc_client_interceptors()
     if secret is not None:
-        interceptors.append(_LinkSecret(secret))
+        interceptors += _LinkSecret(secret).interceptors()
     return grpc.aio.secure_channel(socket_target(socket_path), creds, options=OPTIONS,
                                    interceptors=interceptors or None)
 
