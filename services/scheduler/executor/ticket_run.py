@@ -65,6 +65,7 @@ class TicketRun:
         self.resumed = resumed
         self.ctx = RunContext(host, ticket)
         self.workflow = self.ctx.workflow
+        self.attempts: dict[str, int] = {}
 
     async def execute(self) -> tuple[str, str]:
         """Run the ticket's graph; returns (terminal state, error)."""
@@ -88,12 +89,12 @@ class TicketRun:
         if self.resumed:
             ctx.emit("ticket.resumed", {})
         states = {nid: r.state for nid, r in records.items()}
+        # The stored attempt of each node, kept here as run_node stores it (no
+        # read of every node run before each node).
+        self.attempts = {nid: r.attempt for nid, r in records.items()}
 
         async def run(node: Node) -> None:
-            ctx.outputs[node.id] = await self.run_node(node, store_attempt(node.id))
-
-        def store_attempt(node_id: str) -> int:
-            return next((r.attempt for r in store.node_runs(tid) if r.node_id == node_id), 0)
+            ctx.outputs[node.id] = await self.run_node(node, self.attempts.get(node.id, 0))
 
         def skip(node_id: str, reason: str) -> None:
             store.update_node(tid, node_id, state=N_SKIPPED, error=reason)
@@ -148,6 +149,7 @@ class TicketRun:
             started = time.monotonic()
             store.update_node(tid, node.id, state=N_RUNNING, attempt=attempt, started_at_ms=now_ms(),
                               finished_at_ms=0, error="")
+            self.attempts[node.id] = attempt
             self.ctx.emit("node.started", {"node": node.id, "kind": kind, "attempt": attempt})
             outcome = "error"
             try:
