@@ -176,3 +176,61 @@ def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()
         lines.append("http_access allow allowed_names")
     lines += ["http_access deny all", "http_reply_access allow all"]
     return "\n".join(line for line in lines if line) + "\n"
+
+
+# ---- refused requests, from the proxy's access log ------------------------------
+
+DENIED_HOSTS_MAX = 50            # distinct host names reported per ticket
+DENIED_LOG_LINES = 20000         # the newest access log lines read
+DENIED_LOG_BYTES = 8 << 20       # and at most this much of them
+_LOG_HOST_MAX = 253
+
+
+def _log_host(method: str, url: str) -> str:
+    """The destination's host name of one logged request ("" if it is not a
+    clean host name or IP address: the text came from the sandbox)."""
+    if method == "CONNECT":
+        host = url.rsplit(":", 1)[0] if url.count(":") == 1 or url.startswith("[") else url
+    else:
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme.lower() not in ("http", "https", "ftp"):
+            return ""
+        host = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
+        if not host.startswith("["):
+            host = host.rsplit(":", 1)[0]
+        elif "]" in host:
+            host = host[:host.index("]") + 1]
+    host = host.lower().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            return f"[{ipaddress.IPv6Address(host[1:-1])}]"
+        except ValueError:
+            return ""
+    if not host or len(host) > _LOG_HOST_MAX or not _NAME_RE.fullmatch(host) or host.startswith("."):
+        return ""
+    return host
+
+
+def denied_hosts(log_text: str, limit: int = DENIED_HOSTS_MAX) -> tuple[list[tuple[str, int]], bool]:
+    """The host names of the requests the proxy refused (TCP_DENIED lines of
+    squid's native access log), with how often each was tried, most tried
+    first: ([(host, count)], truncated). Names only, never a path or query;
+    anything that is not a host name or IP address is dropped, and at most
+    `limit` distinct names are kept (the first ones seen)."""
+    counts: dict[str, int] = {}
+    truncated = False
+    for line in log_text.splitlines():
+        fields = line.split()
+        # time elapsed client CODE/status bytes METHOD URL user hierarchy type
+        if len(fields) < 7 or not fields[3].startswith("TCP_DENIED/"):
+            continue
+        host = _log_host(fields[5], fields[6])
+        if not host:
+            continue
+        if host in counts:
+            counts[host] += 1
+        elif len(counts) < limit:
+            counts[host] = 1
+        else:
+            truncated = True
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])), truncated

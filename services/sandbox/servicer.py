@@ -12,6 +12,7 @@ from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
 from services.common.errors import InvalidArgument
 from services.common.metrics import SandboxMetrics
 
+from .denied_egress import denied_egress
 from .execs import Exit, Output, Runner
 from .files import Entry, FileTools
 from .hardening import SandboxSettings, resolve_limits
@@ -101,6 +102,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
     async def Freeze(self, request, context):
         await self.sandboxes.freeze(request.ticket_id, request.frozen)
         return pb.FreezeResponse()
+
+    async def DeniedEgress(self, request, context):
+        hosts, truncated = await denied_egress(self.sandboxes, request.ticket_id)
+        return pb.DeniedEgressResponse(hosts=[pb.DeniedHost(host=h, count=min(n, 2**31 - 1)) for h, n in hosts],
+                                       truncated=truncated)
 
     async def Exec(self, request, context):
         outcome = "error"

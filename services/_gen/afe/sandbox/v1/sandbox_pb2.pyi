@@ -392,6 +392,75 @@ class FreezeResponse(_message.Message):
 Global___FreezeResponse: _TypeAlias = FreezeResponse  # noqa: Y015
 
 @_typing.final
+class DeniedEgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeniedEgressRequest: _TypeAlias = DeniedEgressRequest  # noqa: Y015
+
+@_typing.final
+class DeniedHost(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    """a host name, or an IP address ([v6] in brackets)"""
+    count: _builtins.int
+    """refused requests to it"""
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "host", b"host"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeniedHost: _TypeAlias = DeniedHost  # noqa: Y015
+
+@_typing.final
+class DeniedEgressResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOSTS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """more distinct names were refused than listed"""
+    @_builtins.property
+    def hosts(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeniedHost]:
+        """most tried first; at most 50"""
+
+    def __init__(
+        self,
+        *,
+        hosts: _abc.Iterable[Global___DeniedHost] | None = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeniedEgressResponse: _TypeAlias = DeniedEgressResponse  # noqa: Y015
+
+@_typing.final
 class ExecRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

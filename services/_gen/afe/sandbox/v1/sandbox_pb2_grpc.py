@@ -64,6 +64,11 @@ class SandboxBrokerStub:
                 request_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.FreezeRequest.SerializeToString,
                 response_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.FreezeResponse.FromString,
                 _registered_method=True)
+        self.DeniedEgress = channel.unary_unary(
+                '/afe.sandbox.v1.SandboxBroker/DeniedEgress',
+                request_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.DeniedEgressRequest.SerializeToString,
+                response_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.DeniedEgressResponse.FromString,
+                _registered_method=True)
         self.Exec = channel.unary_stream(
                 '/afe.sandbox.v1.SandboxBroker/Exec',
                 request_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ExecRequest.SerializeToString,
@@ -151,6 +156,16 @@ class SandboxBrokerServicer:
 
     def Freeze(self, request, context):
         """Pause/unpause every process of the sandbox (used around a commit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeniedEgress(self, request, context):
+        """The host names the ticket's egress proxy refused (its access log's
+        TCP_DENIED lines), with how often each was tried: names only, never a
+        path or query, syntax-checked (the log is sandbox-made text) and bounded.
+        Empty for a sandbox without egress.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -247,6 +262,11 @@ def add_SandboxBrokerServicer_to_server(servicer, server):
                     servicer.Freeze,
                     request_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.FreezeRequest.FromString,
                     response_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.FreezeResponse.SerializeToString,
+            ),
+            'DeniedEgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeniedEgress,
+                    request_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.DeniedEgressRequest.FromString,
+                    response_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.DeniedEgressResponse.SerializeToString,
             ),
             'Exec': grpc.unary_stream_rpc_method_handler(
                     servicer.Exec,
@@ -456,6 +476,33 @@ class SandboxBroker:
             '/afe.sandbox.v1.SandboxBroker/Freeze',
             afe_dot_sandbox_dot_v1_dot_sandbox__pb2.FreezeRequest.SerializeToString,
             afe_dot_sandbox_dot_v1_dot_sandbox__pb2.FreezeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeniedEgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.sandbox.v1.SandboxBroker/DeniedEgress',
+            afe_dot_sandbox_dot_v1_dot_sandbox__pb2.DeniedEgressRequest.SerializeToString,
+            afe_dot_sandbox_dot_v1_dot_sandbox__pb2.DeniedEgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,12 @@ class SandboxBrokerStub:
     """
     Freeze: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.FreezeRequest, _sandbox_pb2.FreezeResponse]
     """Pause/unpause every process of the sandbox (used around a commit)."""
+    DeniedEgress: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.DeniedEgressRequest, _sandbox_pb2.DeniedEgressResponse]
+    """The host names the ticket's egress proxy refused (its access log's
+    TCP_DENIED lines), with how often each was tried: names only, never a
+    path or query, syntax-checked (the log is sandbox-made text) and bounded.
+    Empty for a sandbox without egress.
+    """
     Exec: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.ExecRequest, _sandbox_pb2.ExecEvent]
     """Run a command; streams output chunks and ends with one Exit."""
     Process: _grpc.StreamStreamMultiCallable[_sandbox_pb2.ProcessInput, _sandbox_pb2.ProcessOutput]
@@ -83,6 +89,12 @@ class SandboxBrokerAsyncStub(SandboxBrokerStub):
     """
     Freeze: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.FreezeRequest, _sandbox_pb2.FreezeResponse]  # type: ignore[assignment]
     """Pause/unpause every process of the sandbox (used around a commit)."""
+    DeniedEgress: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.DeniedEgressRequest, _sandbox_pb2.DeniedEgressResponse]  # type: ignore[assignment]
+    """The host names the ticket's egress proxy refused (its access log's
+    TCP_DENIED lines), with how often each was tried: names only, never a
+    path or query, syntax-checked (the log is sandbox-made text) and bounded.
+    Empty for a sandbox without egress.
+    """
     Exec: _aio.UnaryStreamMultiCallable[_sandbox_pb2.ExecRequest, _sandbox_pb2.ExecEvent]  # type: ignore[assignment]
     """Run a command; streams output chunks and ends with one Exit."""
     Process: _aio.StreamStreamMultiCallable[_sandbox_pb2.ProcessInput, _sandbox_pb2.ProcessOutput]  # type: ignore[assignment]
@@ -150,6 +162,18 @@ class SandboxBrokerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_pb2.FreezeResponse, _abc.Awaitable[_sandbox_pb2.FreezeResponse]]:
         """Pause/unpause every process of the sandbox (used around a commit)."""
+
+    @_abc_1.abstractmethod
+    def DeniedEgress(
+        self,
+        request: _sandbox_pb2.DeniedEgressRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.DeniedEgressResponse, _abc.Awaitable[_sandbox_pb2.DeniedEgressResponse]]:
+        """The host names the ticket's egress proxy refused (its access log's
+        TCP_DENIED lines), with how often each was tried: names only, never a
+        path or query, syntax-checked (the log is sandbox-made text) and bounded.
+        Empty for a sandbox without egress.
+        """
 
     @_abc_1.abstractmethod
     def Exec(
