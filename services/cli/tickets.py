@@ -1,32 +1,42 @@
 """`afe ticket create|list|show|watch|cancel|followup|retry|update-branch`, `afe approve`, `afe reject`.
 
 The CLI talks JSON-RPC to the gateway's /rpc WebSocket with the bearer token
-(AFE_TOKEN, else the file <data>/ui-token). See docs/CLI.md.
+(AFE_TOKEN, else the file <data>/ui-token). See docs/CLI.md. The client and the
+exit codes are in rpc_client.py, event lines in event_lines.py, the printed
+ticket in ticket_view.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from services.common import cost
 from services.common.states import TicketState
 
-EXIT_OK = 0             # done / the ticket succeeded
-EXIT_FAILED = 1         # the ticket failed (watch), or an unexpected server error
-EXIT_USAGE = 2          # bad arguments (also invalid params reported by the server)
-EXIT_REFUSED = 3        # not found, or refused in this state (e.g. approve a ticket that is not waiting)
-EXIT_CONNECT = 4        # cannot reach the gateway/scheduler, or the token was refused
-EXIT_CANCELLED = 5      # the ticket was cancelled (watch)
-EXIT_WAITING = 6        # the ticket waits for approval (watch --until-waiting)
+from .event_lines import _describe
+from .rpc_client import (
+    EXIT_CANCELLED,
+    EXIT_CONNECT,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    EXIT_WAITING,
+    CliError,
+    RpcClient,
+)
+from .ticket_view import WAITING, _print_prompts, _print_test_output, _print_ticket, _print_usage
+
+__all__ = ["EXIT_CANCELLED", "EXIT_CONNECT", "EXIT_FAILED", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE",
+           "EXIT_WAITING", "STATES", "TERMINAL", "CliError", "RpcClient", "_describe", "_print_test_output",
+           "_print_ticket", "add_parser"]
 
 EXIT_CODES_HELP = """exit codes:
   0  ok; for watch: the ticket succeeded
@@ -48,104 +58,6 @@ DEMO = {"workspace": "demo", "workflow": "demo-fix", "title": "Fix add() in the 
 TERMINAL = {TicketState.SUCCEEDED.value: EXIT_OK, TicketState.FAILED.value: EXIT_FAILED,
             TicketState.CANCELLED.value: EXIT_CANCELLED}
 STATES = [s.value for s in TicketState]
-WAITING = TicketState.WAITING_APPROVAL.value
-
-_BY_ERROR = {
-    "invalid_params": EXIT_USAGE, "invalid_request": EXIT_USAGE, "method_not_found": EXIT_USAGE,
-    "not_found": EXIT_REFUSED, "failed_precondition": EXIT_REFUSED, "already_exists": EXIT_REFUSED,
-    "permission_denied": EXIT_REFUSED, "resource_exhausted": EXIT_REFUSED,
-    "unavailable": EXIT_CONNECT, "unauthenticated": EXIT_CONNECT, "deadline_exceeded": EXIT_CONNECT,
-}
-
-
-class CliError(Exception):
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class RpcClient:
-    """One /rpc WebSocket with the bearer token."""
-
-    def __init__(self, url: str, token: str) -> None:
-        self.url = url.rstrip("/")
-        self._token = token
-        self._ids = itertools.count(1)
-        self._session: Any = None
-        self._ws: Any = None
-        self._backlog: list[dict] = []
-
-    def __repr__(self) -> str:
-        return f"RpcClient({self.url})"
-
-    async def __aenter__(self) -> Self:
-        import aiohttp
-
-        ws_url = ("wss" if self.url.startswith("https:") else "ws") + self.url[self.url.index(":"):] + "/rpc"
-        self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
-        try:
-            self._ws = await self._session.ws_connect(
-                ws_url, headers={"Authorization": f"Bearer {self._token}"}, max_msg_size=32 * 1024 * 1024,
-                heartbeat=30)
-        except aiohttp.WSServerHandshakeError as exc:
-            await self._session.close()
-            if exc.status in (401, 403):
-                raise CliError("the gateway refused the token (was it rotated? set AFE_TOKEN or check "
-                               "<data>/ui-token)", EXIT_CONNECT) from None
-            raise CliError(f"the gateway refused the connection (HTTP {exc.status})", EXIT_CONNECT) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            await self._session.close()
-            raise CliError(f"cannot connect to the gateway at {self.url} ({exc.__class__.__name__}); "
-                           "is `afe up` running? (set --url or AFE_URL)", EXIT_CONNECT) from None
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        if self._ws is not None:
-            await self._ws.close()
-        if self._session is not None:
-            await self._session.close()
-
-    async def _next(self) -> dict:
-        import aiohttp
-
-        msg = await self._ws.receive()
-        if msg.type != aiohttp.WSMsgType.TEXT:
-            if msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 4401:
-                raise CliError("the session ended: the token was rotated", EXIT_CONNECT)
-            raise CliError("the gateway closed the connection", EXIT_CONNECT)
-        return json.loads(msg.data)
-
-    async def call(self, method: str, params: dict | None = None) -> dict:
-        rid = next(self._ids)
-        await self._ws.send_str(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method,
-                                            "params": params or {}}))
-        while True:
-            doc = await self._next()
-            if doc.get("id") == rid:
-                break
-            if "method" in doc:
-                self._backlog.append(doc)
-        if "error" in doc:
-            err = doc["error"]
-            name = (err.get("data") or {}).get("code", "internal_error")
-            raise CliError(f"{err.get('message', 'error')} ({name})", _BY_ERROR.get(name, EXIT_FAILED))
-        return doc["result"]
-
-    async def watch(self, ticket_id: str, from_seq: int = 1, follow: bool = True) -> AsyncIterator[dict]:
-        sub = (await self.call("tickets.watch", {"id": ticket_id, "from_seq": from_seq,
-                                                 "follow": follow}))["subscription"]
-        while True:
-            doc = self._backlog.pop(0) if self._backlog else await self._next()
-            params = doc.get("params") or {}
-            if params.get("subscription") != sub:
-                continue
-            if doc.get("method") == "tickets.watch_end":
-                err = params.get("error")
-                if err:
-                    name = (err.get("data") or {}).get("code", "internal_error")
-                    raise CliError(f"{err.get('message')} ({name})", _BY_ERROR.get(name, EXIT_FAILED))
-                return
-            yield params["event"]
 
 
 # -- argument parsing -------------------------------------------------------
@@ -288,89 +200,6 @@ def _emit_json(obj: object) -> None:
     print(json.dumps(obj, indent=None, sort_keys=True), flush=True)
 
 
-def _fmt_secs(ms: int) -> str:
-    s = max(0, ms) / 1000
-    return f"{s:.1f}s" if s < 60 else f"{int(s // 60)}m{int(s % 60):02d}s"
-
-
-def _node_line(n: dict, now_ms: int) -> str:
-    took = ""
-    if n.get("started_at_ms"):
-        took = _fmt_secs((n.get("finished_at_ms") or now_ms) - n["started_at_ms"])
-    line = f"  {n['id']:<16} {n['state']:<10} {n['kind']:<16} {took}"
-    if n.get("error"):
-        line += f"\n      {n['error']}"
-    return line.rstrip()
-
-
-def _print_ticket(t: dict) -> None:
-    now = int(time.time() * 1000)
-    print(f"{t['id']}  {t['state']}  {t['title']}")
-    print(f"  workspace {t['workspace']}, workflow {t['workflow']}, last event {t['last_seq']}")
-    if t.get("error"):
-        print(f"  error: {t['error']}")
-    print("nodes:")
-    for n in t["nodes"]:
-        print(_node_line(n, now))
-    if t.get("pr"):
-        pr = t["pr"]
-        print(f"pull request #{pr['number']} ({pr['state']}) {pr['head_branch']} -> {pr['base_branch']} {pr['url']}")
-    if t["state"] == WAITING:
-        print(f"waiting for approval of {t.get('awaiting_sha') or '?'}: "
-              f"afe approve {t['id']} --sha {t.get('awaiting_sha')}  |  afe reject {t['id']} --reason ...")
-    if t.get("approval"):
-        a = t["approval"]
-        print(f"{'approved' if a['granted'] else 'rejected'} by {a['principal']}"
-              f"{': ' + a['reason'] if a.get('reason') else ''}")
-    if t.get("usage") is not None:
-        print(f"usage: {t['usage'].get('tokens', 0)} model tokens")
-
-
-def _spent(u: dict) -> str:
-    money = cost.fmt_usd(u["cost_usd"]) + (" (some models have no price)" if u["unpriced"] and
-                                           u["cost_usd"] is not None else "")
-    if u["cost_usd"] is None:
-        money = "cost unknown (add price: to the Model manifests)"
-    return f"{u['input_tokens']} in / {u['output_tokens']} out tokens, {money}"
-
-
-def _print_usage(spent: dict) -> None:
-    """Tokens and the estimated cost (services/common/cost.py), per node and for the ticket."""
-    if not spent["nodes"]:
-        return
-    print("model usage (estimated cost):")
-    for node, u in sorted(spent["nodes"].items()):
-        print(f"  {node or '(ticket)':<16} {_spent(u)}")
-    print(f"  {'total':<16} {_spent(spent['ticket'])}")
-
-
-def _print_prompts(events: list[dict]) -> None:
-    prompts = [e.get("payload") or {} for e in events if e.get("type") == "node.prompt"]
-    if not prompts:
-        print("prompts: (no model node has started)")
-    for p in prompts:
-        print(f"prompt of {p.get('node', '?')} (model {p.get('model', '?')}):")
-        print("  system:")
-        for ln in str(p.get("system") or "").split("\n"):
-            print(f"    {ln}".rstrip())
-        print("  prompt:")
-        for ln in str(p.get("prompt") or "").split("\n"):
-            print(f"    {ln}".rstrip())
-        if p.get("truncated"):
-            print("    (cut short in the event)")
-
-
-def _print_test_output(t: dict) -> None:
-    """The output of the ticket's `run:` nodes (its tests), kept with the ticket after it ended."""
-    runs = [n for n in t["nodes"] if n.get("kind") == "run" and (n.get("output") or n.get("error"))]
-    for n in runs:
-        print(f"test output of {n['id']} ({n['state']}):")
-        for ln in ((n.get("output") or "").rstrip("\n") + ("\n" + n["error"] if n.get("error") else "")).split("\n"):
-            print(f"    {ln}".rstrip())
-    if not runs:
-        print("test output: (none)")
-
-
 def _read_body(value: str) -> str:
     if value == "-":
         return sys.stdin.read()
@@ -461,132 +290,6 @@ async def _show(client: RpcClient, args: argparse.Namespace) -> int:
             print(f"(the diff stored when the ticket ended; try `afe ticket retry {t['id']}` to run it again)"
                   if t.get("state") in ("failed", "cancelled") else "(the diff stored when the ticket ended)")
     return EXIT_OK
-
-
-def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str | None:
-    p = e.get("payload") or {}
-    node = p.get("node", "")
-    at = f"[{_fmt_secs(e['at_ms'] - t0):>7}]"
-    typ = e["type"]
-    if typ == "node.started":
-        started[node] = e["at_ms"]
-        attempt = f", attempt {p['attempt']}" if (p.get("attempt") or 1) > 1 else ""
-        return f"{at} {node:<16} started ({p.get('kind', '')}{attempt})"
-    if typ == "node.retry":
-        return (f"{at} {node:<16} attempt {p.get('attempt', '?')} failed, retrying"
-                + _indented(p.get("error")))
-    if typ == "node.finished":
-        took = _fmt_secs(e["at_ms"] - started[node]) if node in started else ""
-        state = p.get("state", "finished")
-        line = f"{at} {node:<16} {state} {took}".rstrip()
-        return line + _indented(p.get("error"))
-    if typ == "node.tool_call":
-        return f"{at} {node:<16} -> {p.get('name')} {str(p.get('arguments', ''))[:100]}"
-    if typ in ("node.output", "node.tool_result"):
-        if not verbose:
-            return None
-        text = p.get("text") if typ == "node.output" else p.get("result")
-        return "\n".join(f"{'':>10} {node:<16} | {ln}" for ln in str(text or "").rstrip("\n").split("\n"))
-    if typ == "node.message":
-        if not verbose:
-            return None
-        turn = f"turn {p['turn']}, " if p.get("turn") else ""
-        used = f" [{turn}{p.get('input_tokens', 0)} in / {p.get('output_tokens', 0)} out tokens]" \
-            if "input_tokens" in p else ""
-        return f"{at} {node:<16} model: {str(p.get('content') or p.get('text') or '')[:200]}{used}"
-    if typ == "agent.tool_call":
-        return f"{at} {node:<16} -> agent {p.get('title') or p.get('kind', '')} [{p.get('status', '')}]"
-    if typ in ("agent.message", "agent.thought"):
-        return f"{at} {node:<16} agent: {str(p.get('text') or '')[:200]}" if verbose else None
-    if typ == "agent.stderr":
-        if not verbose:
-            return None
-        gap = [f"{'':>10} {node:<16} ! ... {p['omitted_bytes']} bytes left out"] if p.get("omitted_bytes") else []
-        return "\n".join(gap + [f"{'':>10} {node:<16} ! {ln}"
-                                for ln in str(p.get("text") or "").rstrip("\n").split("\n")])
-    if typ == "pr.opened":
-        return f"{at} pull request opened {p.get('url') or p.get('number') or ''}".rstrip()
-    if typ == "approval.requested":
-        return f"{at} waiting for approval of {p.get('sha', '')}".rstrip()
-    if typ in ("approval.granted", "approval.rejected"):
-        word = "approved" if typ == "approval.granted" else "rejected"
-        return f"{at} {word} by {p.get('principal', '?')}" + (f": {p['reason']}" if p.get("reason") else "")
-    if typ == "merge.done":
-        return f"{at} merged {p.get('merge_sha') or p.get('sha') or ''}".rstrip()
-    if typ == "ticket.finished":
-        return f"{at} ticket {p.get('state')}" + (f": {p['error']}" if p.get("error") else "")
-    return _describe_more(typ, p, at, node)
-
-
-def _indented(text: object) -> str:
-    """A multi-line error kept as lines, under the event's line."""
-    lines = str(text or "").rstrip().split("\n")
-    return "" if not text else "\n" + "\n".join(f"{'':>10} {ln}" for ln in lines)
-
-
-def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
-    """A readable line for the events above do not cover (never raw JSON)."""
-    if typ == "workspace.ready":
-        return f"{at} workspace ready: branch {p.get('branch', '')} from {str(p.get('base_sha', ''))[:12]}"
-    if typ == "sandbox.ready":
-        net = "egress " + ", ".join(p["egress"]) if p.get("egress") else "no network"
-        return f"{at} sandbox ready: {p.get('image', '')} ({net})"
-    if typ == "commit.done":
-        return f"{at} {node:<16} committed {str(p.get('sha', ''))[:12]}" + ("" if p.get("changed", True)
-                                                                               else " (no changes)")
-    if typ == "push.done":
-        return f"{at} {node:<16} pushed {p.get('branch', '')} at {str(p.get('sha', ''))[:12]}"
-    if typ == "model.usage":
-        money = f", ~{cost.fmt_usd(p['cost_usd'])}" if isinstance(p.get("cost_usd"), (int, float)) else ""
-        return (f"{at} {node:<16} tokens: {p.get('input_tokens', 0)} in, {p.get('output_tokens', 0)} out "
-                f"({p.get('model', '')}{money})")
-    if typ == "node.prompt":
-        return f"{at} {node:<16} prompt sent to {p.get('model', '')} ({len(str(p.get('prompt') or ''))} chars)"
-    if typ == "node.feedback":
-        return (f"{at} {node:<16} failed; round {p.get('round', '?')} of {p.get('max', '?')}: its output goes "
-                f"back to {p.get('to', '?')}")
-    if typ == "node.feedback_spent":
-        return f"{at} {node:<16} failed after {p.get('rounds', '?')} rounds back to {p.get('to', '?')}"
-    if typ == "agent.tool_call_update":
-        return f"{at} {node:<16} agent tool {p.get('id', '')}: {p.get('status') or 'updated'}"
-    if typ == "agent.fs":
-        return f"{at} {node:<16} agent {p.get('op', '')} {p.get('path', '')}" + (
-            " (refused)" if p.get("ok") is False else "")
-    if typ == "agent.terminal":
-        cmd = f": {p['command']}" if p.get("command") else ""
-        return f"{at} {node:<16} agent terminal {p.get('op', '')}{cmd}" + (" (refused)" if p.get("ok") is False else "")
-    if typ == "agent.plan":
-        entries = p.get("entries") or []
-        done = sum(1 for x in entries if x.get("status") == "completed")
-        return f"{at} {node:<16} agent plan: {done} of {len(entries)} steps done"
-    if typ == "agent.cancel":
-        return f"{at} {node:<16} agent asked to stop (session/cancel)"
-    if typ == "agent.protocol_error":
-        return f"{at} {node:<16} agent protocol error: {p.get('reason', '')}"
-    if typ == "ticket.reopened":
-        again = f": runs {', '.join(p['nodes'])} again" if p.get("nodes") else ""
-        return f"{at} ticket re-opened ({p.get('reason', '')}) by {p.get('principal', '?')}{again}"
-    if typ == "branch.conflict":
-        return f"{at} updating the branch conflicts in: {', '.join(p.get('paths') or [])}"
-    if typ == "agent.permission":
-        what = p.get("title") or p.get("kind") or p.get("tool") or "a tool"
-        return f"{at} {node:<16} agent asked permission for {what}: {p.get('outcome') or p.get('decision') or ''}".rstrip()
-    if typ == "node.budget_exceeded":
-        return f"{at} {node:<16} budget spent ({p.get('limit', '')}): {p.get('reason', '')}"
-    if typ in ("broker.retry", "broker.recovered"):
-        what = "waiting for" if typ == "broker.retry" else "back:"
-        return f"{at} {node:<16} {what} the {p.get('broker', '')} broker ({p.get('step', '')})"
-    if typ == "node.resumed":
-        return f"{at} {node:<16} resumed (was {p.get('was', '')})"
-    if typ == "ticket.resumed":
-        return f"{at} ticket resumed after a restart"
-    if typ == "approval.stale":
-        return (f"{at} approval of {str(p.get('approved_sha', ''))[:12]} is stale: the head is now "
-                f"{str(p.get('head_sha', ''))[:12]}; approve again")
-    if typ == "commit.warning":
-        return f"{at} {node:<16} warning: {p.get('message') or p.get('kind', '')}"
-    return None
-
 
 async def _follow(client: RpcClient, ticket_id: str, args: argparse.Namespace) -> int:
     t = await client.call("tickets.get", {"id": ticket_id})

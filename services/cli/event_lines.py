@@ -1,0 +1,135 @@
+"""One readable line per ticket event for `afe ticket watch` (never raw JSON)."""
+
+from __future__ import annotations
+
+from services.common import cost
+
+
+def _fmt_secs(ms: int) -> str:
+    s = max(0, ms) / 1000
+    return f"{s:.1f}s" if s < 60 else f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
+def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str | None:
+    p = e.get("payload") or {}
+    node = p.get("node", "")
+    at = f"[{_fmt_secs(e['at_ms'] - t0):>7}]"
+    typ = e["type"]
+    if typ == "node.started":
+        started[node] = e["at_ms"]
+        attempt = f", attempt {p['attempt']}" if (p.get("attempt") or 1) > 1 else ""
+        return f"{at} {node:<16} started ({p.get('kind', '')}{attempt})"
+    if typ == "node.retry":
+        return (f"{at} {node:<16} attempt {p.get('attempt', '?')} failed, retrying"
+                + _indented(p.get("error")))
+    if typ == "node.finished":
+        took = _fmt_secs(e["at_ms"] - started[node]) if node in started else ""
+        state = p.get("state", "finished")
+        line = f"{at} {node:<16} {state} {took}".rstrip()
+        return line + _indented(p.get("error"))
+    if typ == "node.tool_call":
+        return f"{at} {node:<16} -> {p.get('name')} {str(p.get('arguments', ''))[:100]}"
+    if typ in ("node.output", "node.tool_result"):
+        if not verbose:
+            return None
+        text = p.get("text") if typ == "node.output" else p.get("result")
+        return "\n".join(f"{'':>10} {node:<16} | {ln}" for ln in str(text or "").rstrip("\n").split("\n"))
+    if typ == "node.message":
+        if not verbose:
+            return None
+        turn = f"turn {p['turn']}, " if p.get("turn") else ""
+        used = f" [{turn}{p.get('input_tokens', 0)} in / {p.get('output_tokens', 0)} out tokens]" \
+            if "input_tokens" in p else ""
+        return f"{at} {node:<16} model: {str(p.get('content') or p.get('text') or '')[:200]}{used}"
+    if typ == "agent.tool_call":
+        return f"{at} {node:<16} -> agent {p.get('title') or p.get('kind', '')} [{p.get('status', '')}]"
+    if typ in ("agent.message", "agent.thought"):
+        return f"{at} {node:<16} agent: {str(p.get('text') or '')[:200]}" if verbose else None
+    if typ == "agent.stderr":
+        if not verbose:
+            return None
+        gap = [f"{'':>10} {node:<16} ! ... {p['omitted_bytes']} bytes left out"] if p.get("omitted_bytes") else []
+        return "\n".join(gap + [f"{'':>10} {node:<16} ! {ln}"
+                                for ln in str(p.get("text") or "").rstrip("\n").split("\n")])
+    if typ == "pr.opened":
+        return f"{at} pull request opened {p.get('url') or p.get('number') or ''}".rstrip()
+    if typ == "approval.requested":
+        return f"{at} waiting for approval of {p.get('sha', '')}".rstrip()
+    if typ in ("approval.granted", "approval.rejected"):
+        word = "approved" if typ == "approval.granted" else "rejected"
+        return f"{at} {word} by {p.get('principal', '?')}" + (f": {p['reason']}" if p.get("reason") else "")
+    if typ == "merge.done":
+        return f"{at} merged {p.get('merge_sha') or p.get('sha') or ''}".rstrip()
+    if typ == "ticket.finished":
+        return f"{at} ticket {p.get('state')}" + (f": {p['error']}" if p.get("error") else "")
+    return _describe_more(typ, p, at, node)
+
+
+def _indented(text: object) -> str:
+    """A multi-line error kept as lines, under the event's line."""
+    lines = str(text or "").rstrip().split("\n")
+    return "" if not text else "\n" + "\n".join(f"{'':>10} {ln}" for ln in lines)
+
+
+def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
+    """A readable line for the events above do not cover (never raw JSON)."""
+    if typ == "workspace.ready":
+        return f"{at} workspace ready: branch {p.get('branch', '')} from {str(p.get('base_sha', ''))[:12]}"
+    if typ == "sandbox.ready":
+        net = "egress " + ", ".join(p["egress"]) if p.get("egress") else "no network"
+        return f"{at} sandbox ready: {p.get('image', '')} ({net})"
+    if typ == "commit.done":
+        return f"{at} {node:<16} committed {str(p.get('sha', ''))[:12]}" + ("" if p.get("changed", True)
+                                                                               else " (no changes)")
+    if typ == "push.done":
+        return f"{at} {node:<16} pushed {p.get('branch', '')} at {str(p.get('sha', ''))[:12]}"
+    if typ == "model.usage":
+        money = f", ~{cost.fmt_usd(p['cost_usd'])}" if isinstance(p.get("cost_usd"), (int, float)) else ""
+        return (f"{at} {node:<16} tokens: {p.get('input_tokens', 0)} in, {p.get('output_tokens', 0)} out "
+                f"({p.get('model', '')}{money})")
+    if typ == "node.prompt":
+        return f"{at} {node:<16} prompt sent to {p.get('model', '')} ({len(str(p.get('prompt') or ''))} chars)"
+    if typ == "node.feedback":
+        return (f"{at} {node:<16} failed; round {p.get('round', '?')} of {p.get('max', '?')}: its output goes "
+                f"back to {p.get('to', '?')}")
+    if typ == "node.feedback_spent":
+        return f"{at} {node:<16} failed after {p.get('rounds', '?')} rounds back to {p.get('to', '?')}"
+    if typ == "agent.tool_call_update":
+        return f"{at} {node:<16} agent tool {p.get('id', '')}: {p.get('status') or 'updated'}"
+    if typ == "agent.fs":
+        return f"{at} {node:<16} agent {p.get('op', '')} {p.get('path', '')}" + (
+            " (refused)" if p.get("ok") is False else "")
+    if typ == "agent.terminal":
+        cmd = f": {p['command']}" if p.get("command") else ""
+        return f"{at} {node:<16} agent terminal {p.get('op', '')}{cmd}" + (" (refused)" if p.get("ok") is False else "")
+    if typ == "agent.plan":
+        entries = p.get("entries") or []
+        done = sum(1 for x in entries if x.get("status") == "completed")
+        return f"{at} {node:<16} agent plan: {done} of {len(entries)} steps done"
+    if typ == "agent.cancel":
+        return f"{at} {node:<16} agent asked to stop (session/cancel)"
+    if typ == "agent.protocol_error":
+        return f"{at} {node:<16} agent protocol error: {p.get('reason', '')}"
+    if typ == "ticket.reopened":
+        again = f": runs {', '.join(p['nodes'])} again" if p.get("nodes") else ""
+        return f"{at} ticket re-opened ({p.get('reason', '')}) by {p.get('principal', '?')}{again}"
+    if typ == "branch.conflict":
+        return f"{at} updating the branch conflicts in: {', '.join(p.get('paths') or [])}"
+    if typ == "agent.permission":
+        what = p.get("title") or p.get("kind") or p.get("tool") or "a tool"
+        return f"{at} {node:<16} agent asked permission for {what}: {p.get('outcome') or p.get('decision') or ''}".rstrip()
+    if typ == "node.budget_exceeded":
+        return f"{at} {node:<16} budget spent ({p.get('limit', '')}): {p.get('reason', '')}"
+    if typ in ("broker.retry", "broker.recovered"):
+        what = "waiting for" if typ == "broker.retry" else "back:"
+        return f"{at} {node:<16} {what} the {p.get('broker', '')} broker ({p.get('step', '')})"
+    if typ == "node.resumed":
+        return f"{at} {node:<16} resumed (was {p.get('was', '')})"
+    if typ == "ticket.resumed":
+        return f"{at} ticket resumed after a restart"
+    if typ == "approval.stale":
+        return (f"{at} approval of {str(p.get('approved_sha', ''))[:12]} is stale: the head is now "
+                f"{str(p.get('head_sha', ''))[:12]}; approve again")
+    if typ == "commit.warning":
+        return f"{at} {node:<16} warning: {p.get('message') or p.get('kind', '')}"
+    return None
