@@ -39,6 +39,7 @@ class SandboxBroker(Protocol):
     async def reconcile(self, live: list[str]) -> spb.ReconcileResponse: ...
     async def identify(self) -> str: ...
     async def freeze(self, ticket_id: str, frozen: bool) -> None: ...
+    async def denied_egress(self, ticket_id: str) -> spb.DeniedEgressResponse: ...
     def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0, output_cap_bytes: int = 0,
              cwd: str = "") -> AsyncIterator[spb.ExecEvent]: ...
     async def read_file(self, ticket_id: str, path: str, max_bytes: int = 0) -> spb.ReadFileResponse: ...
@@ -111,6 +112,11 @@ class SandboxClient:
     async def freeze(self, ticket_id: str, frozen: bool) -> None:
         async with rpc_errors():
             await self.stub.Freeze(spb.FreezeRequest(ticket_id=ticket_id, frozen=frozen), timeout=SHORT)
+
+    async def denied_egress(self, ticket_id: str) -> spb.DeniedEgressResponse:
+        """The host names the ticket's egress proxy refused (syntax-checked by the broker)."""
+        async with rpc_errors(SANDBOX, "listing refused egress"):
+            return await self.stub.DeniedEgress(spb.DeniedEgressRequest(ticket_id=ticket_id), timeout=SHORT)
 
     async def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0,
                    output_cap_bytes: int = 0, cwd: str = "") -> AsyncIterator[spb.ExecEvent]:

@@ -29,6 +29,7 @@ from services.common.logs import ticket_var
 from services.common.metrics import scheduler_metrics, usage_metrics
 from services.common.redact import Redactor
 
+from . import egress_report
 from .brokers import CredentialBroker, SandboxBroker
 from .events import EventLog, EventRecord, now_ms
 from .executor import TicketRun, Transitions
@@ -540,6 +541,17 @@ class Engine:
             return
         self.store.put_final_diff(t.id, self.redactor.redact(r.diff), r.truncated, now_ms())
 
+    async def _record_denied_egress(self, t: TicketRecord) -> None:
+        """The hosts the ticket's egress proxy refused, as an event before its sandbox
+        goes (the final GitHub comment lists them, egress_report.py)."""
+        try:
+            r = await self.sandbox.denied_egress(t.id)
+        except AfeError:      # no sandbox (none needed, or ended before one was made) or the broker is away
+            return
+        if r.hosts:
+            self.events.append(t.id, egress_report.EVENT, egress_report.payload(r))
+            self.events.flush()
+
     async def _finish_quietly(self, t: TicketRecord, state: str, error: str) -> None:
         try:
             await self._finish(t, state, error)
@@ -549,6 +561,7 @@ class Engine:
     async def _finish(self, t: TicketRecord, state: str, error: str) -> None:
         """Record the final diff, tear down, then record the terminal state and the final event."""
         await self._record_diff(t)
+        await self._record_denied_egress(t)
         torn = await self.teardowns.teardown(t)
         if not torn:
             self.teardowns.wake()

@@ -32,6 +32,7 @@ from typing import Any
 from services.common.config import Config
 from services.common.errors import AfeError
 
+from . import egress_report
 from .store import (
     CANCELLED,
     FAILED,
@@ -216,6 +217,9 @@ class GitHubReporter:
         lines.append(f"- Duration: {duration(t.updated_at_ms - since)}")
         if t.error:
             lines.append(f"- Error: {_code(t.error)}")
+        blocked = egress_report.section(egress_report.latest(self.store, t.id), "**Blocked egress attempts**")
+        if blocked:
+            lines += ["", blocked]
         return "\n".join(lines)
 
     async def _comment(self, t: TicketRecord, number: str, step: str, body: str) -> None:

@@ -310,3 +310,72 @@ class ScriptedResponses(Scripted):
                                               "response": {**response, "status": "completed", "output": items,
                                                            "usage": usage}}))
         return await self.stream(request, events)
+
+
+class ScriptedGemini(Scripted):
+    """The Gemini API (`POST /v1beta/models/<model>:streamGenerateContent?alt=sse`
+    and `:generateContent`), as Gemini CLI (`gemini --acp`) calls it: its
+    `replace` and `run_shell_command` tools; side requests (its model router
+    and next-speaker check ask for JSON; an answer that does not parse is
+    retried with back-off) get the JSON they ask for."""
+
+    header = "x-goog-api-key"
+    SCRIPT: ClassVar[tuple] = (
+        ("replace", {"file_path": "/workspace/calc.py", "old_string": BUGGY_SOURCE, "new_string": FIXED_SOURCE,
+                     "instruction": "make add() add"}),
+        ("run_shell_command", {"command": TEST_COMMAND, "description": "Run the unit tests"}),
+    )
+
+    def expected_header(self) -> str:
+        return self.key
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1beta/models/{call}", self.call)
+
+    def unauthorized(self) -> web.Response:
+        return web.json_response({"error": {"code": 400, "message": "API key not valid. Please pass a valid API key.",
+                                            "status": "INVALID_ARGUMENT"}}, status=400)
+
+    async def call(self, request: web.Request) -> web.StreamResponse:
+        if not self.authorized(request):
+            return self.unauthorized()
+        model, _, method = request.match_info["call"].partition(":")
+        body = await request.json()
+        if method == "countTokens":
+            return web.json_response({"totalTokens": IN_TOKENS})
+        names = {f.get("name") for t in body.get("tools") or [] for f in t.get("functionDeclarations") or []}
+        if {name for name, _ in self.SCRIPT} <= names:
+            results = [p for c in body.get("contents") or [] for p in c.get("parts") or [] if "functionResponse" in p]
+            step = len(results)
+            self.tool_results = [json.dumps(r["functionResponse"].get("response")) for r in results]
+            await self._before(step)
+            if step < len(self.SCRIPT):
+                name, args = self.SCRIPT[step]
+                parts = [{"functionCall": {"name": name, "args": args}}]
+            else:
+                parts = [{"text": FINAL_TEXT}]
+        else:
+            parts = [{"text": self.side_answer(body)}]
+        chunk = {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+                 "usageMetadata": {"promptTokenCount": IN_TOKENS, "candidatesTokenCount": OUT_TOKENS,
+                                   "totalTokenCount": IN_TOKENS + OUT_TOKENS},
+                 "modelVersion": model}
+        if method == "streamGenerateContent":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
+            await resp.write_eof()
+            return resp
+        return web.json_response(chunk)
+
+    @staticmethod
+    def side_answer(body: dict) -> str:
+        config = body.get("generationConfig") or body.get("config") or {}
+        schema = json.dumps(config.get("responseJsonSchema") or config.get("responseSchema") or {})
+        if "complexity_score" in schema:      # its model router
+            return json.dumps({"complexity_reasoning": "a one-line fix", "complexity_score": 20})
+        if "model_choice" in schema:
+            return json.dumps({"reasoning": "a small edit", "model_choice": "flash"})
+        if "next_speaker" in schema:
+            return json.dumps({"reasoning": "the task is done", "next_speaker": "user"})
+        return "Fix add() in calc.py"

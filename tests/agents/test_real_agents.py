@@ -1,12 +1,12 @@
 """The coding agents people use, for real, with no model key in any sandbox
 (R9, R32): the preset images with the pinned npm packages of the Claude
-Code and Codex ACP adapters, and of opencode (built by `build_agent_image`, rebuilt only
-when their inputs change) run a ticket of the demo repository through
-`afe up` (the four real processes: gateway, scheduler, sandbox broker,
-credential broker):
+Code and Codex ACP adapters, opencode and Gemini CLI (built by
+`build_agent_image`, rebuilt only when their inputs change) run a ticket of
+the demo repository through `afe up` (the four real processes: gateway,
+scheduler, sandbox broker, credential broker):
 
-    fix (Agent preset: claude-code | codex | opencode, model: my-claude | my-gpt)
-      -> test (python3 -m unittest) -> pr (builtin:open_pr) -> merge (waits)
+    fix (Agent preset: claude-code | codex | opencode | gemini, model: my-claude | my-gpt | my-gemini)
+      -> test (python3 -m unittest) -> pr (builtin:open_pr) -> merge (waits; the test approves)
 
 The Model's baseUrl is a server of the tests' own (tests/agents/
 scripted_models.py) that speaks the provider's real streaming API and
@@ -43,6 +43,7 @@ from tests.agents.scripted_models import (
     FIXED_SOURCE,
     Scripted,
     ScriptedAnthropic,
+    ScriptedGemini,
     ScriptedResponses,
 )
 from tests.foundation.launcher_support import base_env, environ_bytes, start_afe, wait_gone
@@ -90,6 +91,7 @@ CASES = {
                     ScriptedAnthropic),
     "opencode": ("my-claude", "anthropic", "claude-sonnet-4-5", "sk-ant-api03-", "ANTHROPIC_API_KEY",
                  ScriptedAnthropic),
+    "gemini": ("my-gemini", "gemini", "gemini-2.5-pro", "AIza", "GEMINI_API_KEY", ScriptedGemini),
     "codex": ("my-gpt", "openai", "gpt-5-codex", "sk-proj-", "OPENAI_API_KEY", ScriptedResponses),
 }
 
@@ -183,7 +185,7 @@ def _environs(inside: str) -> dict[str, dict[str, str]]:
     return {f"{pid} {cmdlines.get(pid, '')}": env for pid, env in procs.items()}
 
 
-@pytest.mark.parametrize("preset", ["claude-code", "codex", "opencode"])
+@pytest.mark.parametrize("preset", ["claude-code", "codex", "opencode", "gemini"])
 async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_no_key_in_the_sandbox(
         short_tmp, preset):
     model_name, provider, model_id, key_prefix, key_var, server_cls = CASES[preset]
@@ -250,7 +252,7 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
     assert server.steps[:last + 1] == list(range(last + 1)), server.steps
     ran = server.tool_results[server.shell_step]
     assert "OK" in ran and "Ran 2 tests" in ran, server.tool_results
-    kinds = [p.get("kind") for ty, p in events if ty == "agent.tool_call"]
+    kinds = [p.get("kind") for ty, p in events if ty in ("agent.tool_call", "agent.tool_call_update")]
     assert "edit" in kinds and "execute" in kinds, kinds
     if preset == "claude-code":
         # its edit and shell tools are afe's: an ACP fs write and an ACP terminal in the sandbox

@@ -1,8 +1,10 @@
 """The scripted model servers of test_real_agents.py answer in the shapes
 the providers document: every streamed event, and every JSON answer, is
 validated against the official SDKs' typed API descriptions (the
-`anthropic` and `openai` Python packages: `RawMessageStreamEvent`,
-`Message`, `MessageTokensCount`, `ResponseStreamEvent`, `Response`).
+`anthropic`, `openai` and `google-genai` Python packages:
+`RawMessageStreamEvent`, `Message`, `MessageTokensCount`,
+`ResponseStreamEvent`, `Response`, `GenerateContentResponse` (which
+refuses unknown fields), `CountTokensResponse`).
 The script itself: edit, then the tests, then a text answer, by the number
 of tool results in the conversation; a request without the agent's tools
 gets text; a wrong key gets the provider's 401."""
@@ -15,6 +17,7 @@ import typing
 import aiohttp
 import pytest
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
+from google.genai.types import CountTokensResponse, GenerateContentResponse
 from openai.types.responses import Response, ResponseStreamEvent
 
 from tests.agents.scripted_models import (
@@ -24,6 +27,7 @@ from tests.agents.scripted_models import (
     PATCH,
     TEST_COMMAND,
     ScriptedAnthropic,
+    ScriptedGemini,
     ScriptedResponses,
 )
 
@@ -195,6 +199,49 @@ async def test_responses_script_streams_documented_events():
         async with http.post(server.url + "/v1/responses", json=responses_body(0),
                              headers={"Authorization": "Bearer afe-relay-not-the-key"}) as resp:
             assert resp.status == 401 and (await resp.json())["error"]["code"] == "invalid_api_key"
+
+
+def gemini_body(results: int, tools=("replace", "run_shell_command", "read_file")) -> dict:
+    contents = [{"role": "user", "parts": [{"text": "Fix the failing test"}]}]
+    for i in range(results):
+        contents.append({"role": "model", "parts": [{"functionCall": {"name": tools[i % 2], "args": {}}}]})
+        contents.append({"role": "user", "parts": [{"functionResponse": {"name": tools[i % 2],
+                                                                         "response": {"output": "ok"}}}]})
+    return {"contents": contents, "tools": [{"functionDeclarations": [{"name": t} for t in tools]}]}
+
+
+async def test_gemini_script_answers_documented_chunks():
+    async with ScriptedGemini(KEY) as server, aiohttp.ClientSession() as http:
+        headers = {"x-goog-api-key": KEY}
+        url = server.url + "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+        parts = []
+        for results in range(3):
+            async with http.post(url, json=gemini_body(results), headers=headers) as resp:
+                assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+                chunks = [GenerateContentResponse.model_validate(json.loads(line[len("data: "):]))
+                          for line in (await resp.text()).splitlines() if line.startswith("data: ")]
+                parts += [p for c in chunks for p in c.candidates[0].content.parts]
+                assert chunks[-1].usage_metadata.total_token_count > 0
+        edit, shell, text = parts
+        assert edit.function_call.name == "replace" and edit.function_call.args["new_string"] == FIXED_SOURCE
+        assert shell.function_call.name == "run_shell_command" and shell.function_call.args["command"] == TEST_COMMAND
+        assert text.text == FINAL_TEXT
+        assert server.steps == [0, 1, 2]
+
+        # side requests: the model router and the next-speaker check get the JSON their schema asks for
+        base = server.url + "/v1beta/models/gemini-2.5-pro:"
+        for prop, want in (("complexity_score", 20), ("next_speaker", "user")):
+            body = {"contents": [{"role": "user", "parts": [{"text": "?"}]}], "generationConfig": {
+                "responseMimeType": "application/json",
+                "responseJsonSchema": {"type": "OBJECT", "properties": {prop: {"type": "STRING"}}}}}
+            async with http.post(base + "generateContent", json=body, headers=headers) as resp:
+                answer = GenerateContentResponse.model_validate(await resp.json())
+                assert json.loads(answer.candidates[0].content.parts[0].text)[prop] == want
+        async with http.post(base + "countTokens", json=gemini_body(0), headers=headers) as resp:
+            CountTokensResponse.model_validate(await resp.json())
+        assert server.steps == [0, 1, 2]
+        async with http.post(url, json=gemini_body(0), headers={"x-goog-api-key": "afe-relay-x"}) as resp:
+            assert resp.status == 400 and (await resp.json())["error"]["status"] == "INVALID_ARGUMENT"
 
 
 @pytest.mark.parametrize("cls", [ScriptedAnthropic, ScriptedResponses])

@@ -38,6 +38,7 @@ class FakeSandbox:
         self.ended: list[tuple[str, str, str]] = []  # (ticket, command, "exit N" | "cancelled")
         self.gates: dict[str, asyncio.Event] = {}
         self.onces: set[str] = set()
+        self.denied: dict[str, list[tuple[str, int]]] = {}   # ticket -> hosts its proxy refused (DeniedEgress)
 
     def gate(self, name: str) -> asyncio.Event:
         return self.gates.setdefault(name, asyncio.Event())
@@ -65,6 +66,12 @@ class FakeSandbox:
 
     async def freeze(self, ticket_id: str, frozen: bool) -> None:
         return None
+
+    async def denied_egress(self, ticket_id: str) -> spb.DeniedEgressResponse:
+        if ticket_id not in self.created:
+            raise NotFound(f"no sandbox for ticket {ticket_id}: create it first")
+        return spb.DeniedEgressResponse(hosts=[spb.DeniedHost(host=h, count=n)
+                                               for h, n in self.denied.get(ticket_id, [])])
 
     async def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0, output_cap_bytes: int = 0,
                    cwd: str = "") -> AsyncIterator[spb.ExecEvent]:

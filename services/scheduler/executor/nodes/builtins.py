@@ -9,15 +9,19 @@ SHA a person approved (R16).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.config import Node
-from services.common.errors import FailedPrecondition
+from services.common.errors import AfeError, FailedPrecondition
 
+from ... import egress_report
 from ...store import N_RUNNING, N_WAITING, RUNNING, WAITING_APPROVAL, ApprovalRecord, PullRequestRecord
 from ..context import RunContext
 from ..transitions import state_event
+
+log = logging.getLogger(__name__)
 
 NESTED_REPOS_SHOWN = 20          # nested repository paths named in an event or a PR body
 
@@ -81,6 +85,23 @@ async def commit(ctx: RunContext, node: Node) -> str:
     return (await _commit(ctx, node)).sha
 
 
+async def _denied_egress(ctx: RunContext, node: Node) -> dict | None:
+    """The hosts the ticket's egress proxy refused so far (an event, and for the
+    PR description); None when none, without a sandbox, or the broker cannot say."""
+    if not ctx.sandbox_ready:
+        return None
+    try:
+        r = await ctx.sandbox.denied_egress(ctx.ticket.id)
+    except AfeError as exc:
+        log.info("ticket %s: no list of refused egress: %s", ctx.ticket.id, exc.message)
+        return None
+    if not r.hosts:
+        return None
+    data = egress_report.payload(r)
+    ctx.emit(egress_report.EVENT, {"node": node.id, **data})
+    return data
+
+
 async def open_pr(ctx: RunContext, node: Node) -> str:
     tid, ws = ctx.ticket.id, ctx.workspace.name
     c = await _commit(ctx, node)
@@ -91,6 +112,9 @@ async def open_pr(ctx: RunContext, node: Node) -> str:
                           "{{ticket.body}}\n\n---\nOpened by afe for ticket {{ticket.id}}."), node.id)
     if c.nested_repositories:
         body += "\n\n> [!WARNING]\n> " + nested_repositories_warning(c.nested_repositories)
+    denied = await _denied_egress(ctx, node)
+    if denied:
+        body += "\n\n" + egress_report.section(denied)
     pr = await ctx.step(node, "open_pr", lambda: ctx.credentials.open_pr(tid, ws, title, body))
     known = ctx.store.get_pr(tid)
     rec = PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha,
