@@ -20,6 +20,7 @@ VERBS: dict[str, str] = {
     "approve": "services.cli.tickets",
     "reject": "services.cli.tickets",
     "token": "services.cli.token",
+    "certs": "services.cli.certs",
 }
 
 EXIT_USAGE = 2

@@ -22,9 +22,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from . import metrics, telemetry
+from . import errors, metrics, telemetry
 from .callmetrics import CallMetrics
-from .channels import _LinkAuth, check_health, error_from_rpc, open_channel, rpc_errors
+from .channels import _LinkAuth, check_health, error_from_rpc, open_channel, open_remote_channel, rpc_errors
 from .guard import NO_KEY, WRONG_KEY, CallerSecrets, Guard, caller_var
 from .redact import Redactor
 from .sockets import MAX_MESSAGE, OPTIONS, socket_mode, socket_target
@@ -32,11 +32,14 @@ from .statuses import ORIGIN_KEY, status_for
 from .streamdrop import StreamDropped, send_within
 from .textdecoding import NOT_UTF8, TextDecoding
 from .ticketlogging import TicketLogging, ticket_of
+from .tls import TlsFiles
+from .tls import server_credentials as tls_server_credentials
 
 __all__ = [
     "MAX_MESSAGE", "NOT_UTF8", "NO_KEY", "ORIGIN_KEY", "WRONG_KEY", "AfeServer", "CallerSecrets", "StreamDropped",
-    "TextDecoding", "TicketLogging", "_LinkAuth", "caller_var", "check_health", "create_server", "error_from_rpc",
-    "open_channel", "rpc_errors", "send_within", "socket_mode", "socket_target", "status_for", "ticket_of",
+    "TextDecoding", "TicketLogging", "TlsFiles", "_LinkAuth", "caller_var", "check_health", "create_server",
+    "error_from_rpc", "open_channel", "open_remote_channel", "rpc_errors", "send_within", "socket_mode",
+    "socket_target", "status_for", "ticket_of",
 ]
 
 
@@ -66,6 +69,8 @@ class AfeServer:
     socket_path: str
     services: tuple[str, ...]
 
+    port: int = 0           # the TCP port of a server made with `listen` (0: a Unix socket)
+
     async def start(self) -> None:
         """Listen (socket mode from `socket_mode()`), then report every service SERVING."""
         mode = socket_mode()
@@ -74,7 +79,8 @@ class AfeServer:
             await self.grpc_server.start()
         finally:
             os.umask(old)
-        os.chmod(self.socket_path, mode)
+        if not self.port:
+            os.chmod(self.socket_path, mode)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         for name in self.services:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -87,7 +93,7 @@ def create_server(socket_path: str, accepted: Mapping[str, bytes] | CallerSecret
                   register: Iterable[Callable[[Any], None]], *,
                   interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
                   registry: CollectorRegistry | None = None,
-                  reflection: bool = False) -> AfeServer:
+                  reflection: bool = False, listen: str = "", tls: TlsFiles | None = None) -> AfeServer:
     """An afe gRPC server on a Unix socket, guarded by link secrets.
 
     `accepted`: the link keys of this process's callers (LinkSecrets.serve);
@@ -101,7 +107,16 @@ def create_server(socket_path: str, accepted: Mapping[str, bytes] | CallerSecret
     before it leaves the process. With `reflection`, the server also answers
     gRPC server reflection for its services and health, behind the same key
     check.
+
+    With `listen` (`HOST:PORT`, a link from another host), the server listens
+    on TCP instead of the socket, with mutual TLS from `tls` (required): only
+    a client whose certificate the deployment's CA signed gets as far as the
+    link-secret check (R39, tls.py).
     """
+    if listen and tls is None:
+        raise errors.ConfigError(f"listening on {listen} needs mutual TLS: give --tls-cert, --tls-key and "
+                                 "--tls-ca (make them with `afe certs`)")
+    creds = tls_server_credentials(tls) if listen and tls is not None else None
     chain: list[grpc.aio.ServerInterceptor] = [*telemetry.grpc_server_interceptors()]
     if registry is not None:
         chain.append(CallMetrics(metrics.grpc_server_metrics(registry)))
@@ -120,6 +135,15 @@ def create_server(socket_path: str, accepted: Mapping[str, bytes] | CallerSecret
 
         grpc_reflection.enable_server_reflection(
             [*added.services, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME], server)
+    if creds is not None:
+        try:
+            port = server.add_secure_port(listen, creds)
+        except RuntimeError:
+            port = 0
+        if not port:
+            raise errors.Unavailable(f"cannot listen on {listen} (the address is in use or not this host's); "
+                                     "choose another --listen")
+        return AfeServer(server, health_servicer, "", tuple(added.services), port)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
     server.add_secure_port(socket_target(socket_path),

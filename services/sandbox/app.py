@@ -45,8 +45,11 @@ def build_app(layout: Layout, links: LinkSecrets, redactor: Redactor, *, socket_
               instance: str = "default", egress_network: str = "bridge",
               allow_private: Iterable[str] = (), env_values: dict | None = None,
               interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
-              registry: CollectorRegistry | None = None, disk_mode: str | None = None) -> SandboxApp:
-    """`socket_path` defaults to the layout's `sandbox` socket."""
+              registry: CollectorRegistry | None = None, disk_mode: str | None = None,
+              listen: str = "", tls: grpcutil.TlsFiles | None = None) -> SandboxApp:
+    """`socket_path` defaults to the layout's `sandbox` socket. With `listen`
+    (`HOST:PORT`) and `tls`, the broker serves a scheduler on another host
+    over TCP with mutual TLS instead (R39, docs/SCALE.md)."""
     sandboxes = SandboxManager(layout, instance=instance, egress_network=egress_network,
                                allow_private=allow_private, env_values=env_values, disk_mode=disk_mode)
     # R34: say which disk cap holds (a loop-mounted image, or the coarser watchdog) and why
@@ -60,5 +63,5 @@ def build_app(layout: Layout, links: LinkSecrets, redactor: Redactor, *, socket_
     server = grpcutil.create_server(
         socket_path or str(layout.socket("sandbox")), links.serve, redactor,
         [lambda s: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(servicer, s)],
-        interceptors=interceptors, registry=registry)
+        interceptors=interceptors, registry=registry, listen=listen, tls=tls)
     return SandboxApp(sandboxes, runner, files, server, boot_id)

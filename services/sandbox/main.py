@@ -10,11 +10,14 @@ import asyncio
 import logging
 import sys
 
+from services.common.errors import AfeError, ConfigError
 from services.common.layout import DEFAULT_PORTS
+from services.common.links import LinkSecrets
 from services.common.manifests import load_config
 from services.common.process import make_context, parse_args, run_until_signalled
 from services.common.secrets import take_secret_env
 from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
+from services.common.tls import TlsFiles, read_secret_file
 
 from .app import build_app
 
@@ -28,6 +31,15 @@ def _extra(p: argparse.ArgumentParser) -> None:
                    help="the egress proxies' outside network (default: Docker's bridge)")
     p.add_argument("--allow-private", action="append", default=[], metavar="CIDR",
                    help="tests/doctor only: let proxies reach this private subnet")
+    p.add_argument("--listen", default="", metavar="HOST:PORT",
+                   help="serve a scheduler on another host over TCP with mutual TLS (R39) instead of the "
+                   "local socket; needs --tls-cert, --tls-key, --tls-ca and --link-secret-file")
+    p.add_argument("--tls-cert", default=None, metavar="PEM", help="this broker's certificate (`afe certs`)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="its private key (mode 0600)")
+    p.add_argument("--tls-ca", default=None, metavar="PEM",
+                   help="the deployment CA: only schedulers with a certificate it signed are served")
+    p.add_argument("--link-secret-file", default=None, metavar="FILE",
+                   help="the link secret the scheduler presents (`afe certs` writes <name>.secret, 0600)")
 
 
 async def amain(argv: list[str] | None = None) -> int:
@@ -37,12 +49,30 @@ async def amain(argv: list[str] | None = None) -> int:
     config = load_config(ctx.config_dir)
     env_values = take_secret_env(config.agent_env_names(), ctx.redactor)
     ctx.layout.ensure()
-    app = build_app(ctx.layout, ctx.links, ctx.redactor, instance=args.instance,
-                    egress_network=args.egress_network, allow_private=args.allow_private,
-                    env_values=env_values, interceptors=grpc_server_interceptors(), registry=ctx.registry)
+    links = ctx.links
+    try:
+        tls = TlsFiles.from_flags(args.tls_cert, args.tls_key, args.tls_ca, "--listen")
+        if args.listen and tls is None:
+            raise ConfigError("--listen needs mutual TLS: give --tls-cert, --tls-key and --tls-ca "
+                              "(make them with `afe certs`)")
+        if args.listen and not args.link_secret_file:
+            raise ConfigError("--listen needs --link-secret-file: the link secret is the second factor "
+                              "next to the certificate (`afe certs` writes <name>.secret)")
+        if args.link_secret_file:
+            secret = read_secret_file(args.link_secret_file, "the link secret file")
+            ctx.redactor.register(secret.hex())
+            links = LinkSecrets(serve={"scheduler": secret}, call=dict(ctx.links.call))
+        app = build_app(ctx.layout, links, ctx.redactor, instance=args.instance, listen=args.listen, tls=tls,
+                        egress_network=args.egress_network, allow_private=args.allow_private,
+                        env_values=env_values, interceptors=grpc_server_interceptors(), registry=ctx.registry)
+    except AfeError as exc:
+        log.error("sandbox broker: %s", ctx.redactor.redact(str(exc)))
+        return 2
 
     async def start() -> dict:
         await app.start()
+        if app.server.port:
+            return {"listen": f"{args.listen.rpartition(':')[0]}:{app.server.port}"}
         return {"socket": app.server.socket_path}
 
     async def stop() -> None:
