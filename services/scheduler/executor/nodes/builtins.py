@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.config import Node
@@ -85,7 +86,7 @@ async def commit(ctx: RunContext, node: Node) -> str:
     return (await _commit(ctx, node)).sha
 
 
-async def _denied_egress(ctx: RunContext, node: Node) -> dict | None:
+async def _denied_egress(ctx: RunContext, node: Node) -> dict[str, Any] | None:
     """The hosts the ticket's egress proxy refused so far (an event, and for the
     PR description); None when none, without a sandbox, or the broker cannot say."""
     if not ctx.sandbox_ready:
