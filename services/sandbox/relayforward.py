@@ -14,6 +14,9 @@ it listens; a second start finds the port taken and exits 0 (idempotent).
 
 from __future__ import annotations
 
+import docker
+
+from services.common.errors import FailedPrecondition, Unavailable
 from services.common.relayenv import RELAY_MOUNT, RELAY_PORT, RELAY_SOCKET
 
 NO_PYTHON = 127     # the exec's exit code when the image has no python3
@@ -76,3 +79,19 @@ while True:
 
 def argv() -> list[str]:
     return ["python3", "-c", SOURCE]
+
+
+def start(client: docker.DockerClient, container_id: str) -> None:
+    """Run the relay forwarder in the sandbox, as the sandbox user; it
+    returns once it listens (or finds one listening already)."""
+    e = client.api.exec_create(container_id, argv(), workdir="/", environment={},
+                                    stdout=True, stderr=True)
+    out = client.api.exec_start(e["Id"])
+    code = client.api.exec_inspect(e["Id"]).get("ExitCode")
+    if code == 0:
+        return
+    if code in (NO_PYTHON, 126):
+        raise FailedPrecondition("the sandbox image has no python3, which runs the model relay's forwarder "
+                                 "(R32); use an image built on afe/sandbox")
+    text = out.decode("utf-8", "replace")[-300:] if isinstance(out, bytes) else ""
+    raise Unavailable(f"the model relay's forwarder did not start in the sandbox (exit {code}): {text}")

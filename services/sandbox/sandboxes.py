@@ -3,26 +3,21 @@ an internal network and a squid proxy), created idempotently, listed,
 frozen, destroyed, and reconciled against the set of live tickets.
 
 Only objects labelled with this broker's `afe.instance` are ever touched.
-The Docker SDK is synchronous; its calls run in worker threads.
+The Docker SDK is synchronous; its calls run in worker threads. Making the
+containers is in provision.py, removing them in cleanup.py, the proxy wait
+and the bridge address in egress_proxy.py, what is reported in sandbox_info.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import re
-import socket
 import stat
-import struct
-import threading
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import docker
 import docker.errors
@@ -32,52 +27,18 @@ from services.common.config import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
 
-from . import diskcap, hardening, relayforward
-from .egress import PROXY_PORT, check_cidrs, check_egress_names, check_private, squid_conf
-from .hardening import LABEL_ENV, LABEL_INSTANCE, LABEL_RELAY, LABEL_ROLE, LABEL_TICKET, SandboxSettings
+from . import cleanup, diskcap, egress_proxy, hardening, provision, relayforward, sandbox_info
+from .egress import check_cidrs, check_egress_names, check_private
+from .egress_proxy import bridge_ipv4
+from .hardening import LABEL_INSTANCE, LABEL_ROLE, LABEL_TICKET, SandboxSettings
+from .sandbox_info import INSTANCE_RE, ReconcileResult, SandboxInfo, check_instance
+
+__all__ = ["INSTANCE_RE", "ReconcileResult", "SandboxInfo", "SandboxManager", "bridge_ipv4",
+           "check_bridge_has_no_address", "check_instance", "chown_tree"]
 
 log = logging.getLogger(__name__)
 
-_STARTER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="afe-proxy-start")
-
-INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-
-
-def check_instance(instance: str) -> str:
-    if not INSTANCE_RE.match(instance or ""):
-        raise InvalidArgument("--instance must be 1-40 characters of a-z, 0-9, '_', '.', '-'")
-    return instance
-
-
-@dataclass(frozen=True)
-class SandboxInfo:
-    ticket_id: str
-    container_id: str
-    state: str
-    image: str
-    network: str = ""
-    proxy_container_id: str = ""
-    created_at_ms: int = 0
-    env_names: tuple[str, ...] = ()
-    disk_bytes: int = 0          # the workspace's disk cap (label afe.disk; 0 = unknown)
-    relay: bool = False          # the ticket's model relay folder is mounted (label afe.relay, R32)
-
-
-@dataclass(frozen=True)
-class ReconcileResult:
-    removed_tickets: tuple[str, ...]
-    removed_containers: int
-    removed_networks: int
-
-
-def _state(attrs: dict) -> str:
-    st = attrs.get("State", {})
-    if st.get("Paused"):
-        return "paused"
-    if st.get("Running"):
-        return "running"
-    return "exited"
 
 
 class SandboxManager:
@@ -188,12 +149,12 @@ class SandboxManager:
                     attrs = await asyncio.to_thread(self.client.api.inspect_container, proxy_id)
                     if not attrs["State"].get("Running"):
                         await asyncio.to_thread(self.client.api.start, proxy_id)
-                        await self._wait_proxy(proxy_id)
+                        await egress_proxy.wait_proxy(self.client, proxy_id, self.egress_network)
                 if existing.state == "exited":
                     await asyncio.to_thread(self.client.api.start, existing.container_id)
                     existing = replace(existing, state="running")
                 if existing.relay and existing.state == "running":
-                    await asyncio.to_thread(self._start_forwarder, existing.container_id)
+                    await asyncio.to_thread(relayforward.start, self.client, existing.container_id)
                 self._cache[ticket_id] = existing
                 return existing
             workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes, new=True)
@@ -201,17 +162,18 @@ class SandboxManager:
                 info, proxy_ip = await asyncio.to_thread(self._create_sync, settings, workspace)
             except BaseException:
                 with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self._destroy_sync, ticket_id)
+                    await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
                 raise
             if info.proxy_container_id:
-                await self._wait_proxy(info.proxy_container_id, proxy_ip)
+                await egress_proxy.wait_proxy(self.client, info.proxy_container_id, self.egress_network,
+                                              proxy_ip)
             info = replace(info, disk_bytes=settings.disk_bytes)
             if settings.relay:
                 try:
-                    await asyncio.to_thread(self._start_forwarder, info.container_id)
+                    await asyncio.to_thread(relayforward.start, self.client, info.container_id)
                 except BaseException:
                     with contextlib.suppress(Exception):
-                        await asyncio.to_thread(self._destroy_sync, ticket_id)
+                        await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
                     raise
             await self._ensure_cap(ticket_id, settings.disk_bytes, info.container_id)
             self._cache[ticket_id] = info
@@ -220,65 +182,17 @@ class SandboxManager:
             return info
 
     def _create_sync(self, s: SandboxSettings, workspace: str) -> tuple[SandboxInfo, str]:
-        """Create (and start) the containers; returns the info and the
-        proxy's address on its outside network ("" without egress)."""
-        ticket_id = s.ticket_id
-        network = ""
-        proxy_id = ""
-        proxy_ip = ""
-        env: dict[str, str] = {}
-        starting: concurrent.futures.Future | None = None
-        network_made = threading.Event()
-        try:
-            if s.egress:
-                network = self.network_name(ticket_id)
-                conf = squid_conf(list(s.egress), self.allow_private, s.egress_private)
-                proxy_kw = hardening.proxy_create_kwargs(
-                    ticket_id=ticket_id, name=self.proxy_name(ticket_id), instance=self.instance,
-                    outside_network=self.egress_network, conf=conf, image=self.proxy_image)
-
-                def start_proxy() -> tuple[str, str]:
-                    proxy = self.client.containers.create(**proxy_kw)
-                    if not network_made.wait(60):
-                        raise Unavailable("the ticket's network was not created")
-                    self.client.networks.get(network).connect(proxy.id, aliases=[hardening.PROXY_ALIAS])
-                    proxy.start()
-                    nets = self.client.api.inspect_container(proxy.id)["NetworkSettings"]["Networks"]
-                    return proxy.id, (nets.get(self.egress_network) or {}).get("IPAddress", "")
-                # The sandbox finds its proxy by this alias (Docker's DNS on the
-                # internal network answers it; nothing else resolves), so the
-                # proxy and the sandbox are made at the same time.
-                starting = _STARTER.submit(start_proxy)
-                try:
-                    self._check_engine_for_egress()
-                    self.client.networks.create(**hardening.ticket_network_kwargs(
-                        name=network, instance=self.instance, ticket_id=ticket_id))
-                    check_bridge_has_no_address(hardening.bridge_name(network))
-                finally:
-                    network_made.set()
-                env.update(hardening.proxy_env(hardening.PROXY_ALIAS))
-            kw = hardening.sandbox_create_kwargs(
-                s, name=self.container_name(ticket_id), instance=self.instance,
-                workspace=workspace, network=network or None, env=env, ipv6=os.path.exists(_IPV6_PROC),
-                relay_dir=str(self.layout.relay_dir(ticket_id)) if s.relay else None)
-            kw.pop("detach", None)
-            c = self.client.containers.create(**kw)
-            c.start()
-            if starting is not None:
-                proxy_id, proxy_ip = starting.result()
-        except docker.errors.ImageNotFound as exc:
-            image = self.proxy_image if "proxy" in str(exc) else s.image
-            raise FailedPrecondition(f"image not found: {image}; run `afe images build`") from exc
-        except docker.errors.APIError as exc:
-            raise Unavailable(f"Docker refused to create the sandbox: {exc.explanation or exc}") from exc
-        finally:
-            if starting is not None and not starting.done():
-                with contextlib.suppress(Exception):
-                    starting.result()
-        info = SandboxInfo(ticket_id=ticket_id, container_id=c.id, state="running", image=s.image,
-                           network=network, proxy_container_id=proxy_id,
-                           created_at_ms=int(time.time() * 1000), env_names=s.env_names, relay=s.relay)
-        return info, proxy_ip
+        """Create (and start) the containers (provision.py); returns the info
+        and the proxy's address on its outside network ("" without egress)."""
+        names = provision.Names(sandbox=self.container_name(s.ticket_id), proxy=self.proxy_name(s.ticket_id),
+                                network=self.network_name(s.ticket_id))
+        return provision.create_containers(
+            self.client, s, workspace, names, instance=self.instance, egress_network=self.egress_network,
+            allow_private=self.allow_private, proxy_image=self.proxy_image,
+            relay_dir=str(self.layout.relay_dir(s.ticket_id)) if s.relay else None,
+            check_engine=self._check_engine_for_egress,
+            # looked up here at each call: R31's check of the new bridge (tests replace it)
+            check_network=lambda network: check_bridge_has_no_address(hardening.bridge_name(network)))
 
     # -- model relay (R32) -----------------------------------------------------
     def _check_relay_dir(self, ticket_id: str) -> None:
@@ -295,21 +209,6 @@ class SandboxManager:
         if not stat.S_ISDIR(st.st_mode):
             raise FailedPrecondition(f"{d} is not a directory; remove it and run the ticket again")
 
-    def _start_forwarder(self, container_id: str) -> None:
-        """Run the relay forwarder in the sandbox, as the sandbox user; it
-        returns once it listens (or finds one listening already)."""
-        e = self.client.api.exec_create(container_id, relayforward.argv(), workdir="/", environment={},
-                                        stdout=True, stderr=True)
-        out = self.client.api.exec_start(e["Id"])
-        code = self.client.api.exec_inspect(e["Id"]).get("ExitCode")
-        if code == 0:
-            return
-        if code in (relayforward.NO_PYTHON, 126):
-            raise FailedPrecondition("the sandbox image has no python3, which runs the model relay's forwarder "
-                                     "(R32); use an image built on afe/sandbox")
-        text = out.decode("utf-8", "replace")[-300:] if isinstance(out, bytes) else ""
-        raise Unavailable(f"the model relay's forwarder did not start in the sandbox (exit {code}): {text}")
-
     def _check_engine_for_egress(self) -> None:
         """R31 needs a bridge without a host address (`inhibit_ipv4`), which
         Docker 20.10 introduced; an older engine would ignore the option and
@@ -324,67 +223,8 @@ class SandboxManager:
                 "upgrade Docker, or run the ticket without sandbox.egress")
         self._engine_ok = True
 
-    async def _wait_proxy(self, proxy_id: str, ip: str | None = None, timeout: float = 20.0) -> None:
-        """Wait until squid accepts connections: probed from the host on the
-        proxy's outside network, or from inside the proxy container when the
-        host cannot route there."""
-        def addr() -> str:
-            attrs = self.client.api.inspect_container(proxy_id)
-            nets = attrs["NetworkSettings"]["Networks"]
-            return (nets.get(self.egress_network) or {}).get("IPAddress", "")
-
-        def inside() -> bool:
-            probe = ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}"]
-            e = self.client.api.exec_create(proxy_id, probe)
-            self.client.api.exec_start(e["Id"])
-            return self.client.api.exec_inspect(e["Id"])["ExitCode"] == 0
-
-        if ip is None:
-            ip = await asyncio.to_thread(addr)
-        deadline = time.monotonic() + timeout
-        delay = 0.02
-        while time.monotonic() < deadline:
-            if ip:
-                try:
-                    _, w = await asyncio.wait_for(asyncio.open_connection(ip, PROXY_PORT), 1.0)
-                    w.close()
-                    return
-                except ConnectionRefusedError:
-                    pass                    # reachable, squid not listening yet
-                except (TimeoutError, OSError):
-                    ip = ""                 # not routable from here: probe from inside
-            elif await asyncio.to_thread(inside):
-                return
-            state = await asyncio.to_thread(lambda: self.client.api.inspect_container(proxy_id)["State"])
-            if not state.get("Running"):
-                logs = await asyncio.to_thread(self.client.api.logs, proxy_id, tail=20)
-                log.error("egress proxy exited: %s", logs.decode("utf-8", "replace")[-2000:])
-                raise Unavailable("the egress proxy failed to start (see the sandbox broker log)")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.25)
-        raise Unavailable(f"the egress proxy did not start listening within {timeout:.0f}s")
-
     def _find(self, ticket_id: str) -> SandboxInfo | None:
-        cs = self.client.api.containers(all=True, filters=self._filters(ticket_id))
-        sandbox = next((c for c in cs if c["Labels"].get(LABEL_ROLE) == "sandbox"), None)
-        if sandbox is None:
-            return None
-        proxy = next((c for c in cs if c["Labels"].get(LABEL_ROLE) == "proxy"), None)
-        return self._info_from_summary(sandbox, proxy)
-
-    def _info_from_summary(self, c: dict, proxy: dict | None) -> SandboxInfo:
-        st = c.get("State", "")
-        state = {"running": "running", "paused": "paused"}.get(st, "exited")
-        nets = list((c.get("NetworkSettings") or {}).get("Networks", {}) or {})
-        network = next((n for n in nets if n not in ("none", "bridge", "host")), "")
-        env = tuple(n for n in c["Labels"].get(LABEL_ENV, "").split(",") if n)
-        disk = c["Labels"].get(hardening.LABEL_DISK, "")
-        relay = c["Labels"].get(LABEL_RELAY) == "1"
-        return SandboxInfo(ticket_id=c["Labels"][LABEL_TICKET], container_id=c["Id"], state=state,
-                           image=c.get("Image", ""), network=network,
-                           proxy_container_id=proxy["Id"] if proxy else "",
-                           created_at_ms=int(c.get("Created", 0)) * 1000, env_names=env,
-                           disk_bytes=int(disk) if disk.isdigit() else 0, relay=relay)
+        return sandbox_info.find_sandbox(self.client, self._filters(ticket_id))
 
     async def get(self, ticket_id: str) -> SandboxInfo:
         """The running sandbox of a ticket (cached; NotFound when missing)."""
@@ -452,54 +292,21 @@ class SandboxManager:
         async with self._lock(ticket_id):
             self._cache.pop(ticket_id, None)
             self._stop_watch(ticket_id)
-            n = await asyncio.to_thread(self._destroy_sync, ticket_id)
+            n = await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
             # after the container is gone, before the credential broker removes the directory
             await asyncio.to_thread(self.diskcap.release, ticket_id, self.layout.workspace(ticket_id))
         self._locks.pop(ticket_id, None)
         log.info("sandbox of %s destroyed (%d objects)", ticket_id, n)
         return n
 
-    def _destroy_sync(self, ticket_id: str) -> int:
-        removed = 0
-        for c in self.client.api.containers(all=True, filters=self._filters(ticket_id)):
-            with contextlib.suppress(docker.errors.NotFound):
-                self.client.api.remove_container(c["Id"], force=True, v=True)
-                removed += 1
-        for net in self.client.api.networks(filters=self._filters(ticket_id)):
-            with contextlib.suppress(docker.errors.NotFound):
-                self.client.api.remove_network(net["Id"])
-                removed += 1
-        return removed
-
     async def list_all(self) -> list[SandboxInfo]:
-        def run() -> list[SandboxInfo]:
-            cs = self.client.api.containers(all=True, filters=self._filters())
-            proxies = {c["Labels"][LABEL_TICKET]: c for c in cs if c["Labels"].get(LABEL_ROLE) == "proxy"}
-            return sorted((self._info_from_summary(c, proxies.get(c["Labels"][LABEL_TICKET]))
-                           for c in cs if c["Labels"].get(LABEL_ROLE) == "sandbox"),
-                          key=lambda i: i.ticket_id)
-        return await asyncio.to_thread(run)
+        return await asyncio.to_thread(sandbox_info.list_sandboxes, self.client, self._filters())
 
     async def reconcile(self, live_tickets: Iterable[str]) -> ReconcileResult:
         live = set(live_tickets)
 
         def run() -> ReconcileResult:
-            tickets: set[str] = set()
-            nc = nn = 0
-            for c in self.client.api.containers(all=True, filters=self._filters()):
-                t = c["Labels"].get(LABEL_TICKET, "")
-                if t not in live:
-                    with contextlib.suppress(docker.errors.NotFound):
-                        self.client.api.remove_container(c["Id"], force=True, v=True)
-                        nc += 1
-                    tickets.add(t)
-            for net in self.client.api.networks(filters=self._filters()):
-                t = net["Labels"].get(LABEL_TICKET, "")
-                if t not in live:
-                    with contextlib.suppress(docker.errors.NotFound):
-                        self.client.api.remove_network(net["Id"])
-                        nn += 1
-                    tickets.add(t)
+            tickets, nc, nn = cleanup.remove_dead(self.client, self._filters(), live)
             for t in tickets:
                 self._cache.pop(t, None)
             # R34: disk images and mounts of dead tickets (also after a broker restart)
@@ -565,26 +372,6 @@ class SandboxManager:
 
 
 CHOWN_LIMITS = safefs.Limits("the sandbox's workspace ownership check")  # depth 256, 1,000,000 entries
-
-
-_IPV6_PROC = "/proc/sys/net/ipv6"
-_SIOCGIFADDR = 0x8915
-
-
-def bridge_ipv4(name: str) -> str | None:
-    """The IPv4 address of the host interface `name`: "" when it has none,
-    None when this process cannot see it (the broker runs in a network
-    namespace of its own, as under compose)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            res = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                return ""
-            if exc.errno == errno.ENODEV:
-                return None
-            raise
-    return socket.inet_ntoa(res[20:24])
 
 
 def check_bridge_has_no_address(name: str) -> None:

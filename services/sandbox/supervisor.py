@@ -25,6 +25,9 @@ Nothing is weaker than with an exec per command:
   ends the link, the orphaned process groups are killed, and the next command
   starts a new supervisor — or, after `MAX_RESTARTS`, goes back to one exec
   per command for that sandbox.
+
+The broker's side of one command (its credit and stdin window) is in
+supervised_command.py.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import struct
 from pathlib import Path
 
 from .dockerapi import STDERR, STDOUT, DockerAPI, EngineError, ExecStream
+from .supervised_command import IN_WINDOW, MAX_SEND, STOPPED, WINDOW, SupervisedCommand
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +50,12 @@ SOURCE = Path(__file__).with_name("supervise_main.py").read_text()
 MARKER = "# afe-supervisor"
 HDR = struct.Struct(">BII")
 CODE = struct.Struct(">i")
-WINDOW = 256 * 1024            # as in supervise_main.py: output credit per command
-IN_WINDOW = 256 * 1024         # as in supervise_main.py: stdin sent but not yet taken, per command
 MAX_PAYLOAD = 1 << 20
-MAX_SEND = 64 * 1024
 HELLO_TIMEOUT_S = 15.0
 START_TIMEOUT_S = 30.0
 MAX_RESTARTS = 3
 
 CLOSED = "the broker closed it"
-STOPPED = "[afe: the sandbox's command supervisor stopped ({why}); the command was killed]\n"
 
 
 class SupervisorDown(Exception):
@@ -68,113 +68,6 @@ class NoSupervisor(SupervisorDown):
 
 def argv(source: str = SOURCE) -> list[str]:
     return ["python3", "-c", source]
-
-
-class SupervisedCommand:
-    """One command run by a supervisor; the same face as an exec stream
-    (frame, write, close_stdin, close, kill, exit_code)."""
-
-    def __init__(self, link: Link, cid: int) -> None:
-        self.link = link
-        self.cid = cid
-        self.pid = 0                  # in the sandbox's pid namespace
-        self.code: int | None = None
-        self.received = 0             # output bytes received ...
-        self.allowed = WINDOW         # ... and the credit given: never more (bounded buffering)
-        self.queue: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
-        self.started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.done = False
-        self.abandoned = False
-        self.stdin_sent = 0           # stdin bytes sent ...
-        self.stdin_taken = 0          # ... and taken by the child (or dropped): at most IN_WINDOW apart
-        self._room = asyncio.Event()
-        self._room.set()
-        self._writing = asyncio.Lock()
-
-    # called by the link's reader
-    def _started(self, pid: int) -> None:
-        self.pid = pid
-        if not self.started.done():
-            self.started.set_result(None)
-
-    def _output(self, kind: int, data: bytes) -> bool:
-        self.received += len(data)
-        if self.received > self.allowed:
-            return False            # past the credit it was given: not the supervisor we started
-        if self.abandoned:
-            self.link.credit(self, len(data))
-            return True
-        self.queue.put_nowait((kind, data))
-        return True
-
-    def _taken(self, n: int) -> bool:
-        if n < 0 or self.stdin_taken + n > self.stdin_sent:
-            return False            # more than it was sent: not the supervisor we started
-        self.stdin_taken += n
-        self._room.set()
-        return True
-
-    def _exit(self, code: int) -> None:
-        if self.done:
-            return
-        self.done = True
-        self.code = code
-        self._room.set()            # a writer waiting for stdin credit: the command is over
-        if not self.started.done():
-            self.started.set_result(None)
-        self.queue.put_nowait(None)
-
-    def _fail(self, why: str) -> None:
-        if self.done:
-            return
-        self.queue.put_nowait((STDERR, STOPPED.format(why=why).encode()))
-        self._exit(-1)
-
-    # the stream face
-    async def frame(self) -> tuple[int, bytes] | None:
-        item = await self.queue.get()
-        if item is None:
-            self.queue.put_nowait(None)
-            return None
-        self.link.credit(self, len(item[1]))
-        return item
-
-    async def write(self, data: bytes) -> None:
-        """Send stdin, at most IN_WINDOW bytes ahead of what the child has
-        read: a child that stops reading makes this wait (backpressure, as on
-        an exec's stream), it never piles up in the supervisor. Once the
-        command is over the rest is dropped."""
-        view = memoryview(data)
-        async with self._writing:
-            while view and not self.done:
-                room = IN_WINDOW - (self.stdin_sent - self.stdin_taken)
-                if room <= 0:
-                    self._room.clear()
-                    await self._room.wait()
-                    continue
-                n = min(room, MAX_SEND, len(view))
-                self.stdin_sent += n
-                await self.link.send(b"I", self.cid, bytes(view[:n]))
-                view = view[n:]
-
-    def close_stdin(self) -> None:
-        self.link.send_nowait(b"E", self.cid)
-
-    def close(self) -> None:
-        """The caller is done reading: whatever still comes is drained and dropped."""
-        self.abandoned = True
-        while not self.queue.empty():
-            item = self.queue.get_nowait()
-            if item is None:
-                self.queue.put_nowait(None)
-                break
-            self.link.credit(self, len(item[1]))
-
-    async def kill(self) -> None:
-        await self.link.kill(self)
-
-    async def exit_code(self) -> int:
-        return self.code if self.code is not None else -1
 
 
 class Link:
@@ -461,4 +354,5 @@ class Supervisors:
         return [lk for lk in self._links.values() if lk.alive]
 
 
-__all__ = ["MARKER", "EngineError", "Link", "NoSupervisor", "SupervisedCommand", "SupervisorDown", "Supervisors"]
+__all__ = ["IN_WINDOW", "MARKER", "MAX_SEND", "STOPPED", "WINDOW", "EngineError", "Link", "NoSupervisor",
+           "SupervisedCommand", "SupervisorDown", "Supervisors"]

@@ -1,0 +1,105 @@
+"""Making a ticket's containers in Docker: the hardened sandbox and, with
+egress, the ticket's internal network and its squid proxy, made at the same
+time (the sandbox finds the proxy by its alias on the internal network).
+
+Synchronous (the Docker SDK is); `SandboxManager.create` runs it in a worker
+thread and removes whatever was made when it fails.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+
+from services.common.errors import FailedPrecondition, Unavailable
+
+from . import hardening
+from .egress import squid_conf
+from .hardening import SandboxSettings
+from .sandbox_info import SandboxInfo
+
+_STARTER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="afe-proxy-start")
+_IPV6_PROC = "/proc/sys/net/ipv6"
+
+
+@dataclass(frozen=True)
+class Names:
+    """The Docker names of one ticket's objects."""
+    sandbox: str
+    proxy: str
+    network: str
+
+
+def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace: str, names: Names, *,
+                      instance: str, egress_network: str, allow_private: tuple[str, ...], proxy_image: str,
+                      relay_dir: str | None, check_engine: Callable[[], None],
+                      check_network: Callable[[str], None]) -> tuple[SandboxInfo, str]:
+    """Create (and start) the containers; returns the info and the
+    proxy's address on its outside network ("" without egress).
+    `check_engine` runs before the ticket's network is made, `check_network`
+    (R31) with its name right after."""
+    ticket_id = s.ticket_id
+    network = ""
+    proxy_id = ""
+    proxy_ip = ""
+    env: dict[str, str] = {}
+    starting: concurrent.futures.Future | None = None
+    network_made = threading.Event()
+    try:
+        if s.egress:
+            network = names.network
+            conf = squid_conf(list(s.egress), allow_private, s.egress_private)
+            proxy_kw = hardening.proxy_create_kwargs(
+                ticket_id=ticket_id, name=names.proxy, instance=instance,
+                outside_network=egress_network, conf=conf, image=proxy_image)
+
+            def start_proxy() -> tuple[str, str]:
+                proxy = client.containers.create(**proxy_kw)
+                if not network_made.wait(60):
+                    raise Unavailable("the ticket's network was not created")
+                client.networks.get(network).connect(proxy.id, aliases=[hardening.PROXY_ALIAS])
+                proxy.start()
+                nets = client.api.inspect_container(proxy.id)["NetworkSettings"]["Networks"]
+                return proxy.id, (nets.get(egress_network) or {}).get("IPAddress", "")
+            # The sandbox finds its proxy by this alias (Docker's DNS on the
+            # internal network answers it; nothing else resolves), so the
+            # proxy and the sandbox are made at the same time.
+            starting = _STARTER.submit(start_proxy)
+            try:
+                check_engine()
+                client.networks.create(**hardening.ticket_network_kwargs(
+                    name=network, instance=instance, ticket_id=ticket_id))
+                check_network(network)
+            finally:
+                network_made.set()
+            env.update(hardening.proxy_env(hardening.PROXY_ALIAS))
+        kw = hardening.sandbox_create_kwargs(
+            s, name=names.sandbox, instance=instance,
+            workspace=workspace, network=network or None, env=env, ipv6=os.path.exists(_IPV6_PROC),
+            relay_dir=relay_dir)
+        kw.pop("detach", None)
+        c = client.containers.create(**kw)
+        c.start()
+        if starting is not None:
+            proxy_id, proxy_ip = starting.result()
+    except docker.errors.ImageNotFound as exc:
+        image = proxy_image if "proxy" in str(exc) else s.image
+        raise FailedPrecondition(f"image not found: {image}; run `afe images build`") from exc
+    except docker.errors.APIError as exc:
+        raise Unavailable(f"Docker refused to create the sandbox: {exc.explanation or exc}") from exc
+    finally:
+        if starting is not None and not starting.done():
+            with contextlib.suppress(Exception):
+                starting.result()
+    info = SandboxInfo(ticket_id=ticket_id, container_id=c.id, state="running", image=s.image,
+                       network=network, proxy_container_id=proxy_id,
+                       created_at_ms=int(time.time() * 1000), env_names=s.env_names, relay=s.relay)
+    return info, proxy_ip
