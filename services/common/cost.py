@@ -15,7 +15,7 @@ PER = 1_000_000
 
 def estimate(model: Model | None, input_tokens: int, output_tokens: int) -> float | None:
     """USD for these tokens at `model`'s price; None when the model has no price (unknown, not free)."""
-    price = getattr(model, "price", None)
+    price = model.price if model is not None else None
     if not price:
         return None
     return (max(0, input_tokens) * price[0] + max(0, output_tokens) * price[1]) / PER
@@ -36,7 +36,7 @@ def totals(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Sum the `model.usage` events of a ticket: per node and for the ticket
     ({"input_tokens", "output_tokens", "cost_usd" (None if nothing was priced), "unpriced": bool})."""
     nodes: dict[str, dict[str, Any]] = {}
-    ticket = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None, "unpriced": False}
+    ticket: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None, "unpriced": False}
     for e in events:
         if e.get("type") != "model.usage":
             continue

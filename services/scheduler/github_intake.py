@@ -24,6 +24,7 @@ What holds here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -152,10 +153,7 @@ class GitHubIntake:
     def _actor(event: str, data: dict) -> tuple[str, bool]:
         """(the login whose action this was, is it a bot)."""
         sender = data.get("sender") or {}
-        if event == "issue_comment":
-            user = (data.get("comment") or {}).get("user") or sender
-        else:
-            user = sender
+        user = ((data.get("comment") or {}).get("user") or sender) if event == "issue_comment" else sender
         login = _text(user.get("login"))
         return login, user.get("type") == "Bot" or login.endswith("[bot]")
 
@@ -235,8 +233,7 @@ class GitHubIntake:
         if not isinstance(number, int):
             return Outcome("refused", "bad_payload")
         request = self._iteration_request(event, action, data)
-        found = [(ws, self.store.ticket_for_pr(ws.name, str(number))) for ws in workspaces]
-        found = [(ws, tid) for ws, tid in found if tid]
+        found = [(ws, tid) for ws in workspaces if (tid := self.store.ticket_for_pr(ws.name, str(number)))]
         if request is None or not found:
             return Outcome("ignored", "not_afe_pull_request")
         user, text, source, path, line = request
@@ -377,8 +374,6 @@ class Poller:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
