@@ -25,8 +25,12 @@ import ipaddress
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.common.links import new_secret
+
+if TYPE_CHECKING:   # cryptography is imported when certificates are made, not at CLI start
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -82,6 +86,14 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _key_pem(key: EllipticCurvePrivateKey) -> bytes:
+    """The private key as unencrypted PKCS#8 PEM (the file itself is 0600)."""
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
 def make_certs(folder: Path, names: list[tuple[str, list[str]]], *, days: int = LEAF_DAYS,
                force: bool = False) -> list[str]:
     """Make (or reuse) the CA in `folder` and a leaf per name; return one line per file made."""
@@ -97,8 +109,6 @@ def make_certs(folder: Path, names: list[tuple[str, list[str]]], *, days: int = 
     made: list[str] = []
     now = datetime.datetime.now(datetime.UTC)
     pem = serialization.Encoding.PEM
-    key_pem = {"encoding": pem, "format": serialization.PrivateFormat.PKCS8,
-               "encryption_algorithm": serialization.NoEncryption()}
 
     ca_pem, ca_key_path = folder / "ca.pem", folder / "ca.key"
     if ca_pem.exists() and ca_key_path.exists():
@@ -122,7 +132,7 @@ def make_certs(folder: Path, names: list[tuple[str, list[str]]], *, days: int = 
                                                 encipher_only=False, decipher_only=False), critical=True)
                    .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
                    .sign(ca_key, hashes.SHA256()))
-        _write_private(ca_key_path, ca_key.private_bytes(**key_pem))
+        _write_private(ca_key_path, _key_pem(ca_key))
         _write_private(ca_pem, ca_cert.public_bytes(pem))
         made.append(f"made the CA {ca_pem} (keep {ca_key_path} off the hosts that run afe)")
 
@@ -155,7 +165,7 @@ def make_certs(folder: Path, names: list[tuple[str, list[str]]], *, days: int = 
                 .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                                critical=False)
                 .sign(ca_key, hashes.SHA256()))
-        _write_private(key_path, key.private_bytes(**key_pem))
+        _write_private(key_path, _key_pem(key))
         _write_private(cert_path, cert.public_bytes(pem))
         if force or not secret_path.exists():
             _write_private(secret_path, new_secret().hex().encode() + b"\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -20,6 +20,8 @@ from .tls import TlsFiles, channel_credentials
 log = logging.getLogger(__name__)
 
 _TRANSPORT_CODES = ("UNAVAILABLE", "UNKNOWN", "INTERNAL", "CANCELLED")
+
+_Continuation = Callable[..., Awaitable[Any]]     # (call details, request or request iterator) -> the call
 
 
 class _LinkAuth(grpc.AuthMetadataPlugin):  # type: ignore[misc]  # grpc ships no type information
@@ -53,37 +55,44 @@ class _LinkSecret:
         return [_UnaryUnary(self), _UnaryStream(self), _StreamUnary(self), _StreamStream(self)]
 
 
-class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+# grpc ships no type information: the base classes are Any to mypy.
+class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     def __init__(self, link: _LinkSecret) -> None:
         self.link = link
 
-    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[override]
+    async def intercept_unary_unary(
+            self, continuation: _Continuation, client_call_details: grpc.aio.ClientCallDetails,
+            request: Any) -> Any:
         return await continuation(self.link.details(client_call_details), request)
 
 
-class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
     def __init__(self, link: _LinkSecret) -> None:
         self.link = link
 
-    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[override]
+    async def intercept_unary_stream(
+            self, continuation: _Continuation, client_call_details: grpc.aio.ClientCallDetails,
+            request: Any) -> Any:
         return await continuation(self.link.details(client_call_details), request)
 
 
-class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
     def __init__(self, link: _LinkSecret) -> None:
         self.link = link
 
-    async def intercept_stream_unary(self, continuation, client_call_details,  # type: ignore[override]
-                                     request_iterator):
+    async def intercept_stream_unary(
+            self, continuation: _Continuation, client_call_details: grpc.aio.ClientCallDetails,
+            request_iterator: Any) -> Any:
         return await continuation(self.link.details(client_call_details), request_iterator)
 
 
-class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
+class _StreamStream(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
     def __init__(self, link: _LinkSecret) -> None:
         self.link = link
 
-    async def intercept_stream_stream(self, continuation, client_call_details,  # type: ignore[override]
-                                      request_iterator):
+    async def intercept_stream_stream(
+            self, continuation: _Continuation, client_call_details: grpc.aio.ClientCallDetails,
+            request_iterator: Any) -> Any:
         return await continuation(self.link.details(client_call_details), request_iterator)
 
 

@@ -57,9 +57,9 @@ async def server(pki):
 
 
 async def _check(address: str, secret: bytes | None, tls: TlsFiles) -> int:
-    async with grpcutil.open_remote_channel(address, secret, tls) as ch:
-        async with grpcutil.rpc_errors("the test broker", "a health check"):
-            r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    async with grpcutil.open_remote_channel(address, secret, tls) as ch, \
+            grpcutil.rpc_errors("the test broker", "a health check"):
+        r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
     return r.status
 
 
