@@ -20,7 +20,7 @@ from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as cgrpc
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc as sgrpc
-from services.common.grpcutil import open_channel, rpc_errors
+from services.common.grpcutil import TlsFiles, open_channel, open_remote_channel, rpc_errors
 
 CREDENTIALS = "the credential broker"
 SANDBOX = "the sandbox broker"
@@ -32,6 +32,8 @@ class SandboxBroker(Protocol):
     """What the scheduler asks of the sandbox broker."""
 
     stub: Any   # the raw stub: the ACP runner drives `Process` (an agent's byte stream) on it
+
+    def stub_for(self, ticket_id: str) -> Any: ...   # the raw stub of the broker holding the ticket's sandbox
 
     def creates_held(self) -> contextlib.AbstractAsyncContextManager[None]: ...
     async def create(self, ticket_id: str, spec: spb.SandboxSpec) -> spb.Sandbox: ...
@@ -70,11 +72,23 @@ class CredentialBroker(Protocol):
 
 
 class SandboxClient:
-    def __init__(self, socket_path: str, secret: bytes | None) -> None:
-        self.channel = open_channel(socket_path, secret)
+    """One sandbox broker: the local one on its Unix socket, or with `tls` one
+    on another host at `address` (`HOST:PORT`, mutual TLS, R39); `name` is how
+    errors and logs call it."""
+
+    def __init__(self, address: str, secret: bytes | None, *, tls: TlsFiles | None = None,
+                 name: str = "") -> None:
+        self.name = name or "local"
+        self.address = address
+        self.peer = f"the sandbox broker {name} at {address}" if name else SANDBOX
+        self.channel = open_remote_channel(address, secret, tls) if tls is not None else open_channel(address, secret)
         self.stub = sgrpc.SandboxBrokerStub(self.channel)
         self._creates_open = asyncio.Event()
         self._creates_open.set()
+
+    def stub_for(self, ticket_id: str) -> Any:
+        """The raw stub of the broker holding the ticket's sandbox (this one)."""
+        return self.stub
 
     async def close(self) -> None:
         await self.channel.close()
@@ -91,31 +105,31 @@ class SandboxClient:
 
     async def create(self, ticket_id: str, spec: spb.SandboxSpec) -> spb.Sandbox:
         await self._creates_open.wait()
-        async with rpc_errors(SANDBOX, "creating the sandbox"):
+        async with rpc_errors(self.peer, "creating the sandbox"):
             return await self.stub.CreateSandbox(spb.CreateSandboxRequest(ticket_id=ticket_id, spec=spec),
                                                  timeout=LONG)
 
     async def destroy(self, ticket_id: str) -> int:
-        async with rpc_errors(SANDBOX, "removing the sandbox"):
+        async with rpc_errors(self.peer, "removing the sandbox"):
             r = await self.stub.DestroySandbox(spb.DestroySandboxRequest(ticket_id=ticket_id), timeout=LONG)
             return r.removed
 
     async def reconcile(self, live: list[str]) -> spb.ReconcileResponse:
-        async with rpc_errors():
+        async with rpc_errors(self.peer):
             return await self.stub.Reconcile(spb.ReconcileRequest(live_tickets=live), timeout=LONG)
 
     async def identify(self) -> str:
         """The broker process's boot id (new on each start)."""
-        async with rpc_errors(SANDBOX, "asking which broker answers"):
+        async with rpc_errors(self.peer, "asking which broker answers"):
             return (await self.stub.Identify(spb.IdentifyRequest(), timeout=SHORT)).boot_id
 
     async def freeze(self, ticket_id: str, frozen: bool) -> None:
-        async with rpc_errors():
+        async with rpc_errors(self.peer):
             await self.stub.Freeze(spb.FreezeRequest(ticket_id=ticket_id, frozen=frozen), timeout=SHORT)
 
     async def denied_egress(self, ticket_id: str) -> spb.DeniedEgressResponse:
         """The host names the ticket's egress proxy refused (syntax-checked by the broker)."""
-        async with rpc_errors(SANDBOX, "listing refused egress"):
+        async with rpc_errors(self.peer, "listing refused egress"):
             return await self.stub.DeniedEgress(spb.DeniedEgressRequest(ticket_id=ticket_id), timeout=SHORT)
 
     async def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0,
@@ -124,37 +138,37 @@ class SandboxClient:
                               output_cap_bytes=output_cap_bytes, cwd=cwd)
         call = self.stub.Exec(req)
         try:
-            async with rpc_errors(SANDBOX, "the command"):
+            async with rpc_errors(self.peer, "the command"):
                 async for ev in call:
                     yield ev
         finally:
             call.cancel()
 
     async def read_file(self, ticket_id: str, path: str, max_bytes: int = 0) -> spb.ReadFileResponse:
-        async with rpc_errors():
+        async with rpc_errors(self.peer):
             return await self.stub.ReadFile(
                 spb.ReadFileRequest(ticket_id=ticket_id, path=path, max_bytes=max_bytes), timeout=SHORT)
 
     async def write_file(self, ticket_id: str, path: str, content: bytes) -> int:
-        async with rpc_errors():
+        async with rpc_errors(self.peer):
             r = await self.stub.WriteFile(spb.WriteFileRequest(ticket_id=ticket_id, path=path,
                                                                content=content, create_parents=True),
                                           timeout=SHORT)
             return r.size
 
     async def list_dir(self, ticket_id: str, path: str) -> spb.ListDirResponse:
-        async with rpc_errors():
+        async with rpc_errors(self.peer):
             return await self.stub.ListDir(spb.ListDirRequest(ticket_id=ticket_id, path=path), timeout=SHORT)
 
     async def search(self, ticket_id: str, pattern: str, path: str = "", regex: bool = False,
                      max_results: int = 0) -> spb.SearchResponse:
-        async with rpc_errors():
+        async with rpc_errors(self.peer):
             return await self.stub.Search(spb.SearchRequest(ticket_id=ticket_id, pattern=pattern, path=path,
                                                             regex=regex, max_results=max_results),
                                           timeout=SHORT)
 
     async def list(self) -> list[spb.Sandbox]:
-        async with rpc_errors():
+        async with rpc_errors(self.peer):
             return list((await self.stub.ListSandboxes(spb.ListSandboxesRequest(), timeout=SHORT)).sandboxes)
 
 

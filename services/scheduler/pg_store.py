@@ -362,3 +362,16 @@ class PostgresStore(Store):
             "INSERT INTO github_reports (ticket_id, step, comment_id, digest, at_ms) VALUES (%s,%s,%s,%s,%s) "
             "ON CONFLICT (ticket_id, step) DO UPDATE SET comment_id=excluded.comment_id, "
             "digest=excluded.digest, at_ms=excluded.at_ms", (ticket_id, step, comment_id, digest, at_ms))
+
+    def place_sandbox(self, ticket_id: str, broker: str, at_ms: int) -> None:
+        self._conn().execute("INSERT INTO sandbox_placements (ticket_id, broker, at_ms) VALUES (%s,%s,%s) "
+                             "ON CONFLICT (ticket_id) DO UPDATE SET broker=excluded.broker, at_ms=excluded.at_ms",
+                             (ticket_id, broker, at_ms))
+
+    def sandbox_placement(self, ticket_id: str) -> str | None:
+        row = self._conn().execute("SELECT broker FROM sandbox_placements WHERE ticket_id=%s",
+                                   (ticket_id,)).fetchone()
+        return row[0] if row else None
+
+    def unplace_sandbox(self, ticket_id: str) -> None:
+        self._conn().execute("DELETE FROM sandbox_placements WHERE ticket_id=%s", (ticket_id,))

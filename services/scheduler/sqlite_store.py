@@ -320,3 +320,15 @@ class SqliteStore(Store):
             "INSERT INTO github_reports (ticket_id, step, comment_id, digest, at_ms) VALUES (?,?,?,?,?) "
             "ON CONFLICT (ticket_id, step) DO UPDATE SET comment_id=excluded.comment_id, "
             "digest=excluded.digest, at_ms=excluded.at_ms", (ticket_id, step, comment_id, digest, at_ms))
+
+    def place_sandbox(self, ticket_id: str, broker: str, at_ms: int) -> None:
+        self.db.execute("INSERT INTO sandbox_placements (ticket_id, broker, at_ms) VALUES (?,?,?) "
+                        "ON CONFLICT (ticket_id) DO UPDATE SET broker=excluded.broker, at_ms=excluded.at_ms",
+                        (ticket_id, broker, at_ms))
+
+    def sandbox_placement(self, ticket_id: str) -> str | None:
+        row = self.db.execute("SELECT broker FROM sandbox_placements WHERE ticket_id=?", (ticket_id,)).fetchone()
+        return row[0] if row else None
+
+    def unplace_sandbox(self, ticket_id: str) -> None:
+        self.db.execute("DELETE FROM sandbox_placements WHERE ticket_id=?", (ticket_id,))

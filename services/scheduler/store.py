@@ -233,3 +233,15 @@ class Store(abc.ABC):
 
     def put_report(self, ticket_id: str, step: str, comment_id: str, digest: str, at_ms: int) -> None:
         raise NotImplementedError
+
+    # sandbox placement on several sandbox brokers (placement.py, docs/SCALE.md)
+    def place_sandbox(self, ticket_id: str, broker: str, at_ms: int) -> None:
+        """Record that the sandbox of `ticket_id` (a ticket, or a warm sandbox's reserved id) is on `broker`."""
+        raise NotImplementedError
+
+    def sandbox_placement(self, ticket_id: str) -> str | None:
+        """The broker `place_sandbox` recorded for the ticket, None when none is."""
+        raise NotImplementedError
+
+    def unplace_sandbox(self, ticket_id: str) -> None:
+        raise NotImplementedError

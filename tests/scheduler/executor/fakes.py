@@ -31,6 +31,9 @@ from services.scheduler.brokers import CredentialBroker, SandboxBroker
 class FakeSandbox:
     stub = None   # no ACP process streams: agent nodes are tested against the real broker
 
+    def stub_for(self, ticket_id: str) -> None:
+        return self.stub
+
     def __init__(self) -> None:
         self.created: list[str] = []
         self.destroyed: list[str] = []

@@ -38,7 +38,7 @@ async def agent_node(ctx: RunContext, node: Node) -> str:
         before = {m.model: (m.input_tokens, m.output_tokens) for m in usage.models}
     try:
         return await run_agent_node(ticket_id=ctx.ticket.id, node=node, agent=agent,
-                                    prompt=ctx.prompt(node), sandbox=ctx.sandbox.stub,
+                                    prompt=ctx.prompt(node), sandbox=ctx.sandbox.stub_for(ctx.ticket.id),
                                     emit=emit, env=ctx.agent_env(agent))
     finally:
         if before is not None:

@@ -1,0 +1,92 @@
+"""A second Docker engine on this machine, standing in for a second host
+(docs/SCALE.md): its own socket, data root, exec root and containerd
+namespace, no bridge and no iptables rules (so it cannot disturb the main
+engine's). Started once and kept between runs (the images loaded into its
+data root are the cache); `AFE_TEST_DOCKERD2` names another folder.
+
+    engine = second_engine()      # or pytest.skip(reason) when it cannot start
+    env = {"DOCKER_HOST": engine.host}
+
+The images the sandbox broker needs (afe/sandbox, afe/proxy) are copied
+from the main engine (`docker save | docker load`) when missing or stale.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.sandbox.images import SANDBOX_IMAGE
+
+PROXY_IMAGE = "afe/proxy:latest"
+START_S = 60
+
+
+@dataclass(frozen=True)
+class SecondEngine:
+    root: Path
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "docker.sock"
+
+    @property
+    def host(self) -> str:
+        return f"unix://{self.socket}"
+
+    def docker(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", "-H", self.host, *args], capture_output=True, text=True, check=check,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root)}, **kw)
+
+    def answers(self) -> bool:
+        return self.socket.exists() and self.docker("version", "--format", "{{.Server.Version}}",
+                                                    check=False, timeout=20).returncode == 0
+
+
+def _image_id(host: str | None, image: str) -> str:
+    cmd = ["docker", *(["-H", host] if host else []), "image", "inspect", "--format", "{{.Id}}", image]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def second_engine() -> SecondEngine | str:
+    """The running second engine, or why it cannot run here (a skip reason)."""
+    root = Path(os.environ.get("AFE_TEST_DOCKERD2", "/tmp/afe-d2"))
+    engine = SecondEngine(root)
+    if not engine.answers():
+        dockerd = shutil.which("dockerd")
+        if dockerd is None:
+            return "no dockerd binary on this machine to start a second Docker engine"
+        if os.geteuid() != 0:
+            return "a second Docker engine needs root (dockerd) and these tests do not run as root"
+        root.mkdir(parents=True, exist_ok=True)
+        log = open(root / "dockerd.log", "ab")  # noqa: SIM115 - handed to the daemon, which outlives this call
+        subprocess.Popen(
+            [dockerd, "--host", engine.host, "--data-root", str(root / "root"), "--exec-root", str(root / "exec"),
+             "--pidfile", str(root / "pid"), "--bridge", "none", "--iptables=false", "--ip-masq=false",
+             "--containerd-namespace", "afe-d2", "--containerd-plugins-namespace", "afe-d2-plugins"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")})
+        log.close()
+        end = time.monotonic() + START_S
+        while not engine.answers():
+            if time.monotonic() > end:
+                tail = (root / "dockerd.log").read_text(errors="replace")[-800:]
+                return f"a second dockerd did not start within {START_S}s (see {root}/dockerd.log): {tail}"
+            time.sleep(0.5)
+    for image in (SANDBOX_IMAGE, PROXY_IMAGE):
+        want = _image_id(None, image)
+        if not want:
+            return f"the main Docker engine has no {image}; run `afe images build`"
+        if _image_id(engine.host, image) != want:
+            save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+            load = subprocess.run(["docker", "-H", engine.host, "load"], stdin=save.stdout, capture_output=True,
+                                  check=False)
+            save.wait()
+            if load.returncode != 0 or _image_id(engine.host, image) != want:
+                return f"could not load {image} into the second engine: {load.stderr.decode(errors='replace')}"
+    return engine
