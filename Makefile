@@ -41,9 +41,11 @@ check: $(STAMP)
 # The whole suite. pytest's "no tests collected" (exit 5) is a failure too.
 # Each run gets a fresh pytest base temp folder, removed afterwards by afe's own
 # iterative remover: the R34 tests build 10,000-deep trees, which pytest's
-# recursive clean-up of old base folders cannot remove (RecursionError).
+# recursive clean-up of old base folders cannot remove (RecursionError). The
+# name is digits only: a random mixed-case name in a path (a replay script's)
+# would look like a token to the manifests' secret scan.
 test: $(STAMP) proto-check images-ready
-	@bt=$$(mktemp -d /tmp/afe-pytest-XXXXXX); \
+	@bt=/tmp/afe-pytest-$$$$-$$(date +%s); mkdir -p $$bt; \
 	  $(BIN)/python -m pytest -ra -p no:cacheprovider --basetemp=$$bt/t $(PYTEST_ARGS); rc=$$?; \
 	  $(BIN)/python -c "import sys; from services.common.treewalk import remove_tree; remove_tree(sys.argv[1])" $$bt || true; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc

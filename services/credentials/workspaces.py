@@ -157,7 +157,14 @@ class WorkspaceGit:
         snapshot on top of the branch head) under `refs/afe/kept/<ticket>` in
         the mirror, which only the host reads. A retry starts from it."""
         gitdir = self.layout.gitdir(ticket_id)
-        if not (gitdir / "afe-ready").exists() or not self.layout.workspace(ticket_id).is_dir():
+        work = self.layout.workspace(ticket_id)
+        if not (gitdir / "afe-ready").exists() or not work.is_dir():
+            return
+        if not any(os.scandir(work)):
+            # A prepared workspace is never empty (checkout, scratch .git): an
+            # empty one lost its content (a disk-capped workspace whose image
+            # went first). Keeping it would make a retry start from nothing.
+            log.warning("ticket %s: its workspace is empty; nothing kept for a retry", ticket_id)
             return
         head = await self._rev(gitdir, f"refs/heads/{branch_for(ticket_id)}")
         if head is None:
@@ -363,9 +370,23 @@ class WorkspaceGit:
                     await self._keep(ws, ticket_id)
                 except (GitFailed, AfeError, OSError) as exc:
                     log.warning("ticket %s: could not keep its workspace for a retry: %s", ticket_id, exc)
-            await asyncio.to_thread(_remove_tree, self.layout.workspace(ticket_id))
+            await asyncio.to_thread(_remove_workspace, self.layout.workspace(ticket_id))
             await asyncio.to_thread(_remove_tree, self.layout.gitdir(ticket_id))
         self._locks.pop("ticket:" + ticket_id, None)
+
+
+def _remove_workspace(path: Path) -> None:
+    """A workspace that is a mount point (the sandbox broker's disk cap, R34)
+    is emptied and left for the sandbox broker, which unmounts it and removes
+    the folder; any other workspace is removed whole."""
+    if os.path.ismount(path):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            safefs.empty_dir(fd)
+        finally:
+            os.close(fd)
+        return
+    _remove_tree(path)
 
 
 def _remove_tree(path: Path) -> None:

@@ -296,6 +296,8 @@ class DiskCaps:
         if image.exists():
             self._detach_loops(image)
             image.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(path)      # the folder under the mount, emptied when the checkout moved in
         log.info("workspace disk image of %s removed", ticket_id)
         return True
 

@@ -47,13 +47,12 @@ class Teardowns:
         self._wake.set()
 
     async def teardown(self, t: TicketRecord) -> bool:
-        """DestroySandbox + ReleaseWorkspace; True when both are done."""
+        """ReleaseWorkspace + DestroySandbox; True when both are done.
+
+        The workspace is released first: the credential broker keeps its last
+        state for a retry, and a disk-capped workspace's content lives in an
+        image that DestroySandbox removes."""
         ok = True
-        try:
-            await self.sandbox.destroy(t.id)
-        except AfeError as exc:
-            ok = False
-            log.warning("ticket %s: could not remove its sandbox: %s", t.id, exc)
         try:
             await self.credentials.release(t.id, t.workspace)
         except NotFound:
@@ -61,6 +60,11 @@ class Teardowns:
         except AfeError as exc:
             ok = False
             log.warning("ticket %s: could not release its workspace: %s", t.id, exc)
+        try:
+            await self.sandbox.destroy(t.id)
+        except AfeError as exc:
+            ok = False
+            log.warning("ticket %s: could not remove its sandbox: %s", t.id, exc)
         return ok
 
     async def teardown_only(self, t: TicketRecord) -> bool:

@@ -61,9 +61,6 @@ def _afe(gw_url: str, layout: Layout, *args: str) -> subprocess.CompletedProcess
     return subprocess.run(argv, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.xfail(strict=True, reason="found by this test: a retried ticket's workspace does not come back with "
-                   "its last state (an untracked file written by the failed run is absent on the retry), so the "
-                   "test step fails again; see the report of the records/recovery session")
 async def test_retry_then_followup_through_the_cli_same_branch_and_pr_records_kept(tmp_path):
     from tests.gateway.conftest import start_gateway
     from tests.support.system import afe_system
