@@ -5,6 +5,7 @@ handler raises turned into a redacted status (`AfeError` -> its code).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import hmac
 import logging
@@ -138,7 +139,8 @@ class Guard(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no 
                 except Exception as exc:  # noqa: BLE001 - the server boundary: every error becomes a status
                     await fail(context, exc)
                 finally:
-                    caller_var.reset(token)
+                    with contextlib.suppress(ValueError):  # finalized in another context: nothing to reset
+                        caller_var.reset(token)
             return call
 
         if handler.unary_unary:
