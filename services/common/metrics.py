@@ -110,6 +110,8 @@ class SchedulerMetrics:
     tickets: Bounded              # gauge {state}: tickets currently in each state
     ticket_transitions: Bounded   # counter {state}: tickets that entered a state
     node_duration: Bounded        # histogram {kind, outcome}, seconds
+    lease_takeovers: Bounded      # counter {from_state}: live tickets taken over from a scheduler whose lease expired
+    lease_renew_failures: Bounded  # counter {reason}: heartbeats that failed (error) or found a ticket gone (lost)
 
     def set_ticket_counts(self, counts: dict[str, int]) -> None:
         for state in TICKET_STATES:
@@ -177,6 +179,12 @@ def scheduler_metrics(registry: CollectorRegistry) -> SchedulerMetrics:
                                         "Tickets that entered each state.", state=TICKET_STATES),
             node_duration=_histogram(registry, "afe_node_duration_seconds", "Node run time by kind.",
                                      _SLOW, kind=NODE_KINDS, outcome=OUTCOMES),
+            lease_takeovers=_counter(registry, "afe_lease_takeovers_total",
+                                     "Live tickets this scheduler took over from one whose lease expired.",
+                                     from_state=TICKET_STATES),
+            lease_renew_failures=_counter(registry, "afe_lease_renew_failures_total",
+                                          "Ticket lease heartbeats that failed (error) or found the ticket "
+                                          "taken over (lost).", reason=("error", "lost")),
         )
     return _once(registry, "scheduler", build)
 

@@ -18,10 +18,11 @@ from services.common.redact import Redactor
 
 from .automation_key import AutomationKeyFile
 from .brokers import CredentialsClient, SandboxClient
-from .engine import Engine
+from .engine import LEASE_S, Engine
 from .github_intake import GitHubIntake, Poller
 from .github_report import GitHubReporter
 from .hooks import register as register_hooks
+from .placement import BrokerSet
 from .pool import DEFAULT_CAP as DEFAULT_POOL_CAP
 from .servicer import WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
 from .sqlite_store import SqliteStore
@@ -32,7 +33,7 @@ from .store import Store
 class SchedulerApp:
     engine: Engine
     store: Store
-    sandbox: SandboxClient
+    sandbox: SandboxClient | BrokerSet
     credentials: CredentialsClient
     server: grpcutil.AfeServer
     automation_key: AutomationKeyFile | None = None
@@ -70,18 +71,22 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
               registry: CollectorRegistry | None = None, interceptors=(),
               recovery_interval: float = 2.0,
               watch_send_timeout: float = WATCH_SEND_TIMEOUT_S, store: Store | None = None,
-              pool_cap: int = DEFAULT_POOL_CAP, public_url: str = "") -> SchedulerApp:
+              pool_cap: int = DEFAULT_POOL_CAP, public_url: str = "", sandboxes: BrokerSet | None = None, owner: str = "",
+              lease_s: float = LEASE_S) -> SchedulerApp:
     """`store` (already open, e.g. PostgreSQL from AFE_DATABASE_URL) wins over
     `store_path` (a SQLite file, default `<data>/afe.db`). `public_url`: the UI's
-    address, for the ticket links afe writes on GitHub (github_report.py)."""
+    address, for the ticket links afe writes on GitHub (github_report.py). `owner`, `lease_s`:
+    this scheduler's id and its tickets' lease on a shared store (docs/SCALE.md)."""
     if store is None:
         store = SqliteStore(store_path or layout.store_file)
-    sandbox = SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
+    # `sandbox`: brokers on other hosts (placement.py, --sandbox-broker); else the local one
+    sandbox = sandboxes or SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
     credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))
     engine_registry = registry if registry is not None else CollectorRegistry()
     engine = Engine(config, store, sandbox, credentials, redactor, max_running=max_running,
                     registry=engine_registry,
-                    recovery_interval=recovery_interval, pool_dir=layout.data_dir / "pool", pool_cap=pool_cap)
+                    recovery_interval=recovery_interval, pool_dir=layout.data_dir / "pool", pool_cap=pool_cap,
+                    owner=owner, lease_s=lease_s)
     intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry)
     reporter = GitHubReporter(config, store, credentials, public_url)
     engine.transitions.listeners.append(reporter.changed)

@@ -11,6 +11,15 @@ ticket resumes: nodes that were running run again, builtins are idempotent.
 
 Every ticket state change goes through `executor.Transitions` (store, event,
 metric); a run reaches the engine only through `executor.Host`.
+
+Several schedulers on one PostgreSQL store (docs/SCALE.md): each live ticket
+is driven by the scheduler that claimed it (`Store.claim_ticket`: the
+dispatcher for a queued ticket, `start` and the takeover loop for a running
+or waiting one whose owner's lease expired). `_lease_loop` renews the leases
+of the tickets this scheduler drives and learns what others asked of them
+(a cancel, an approval); a ticket found taken over stops at once without a
+write or a side effect (`LeaseLost`, R37). On an unshared store (SQLite) the
+scheduler owns every ticket and neither loop runs.
 """
 
 from __future__ import annotations
@@ -18,6 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import time
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +61,7 @@ from .store import (
     TERMINAL,
     WAITING_APPROVAL,
     ApprovalRecord,
+    LeaseLost,
     NodeRunRecord,
     PullRequestRecord,
     Store,
@@ -60,6 +74,13 @@ log = logging.getLogger(__name__)
 
 DIFF_MAX_BYTES = 1024 * 1024
 REOPENABLE = (FAILED, CANCELLED)   # states `retry` and `update_branch` re-open
+LEASE_S = 10.0                     # a live ticket's lease; renewed every third of it (docs/SCALE.md)
+HELD = (RUNNING, WAITING_APPROVAL)  # states a scheduler drives a ticket in (takeover takes them over)
+
+
+def scheduler_id() -> str:
+    """A new id for this scheduler process (host, pid, random): the owner of its leases."""
+    return f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass
@@ -75,9 +96,17 @@ class Engine:
     def __init__(self, config: Config, store: Store, sandbox: SandboxBroker, credentials: CredentialBroker,
                  redactor: Redactor, *, max_running: int = 4, registry=None,
                  recovery_interval: float = 2.0, pool_dir: Path | None = None,
-                 pool_cap: int = DEFAULT_CAP) -> None:
+                 pool_cap: int = DEFAULT_CAP, owner: str = "", lease_s: float = LEASE_S) -> None:
         self.config = config
         self.store = store
+        # Leases (docs/SCALE.md): who this scheduler is, how long its tickets' leases last. A ticket
+        # taken over by another scheduler is in `_lost`; `fencing` False skips the check before a side
+        # effect (tests' positive control of R37 only).
+        self.owner = owner or scheduler_id()
+        store.owner = self.owner
+        self.lease_s = lease_s
+        self.fencing = True
+        self._lost: set[str] = set()
         self.sandbox = sandbox
         self.credentials = credentials
         self.redactor = redactor
@@ -122,23 +151,28 @@ class Engine:
             for t in self.store.terminal_not_torn_down():
                 self._spawn(self.teardowns.teardown_only(t))
         for t in live:
-            if t.state == RUNNING:
-                self._running.add(t.id)
-                self._launch(t, resumed=True)
-            elif t.state == WAITING_APPROVAL:
-                self._launch(t, resumed=True)
+            if t.state in HELD and self._claim(t.id, HELD):
+                self._resume(t)
+        if self.store.shared:
+            self._spawn(self._lease_loop())
+            self._spawn(self._takeover_loop())
         self._kick()
         self.transitions.set_gauges()
         self.pool.start()
 
     async def stop(self) -> None:
-        """Stop running work WITHOUT changing ticket states: they resume on the next start."""
+        """Stop running work WITHOUT changing ticket states: they resume on the next start
+        (or at once in another scheduler on the same store: their leases are given up)."""
         self._stopping = True
         tasks = list(self._tasks.values()) + list(self._background)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self.store.shared:
+            for tid in list(self.store.fences):
+                with contextlib.suppress(Exception):
+                    self.store.release_ticket(tid)
         await self.pool.close()
         if self.recovery_interval > 0:
             await self.teardowns.final()
@@ -222,6 +256,8 @@ class Engine:
             return self.view(ticket_id)
         who = principal or "unknown"
         task = self._tasks.get(ticket_id)
+        if task is None and not self._claim(t.id, (t.state,)):
+            return await self._cancel_elsewhere(t.id, who)
         if t.state == QUEUED and task is None:
             self.store.update_ticket(t.id, torn_down=True)
             await self._finish(t, CANCELLED, f"cancelled by {who}")
@@ -344,8 +380,10 @@ class Engine:
             fut.set_result(rec)
         elif ticket_id not in self._tasks:
             t = self.store.get_ticket(ticket_id)
-            if t is not None:
+            if t is not None and self._claim(t.id, HELD):
                 self._launch(t, resumed=True)
+            else:   # another scheduler drives it: its heartbeat sees the decision (_lease_loop)
+                self._running.discard(ticket_id)
 
     async def watch(self, ticket_id: str, from_seq: int, follow: bool) -> AsyncGenerator[EventRecord, None]:
         self.view(ticket_id)
@@ -474,6 +512,8 @@ class Engine:
             limit = ws.max_running if ws else 0
             if limit and per_ws.get(t.workspace, 0) >= limit:
                 continue
+            if not self._claim(t.id, (QUEUED,)):
+                continue       # another scheduler took it
             per_ws[t.workspace] = per_ws.get(t.workspace, 0) + 1
             self._running.add(t.id)
             self.transitions.move(t.id, RUNNING, state_event(RUNNING))
@@ -510,7 +550,13 @@ class Engine:
         ticket_var.set(t.id)
         try:
             state, error = await self._traced(run)
+        except LeaseLost as exc:
+            self._forget(t.id, exc.message)
+            return
         except asyncio.CancelledError:
+            if t.id in self._lost:
+                self._forget(t.id, "its lease was lost")
+                raise
             who = self._cancelling.get(t.id)
             if who is not None and not self._stopping:
                 await asyncio.shield(self._finish_quietly(t, CANCELLED, f"cancelled by {who}"))
@@ -526,6 +572,8 @@ class Engine:
         self._finishing.add(t.id)
         try:
             await asyncio.shield(self._finish(t, state, error))
+        except LeaseLost as exc:
+            self._forget(t.id, exc.message)
         finally:
             self._finishing.discard(t.id)
 
@@ -560,6 +608,9 @@ class Engine:
 
     async def _finish(self, t: TicketRecord, state: str, error: str) -> None:
         """Record the final diff, tear down, then record the terminal state and the final event."""
+        if not self._holds(t.id):     # taken over: the new owner ends it, tears down (R37)
+            self._forget(t.id, "its lease was lost before it ended")
+            return
         await self._record_diff(t)
         await self._record_denied_egress(t)
         torn = await self.teardowns.teardown(t)
@@ -567,11 +618,136 @@ class Engine:
             self.teardowns.wake()
         self.transitions.move(t.id, state, ("ticket.finished", {"state": state, "error": error or ""}),
                               error=self.redactor.redact(error or ""), awaiting_sha="", torn_down=torn)
+        self.events.flush()
+        self.store.release_ticket(t.id)
         self._running.discard(t.id)
         self._cancelling.pop(t.id, None)
         log.info("ticket %s %s", t.id, state)
         self._kick()
         self.transitions.set_gauges()
+
+    # ---- leases: several schedulers on one store (docs/SCALE.md) ---------------------
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_s * 1000)
+
+    def _claim(self, ticket_id: str, states: tuple[str, ...]) -> bool:
+        """Take the ticket for this scheduler (a new fence) when it is in `states`
+        and free; True when this scheduler drives it now."""
+        if ticket_id in self._tasks:
+            return True
+        fence = self.store.claim_ticket(ticket_id, states, self.lease_ms)
+        if fence is None:
+            return False
+        self._lost.discard(ticket_id)
+        return True
+
+    def _holds(self, ticket_id: str) -> bool:
+        fence = self.store.fences.get(ticket_id) if self.store.shared else 0
+        if fence is None or ticket_id in self._lost:
+            return False
+        return not self.store.shared or self.store.holds(ticket_id, fence)
+
+    def check_lease(self, ticket_id: str) -> None:
+        """Right before a side effect (a push, a pull request, a merge, a comment):
+        this scheduler still holds the ticket with its fence, by the database's
+        clock, or `LeaseLost` (R37)."""
+        if self.fencing and not self._holds(ticket_id):
+            self._lost.add(ticket_id)
+            raise LeaseLost(ticket_id)
+
+    def lease_lost(self, ticket_id: str) -> bool:
+        return ticket_id in self._lost
+
+    def _resume(self, t: TicketRecord) -> None:
+        if t.state == RUNNING:
+            self._running.add(t.id)
+        self._launch(t, resumed=True)
+
+    def _forget(self, ticket_id: str, why: str) -> None:
+        """Stop driving a ticket another scheduler took over: no write, no teardown."""
+        log.warning("ticket %s: stopped here: %s; the scheduler that took it over goes on", ticket_id, why)
+        self._lost.add(ticket_id)
+        self.store.fences.pop(ticket_id, None)
+        self._running.discard(ticket_id)
+        self._cancelling.pop(ticket_id, None)
+        self._kick()
+
+    async def _cancel_elsewhere(self, ticket_id: str, who: str) -> TicketView:
+        """A cancel of a ticket another scheduler drives: ask it (its heartbeat sees the
+        request) and wait for the end, at most a lease and a half."""
+        self.store.request_cancel(ticket_id, who)
+        end = time.monotonic() + self.lease_s * 1.5 + 5
+        while time.monotonic() < end:
+            t = self.store.get_ticket(ticket_id)
+            if t is None or t.state in TERMINAL:
+                break
+            await asyncio.sleep(0.2)
+        return self.view(ticket_id)
+
+    async def _lease_loop(self) -> None:
+        """Renew the leases of the tickets this scheduler drives, every third of a
+        lease; stop the ones another scheduler took over; act on what was asked
+        of them through another scheduler (a cancel, an approval)."""
+        while not self._stopping:
+            await asyncio.sleep(self.lease_s / 3)
+            held = list(self.store.fences)
+            if not held:
+                continue
+            try:
+                leases = {lease.ticket_id: lease for lease in self.store.renew_leases(held, self.lease_ms)}
+            except Exception as exc:  # noqa: BLE001 - the database is away: the leases run out unless it is back
+                log.warning("scheduler: could not renew its tickets' leases: %s",
+                            getattr(exc, "message", type(exc).__name__))
+                if self.metrics is not None:
+                    self.metrics.lease_renew_failures.labels(reason="error").inc()
+                continue
+            for tid in held:
+                lease = leases.get(tid)
+                if lease is None:
+                    if tid not in self.store.fences:
+                        continue          # released meanwhile (the ticket ended)
+                    if self.metrics is not None:
+                        self.metrics.lease_renew_failures.labels(reason="lost").inc()
+                    self._lost.add(tid)
+                    self.store.fences.pop(tid, None)
+                    task = self._tasks.get(tid)
+                    if task is not None and tid not in self._finishing:
+                        task.cancel()
+                    continue
+                if lease.cancel_by and tid in self._tasks and tid not in self._cancelling:
+                    self._spawn(self.cancel(tid, lease.cancel_by))
+                elif lease.state == RUNNING and tid in self._waiters:
+                    rec = self.store.latest_approval(tid)
+                    if rec is not None:
+                        self._running.add(tid)
+                        self._wake(tid, rec)
+
+    async def _takeover_loop(self) -> None:
+        """Claim the live tickets whose owner's lease expired (it died or hangs) and
+        resume them here; start queued tickets filed through other schedulers."""
+        interval = max(0.2, self.lease_s / 5)
+        while not self._stopping:
+            await asyncio.sleep(interval)
+            try:
+                for tid in self.store.expired_tickets(HELD):
+                    if self._stopping or tid in self._tasks:
+                        continue
+                    if len(self._running) >= self.max_running:
+                        break
+                    t = self.store.get_ticket(tid)
+                    if t is None or not self._claim(tid, HELD):
+                        continue
+                    t = self.store.get_ticket(tid) or t
+                    log.info("ticket %s: taken over (%s; its scheduler's lease expired)", tid, t.state)
+                    if self.metrics is not None:
+                        self.metrics.lease_takeovers.labels(from_state=t.state).inc()
+                    self.events.append(tid, "ticket.takeover", {"scheduler": self.owner, "state": t.state})
+                    self._resume(t)
+                self._kick()
+            except Exception as exc:  # noqa: BLE001 - the next scan tries again
+                log.warning("scheduler: the takeover scan failed: %s", getattr(exc, "message", type(exc).__name__))
 
     # ---- what a run may use (executor.Host) ---------------------------------------
 

@@ -30,10 +30,10 @@ from typing import cast
 
 import orjson
 
-from services.common.errors import NotFound
+from services.common.errors import FailedPrecondition, NotFound
 from services.common.redact import Redactor
 
-from .store import EventRecord, Store
+from .store import EventRecord, LeaseLost, Store
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,10 @@ FINAL_EVENT = "ticket.finished"
 # and reads what it missed from the store instead, so its memory is bounded
 # and it still gets every event once, in order.
 WATCH_BACKLOG = 256
+# A store shared by several schedulers (docs/SCALE.md): a watcher also reads
+# the store by seq this often, for the events another scheduler writes.
+WATCH_POLL_S = 0.25
+STORE_TRIES = 5          # batches re-numbered after another scheduler wrote the same ticket
 _SEP = "\x00"
 
 # JSON types only: dataclasses, datetimes and subclasses of str/int/dict/list
@@ -209,10 +213,42 @@ class EventLog:
             redacted = self._redacted
             batch = [ev if (text := redacted(ev[3])) is ev[3] else (ev[0], ev[1], ev[2], text, ev[4])
                      for ev in batch]
-        # Plain tuples in EventRecord's column order: SQLite binds them fastest.
-        self.store.append_events(cast(list[EventRecord], batch))
-        if self._watchers:
+        batch = self._store(batch)
+        if self._watchers and batch:
             self.delivered(batch)
+
+    def _store(self, batch: list[tuple[str, int, str, str, int]]) -> list[tuple[str, int, str, str, int]]:
+        """Write the batch; returns what was stored. On a shared store
+        (docs/SCALE.md) another scheduler may have written a ticket's events
+        meanwhile (an approval given through it): the batch is numbered
+        again after the stored seq. A ticket this scheduler lost to another
+        (`LeaseLost`, R37) has its events dropped, never written."""
+        for _ in range(STORE_TRIES):
+            try:
+                # Plain tuples in EventRecord's column order: SQLite binds them fastest.
+                self.store.append_events(cast(list[EventRecord], batch))
+                return batch
+            except LeaseLost as exc:
+                log.warning("events of ticket %s not written: %s", exc.ticket_id, exc.message)
+                self._seq.pop(exc.ticket_id, None)
+                batch = [ev for ev in batch if ev[0] != exc.ticket_id]
+                if not batch:
+                    return batch
+            except FailedPrecondition:
+                if not self.store.shared:
+                    raise
+                batch = self._renumber(batch)
+        self.store.append_events(cast(list[EventRecord], batch))
+        return batch
+
+    def _renumber(self, batch: list[tuple[str, int, str, str, int]]) -> list[tuple[str, int, str, str, int]]:
+        last = {tid: self.store.last_seq(tid) for tid in {ev[0] for ev in batch}}
+        out = []
+        for ev in batch:
+            last[ev[0]] += 1
+            out.append((ev[0], last[ev[0]], ev[2], ev[3], ev[4]))
+        self._seq.update(last)
+        return out
 
     def delivered(self, batch: Sequence[tuple[str, int, str, str, int]]) -> None:
         """Hand stored events to live watchers (also used for events the store
@@ -270,8 +306,13 @@ class EventLog:
                 for ev in self.store.events(ticket_id, sent + 1, 1_000_000):
                     yield ev
                 return
+            poll = WATCH_POLL_S if self.store.shared else None
             while True:
-                evs = await q.get()
+                try:
+                    evs = await (q.get() if poll is None else asyncio.wait_for(q.get(), poll))
+                except TimeoutError:
+                    q.behind = True    # another scheduler may have written: read the store from the cursor
+                    evs = []
                 if q.behind:
                     # Batches were dropped: forget the queue, read the store from the cursor on. Batches
                     # delivered meanwhile are skipped below by their seq.

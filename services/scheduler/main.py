@@ -29,6 +29,9 @@ from services.common.telemetry import grpc_server_interceptors, setup_tracing, s
 
 from .app import build_app
 from .database_url import open_store, read_database_url
+from .engine import LEASE_S
+from .placement import add_flags as add_placement_flags
+from .placement import from_flags as brokers_from_flags
 from .pool import DEFAULT_CAP
 
 log = logging.getLogger(__name__)
@@ -43,9 +46,16 @@ def _extra(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker-recovery", type=float, default=2.0, metavar="SECONDS",
                    help="how often to check for a restarted sandbox broker (then reconcile) and to retry "
                    "failed teardowns at the latest (default 2; 0 = never, tests only)")
+    p.add_argument("--scheduler-id", default="", metavar="ID",
+                   help="this scheduler's name in the leases of the tickets it drives, when several share "
+                   "one PostgreSQL database (default: host, pid and a random part; docs/SCALE.md)")
+    p.add_argument("--lease-seconds", type=float, default=LEASE_S, metavar="SECONDS",
+                   help=f"how long a ticket's lease lasts without a heartbeat (default {LEASE_S:g}): another "
+                   "scheduler on the same database takes the ticket over within about 1.2 times this")
     p.add_argument("--public-url", default="", metavar="URL",
                    help="the URL users open the UI at (the gateway's --public-url); ticket links in the "
                    "comments and commit statuses afe writes on GitHub start with it (none without it)")
+    add_placement_flags(p)
 
 
 async def amain(argv: list[str] | None = None) -> int:
@@ -59,15 +69,27 @@ async def amain(argv: list[str] | None = None) -> int:
     except AfeError as exc:
         log.error("scheduler: cannot open its store: %s", ctx.redactor.redact(str(exc)))
         return 2
+    try:
+        brokers = brokers_from_flags(args, store)
+    except AfeError as exc:
+        log.error("scheduler: %s", ctx.redactor.redact(str(exc)))
+        return 2
     app = build_app(config, ctx.layout, ctx.links, ctx.redactor, store=store,
                     max_running=args.max_running, registry=ctx.registry,
                     interceptors=grpc_server_interceptors(), recovery_interval=args.broker_recovery,
-                    pool_cap=max(0, args.sandbox_pool_max), public_url=args.public_url)
+                    pool_cap=max(0, args.sandbox_pool_max), public_url=args.public_url, sandboxes=brokers,
+                    owner=args.scheduler_id, lease_s=max(1.0, args.lease_seconds))
 
     async def store_ready() -> bool:
         return app.store.ping()
 
     async def sandbox_ready() -> bool:
+        if brokers is not None:   # ready while one broker answers (placement.py)
+            try:
+                await brokers.identify()
+            except AfeError:
+                return False
+            return True
         return await grpcutil.check_health(str(ctx.layout.socket("sandbox")), ctx.links.call.get("sandbox"))
 
     async def credentials_ready() -> bool:

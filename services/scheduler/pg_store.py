@@ -9,6 +9,15 @@ refused with the release it needs.
 
 Event seqs: see pg_events.py.
 
+Leases (docs/SCALE.md): a live ticket is driven by the scheduler in
+`tickets.owner` until `lease_until_ms` (the database's clock, so the hosts'
+clocks do not matter); `claim_ticket` takes a free or expired ticket with
+`FOR UPDATE SKIP LOCKED` and bumps `fence`. For the tickets in `fences`,
+every write first checks owner and fence with `SELECT ... FOR SHARE` in the
+write's own transaction: a claim (which updates the row) waits for the
+write to commit, and a write after the claim finds the new fence and is
+refused (`LeaseLost`) with nothing written.
+
 The connection string is never logged or put in an error (R29): errors name
 the host, port and database only (`where`).
 """
@@ -31,6 +40,8 @@ from .store import (
     ApprovalRecord,
     EventRecord,
     FollowUpRecord,
+    Lease,
+    LeaseLost,
     NodeRunRecord,
     PullRequestRecord,
     Store,
@@ -49,6 +60,9 @@ _TICKET_FIELDS = {"state", "updated_at_ms", "error", "tokens_used", "awaiting_sh
                   "reopened_at_ms"}
 _NODE_FIELDS = {"state", "attempt", "started_at_ms", "finished_at_ms", "output", "error", "rounds",
                 "feedback"}
+
+
+NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"   # the database's clock, ms
 
 
 def _ticket(row: tuple) -> TicketRecord:
@@ -119,6 +133,8 @@ def check_newer(version: int, needed: str | None, where: str) -> None:
 
 
 class PostgresStore(Store):
+    shared = True
+
     def __init__(self, conninfo: str, where: str = "the PostgreSQL database") -> None:
         self._conninfo = conninfo
         self.where = where
@@ -164,6 +180,68 @@ class PostgresStore(Store):
             return _one(self._conn().execute("SELECT 1").fetchone())[0] == 1
         except (psycopg.Error, Unavailable, FailedPrecondition):
             return False
+
+    # leases (docs/SCALE.md)
+    def _check(self, db: psycopg.Connection | psycopg.Cursor, ticket_id: str, fence: int) -> None:
+        """Inside the caller's transaction: this owner still holds the ticket with
+        `fence` (the row stays share-locked until the transaction ends)."""
+        row = db.execute("SELECT 1 FROM tickets WHERE id=%s AND owner=%s AND fence=%s FOR SHARE",
+                         (ticket_id, self.owner, fence)).fetchone()
+        if row is None:
+            raise LeaseLost(ticket_id)
+
+    def _write(self, ticket_id: str, sql: str, params: object) -> None:
+        """One statement that changes `ticket_id`'s rows; checked when this scheduler holds the ticket."""
+        db = self._conn()
+        fence = self.fences.get(ticket_id)
+        if fence is None:
+            db.execute(sql, params)
+            return
+        with db.transaction():
+            self._check(db, ticket_id, fence)
+            db.execute(sql, params)
+
+    def claim_ticket(self, ticket_id: str, states: tuple[str, ...], lease_ms: int) -> int | None:
+        row = self._conn().execute(
+            "WITH free AS (SELECT id FROM tickets WHERE id=%s AND state = ANY(%s) "
+            f"AND (owner='' OR owner=%s OR lease_until_ms < {NOW_MS}) FOR UPDATE SKIP LOCKED) "
+            f"UPDATE tickets t SET owner=%s, fence=t.fence+1, lease_until_ms={NOW_MS}+%s FROM free "
+            "WHERE t.id=free.id RETURNING t.fence",
+            (ticket_id, list(states), self.owner, self.owner, lease_ms)).fetchone()
+        if row is None:
+            return None
+        self.fences[ticket_id] = int(row[0])
+        return int(row[0])
+
+    def expired_tickets(self, states: tuple[str, ...]) -> list[str]:
+        rows = self._conn().execute(
+            "SELECT id FROM tickets WHERE state = ANY(%s) AND owner<>%s "
+            f"AND lease_until_ms < {NOW_MS} ORDER BY rowid LIMIT 100", (list(states), self.owner))
+        return [r[0] for r in rows]
+
+    def renew_leases(self, ticket_ids: list[str], lease_ms: int) -> list[Lease]:
+        if not ticket_ids:
+            return []
+        rows = self._conn().execute(
+            f"UPDATE tickets SET lease_until_ms={NOW_MS}+%s WHERE owner=%s AND id = ANY(%s) "
+            "RETURNING id, fence, state, cancel_by", (lease_ms, self.owner, list(ticket_ids))).fetchall()
+        return [Lease(r[0], int(r[1]), r[2], r[3]) for r in rows if self.fences.get(r[0]) == int(r[1])]
+
+    def holds(self, ticket_id: str, fence: int) -> bool:
+        row = self._conn().execute(
+            f"SELECT 1 FROM tickets WHERE id=%s AND owner=%s AND fence=%s AND lease_until_ms >= {NOW_MS}",
+            (ticket_id, self.owner, fence)).fetchone()
+        return row is not None
+
+    def release_ticket(self, ticket_id: str) -> None:
+        fence = self.fences.pop(ticket_id, None)
+        if fence is not None:
+            self._conn().execute("UPDATE tickets SET owner='', lease_until_ms=0, cancel_by='' "
+                                 "WHERE id=%s AND owner=%s AND fence=%s", (ticket_id, self.owner, fence))
+
+    def request_cancel(self, ticket_id: str, principal: str) -> None:
+        self._conn().execute("UPDATE tickets SET cancel_by=%s WHERE id=%s AND cancel_by=''",
+                             (principal or "unknown", ticket_id))
 
     # tickets
     def create_ticket(self, ticket: TicketRecord, nodes: list[NodeRunRecord],
@@ -218,7 +296,7 @@ class PostgresStore(Store):
         if "torn_down" in fields:
             fields["torn_down"] = bool(fields["torn_down"])
         cols = ", ".join(f"{k}=%s" for k in fields)
-        self._conn().execute(f"UPDATE tickets SET {cols} WHERE id=%s", [*fields.values(), ticket_id])
+        self._write(ticket_id, f"UPDATE tickets SET {cols} WHERE id=%s", [*fields.values(), ticket_id])
 
     def tickets_in_states(self, states: tuple[str, ...] = LIVE) -> list[TicketRecord]:
         sql = f"SELECT {_TICKET_COLS} FROM tickets WHERE state = ANY(%s) ORDER BY rowid"
@@ -247,8 +325,8 @@ class PostgresStore(Store):
         if bad:
             raise ValueError(f"not updatable: {sorted(bad)}")
         cols = ", ".join(f"{k}=%s" for k in fields)
-        self._conn().execute(f"UPDATE node_runs SET {cols} WHERE ticket_id=%s AND node_id=%s",
-                             [*fields.values(), ticket_id, node_id])
+        self._write(ticket_id, f"UPDATE node_runs SET {cols} WHERE ticket_id=%s AND node_id=%s",
+                    [*fields.values(), ticket_id, node_id])
 
     # events
     def append_events(self, events: list[EventRecord]) -> None:
@@ -256,6 +334,10 @@ class PostgresStore(Store):
             return
         db = self._conn()
         with db.transaction(), db.cursor() as cur:
+            for tid in {ev[0] for ev in events}:
+                fence = self.fences.get(tid)
+                if fence is not None:
+                    self._check(cur, tid, fence)
             insert_events(cur, events)
 
     def events(self, ticket_id: str, from_seq: int, limit: int = 1000) -> list[EventRecord]:
@@ -287,7 +369,8 @@ class PostgresStore(Store):
                               at_ms=row[4], reason=row[5])
 
     def put_pr(self, pr: PullRequestRecord) -> None:
-        self._conn().execute(
+        self._write(
+            pr.ticket_id,
             "INSERT INTO pull_requests (ticket_id, number, url, head_branch, base_branch, head_sha, "
             "state, merge_sha) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (ticket_id) DO UPDATE SET "
             "number=excluded.number, url=excluded.url, head_branch=excluded.head_branch, "
@@ -305,7 +388,8 @@ class PostgresStore(Store):
 
     # records that outlive the ticket
     def put_final_diff(self, ticket_id: str, diff: str, truncated: bool, at_ms: int) -> None:
-        self._conn().execute(
+        self._write(
+            ticket_id,
             "INSERT INTO ticket_diffs (ticket_id, diff, truncated, at_ms) VALUES (%s,%s,%s,%s) "
             "ON CONFLICT (ticket_id) DO UPDATE SET diff=excluded.diff, truncated=excluded.truncated, "
             "at_ms=excluded.at_ms", (ticket_id, diff, bool(truncated), at_ms))

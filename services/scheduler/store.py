@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from services.common import states
+from services.common.errors import FailedPrecondition
 from services.common.states import NodeState, TicketState
 
 # States are stored as the words of services/common/states.py (plain text, as since the first schema).
@@ -123,8 +124,75 @@ class FollowUpRecord:
     url: str = ""
 
 
+class LeaseLost(FailedPrecondition):
+    """This scheduler no longer drives the ticket: its lease expired and
+    another scheduler took it over (a new fence). Nothing was written; the run
+    stops without a side effect (R37, docs/SCALE.md)."""
+
+    def __init__(self, ticket_id: str) -> None:
+        super().__init__(f"ticket {ticket_id} is driven by another scheduler now (this one's lease expired); "
+                         "this scheduler stopped its run without writing or pushing anything")
+        self.ticket_id = ticket_id
+
+
+@dataclass
+class Lease:
+    """A held ticket as its owner's heartbeat sees it (`Store.renew_leases`)."""
+
+    ticket_id: str
+    fence: int
+    state: str
+    cancel_by: str = ""
+
+
 class Store(abc.ABC):
-    """Durable state. Every method commits before it returns."""
+    """Durable state. Every method commits before it returns.
+
+    Leases (docs/SCALE.md): a store that several schedulers share (`shared`)
+    hands each live ticket to one of them (`claim_ticket`, with a fence that
+    every claim bumps), refuses the writes of a scheduler whose fence is not
+    the ticket's (`LeaseLost`) for the tickets in `fences`, and lets the
+    owner renew (`renew_leases`). A store of one scheduler (SQLite) owns
+    everything: the defaults below."""
+
+    shared = False                 # several schedulers may use this store at once
+    owner = ""                     # this scheduler's id (the engine sets it)
+
+    @property
+    def fences(self) -> dict[str, int]:
+        """Ticket -> the fence this scheduler holds (its writes of these tickets are checked)."""
+        f = self.__dict__.get("_fences")
+        if f is None:
+            f = self.__dict__["_fences"] = {}
+        return f
+
+    def claim_ticket(self, ticket_id: str, states: tuple[str, ...], lease_ms: int) -> int | None:
+        """Take the ticket when it is in one of `states` and free (no owner, this
+        owner, or an expired lease): returns the new fence, None when it is not."""
+        t = self.get_ticket(ticket_id)
+        return 1 if t is not None and t.state in states else None
+
+    def expired_tickets(self, states: tuple[str, ...]) -> list[str]:
+        """Tickets in `states` whose lease has expired (another scheduler died), oldest first."""
+        return []
+
+    def renew_leases(self, ticket_ids: list[str], lease_ms: int) -> list[Lease]:
+        """Extend this owner's leases of `ticket_ids`; returns the ones it still holds."""
+        return [Lease(tid, self.fences.get(tid, 1), (t.state if (t := self.get_ticket(tid)) else ""))
+                for tid in ticket_ids]
+
+    def holds(self, ticket_id: str, fence: int) -> bool:
+        """This owner holds the ticket with `fence` and its lease has not expired (the database's clock)."""
+        return True
+
+    def release_ticket(self, ticket_id: str) -> None:
+        """Give up the ticket (it ended, or this scheduler stops): another may claim it at once."""
+        self.fences.pop(ticket_id, None)
+
+    def request_cancel(self, ticket_id: str, principal: str) -> None:
+        """Ask the ticket's owner to cancel it (seen on its next heartbeat); one
+        scheduler drives every ticket of an unshared store, so never called there."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def close(self) -> None: ...

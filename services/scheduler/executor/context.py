@@ -133,8 +133,15 @@ class RunContext:
         return total
 
     async def step(self, node: Node, name: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """A builtin step's credential broker call, waited through a broker restart (R37)."""
-        return await brokercalls.step(self.host.broker_retry_s, self.emit, node.id, name, fn)
+        """A builtin step's credential broker call, waited through a broker restart (R37),
+        made only while this scheduler holds the ticket's lease (checked before each try)."""
+        tid = self.ticket.id
+
+        async def fenced() -> T:
+            self.host.check_lease(tid)
+            return await fn()
+
+        return await brokercalls.step(self.host.broker_retry_s, self.emit, node.id, name, fenced)
 
     # ---- preparation ------------------------------------------------------------
 
@@ -150,6 +157,7 @@ class RunContext:
             if self._ws_ready:
                 return
             tid, ws = self.ticket.id, self.workspace.name
+            self.host.check_lease(tid)
             r = await brokercalls.retry_unavailable(self.host.broker_retry_s, "preparing the workspace",
                                                     lambda: self.credentials.prepare(tid, ws), PeerUnavailable)
             self._ws_ready = True
@@ -163,6 +171,7 @@ class RunContext:
             spec = sandbox_spec(self.config, self.workflow, self.workspace)
             if spec.relay:   # the relay's folder must exist before the sandbox mounts it (R32)
                 await self.open_relay(None)
+            self.host.check_lease(self.ticket.id)
             s = await brokercalls.retry_unavailable(self.host.broker_retry_s, "creating the sandbox",
                                                     lambda: self.sandbox.create(self.ticket.id, spec))
             self._sb_ready = True

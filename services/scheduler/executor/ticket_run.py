@@ -29,6 +29,7 @@ from ..store import (
     N_SUCCEEDED,
     N_WAITING,
     SUCCEEDED,
+    LeaseLost,
     TicketRecord,
 )
 from .context import SANDBOX_KINDS, RunContext
@@ -172,6 +173,8 @@ class TicketRun:
                 host.node_metric(kind, "ok", time.monotonic() - started)
                 return out
             except asyncio.CancelledError:
+                if host.lease_lost(tid):    # another scheduler drives it now: write nothing (R37)
+                    raise
                 store.update_node(tid, node.id, state=N_CANCELLED, finished_at_ms=now_ms(), error="cancelled")
                 if not host.stopping:
                     self.ctx.emit("node.finished", {"node": node.id, "state": N_CANCELLED})
@@ -179,7 +182,11 @@ class TicketRun:
                 else:  # the scheduler is stopping: the node runs again on the next start
                     store.update_node(tid, node.id, state=N_RUNNING)
                 raise
+            except LeaseLost:
+                raise
             except Exception as exc:
+                if host.lease_lost(tid):
+                    raise LeaseLost(tid) from None
                 if isinstance(exc, AfeError):
                     reason = exc.message
                 else:

@@ -1,0 +1,135 @@
+"""Several schedulers on one PostgreSQL database (docs/SCALE.md): ticket
+leases, takeover, and the fence that stops a scheduler whose ticket was taken
+over from writing or performing a side effect (R37)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+from services.common.layout import Layout
+from services.scheduler.store import (
+    N_PENDING,
+    N_RUNNING,
+    QUEUED,
+    RUNNING,
+    EventRecord,
+    LeaseLost,
+    NodeRunRecord,
+    TicketRecord,
+)
+from tests.support.postgres import open_store_url
+from tests.support.system import afe_system
+
+from .conftest import all_events, forge_records, git, state_name, write_config
+
+LONG = 600_000   # ms: a lease that does not run out during a test
+
+
+def _ticket(tid: str) -> tuple[TicketRecord, list[NodeRunRecord], list[EventRecord]]:
+    t = TicketRecord(id=tid, workspace="ws", workflow="wf", title="t", body="", inputs={}, state=QUEUED,
+                     created_at_ms=1, updated_at_ms=1)
+    return t, [NodeRunRecord(tid, "edit", "run")], [EventRecord(tid, 1, "ticket.created", "{}", 1)]
+
+
+def _expire(store, tid: str) -> None:
+    """What a scheduler that stopped renewing leaves behind: a lease in the past."""
+    store.db.execute("UPDATE tickets SET lease_until_ms=0 WHERE id=%s", (tid,))
+
+
+def test_claims_are_exclusive_and_a_takeover_refuses_the_old_owners_writes(pg_url, tmp_path):
+    a, b = open_store_url(pg_url, tmp_path), open_store_url(pg_url, tmp_path)
+    a.owner, b.owner = "sched-a", "sched-b"
+    try:
+        a.create_ticket(*_ticket("T1"))
+        assert a.claim_ticket("T1", (QUEUED,), LONG) == 1
+        assert b.claim_ticket("T1", (QUEUED,), LONG) is None          # held: nobody else gets it
+        assert b.expired_tickets((QUEUED, RUNNING)) == []
+        a.update_ticket("T1", state=RUNNING)
+        a.update_node("T1", "edit", state=N_RUNNING)                    # the owner writes
+        a.append_events([EventRecord("T1", 2, "node.started", "{}", 2)])
+        assert [x.ticket_id for x in a.renew_leases(["T1"], LONG)] == ["T1"]
+
+        _expire(a, "T1")                                                # a stops renewing (killed, paused)
+        assert b.expired_tickets((RUNNING,)) == ["T1"]
+        assert b.claim_ticket("T1", (RUNNING,), LONG) == 2              # taken over: a new fence
+        assert not a.holds("T1", 1) and b.holds("T1", 2)
+        assert a.renew_leases(["T1"], LONG) == []                       # a's heartbeat finds it gone
+
+        with pytest.raises(LeaseLost):
+            a.update_node("T1", "edit", state=N_PENDING)
+        with pytest.raises(LeaseLost):
+            a.append_events([EventRecord("T1", 3, "node.finished", "{}", 3)])
+        with pytest.raises(LeaseLost):
+            a.update_ticket("T1", state="succeeded")
+        assert a.node_runs("T1")[0].state == N_RUNNING and a.last_seq("T1") == 2   # nothing of a's was written
+        b.update_node("T1", "edit", state=N_PENDING)                    # the new owner writes
+        b.append_events([EventRecord("T1", 3, "ticket.takeover", "{}", 3)])
+
+        # Positive control: the refusal is the fence check; a write not checked against it lands.
+        a.fences.pop("T1")
+        a.update_node("T1", "edit", state="succeeded")
+        assert a.node_runs("T1")[0].state == "succeeded"
+
+        b.release_ticket("T1")
+        assert a.claim_ticket("T1", (RUNNING,), LONG) == 3              # released: free at once
+    finally:
+        a.close()
+        b.close()
+
+
+WORKFLOW = """\
+kind: Workflow
+name: fix
+workspace: ws
+nodes:
+  - id: pr
+    uses: builtin:open_pr
+"""
+
+
+@pytest.mark.parametrize("fencing", [True, False], ids=["fenced", "unfenced-positive-control"])
+async def test_r37_a_scheduler_whose_ticket_was_taken_over_cannot_push_or_open_a_pr(short_tmp, pg_url, fencing):
+    """The scheduler commits, then (paused, its heartbeat missed) its ticket is taken
+    over by another scheduler before it pushes: the push and the pull request
+    never happen. Without the fence check (positive control) both do."""
+    cfg = write_config(short_tmp, WORKFLOW)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    bare = cfg / "repos" / "calc.git"
+    other = open_store_url(pg_url, short_tmp)
+    other.owner = "sched-b"
+    async with afe_system(cfg, layout, database_url=pg_url) as sys_:
+        engine = sys_.app.engine
+        engine.fencing = fencing
+        real_commit = engine.credentials.commit
+        taken: list[int] = []
+
+        async def commit_then_taken_over(*args, **kwargs):
+            r = await real_commit(*args, **kwargs)
+            tid = args[0]
+            _expire(other, tid)
+            taken.append(other.claim_ticket(tid, (RUNNING,), LONG) or 0)
+            return r
+
+        engine.credentials.commit = commit_then_taken_over
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="fix", title="notes", principal="tester"))
+        for _ in range(600):                 # until this scheduler's run of the ticket has stopped
+            if taken and t.id not in engine._tasks:
+                break
+            await asyncio.sleep(0.05)
+        # Either way the ticket stays with the scheduler that took it over: running, not ended here
+        # (with the fence check off the store still refuses the stale writes, only the side effects land).
+        t2 = await sys_.stub.GetTicket(pb.GetTicketRequest(id=t.id))
+        assert state_name(t2) == "running" and engine.lease_lost(t.id)
+        assert taken and taken[0] >= 2
+        branches = git(bare, "branch", "--list", f"afe/{t.id}").split()
+        records = forge_records(layout.data_dir, t.id)
+        if fencing:
+            assert branches == [] and records == []          # no push, no pull request
+            events = [e.type for e in await all_events(sys_.stub, t.id)]
+            assert "push.done" not in events and "pr.opened" not in events
+        else:
+            assert branches == [f"afe/{t.id}"] and len(records) == 1   # the stale scheduler pushed and opened it
+    other.close()
