@@ -71,7 +71,8 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
               registry: CollectorRegistry | None = None, interceptors=(),
               recovery_interval: float = 2.0,
               watch_send_timeout: float = WATCH_SEND_TIMEOUT_S, store: Store | None = None,
-              pool_cap: int = DEFAULT_POOL_CAP, public_url: str = "", sandboxes: BrokerSet | None = None, owner: str = "",
+              pool_cap: int = DEFAULT_POOL_CAP, public_url: str = "",
+              sandboxes: BrokerSet | None = None, owner: str = "",
               lease_s: float = LEASE_S) -> SchedulerApp:
     """`store` (already open, e.g. PostgreSQL from AFE_DATABASE_URL) wins over
     `store_path` (a SQLite file, default `<data>/afe.db`). `public_url`: the UI's

@@ -26,6 +26,7 @@ The core has no grpc import: the members are `SandboxClient`s.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import builtins
 import contextlib
@@ -33,10 +34,18 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common.errors import AfeError, FailedPrecondition, PeerUnavailable, ResourceExhausted
+from services.common.errors import (
+    AfeError,
+    ConfigError,
+    FailedPrecondition,
+    PeerUnavailable,
+    ResourceExhausted,
+)
+from services.common.tls import TlsFiles, read_secret_file
 
 from .brokers import SandboxClient
 from .store import Store
@@ -71,10 +80,7 @@ class BrokerSet:
         self._place_lock = asyncio.Lock()
         self._creates_open = asyncio.Event()
         self._creates_open.set()
-
-    @property
-    def stub(self) -> Any:
-        raise FailedPrecondition("several sandbox brokers: ask stub_for(ticket_id) for a ticket's broker")
+        self.stub: Any = None    # several brokers: `stub_for(ticket_id)` is the ticket's broker's stub
 
     def stub_for(self, ticket_id: str) -> Any:
         return self.holder(ticket_id).stub
@@ -243,3 +249,57 @@ class BrokerSet:
             with contextlib.suppress(AfeError):
                 out.extend(await m.client.list())
         return out
+
+
+# -- configuration (the scheduler's flags) -------------------------------------
+DEFAULT_CAPACITY = 8
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sandbox-broker", action="append", default=[], metavar="NAME=HOST:PORT[,capacity=N]",
+                   help="a sandbox broker on another host (its `--listen`), reached with mutual TLS; repeatable. "
+                   f"capacity: sandboxes it may hold at once (default {DEFAULT_CAPACITY}); its link secret is "
+                   "NAME.secret next to --tls-ca (or secret=FILE). With any, the local sandbox broker is not used")
+    p.add_argument("--tls-cert", default=None, metavar="PEM", help="this scheduler's certificate (`afe certs`)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="its private key (mode 0600)")
+    p.add_argument("--tls-ca", default=None, metavar="PEM",
+                   help="the deployment CA: only brokers with a certificate it signed are called")
+
+
+def parse_broker(value: str, ca: Path) -> tuple[str, str, int, Path]:
+    """`NAME=HOST:PORT[,capacity=N][,secret=FILE]` -> (name, address, capacity, secret file)."""
+    name, _, rest = value.partition("=")
+    address, *opts = rest.split(",")
+    host, _, port = address.rpartition(":")
+    if not name or not host or not port.isdigit():
+        raise ConfigError(f"--sandbox-broker {value!r}: write NAME=HOST:PORT[,capacity=N] "
+                          "(e.g. sandbox-1=sb1.internal:7443,capacity=8)")
+    capacity, secret = DEFAULT_CAPACITY, ca.parent / f"{name}.secret"
+    for opt in opts:
+        key, _, v = opt.partition("=")
+        if key == "capacity" and v.isdigit() and int(v) > 0:
+            capacity = int(v)
+        elif key == "secret" and v:
+            secret = Path(v)
+        else:
+            raise ConfigError(f"--sandbox-broker {value!r}: {opt!r} is not capacity=N (N > 0) or secret=FILE")
+    return name, address, capacity, secret
+
+
+def from_flags(args: argparse.Namespace, store: Store) -> BrokerSet | None:
+    """The set of `--sandbox-broker`s, None when none is given (the local broker then)."""
+    if not args.sandbox_broker:
+        return None
+    tls = TlsFiles.from_flags(args.tls_cert, args.tls_key, args.tls_ca, "--sandbox-broker")
+    if tls is None:
+        raise ConfigError("--sandbox-broker needs mutual TLS: give --tls-cert, --tls-key and --tls-ca "
+                          "(make them with `afe certs`)")
+    tls.read()   # a missing or open key file is reported now, not at the first call
+    members: list[Member] = []
+    for value in args.sandbox_broker:
+        name, address, capacity, secret_file = parse_broker(value, tls.ca)
+        if any(m.name == name for m in members):
+            raise ConfigError(f"--sandbox-broker {name} is given twice; each broker needs its own name")
+        secret = read_secret_file(secret_file, f"the link secret of sandbox broker {name}")
+        members.append(Member(SandboxClient(address, secret, tls=tls, name=name), capacity))
+    return BrokerSet(members, store)

@@ -155,3 +155,23 @@ def test_afe_certs_makes_private_files_and_keeps_the_ca(tmp_path, capsys):
     assert len(read_secret_file(d / "sandbox-1.secret", "the secret")) == 32
     assert afe_main(["certs", str(d), "--name", "../x"]) == 1
     assert "a name is letters" in capsys.readouterr().err
+
+
+def test_r39_remote_sandbox_brokers_need_mutual_tls(tmp_path):
+    """The scheduler refuses `--sandbox-broker` without its certificate, and a link secret file open to others."""
+    import argparse
+
+    from services.scheduler.placement import add_flags, from_flags
+
+    make_certs(tmp_path, [("scheduler", []), ("sb1", ["127.0.0.1"])])
+    p = argparse.ArgumentParser()
+    add_flags(p)
+    with pytest.raises(ConfigError, match="needs mutual TLS"):
+        from_flags(p.parse_args(["--sandbox-broker", "sb1=127.0.0.1:7443"]), store=None)  # type: ignore[arg-type]
+    tls = ["--tls-cert", str(tmp_path / "scheduler.pem"), "--tls-key", str(tmp_path / "scheduler.key"),
+           "--tls-ca", str(tmp_path / "ca.pem")]
+    with pytest.raises(ConfigError, match="NAME=HOST:PORT"):
+        from_flags(p.parse_args(["--sandbox-broker", "sb1", *tls]), store=None)  # type: ignore[arg-type]
+    os.chmod(tmp_path / "sb1.secret", 0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        from_flags(p.parse_args(["--sandbox-broker", "sb1=127.0.0.1:7443", *tls]), store=None)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ a second host), reached over TCP with mutual TLS (`afe certs`).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -32,7 +33,7 @@ from services.cli.certs import make_certs
 from services.common.errors import PeerUnavailable, ResourceExhausted
 from services.common.tls import TlsFiles, read_secret_file
 from services.scheduler.brokers import SandboxClient
-from services.scheduler.placement import BrokerSet, Member
+from services.scheduler.placement import BrokerSet, add_flags, from_flags
 from services.scheduler.sqlite_store import SqliteStore
 from tests.support.sandbox_broker import new_instance
 from tests.support.second_docker import SecondEngine, second_engine
@@ -155,7 +156,16 @@ def _client(hosts, name: str, pki: Path | None = None) -> SandboxClient:
 
 
 def _set(hosts, store, capacity: int = 1) -> BrokerSet:
-    return BrokerSet([Member(_client(hosts, "one"), capacity), Member(_client(hosts, "two"), capacity)], store)
+    """The set as the scheduler makes it from its flags (`--sandbox-broker`, `--tls-*`)."""
+    pki, b = hosts["pki"], hosts["brokers"]
+    p = argparse.ArgumentParser()
+    add_flags(p)
+    args = p.parse_args([*(f"--sandbox-broker={n}={b[n].address},capacity={capacity}" for n in ("one", "two")),
+                         "--tls-cert", str(pki / "scheduler.pem"), "--tls-key", str(pki / "scheduler.key"),
+                         "--tls-ca", str(pki / "ca.pem")])
+    brokers = from_flags(args, store)
+    assert brokers is not None
+    return brokers
 
 
 async def _echo(brokers: BrokerSet, ticket: str) -> str:
