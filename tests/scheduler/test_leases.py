@@ -5,6 +5,9 @@ over from writing or performing a side effect (R37)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
+from pathlib import Path
 
 import pytest
 
@@ -21,9 +24,18 @@ from services.scheduler.store import (
     TicketRecord,
 )
 from tests.support.postgres import open_store_url
-from tests.support.system import afe_system
+from tests.support.system import System, afe_system
 
-from .conftest import all_events, forge_records, git, state_name, write_config
+from .conftest import (
+    all_events,
+    forge_records,
+    git,
+    payload,
+    state_name,
+    wait_for_event,
+    wait_for_state,
+    write_config,
+)
 
 LONG = 600_000   # ms: a lease that does not run out during a test
 
@@ -133,3 +145,70 @@ async def test_r37_a_scheduler_whose_ticket_was_taken_over_cannot_push_or_open_a
         else:
             assert branches == [f"afe/{t.id}"] and len(records) == 1   # the stale scheduler pushed and opened it
     other.close()
+
+
+SLOW = """\
+kind: Workflow
+name: slow-fix
+workspace: ws
+nodes:
+  - id: edit
+    run: "echo fixed >> NOTES.md && echo edit-started && sleep 4 && echo edit-done"
+  - id: pr
+    uses: builtin:open_pr
+    needs: [edit]
+  - id: merge
+    uses: builtin:merge
+    needs: [pr]
+"""
+LEASE_S = 3
+
+
+async def _second_scheduler(sys_: System, root: Path) -> System:
+    """Another scheduler process on the same database and brokers (its own socket and data folder)."""
+    layout = Layout(root / "data2", root / "run2")
+    layout.ensure()
+    for service in ("sandbox", "credentials"):
+        layout.socket(service).symlink_to(sys_.layout.socket(service))
+    other = dataclasses.replace(sys_, layout=layout, proc=None, app=None, channel=None, stub=None)
+    await other.start_scheduler()
+    return other
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+async def test_two_schedulers_one_killed_mid_node_the_other_finishes_with_one_pr(short_tmp, pg_url):
+    cfg = write_config(short_tmp, SLOW)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    bare = cfg / "repos" / "calc.git"
+    base_before = git(bare, "rev-parse", "main").strip()
+    async with afe_system(cfg, layout, subprocess=True, database_url=pg_url,
+                          scheduler_args=["--lease-seconds", str(LEASE_S)]) as a:
+        t = await a.stub.CreateTicket(pb.CreateTicketRequest(workflow="slow-fix", title="notes", principal="tester"))
+        b = await _second_scheduler(a, short_tmp)     # started after: the first one claimed the ticket
+        try:
+            # A watcher on the other scheduler sees the events the first one writes, live.
+            await wait_for_event(b.stub, t.id, lambda e: e.type == "node.output"
+                                 and "edit-started" in payload(e)["text"])
+            killed_ms = time.time_ns() // 1_000_000
+            await a.kill_scheduler()                  # SIGKILL while `edit` runs
+
+            t = await wait_for_state(b.stub, t.id, {"waiting_approval", "failed"})
+            assert state_name(t) == "waiting_approval", t.error
+            await b.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="alice", sha=t.awaiting_sha))
+            t = await wait_for_state(b.stub, t.id, {"succeeded", "failed"})
+            assert state_name(t) == "succeeded", t.error
+
+            assert len(forge_records(layout.data_dir, t.id)) == 1                     # exactly one PR
+            assert git(bare, "rev-list", "--merges", f"{base_before}..main").split() == [t.pr.merge_sha]
+            events = await all_events(b.stub, t.id)
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))        # gap-free, one sequence
+            takeover = [e for e in events if e.type == "ticket.takeover"]
+            assert len(takeover) == 1 and payload(takeover[0])["state"] == "running"
+            edit = next(n for n in t.nodes if n.id == "edit")
+            assert edit.attempt == 2 and "edit-done" in edit.output                  # re-run by the other one
+            took_s = (takeover[0].at_ms - killed_ms) / 1000
+            print(f"takeover after kill -9: {took_s:.2f} s (lease {LEASE_S} s)")
+            assert took_s <= 15                                                        # the issue's bound
+        finally:
+            await b.stop_scheduler()

@@ -61,6 +61,7 @@ class System:
     max_running: int = 4
     subprocess_mode: bool = False
     scheduler_env: dict = field(default_factory=dict)
+    scheduler_args: list = field(default_factory=list)   # more arguments of the subprocess (--lease-seconds)
     database_url: str = ""
     proc: subprocess.Popen | None = None
     app: object | None = None
@@ -111,7 +112,7 @@ class System:
         argv = [sys.executable, "-m", "services.scheduler.main", "--config", str(self.config_dir),
                 "--data", str(self.layout.data_dir), "--run", str(self.layout.run_dir),
                 "--link-fd", str(link_fd), "--status-fd", str(status_w), "--ops-port", "0",
-                "--max-running", str(self.max_running)]
+                "--max-running", str(self.max_running), *self.scheduler_args]
         try:
             self.proc = _popen(argv, env, (link_fd, status_w), self.log_path)
         finally:
@@ -170,7 +171,7 @@ def _read_all(fd: int) -> str:
 async def afe_system(config_dir: str | Path, layout: Layout, *, max_running: int = 4, subprocess: bool = False,
                      scheduler_env: dict | None = None, broker_secrets: dict[str, str] | None = None,
                      agent_env: dict | None = None, start: bool = True,
-                     database_url: str = "") -> AsyncIterator[System]:
+                     database_url: str = "", scheduler_args: list | None = None) -> AsyncIterator[System]:
     """Start both brokers and the scheduler for `config_dir`, all on `layout`'s sockets."""
     config_dir = Path(config_dir)
     config = load_config(config_dir)
@@ -185,7 +186,7 @@ async def afe_system(config_dir: str | Path, layout: Layout, *, max_running: int
                         automation_secret=new_secret(), gateway_secret=new_secret(),
                         sandbox_secret=sb_secret, credentials_secret=cb_secret, max_running=max_running,
                         subprocess_mode=subprocess, scheduler_env=dict(scheduler_env or {}),
-                        database_url=database_url)
+                        database_url=database_url, scheduler_args=list(scheduler_args or []))
         system._sandbox_channel = grpcutil.open_channel(sb_sock, sb_secret)
         system.sandbox = sandbox_pb2_grpc.SandboxBrokerStub(system._sandbox_channel)
         try:
