@@ -1,7 +1,8 @@
 """A second Docker engine on this machine, standing in for a second host
 (docs/SCALE.md): its own socket, data root, exec root and containerd
-namespace, no bridge and no iptables rules (so it cannot disturb the main
-engine's). Started once and kept between runs (the images loaded into its
+namespace, a bridge of its own and no iptables rules (so it cannot disturb
+the main engine's: `--bridge none` would make dockerd delete the host's
+`docker0`, which every container of the main engine uses). Started once and kept between runs (the images loaded into its
 data root are the cache); `AFE_TEST_DOCKERD2` names another folder.
 
     engine = second_engine()      # or pytest.skip(reason) when it cannot start
@@ -24,6 +25,21 @@ from services.sandbox.images import SANDBOX_IMAGE
 
 PROXY_IMAGE = "afe/proxy:latest"
 START_S = 60
+BRIDGE = "afed2br0"                 # the second engine's own bridge, made by this module
+BRIDGE_ADDR = "10.254.254.1/24"     # on this host only: no route leaves it (--ip-masq=false)
+
+
+def _own_bridge() -> str | None:
+    """Create the second engine's bridge when missing; an error text otherwise."""
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+    if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False, env=env).returncode == 0:
+        return None
+    for cmd in (["ip", "link", "add", BRIDGE, "type", "bridge"], ["ip", "addr", "add", BRIDGE_ADDR, "dev", BRIDGE],
+                ["ip", "link", "set", BRIDGE, "up"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+        if r.returncode != 0:
+            return f"could not make the second engine's bridge ({' '.join(cmd)}): {r.stderr.strip()}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -64,10 +80,13 @@ def second_engine() -> SecondEngine | str:
         if os.geteuid() != 0:
             return "a second Docker engine needs root (dockerd) and these tests do not run as root"
         root.mkdir(parents=True, exist_ok=True)
+        problem = _own_bridge()
+        if problem:
+            return problem
         log = open(root / "dockerd.log", "ab")  # noqa: SIM115 - handed to the daemon, which outlives this call
         subprocess.Popen(
             [dockerd, "--host", engine.host, "--data-root", str(root / "root"), "--exec-root", str(root / "exec"),
-             "--pidfile", str(root / "pid"), "--bridge", "none", "--iptables=false", "--ip-masq=false",
+             "--pidfile", str(root / "pid"), "--bridge", BRIDGE, "--iptables=false", "--ip-masq=false",
              "--containerd-namespace", "afe-d2", "--containerd-plugins-namespace", "afe-d2-plugins"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")})
