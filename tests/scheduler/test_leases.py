@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -166,7 +168,7 @@ LEASE_S = 3
 
 async def _second_scheduler(sys_: System, root: Path) -> System:
     """Another scheduler process on the same database and brokers (its own socket and data folder)."""
-    layout = Layout(root / "data2", root / "run2")
+    layout = Layout(root / "b" / "data", root / "b" / "run")   # its log: root/b/scheduler.log
     layout.ensure()
     for service in ("sandbox", "credentials"):
         layout.socket(service).symlink_to(sys_.layout.socket(service))
@@ -210,5 +212,51 @@ async def test_two_schedulers_one_killed_mid_node_the_other_finishes_with_one_pr
             took_s = (takeover[0].at_ms - killed_ms) / 1000
             print(f"takeover after kill -9: {took_s:.2f} s (lease {LEASE_S} s)")
             assert took_s <= 15                                                        # the issue's bound
+        finally:
+            await b.stop_scheduler()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+async def test_r37_a_scheduler_paused_past_its_lease_writes_and_pushes_nothing_when_it_wakes(short_tmp, pg_url):
+    """SIGSTOP the scheduler that drives the ticket while a node runs; the other
+    takes the ticket over and opens the PR; SIGCONT: the woken scheduler's run
+    finds its fence gone and stops without a write, a push or a merge."""
+    cfg = write_config(short_tmp, SLOW)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    bare = cfg / "repos" / "calc.git"
+    base_before = git(bare, "rev-parse", "main").strip()
+    async with afe_system(cfg, layout, subprocess=True, database_url=pg_url,
+                          scheduler_args=["--lease-seconds", str(LEASE_S)]) as a:
+        t = await a.stub.CreateTicket(pb.CreateTicketRequest(workflow="slow-fix", title="notes", principal="tester"))
+        b = await _second_scheduler(a, short_tmp)
+        try:
+            await wait_for_event(b.stub, t.id, lambda e: e.type == "node.output"
+                                 and "edit-started" in payload(e)["text"])
+            os.kill(a.proc.pid, signal.SIGSTOP)          # paused mid-node: it misses its heartbeats
+            try:
+                t = await wait_for_state(b.stub, t.id, {"waiting_approval", "failed"})
+                assert state_name(t) == "waiting_approval", t.error
+            finally:
+                os.kill(a.proc.pid, signal.SIGCONT)
+            stopped = "stopped here:"
+            for _ in range(600):                          # the woken one finds out at its next write or check
+                if stopped in a.log_path.read_text():
+                    break
+                await asyncio.sleep(0.05)
+            assert stopped in a.log_path.read_text() and a.proc.poll() is None
+            await b.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="alice", sha=t.awaiting_sha))
+            t = await wait_for_state(b.stub, t.id, {"succeeded", "failed"})
+            assert state_name(t) == "succeeded", t.error
+
+            assert len(forge_records(layout.data_dir, t.id)) == 1
+            assert git(bare, "rev-list", "--merges", f"{base_before}..main").split() == [t.pr.merge_sha]
+            events = await all_events(b.stub, t.id)
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))
+            types = [e.type for e in events]
+            assert types.count("push.done") == 1 and types.count("pr.opened") == 1 and types.count("merge.done") == 1
+            # Nothing of the paused scheduler's run after the takeover: `edit` finished once, by the new owner.
+            finished = [payload(e)["node"] for e in events if e.type == "node.finished"]
+            assert finished.count("edit") == 1
         finally:
             await b.stop_scheduler()
