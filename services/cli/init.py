@@ -5,8 +5,9 @@ for the git repository at PATH (default: here):
   repository is fine), its current branch as the base branch, and the
   project sandbox image;
 - `model.yaml`: a Model stub naming OPENAI_API_KEY or ANTHROPIC_API_KEY;
-- `workflow.yaml`: fix (a model with the file and run tools) -> test ->
-  pull request -> merge (which waits for your approval);
+- `workflow.yaml`: fix (a model with the file and run tools) -> test (whose
+  failure goes back to fix, `on_failure`) -> pull request -> merge (which
+  waits for your approval);
 - `images/NAME/Dockerfile`: FROM afe/sandbox with the project's test
   runner, built by `afe images build` as `afe/project-NAME:latest`
   (services/sandbox/images.py::build_project_images).
@@ -128,6 +129,7 @@ def files(repo: Path, provider: str) -> dict[str, str]:
             f"    run: \"{runner.command}\"\n"
             "    needs: [fix]\n"
             "    timeout: 600\n"
+            "    on_failure: {retry_from: fix, max: 2}   # failing tests go back to fix, quoted\n"
             "  - id: pr\n"
             "    uses: builtin:open_pr\n"
             "    needs: [test]\n"

@@ -53,6 +53,7 @@ def test_init_writes_a_config_that_check_accepts(tmp_path, capsys, monkeypatch):
     docker = (conf / "images" / "my-project" / "Dockerfile").read_text()
     assert docker.splitlines()[4] == "FROM afe/sandbox:latest" and "python3-pytest" in docker
     assert 'run: "python3 -m pytest -q"' in (conf / "workflow.yaml").read_text()
+    assert "on_failure: {retry_from: fix, max: 2}" in (conf / "workflow.yaml").read_text()
 
     code, out, err = afe(capsys, "check", "--config", str(conf))
     assert code == 0, err
