@@ -124,6 +124,26 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusResponse.FromString,
                 _registered_method=True)
+        self.CheckoutArchive = channel.unary_stream(
+                '/afe.credentials.v1.CredentialBroker/CheckoutArchive',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareWorkspaceRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckoutArchiveOutput.FromString,
+                _registered_method=True)
+        self.CommitArchive = channel.stream_unary(
+                '/afe.credentials.v1.CredentialBroker/CommitArchive',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CommitArchiveInput.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CommitResponse.FromString,
+                _registered_method=True)
+        self.DiffArchive = channel.stream_unary(
+                '/afe.credentials.v1.CredentialBroker/DiffArchive',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.DiffArchiveInput.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.DiffResponse.FromString,
+                _registered_method=True)
+        self.ReleaseArchive = channel.stream_unary(
+                '/afe.credentials.v1.CredentialBroker/ReleaseArchive',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseArchiveInput.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
+                _registered_method=True)
 
 
 class CredentialBrokerServicer:
@@ -268,6 +288,42 @@ class CredentialBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckoutArchive(self, request, context):
+        """The workspace on another host (docs/SCALE.md): the sandbox broker that
+        holds it is on a host whose folders this broker cannot read, so the
+        scheduler carries the workspace as a tar stream
+        (services/common/safefs/archive.py) between it and the sandbox broker.
+        CheckoutArchive = PrepareWorkspace with the checkout streamed instead of
+        laid at <data>/workspaces/<ticket_id>: first `prepared`, then the tar
+        chunks of the checkout (with its scratch .git). Once prepared, the
+        archive is the branch's head.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitArchive(self, request_iterator, context):
+        """Commit, Diff and ReleaseWorkspace of a workspace sent as a tar stream
+        (the sandbox broker's ReadWorkspace): the first input is the request,
+        then the archive's bytes. The broker unpacks it safely into a private
+        folder of its own (never a path the sandbox controls) and snapshots that.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiffArchive(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseArchive(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CredentialBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -360,6 +416,26 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.SetCommitStatus,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusResponse.SerializeToString,
+            ),
+            'CheckoutArchive': grpc.unary_stream_rpc_method_handler(
+                    servicer.CheckoutArchive,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareWorkspaceRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckoutArchiveOutput.SerializeToString,
+            ),
+            'CommitArchive': grpc.stream_unary_rpc_method_handler(
+                    servicer.CommitArchive,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CommitArchiveInput.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CommitResponse.SerializeToString,
+            ),
+            'DiffArchive': grpc.stream_unary_rpc_method_handler(
+                    servicer.DiffArchive,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.DiffArchiveInput.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.DiffResponse.SerializeToString,
+            ),
+            'ReleaseArchive': grpc.stream_unary_rpc_method_handler(
+                    servicer.ReleaseArchive,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseArchiveInput.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -848,6 +924,114 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/SetCommitStatus',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.SetCommitStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckoutArchive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/CheckoutArchive',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareWorkspaceRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckoutArchiveOutput.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitArchive(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/afe.credentials.v1.CredentialBroker/CommitArchive',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CommitArchiveInput.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiffArchive(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/afe.credentials.v1.CredentialBroker/DiffArchive',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.DiffArchiveInput.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.DiffResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseArchive(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/afe.credentials.v1.CredentialBroker/ReleaseArchive',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseArchiveInput.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -93,6 +93,24 @@ class CredentialBrokerStub:
     """A commit status (POST /repos/{owner}/{repo}/statuses/{sha}); GitHub keeps
     the latest per context, so a repeated call changes nothing.
     """
+    CheckoutArchive: _grpc.UnaryStreamMultiCallable[_credentials_pb2.PrepareWorkspaceRequest, _credentials_pb2.CheckoutArchiveOutput]
+    """The workspace on another host (docs/SCALE.md): the sandbox broker that
+    holds it is on a host whose folders this broker cannot read, so the
+    scheduler carries the workspace as a tar stream
+    (services/common/safefs/archive.py) between it and the sandbox broker.
+    CheckoutArchive = PrepareWorkspace with the checkout streamed instead of
+    laid at <data>/workspaces/<ticket_id>: first `prepared`, then the tar
+    chunks of the checkout (with its scratch .git). Once prepared, the
+    archive is the branch's head.
+    """
+    CommitArchive: _grpc.StreamUnaryMultiCallable[_credentials_pb2.CommitArchiveInput, _credentials_pb2.CommitResponse]
+    """Commit, Diff and ReleaseWorkspace of a workspace sent as a tar stream
+    (the sandbox broker's ReadWorkspace): the first input is the request,
+    then the archive's bytes. The broker unpacks it safely into a private
+    folder of its own (never a path the sandbox controls) and snapshots that.
+    """
+    DiffArchive: _grpc.StreamUnaryMultiCallable[_credentials_pb2.DiffArchiveInput, _credentials_pb2.DiffResponse]
+    ReleaseArchive: _grpc.StreamUnaryMultiCallable[_credentials_pb2.ReleaseArchiveInput, _credentials_pb2.ReleaseWorkspaceResponse]
 
 @_typing.type_check_only
 class CredentialBrokerAsyncStub(CredentialBrokerStub):
@@ -155,6 +173,24 @@ class CredentialBrokerAsyncStub(CredentialBrokerStub):
     """A commit status (POST /repos/{owner}/{repo}/statuses/{sha}); GitHub keeps
     the latest per context, so a repeated call changes nothing.
     """
+    CheckoutArchive: _aio.UnaryStreamMultiCallable[_credentials_pb2.PrepareWorkspaceRequest, _credentials_pb2.CheckoutArchiveOutput]  # type: ignore[assignment]
+    """The workspace on another host (docs/SCALE.md): the sandbox broker that
+    holds it is on a host whose folders this broker cannot read, so the
+    scheduler carries the workspace as a tar stream
+    (services/common/safefs/archive.py) between it and the sandbox broker.
+    CheckoutArchive = PrepareWorkspace with the checkout streamed instead of
+    laid at <data>/workspaces/<ticket_id>: first `prepared`, then the tar
+    chunks of the checkout (with its scratch .git). Once prepared, the
+    archive is the branch's head.
+    """
+    CommitArchive: _aio.StreamUnaryMultiCallable[_credentials_pb2.CommitArchiveInput, _credentials_pb2.CommitResponse]  # type: ignore[assignment]
+    """Commit, Diff and ReleaseWorkspace of a workspace sent as a tar stream
+    (the sandbox broker's ReadWorkspace): the first input is the request,
+    then the archive's bytes. The broker unpacks it safely into a private
+    folder of its own (never a path the sandbox controls) and snapshots that.
+    """
+    DiffArchive: _aio.StreamUnaryMultiCallable[_credentials_pb2.DiffArchiveInput, _credentials_pb2.DiffResponse]  # type: ignore[assignment]
+    ReleaseArchive: _aio.StreamUnaryMultiCallable[_credentials_pb2.ReleaseArchiveInput, _credentials_pb2.ReleaseWorkspaceResponse]  # type: ignore[assignment]
 
 class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -322,5 +358,47 @@ class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
         """A commit status (POST /repos/{owner}/{repo}/statuses/{sha}); GitHub keeps
         the latest per context, so a repeated call changes nothing.
         """
+
+    @_abc_1.abstractmethod
+    def CheckoutArchive(
+        self,
+        request: _credentials_pb2.PrepareWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_credentials_pb2.CheckoutArchiveOutput], _abc.AsyncIterator[_credentials_pb2.CheckoutArchiveOutput]]:
+        """The workspace on another host (docs/SCALE.md): the sandbox broker that
+        holds it is on a host whose folders this broker cannot read, so the
+        scheduler carries the workspace as a tar stream
+        (services/common/safefs/archive.py) between it and the sandbox broker.
+        CheckoutArchive = PrepareWorkspace with the checkout streamed instead of
+        laid at <data>/workspaces/<ticket_id>: first `prepared`, then the tar
+        chunks of the checkout (with its scratch .git). Once prepared, the
+        archive is the branch's head.
+        """
+
+    @_abc_1.abstractmethod
+    def CommitArchive(
+        self,
+        request_iterator: _MaybeAsyncIterator[_credentials_pb2.CommitArchiveInput],
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.CommitResponse, _abc.Awaitable[_credentials_pb2.CommitResponse]]:
+        """Commit, Diff and ReleaseWorkspace of a workspace sent as a tar stream
+        (the sandbox broker's ReadWorkspace): the first input is the request,
+        then the archive's bytes. The broker unpacks it safely into a private
+        folder of its own (never a path the sandbox controls) and snapshots that.
+        """
+
+    @_abc_1.abstractmethod
+    def DiffArchive(
+        self,
+        request_iterator: _MaybeAsyncIterator[_credentials_pb2.DiffArchiveInput],
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.DiffResponse, _abc.Awaitable[_credentials_pb2.DiffResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReleaseArchive(
+        self,
+        request_iterator: _MaybeAsyncIterator[_credentials_pb2.ReleaseArchiveInput],
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.ReleaseWorkspaceResponse, _abc.Awaitable[_credentials_pb2.ReleaseWorkspaceResponse]]: ...
 
 def add_CredentialBrokerServicer_to_server(servicer: CredentialBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

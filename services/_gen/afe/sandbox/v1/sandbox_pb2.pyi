@@ -45,6 +45,123 @@ OTHER: FileType.ValueType  # 4
 Global___FileType: _TypeAlias = FileType  # noqa: Y015
 
 @_typing.final
+class ReadWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    max_bytes: _builtins.int
+    """0 = 10 GiB (the default disk cap)"""
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_bytes", b"max_bytes", "ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadWorkspaceRequest: _TypeAlias = ReadWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class WorkspaceChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkspaceChunk: _TypeAlias = WorkspaceChunk  # noqa: Y015
+
+@_typing.final
+class WriteWorkspaceStart(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    DISK_BYTES_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    disk_bytes: _builtins.int
+    """the sandbox's disk cap (Limits.disk_bytes); 0 = default (10g)"""
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        disk_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disk_bytes", b"disk_bytes", "ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteWorkspaceStart: _TypeAlias = WriteWorkspaceStart  # noqa: Y015
+
+@_typing.final
+class WriteWorkspaceInput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    chunk: _builtins.bytes
+    @_builtins.property
+    def start(self) -> Global___WriteWorkspaceStart: ...
+    def __init__(
+        self,
+        *,
+        start: Global___WriteWorkspaceStart | None = ...,
+        chunk: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "input", b"input", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "input", b"input", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["start", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_input) -> _WhichOneofReturnType_input | None: ...
+
+Global___WriteWorkspaceInput: _TypeAlias = WriteWorkspaceInput  # noqa: Y015
+
+@_typing.final
+class WriteWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    EXISTING_FIELD_NUMBER: _builtins.int
+    entries: _builtins.int
+    bytes: _builtins.int
+    """bytes of regular files written"""
+    existing: _builtins.bool
+    """the workspace already held files: nothing written"""
+    def __init__(
+        self,
+        *,
+        entries: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+        existing: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "entries", b"entries", "existing", b"existing"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteWorkspaceResponse: _TypeAlias = WriteWorkspaceResponse  # noqa: Y015
+
+@_typing.final
 class Limits(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -114,6 +114,16 @@ class SandboxBrokerStub:
                 request_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.SearchRequest.SerializeToString,
                 response_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.SearchResponse.FromString,
                 _registered_method=True)
+        self.ReadWorkspace = channel.unary_stream(
+                '/afe.sandbox.v1.SandboxBroker/ReadWorkspace',
+                request_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ReadWorkspaceRequest.SerializeToString,
+                response_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.WorkspaceChunk.FromString,
+                _registered_method=True)
+        self.WriteWorkspace = channel.stream_unary(
+                '/afe.sandbox.v1.SandboxBroker/WriteWorkspace',
+                request_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteWorkspaceInput.SerializeToString,
+                response_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteWorkspaceResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxBrokerServicer:
@@ -230,6 +240,31 @@ class SandboxBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadWorkspace(self, request, context):
+        """The workspace across hosts (docs/SCALE.md): when the scheduler placed the
+        ticket on a broker on another host, the credential broker cannot read or
+        write the workspace folder, so it crosses the network as a tar stream
+        (services/common/safefs/archive.py). ReadWorkspace: the ticket's
+        workspace walked without following a link (links stored as links;
+        directories, regular files and links only; the content of `.git`
+        directories left out), at most 256 deep, 1,000,000 entries and
+        max_bytes of files (R34). Freeze the sandbox around it for a commit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteWorkspace(self, request_iterator, context):
+        """The first input is `start`, then the archive's bytes. Unpacks into the
+        ticket's workspace, which must be empty (or missing): no absolute name,
+        no `..`, nothing written through a link, no hard link or device, at most
+        the disk cap of files (R17-R19, R34). A workspace that already holds
+        files is left as it is (`existing`), like a second PrepareWorkspace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -312,6 +347,16 @@ def add_SandboxBrokerServicer_to_server(servicer, server):
                     servicer.Search,
                     request_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.SearchRequest.FromString,
                     response_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.SearchResponse.SerializeToString,
+            ),
+            'ReadWorkspace': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadWorkspace,
+                    request_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ReadWorkspaceRequest.FromString,
+                    response_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.WorkspaceChunk.SerializeToString,
+            ),
+            'WriteWorkspace': grpc.stream_unary_rpc_method_handler(
+                    servicer.WriteWorkspace,
+                    request_deserializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteWorkspaceInput.FromString,
+                    response_serializer=afe_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteWorkspaceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -746,6 +791,60 @@ class SandboxBroker:
             '/afe.sandbox.v1.SandboxBroker/Search',
             afe_dot_sandbox_dot_v1_dot_sandbox__pb2.SearchRequest.SerializeToString,
             afe_dot_sandbox_dot_v1_dot_sandbox__pb2.SearchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/afe.sandbox.v1.SandboxBroker/ReadWorkspace',
+            afe_dot_sandbox_dot_v1_dot_sandbox__pb2.ReadWorkspaceRequest.SerializeToString,
+            afe_dot_sandbox_dot_v1_dot_sandbox__pb2.WorkspaceChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteWorkspace(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/afe.sandbox.v1.SandboxBroker/WriteWorkspace',
+            afe_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteWorkspaceInput.SerializeToString,
+            afe_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteWorkspaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,6 +71,23 @@ class SandboxBrokerStub:
     Remove: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.RemoveRequest, _sandbox_pb2.RemoveResponse]
     MakeDir: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.MakeDirRequest, _sandbox_pb2.MakeDirResponse]
     Search: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SearchRequest, _sandbox_pb2.SearchResponse]
+    ReadWorkspace: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.ReadWorkspaceRequest, _sandbox_pb2.WorkspaceChunk]
+    """The workspace across hosts (docs/SCALE.md): when the scheduler placed the
+    ticket on a broker on another host, the credential broker cannot read or
+    write the workspace folder, so it crosses the network as a tar stream
+    (services/common/safefs/archive.py). ReadWorkspace: the ticket's
+    workspace walked without following a link (links stored as links;
+    directories, regular files and links only; the content of `.git`
+    directories left out), at most 256 deep, 1,000,000 entries and
+    max_bytes of files (R34). Freeze the sandbox around it for a commit.
+    """
+    WriteWorkspace: _grpc.StreamUnaryMultiCallable[_sandbox_pb2.WriteWorkspaceInput, _sandbox_pb2.WriteWorkspaceResponse]
+    """The first input is `start`, then the archive's bytes. Unpacks into the
+    ticket's workspace, which must be empty (or missing): no absolute name,
+    no `..`, nothing written through a link, no hard link or device, at most
+    the disk cap of files (R17-R19, R34). A workspace that already holds
+    files is left as it is (`existing`), like a second PrepareWorkspace.
+    """
 
 @_typing.type_check_only
 class SandboxBrokerAsyncStub(SandboxBrokerStub):
@@ -111,6 +128,23 @@ class SandboxBrokerAsyncStub(SandboxBrokerStub):
     Remove: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.RemoveRequest, _sandbox_pb2.RemoveResponse]  # type: ignore[assignment]
     MakeDir: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.MakeDirRequest, _sandbox_pb2.MakeDirResponse]  # type: ignore[assignment]
     Search: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SearchRequest, _sandbox_pb2.SearchResponse]  # type: ignore[assignment]
+    ReadWorkspace: _aio.UnaryStreamMultiCallable[_sandbox_pb2.ReadWorkspaceRequest, _sandbox_pb2.WorkspaceChunk]  # type: ignore[assignment]
+    """The workspace across hosts (docs/SCALE.md): when the scheduler placed the
+    ticket on a broker on another host, the credential broker cannot read or
+    write the workspace folder, so it crosses the network as a tar stream
+    (services/common/safefs/archive.py). ReadWorkspace: the ticket's
+    workspace walked without following a link (links stored as links;
+    directories, regular files and links only; the content of `.git`
+    directories left out), at most 256 deep, 1,000,000 entries and
+    max_bytes of files (R34). Freeze the sandbox around it for a commit.
+    """
+    WriteWorkspace: _aio.StreamUnaryMultiCallable[_sandbox_pb2.WriteWorkspaceInput, _sandbox_pb2.WriteWorkspaceResponse]  # type: ignore[assignment]
+    """The first input is `start`, then the archive's bytes. Unpacks into the
+    ticket's workspace, which must be empty (or missing): no absolute name,
+    no `..`, nothing written through a link, no hard link or device, at most
+    the disk cap of files (R17-R19, R34). A workspace that already holds
+    files is left as it is (`existing`), like a second PrepareWorkspace.
+    """
 
 class SandboxBrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -244,5 +278,34 @@ class SandboxBrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _sandbox_pb2.SearchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_pb2.SearchResponse, _abc.Awaitable[_sandbox_pb2.SearchResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReadWorkspace(
+        self,
+        request: _sandbox_pb2.ReadWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sandbox_pb2.WorkspaceChunk], _abc.AsyncIterator[_sandbox_pb2.WorkspaceChunk]]:
+        """The workspace across hosts (docs/SCALE.md): when the scheduler placed the
+        ticket on a broker on another host, the credential broker cannot read or
+        write the workspace folder, so it crosses the network as a tar stream
+        (services/common/safefs/archive.py). ReadWorkspace: the ticket's
+        workspace walked without following a link (links stored as links;
+        directories, regular files and links only; the content of `.git`
+        directories left out), at most 256 deep, 1,000,000 entries and
+        max_bytes of files (R34). Freeze the sandbox around it for a commit.
+        """
+
+    @_abc_1.abstractmethod
+    def WriteWorkspace(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sandbox_pb2.WriteWorkspaceInput],
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.WriteWorkspaceResponse, _abc.Awaitable[_sandbox_pb2.WriteWorkspaceResponse]]:
+        """The first input is `start`, then the archive's bytes. Unpacks into the
+        ticket's workspace, which must be empty (or missing): no absolute name,
+        no `..`, nothing written through a link, no hard link or device, at most
+        the disk cap of files (R17-R19, R34). A workspace that already holds
+        files is left as it is (`existing`), like a second PrepareWorkspace.
+        """
 
 def add_SandboxBrokerServicer_to_server(servicer: SandboxBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
