@@ -9,9 +9,11 @@ broker's own environment (R1, R14, R28).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.common.layout import check_ticket_id
 from services.common.redact import Redactor
 
+from . import handover
 from .forges import MERGE_METHODS, Forge, PullRequestInfo
 from .github import GitHubForge, RepoEvents
 from .models.base import Completion, ModelProvider, Msg, Tool
@@ -112,6 +115,38 @@ class CredentialCore:
         check_ticket_id(ticket_id)
         await self.close_relay(ticket_id)
         await self.git.release(ticket_id, self.config.workspaces.get(workspace))
+
+    # -- the workspace on another host (handover.py) --------------------------
+    @contextlib.asynccontextmanager
+    async def checkout_archive(self, ticket_id: str, workspace: str
+                               ) -> AsyncIterator[tuple[Prepared, AsyncIterator[bytes]]]:
+        """PrepareWorkspace with the checkout as tar chunks instead of a folder here."""
+        check_ticket_id(ticket_id)
+        ws = self.workspace(workspace)
+        async with handover.private_folder(self.git.layout) as work:
+            prepared = await self.git.prepare(ws, ticket_id, into=work)
+            yield prepared, handover.packed(work)
+
+    async def commit_archive(self, ticket_id: str, workspace: str, message: str,
+                             chunks: AsyncIterator[bytes]) -> Committed:
+        check_ticket_id(ticket_id)
+        ws = self.workspace(workspace)
+        async with handover.unpacked(self.git.layout, chunks) as work:
+            return await self.git.commit(ws, ticket_id, message, work)
+
+    async def diff_archive(self, ticket_id: str, workspace: str, max_bytes: int,
+                           chunks: AsyncIterator[bytes]) -> tuple[str, bool]:
+        check_ticket_id(ticket_id)
+        self.workspace(workspace)
+        async with handover.unpacked(self.git.layout, chunks) as work:
+            return await self.git.diff(ticket_id, max_bytes, work)
+
+    async def release_archive(self, ticket_id: str, workspace: str, chunks: AsyncIterator[bytes]) -> None:
+        """ReleaseWorkspace keeping the last state the stream holds."""
+        check_ticket_id(ticket_id)
+        await self.close_relay(ticket_id)
+        async with handover.unpacked(self.git.layout, chunks) as work:
+            await self.git.release(ticket_id, self.config.workspaces.get(workspace), work)
 
     async def update_branch(self, ticket_id: str, workspace: str) -> tuple[str, bool, list[str]]:
         """Merge the base branch into the ticket's pushed branch on the host and

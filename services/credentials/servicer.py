@@ -4,8 +4,11 @@ grpcutil.create_server's, the same for every afe service."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
+from services.common.errors import InvalidArgument
 
 from .broker import Approval, CredentialCore
 from .forges import PullRequestInfo
@@ -41,6 +44,29 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
 
     async def ReleaseWorkspace(self, request, context):
         await self.core.release_workspace(request.ticket_id, request.workspace)
+        return pb.ReleaseWorkspaceResponse()
+
+    # -- the workspace on another host (handover.py) --------------------------
+    async def CheckoutArchive(self, request, context):
+        async with self.core.checkout_archive(request.ticket_id, request.workspace) as (r, chunks):
+            yield pb.CheckoutArchiveOutput(prepared=pb.PrepareWorkspaceResponse(base_sha=r.base_sha, branch=r.branch))
+            async for data in chunks:
+                yield pb.CheckoutArchiveOutput(chunk=data)
+
+    async def CommitArchive(self, request_iterator, context):
+        first, chunks = await _archive_input(request_iterator, "CommitArchive")
+        r = await self.core.commit_archive(first.ticket_id, first.workspace, first.message, chunks)
+        return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed,
+                                 nested_repositories=list(r.nested_repositories))
+
+    async def DiffArchive(self, request_iterator, context):
+        first, chunks = await _archive_input(request_iterator, "DiffArchive")
+        text, truncated = await self.core.diff_archive(first.ticket_id, first.workspace, first.max_bytes, chunks)
+        return pb.DiffResponse(diff=text, truncated=truncated)
+
+    async def ReleaseArchive(self, request_iterator, context):
+        first, chunks = await _archive_input(request_iterator, "ReleaseArchive")
+        await self.core.release_archive(first.ticket_id, first.workspace, chunks)
         return pb.ReleaseWorkspaceResponse()
 
     async def UpdateBranch(self, request, context):
@@ -120,6 +146,25 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         await self.core.set_commit_status(request.workspace, request.sha, request.state, request.context,
                                           request.description, request.target_url)
         return pb.SetCommitStatusResponse()
+
+
+async def _archive_input(request_iterator, rpc: str):
+    """(the first message's request, the archive's chunks) of a CommitArchive-like stream."""
+    it = request_iterator.__aiter__()
+    try:
+        first = await it.__anext__()
+    except StopAsyncIteration:
+        raise InvalidArgument(f"{rpc} needs its request as the first message") from None
+    if first.WhichOneof("input") != "request":
+        raise InvalidArgument(f"the first {rpc} message must be `request`")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        async for msg in it:
+            if msg.WhichOneof("input") != "chunk":
+                raise InvalidArgument(f"after `request`, {rpc} takes only `chunk` messages")
+            yield msg.chunk
+
+    return first.request, chunks()
 
 
 def register(core: CredentialCore):

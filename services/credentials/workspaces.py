@@ -96,14 +96,21 @@ class WorkspaceGit:
         return res.out.strip() or None if res.returncode == 0 else None
 
     # -- prepare -----------------------------------------------------------
-    async def prepare(self, ws: Workspace, ticket_id: str) -> Prepared:
+    async def prepare(self, ws: Workspace, ticket_id: str, into: Path | None = None) -> Prepared:
+        """The ticket's git dir and its checkout at <data>/workspaces/<ticket>.
+        With `into` (a new folder, private to this broker): the checkout goes
+        there instead, for a sandbox broker on another host (CheckoutArchive);
+        once prepared, that is the branch's head."""
         branch = branch_for(ticket_id)
         gitdir = self.layout.gitdir(ticket_id)
-        work = self.layout.workspace(ticket_id)
+        work = into or self.layout.workspace(ticket_id)
         async with self._lock("ticket:" + ticket_id):
-            if (gitdir / "afe-ready").exists() and work.is_dir():
+            if (gitdir / "afe-ready").exists() and (into is not None or work.is_dir()):
                 base = await self._rev(gitdir, "refs/afe/base")
-                if base:
+                head = await self._rev(gitdir, f"refs/heads/{branch}")
+                if base and head:
+                    if into is not None:
+                        await self._populate(gitdir, into, head, gitdir / "afe-checkout.index")
                     return Prepared(base, branch)
             mirror = await self.mirrors.update(ws)
             base = await self._rev(mirror, f"refs/heads/{ws.base_branch}^{{commit}}")
@@ -119,9 +126,10 @@ class WorkspaceGit:
             await self.git.run(["update-ref", "--end-of-options", "refs/afe/base", base], git_dir=gitdir)
             await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", head], git_dir=gitdir)
             await self.git.run(["symbolic-ref", "HEAD", f"refs/heads/{branch}"], git_dir=gitdir)
-            if work.exists() or work.is_symlink():
-                await asyncio.to_thread(_remove_tree, work)
-            self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+            if into is None:
+                if work.exists() or work.is_symlink():
+                    await asyncio.to_thread(_remove_tree, work)
+                self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
             if checkout != base or not self.spares.take(mirror, base, work):
                 await self._populate(gitdir, work, checkout, gitdir / "afe-checkout.index")
             (gitdir / "afe-ready").write_text(ws.name + "\n")
@@ -152,12 +160,12 @@ class WorkspaceGit:
         log.info("ticket %s continues on %s at %s", ticket_id, branch, head[:12])
         return head, checkout, fork_sha
 
-    async def _keep(self, ws: Workspace, ticket_id: str) -> None:
+    async def _keep(self, ws: Workspace, ticket_id: str, work: Path | None = None) -> None:
         """Before the workspace goes: its last state (a commit of the safe
         snapshot on top of the branch head) under `refs/afe/kept/<ticket>` in
         the mirror, which only the host reads. A retry starts from it."""
         gitdir = self.layout.gitdir(ticket_id)
-        work = self.layout.workspace(ticket_id)
+        work = work or self.layout.workspace(ticket_id)
         if not (gitdir / "afe-ready").exists() or not work.is_dir():
             return
         if not any(os.scandir(work)):
@@ -169,7 +177,7 @@ class WorkspaceGit:
         head = await self._rev(gitdir, f"refs/heads/{branch_for(ticket_id)}")
         if head is None:
             return
-        tree = (await self.snapshot_tree(ticket_id)).tree
+        tree = (await self.snapshot_tree(ticket_id, work)).tree
         env = {"GIT_AUTHOR_NAME": ws.author.name, "GIT_AUTHOR_EMAIL": ws.author.email,
                "GIT_COMMITTER_NAME": ws.author.name, "GIT_COMMITTER_EMAIL": ws.author.email}
         res = await self.git.run(["commit-tree", "-p", head, "-F", "-", tree], git_dir=gitdir, env=env,
@@ -288,17 +296,19 @@ class WorkspaceGit:
             raise FailedPrecondition(f"ticket {ticket_id} has no prepared workspace; prepare it first")
         return gitdir
 
-    async def snapshot_tree(self, ticket_id: str) -> capture.Snapshot:
-        """Capture the workspace into the ticket's git dir."""
-        return await capture.write_tree(self.git, self._ticket_gitdir(ticket_id), self.layout.workspace(ticket_id),
+    async def snapshot_tree(self, ticket_id: str, work: Path | None = None) -> capture.Snapshot:
+        """Capture the workspace (or `work`: a private copy of a workspace on
+        another host, unpacked by handover.py) into the ticket's git dir."""
+        return await capture.write_tree(self.git, self._ticket_gitdir(ticket_id),
+                                        work or self.layout.workspace(ticket_id),
                                         ("refs/afe/base", f"refs/heads/{branch_for(ticket_id)}"))
 
     # -- commit ------------------------------------------------------------
-    async def commit(self, ws: Workspace, ticket_id: str, message: str) -> Committed:
+    async def commit(self, ws: Workspace, ticket_id: str, message: str, work: Path | None = None) -> Committed:
         branch = branch_for(ticket_id)
         async with self._lock("ticket:" + ticket_id):
             gitdir = self._ticket_gitdir(ticket_id)
-            snap = await self.snapshot_tree(ticket_id)
+            snap = await self.snapshot_tree(ticket_id, work)
             tree, repos = snap.tree, snap.nested_repositories
             if repos:
                 log.warning("ticket %s: the workspace holds other git repositories, committed as plain files: %s",
@@ -327,12 +337,12 @@ class WorkspaceGit:
             return Committed(sha, True, files, repos)
 
     # -- diff --------------------------------------------------------------
-    async def diff(self, ticket_id: str, max_bytes: int = 0) -> tuple[str, bool]:
+    async def diff(self, ticket_id: str, max_bytes: int = 0, work: Path | None = None) -> tuple[str, bool]:
         """The workspace's current changes against the base, for display."""
         limit = max_bytes if max_bytes > 0 else DEFAULT_DIFF_BYTES
         async with self._lock("ticket:" + ticket_id):
             gitdir = self._ticket_gitdir(ticket_id)
-            tree = (await self.snapshot_tree(ticket_id)).tree
+            tree = (await self.snapshot_tree(ticket_id, work)).tree
             base = await self._rev(gitdir, "refs/afe/base")
             res = await self.git.run(["diff", "--no-ext-diff", "--no-textconv", "--no-color", "--no-renames",
                                       "--end-of-options", f"{base}^{{tree}}", tree],
@@ -361,13 +371,14 @@ class WorkspaceGit:
             return branch, sha
 
     # -- release -----------------------------------------------------------
-    async def release(self, ticket_id: str, ws: Workspace | None = None) -> None:
+    async def release(self, ticket_id: str, ws: Workspace | None = None, work: Path | None = None) -> None:
         """Remove the ticket's git dir and workspace; with `ws`, keep the
-        workspace's last state in the mirror first (`_keep`, for a retry)."""
+        workspace's (or `work`'s, see snapshot_tree) last state in the mirror
+        first (`_keep`, for a retry)."""
         async with self._lock("ticket:" + ticket_id):
             if ws is not None:
                 try:
-                    await self._keep(ws, ticket_id)
+                    await self._keep(ws, ticket_id, work)
                 except (GitFailed, AfeError, OSError) as exc:
                     log.warning("ticket %s: could not keep its workspace for a retry: %s", ticket_id, exc)
             await asyncio.to_thread(_remove_workspace, self.layout.workspace(ticket_id))

@@ -30,6 +30,7 @@ from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticke
 from . import cleanup, diskcap, egress_proxy, hardening, provision, relayforward, sandbox_info
 from .egress import check_cidrs, check_egress_names, check_private
 from .egress_proxy import bridge_ipv4
+from .handover import Handover
 from .hardening import LABEL_INSTANCE, LABEL_ROLE, LABEL_TICKET, SandboxSettings
 from .sandbox_info import INSTANCE_RE, ReconcileResult, SandboxInfo, check_instance
 
@@ -57,6 +58,8 @@ class SandboxManager:
         self._cache: dict[str, SandboxInfo] = {}
         # R34: the workspace disk cap (diskcap.py); `disk_mode` None = detect
         self.diskcap = diskcap.DiskCaps(layout.workspaces_dir, mode=disk_mode)
+        # the workspace across hosts (ReadWorkspace/WriteWorkspace; handover.py)
+        self.handover = Handover(layout)
         self._watches: dict[str, asyncio.Task] = {}
         self._exceeded: dict[str, str] = {}
         self._engine_ok = False
@@ -295,6 +298,8 @@ class SandboxManager:
             n = await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
             # after the container is gone, before the credential broker removes the directory
             await asyncio.to_thread(self.diskcap.release, ticket_id, self.layout.workspace(ticket_id))
+            # a workspace that came over the network (WriteWorkspace) has no credential broker here to remove it
+            await asyncio.to_thread(self.handover.remove, ticket_id)
         self._locks.pop(ticket_id, None)
         log.info("sandbox of %s destroyed (%d objects)", ticket_id, n)
         return n
@@ -311,6 +316,7 @@ class SandboxManager:
                 self._cache.pop(t, None)
             # R34: disk images and mounts of dead tickets (also after a broker restart)
             tickets.update(self.diskcap.reconcile(live, self.layout.workspace))
+            tickets.update(self.handover.reconcile(live))
             return ReconcileResult(tuple(sorted(tickets)), nc, nn)
         for t in [t for t in self._watches if t not in live]:
             self._stop_watch(t)

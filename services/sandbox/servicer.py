@@ -193,6 +193,34 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         self.files.mkdir(request.ticket_id, request.path, request.parents)
         return pb.MakeDirResponse()
 
+    # -- the workspace across hosts (handover.py) -------------------------------
+    async def ReadWorkspace(self, request, context):
+        chunks = self.sandboxes.handover.read(request.ticket_id, request.max_bytes)
+        try:
+            while (data := await asyncio.to_thread(next, chunks, None)) is not None:
+                yield pb.WorkspaceChunk(data=data)
+        finally:
+            chunks.close()
+
+    async def WriteWorkspace(self, request_iterator, context):
+        it = request_iterator.__aiter__()
+        try:
+            first = await it.__anext__()
+        except StopAsyncIteration:
+            raise InvalidArgument("WriteWorkspace needs a `start` message first") from None
+        if first.WhichOneof("input") != "start":
+            raise InvalidArgument("the first WriteWorkspace message must be `start`")
+
+        async def chunks():
+            async for msg in it:
+                if msg.WhichOneof("input") != "chunk":
+                    raise InvalidArgument("after `start`, WriteWorkspace takes only `chunk` messages")
+                yield msg.chunk
+
+        entries, size, existing = await self.sandboxes.handover.write(first.start.ticket_id,
+                                                                      first.start.disk_bytes, chunks())
+        return pb.WriteWorkspaceResponse(entries=entries, bytes=size, existing=existing)
+
     async def Search(self, request, context):
         matches, truncated = await asyncio.to_thread(
             self.files.search, request.ticket_id, request.pattern, request.path,
