@@ -20,7 +20,7 @@ CONFIG = """\
 kind: Workflow
 name: quick
 workspace: ws
-inputs: [issue]
+inputs: [{name: issue, default: ""}]
 nodes:
   - {id: one, run: "true"}
 """

@@ -28,10 +28,10 @@ CONFIG = """\
 kind: Workflow
 name: change
 workspace: ws
-inputs: [note]
+inputs: [{name: note, default: ""}]
 nodes:
   - id: edit
-    run: "echo '{{ticket.title}}' > TITLE.txt && echo \\"$(cat TITLE.txt)\\""
+    run: "printf '%s' {{ticket.title}} > TITLE.txt && cat TITLE.txt"
   - {id: pr, uses: builtin:open_pr, needs: [edit], with: {title: "afe: {{ticket.title}}"}}
   - {id: merge, uses: builtin:merge, needs: [pr]}
 """
@@ -75,9 +75,10 @@ async def test_ticket_text_is_data_not_a_command(short_tmp):
                                                                 inputs={"note": "{{ticket.title}}"}))
         t = await wait_for_state(sys_.stub, t.id, {"waiting_approval", "failed"})
         assert state_name(t) == "waiting_approval", t.error
-        # The command ran as written in the manifest: the template text was not expanded into it.
+        # The title reached the command as one argument of data (R36): written
+        # byte for byte, never run; a template-looking input stays text.
         edit = next(n for n in t.nodes if n.id == "edit")
-        assert edit.output.strip() == "{{ticket.title}}"
+        assert edit.output == hostile
         listing = await sys_.sandbox.ListDir(spb.ListDirRequest(ticket_id=t.id, path="."))
         names = {e.name for e in listing.entries}
         assert "TITLE.txt" in names and not {"PWNED", "PWNED2"} & names
