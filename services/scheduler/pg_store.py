@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import psycopg
 
@@ -190,7 +192,7 @@ class PostgresStore(Store):
         if row is None:
             raise LeaseLost(ticket_id)
 
-    def _write(self, ticket_id: str, sql: str, params: object) -> None:
+    def _write(self, ticket_id: str, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> None:
         """One statement that changes `ticket_id`'s rows; checked when this scheduler holds the ticket."""
         db = self._conn()
         fence = self.fences.get(ticket_id)
