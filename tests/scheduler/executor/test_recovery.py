@@ -5,6 +5,8 @@ re-open: an approval given before it never merges what the re-run pushes."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
@@ -296,3 +298,49 @@ nodes:
     text = str(err.value)
     assert "node 'test' does not need 'fix'" in text or 'node "test" does not need "fix"' in text, text
     assert "is not a model or agent node" in text and "at most 20 rounds" in text
+
+
+class Workspaces(Forge):
+    """The forge whose diff, as the credential broker's, needs a prepared
+    workspace: prepare makes one, release removes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepared: set[str] = set()
+
+    async def prepare(self, ticket_id: str, workspace: str) -> cpb.PrepareWorkspaceResponse:
+        self.prepared.add(ticket_id)
+        return await super().prepare(ticket_id, workspace)
+
+    async def release(self, ticket_id: str, workspace: str) -> None:
+        self.prepared.discard(ticket_id)
+        await super().release(ticket_id, workspace)
+
+    async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse:
+        if ticket_id not in self.prepared:
+            self._call("diff")
+            raise FailedPrecondition(f"ticket {ticket_id} has no prepared workspace; prepare it first")
+        return await super().diff(ticket_id, workspace, max_bytes)
+
+
+async def test_a_retry_after_a_rejection_shows_the_live_diff_while_it_waits_for_approval(rh):
+    rh.credentials = Workspaces()
+    engine = await rh.start()
+    tid = rh.create("review")
+    t = await rh.until(tid, (WAITING_APPROVAL,))
+    await engine.reject(tid, "bob", "try again")
+    t = await rh.until(tid)
+    assert t.state == FAILED and t.torn_down and tid not in rh.credentials.prepared
+    diff, _, recorded = await engine.diff(tid)
+    assert recorded and f"+fixed for {tid}" in diff                    # the stored diff of the ended run
+    await asyncio.sleep(0.002)     # a decision of the re-open's own millisecond would count for the re-run
+    await engine.retry(tid, "", "alice")
+    t = await rh.until(tid, (WAITING_APPROVAL, SUCCEEDED, FAILED))
+    assert t.state == WAITING_APPROVAL, t.error
+    assert _started(rh, tid) == ["pr", "merge", "merge"]                # only the rejected merge ran again
+    diff, _, recorded = await engine.diff(tid)
+    assert not recorded and f"+fixed for {tid}" in diff                # the live workspace's, prepared again
+    assert rh.credentials.calls.count("prepare") == 2
+    await engine.approve(tid, "carol", t.awaiting_sha)
+    assert (await rh.until(tid)).state == SUCCEEDED
+    assert rh.credentials.merged == [(tid, "c" * 40)]

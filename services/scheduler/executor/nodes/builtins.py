@@ -133,8 +133,15 @@ async def open_pr(ctx: RunContext, node: Node) -> str:
 # ---- approval and merge -----------------------------------------------------------
 
 async def _await_approval(ctx: RunContext, node: Node, sha: str, pr: PullRequestRecord | None) -> ApprovalRecord:
-    """Park the ticket in waiting_approval until a person decides."""
+    """Park the ticket in waiting_approval until a person decides.
+
+    The workspace is prepared first: the diff a person is asked to approve
+    (tickets.diff, the ticket and pull request pages) is the live
+    workspace's. A re-run that starts here (a retry after a rejection, an
+    update of the branch) runs no node that would prepare it, and the
+    earlier run's workspace was released when that run ended."""
     tid = ctx.ticket.id
+    await ctx.ensure_workspace()
     t = ctx.store.get_ticket(tid)
     ctx.store.update_node(tid, node.id, state=N_WAITING)
     if not (t and t.state == WAITING_APPROVAL and t.awaiting_sha == sha):
