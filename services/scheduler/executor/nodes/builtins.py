@@ -159,7 +159,7 @@ async def _approval_for(ctx: RunContext, node: Node, sha: str, pr: PullRequestRe
     t = ctx.store.get_ticket(ctx.ticket.id)
     # An approval given before the ticket was last re-opened is not one of the re-run (R16).
     decided = (appr is not None and appr.sha == sha and t is not None and t.state == RUNNING
-               and appr.at_ms >= t.reopened_at_ms)
+               and appr.at_ms > t.reopened_at_ms)  # same millisecond: the old one
     if not decided or appr is None:
         appr = await _await_approval(ctx, node, sha, pr)
     if not appr.granted:
