@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 
 from services.common import safefs
@@ -73,7 +73,7 @@ async def unpacked(layout: Layout, chunks: AsyncIterator[bytes],
 
 async def packed(work: Path, limits: archive.ArchiveLimits = CHECKOUT_LIMITS) -> AsyncIterator[bytes]:
     """The tree at `work` as tar chunks (its .git included: the sandbox's scratch repository)."""
-    gen: Iterator[bytes] = archive.pack_path(work, limits)
+    gen: Generator[bytes, None, None] = archive.pack_path(work, limits)
     try:
         while (data := await asyncio.to_thread(next, gen, None)) is not None:
             yield data

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Generator, Iterable
 from pathlib import Path
 
 from services.common import safefs
@@ -54,7 +54,7 @@ class Handover:
     def _marker(self, ticket_id: str) -> Path:
         return self.layout.workspaces_dir / f".{check_ticket_id(ticket_id)}.handed"
 
-    def read(self, ticket_id: str, max_bytes: int = 0) -> Iterator[bytes]:
+    def read(self, ticket_id: str, max_bytes: int = 0) -> Generator[bytes, None, None]:
         """The ticket's workspace as tar chunks (see the module)."""
         path = self.layout.workspace(check_ticket_id(ticket_id))
         limits = archive.ArchiveLimits(READ_WHAT, max_bytes=max_bytes or archive.DEFAULT_MAX_BYTES)

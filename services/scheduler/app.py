@@ -24,6 +24,7 @@ from .github_report import GitHubReporter
 from .hooks import register as register_hooks
 from .placement import BrokerSet
 from .pool import DEFAULT_CAP as DEFAULT_POOL_CAP
+from .remoteworkspace import RemoteWorkspaces
 from .servicer import WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
 from .sqlite_store import SqliteStore
 from .store import Store
@@ -84,7 +85,9 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
     sandbox = sandboxes or SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
     credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))
     engine_registry = registry if registry is not None else CollectorRegistry()
-    engine = Engine(config, store, sandbox, credentials, redactor, max_running=max_running,
+    # brokers on other hosts: the workspace crosses the network through the contracts (remoteworkspace.py)
+    workspaces = RemoteWorkspaces(credentials, sandboxes, config) if sandboxes is not None else credentials
+    engine = Engine(config, store, sandbox, workspaces, redactor, max_running=max_running,
                     registry=engine_registry,
                     recovery_interval=recovery_interval, pool_dir=layout.data_dir / "pool", pool_cap=pool_cap,
                     owner=owner, lease_s=lease_s)

@@ -16,10 +16,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from grpc.aio import EOF as grpc_eof
+
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as cgrpc
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc as sgrpc
+from services.common.errors import Unavailable
 from services.common.grpcutil import TlsFiles, open_channel, open_remote_channel, rpc_errors
 
 CREDENTIALS = "the credential broker"
@@ -171,6 +174,29 @@ class SandboxClient:
         async with rpc_errors(self.peer):
             return list((await self.stub.ListSandboxes(spb.ListSandboxesRequest(), timeout=SHORT)).sandboxes)
 
+    # -- the workspace across hosts (remoteworkspace.py) --------------------------
+    async def read_workspace(self, ticket_id: str, max_bytes: int = 0) -> AsyncIterator[bytes]:
+        """The ticket's workspace as tar chunks (ReadWorkspace)."""
+        call = self.stub.ReadWorkspace(spb.ReadWorkspaceRequest(ticket_id=ticket_id, max_bytes=max_bytes),
+                                       timeout=LONG)
+        try:
+            async with rpc_errors(self.peer, "reading the workspace"):
+                async for msg in call:
+                    yield msg.data
+        finally:
+            call.cancel()
+
+    async def write_workspace(self, ticket_id: str, disk_bytes: int,
+                              chunks: AsyncIterator[bytes]) -> spb.WriteWorkspaceResponse:
+        """Unpack the tar chunks into the ticket's empty workspace (WriteWorkspace)."""
+        async def inputs() -> AsyncIterator[spb.WriteWorkspaceInput]:
+            yield spb.WriteWorkspaceInput(start=spb.WriteWorkspaceStart(ticket_id=ticket_id, disk_bytes=disk_bytes))
+            async for c in chunks:
+                yield spb.WriteWorkspaceInput(chunk=c)
+
+        async with rpc_errors(self.peer, "writing the workspace"):
+            return await self.stub.WriteWorkspace(inputs(), timeout=LONG)
+
 
 class CredentialsClient:
     def __init__(self, socket_path: str, secret: bytes | None) -> None:
@@ -203,6 +229,40 @@ class CredentialsClient:
         async with rpc_errors(CREDENTIALS, "releasing the workspace"):
             await self.stub.ReleaseWorkspace(cpb.ReleaseWorkspaceRequest(ticket_id=ticket_id,
                                                                          workspace=workspace), timeout=LONG)
+
+    # -- the workspace on another host (remoteworkspace.py) ---------------------------
+    @contextlib.asynccontextmanager
+    async def checkout_archive(self, ticket_id: str, workspace: str
+                               ) -> AsyncIterator[tuple[cpb.PrepareWorkspaceResponse, AsyncIterator[bytes]]]:
+        """PrepareWorkspace whose checkout comes as tar chunks (CheckoutArchive)."""
+        call = self.stub.CheckoutArchive(cpb.PrepareWorkspaceRequest(ticket_id=ticket_id, workspace=workspace),
+                                         timeout=LONG)
+        try:
+            async with rpc_errors(CREDENTIALS, "preparing the workspace"):
+                first = await call.read()
+            if first is grpc_eof or first.WhichOneof("output") != "prepared":
+                raise Unavailable("the credential broker sent no prepared workspace; retry")
+
+            async def chunks() -> AsyncIterator[bytes]:
+                async with rpc_errors(CREDENTIALS, "preparing the workspace"):
+                    async for msg in call:
+                        yield msg.chunk
+
+            yield first.prepared, chunks()
+        finally:
+            call.cancel()
+
+    async def archive_call(self, rpc: str, what: str, first: Any, chunks: AsyncIterator[bytes]) -> Any:
+        """A CommitArchive/DiffArchive/ReleaseArchive call: `first` (the request), then the chunks."""
+        kind = getattr(cpb, f"{rpc}Input")
+
+        async def inputs() -> AsyncIterator[Any]:
+            yield kind(request=first)
+            async for c in chunks:
+                yield kind(chunk=c)
+
+        async with rpc_errors(CREDENTIALS, what):
+            return await getattr(self.stub, rpc)(inputs(), timeout=LONG)
 
     async def update_branch(self, ticket_id: str, workspace: str) -> cpb.UpdateBranchResponse:
         async with rpc_errors(CREDENTIALS, "updating the branch"):

@@ -147,16 +147,30 @@ class BrokerSet:
         finally:
             self._creates_open.set()
 
+    async def _place_locked(self, ticket_id: str) -> str:
+        name = self.placed_on(ticket_id)
+        if name is None:
+            m = await self._choose(ticket_id)
+            name = m.name
+            self.store.place_sandbox(ticket_id, name, int(time.time() * 1000))
+            self._placed[ticket_id] = name
+            log.info("ticket %s: sandbox placed on %s", ticket_id, m.client.peer)
+        return name
+
+    async def place(self, ticket_id: str) -> SandboxClient:
+        """Place the ticket now (before its sandbox exists: its workspace goes
+        there first, remoteworkspace.py); it counts as a create in flight there
+        until its create ends."""
+        await self._creates_open.wait()
+        async with self._place_lock:
+            name = await self._place_locked(ticket_id)
+            self._pending[name].add(ticket_id)
+        return self.holder(ticket_id)
+
     async def create(self, ticket_id: str, spec: spb.SandboxSpec) -> spb.Sandbox:
         await self._creates_open.wait()
         async with self._place_lock:
-            name = self.placed_on(ticket_id)
-            if name is None:
-                m = await self._choose(ticket_id)
-                name = m.name
-                self.store.place_sandbox(ticket_id, name, int(time.time() * 1000))
-                self._placed[ticket_id] = name
-                log.info("ticket %s: sandbox placed on %s", ticket_id, m.client.peer)
+            name = await self._place_locked(ticket_id)
             client = self.holder(ticket_id)
             self._pending[name].add(ticket_id)
         try:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from ..errors import FailedPrecondition, InvalidArgument
@@ -146,7 +146,8 @@ def _padded(data: bytes) -> bytes:
     return data + b"\0" * (-len(data) % BLOCK)
 
 
-def pack(root_fd: int, limits: ArchiveLimits, skip: Callable[[bytes], bool] | None = None) -> Iterator[bytes]:
+def pack(root_fd: int, limits: ArchiveLimits, skip: Callable[[bytes], bool] | None = None
+         ) -> Generator[bytes, None, None]:
     """The tree under `root_fd` as tar chunks (about `CHUNK` bytes each).
 
     Raises TreeTooLarge past `limits` and FailedPrecondition when a file
@@ -207,7 +208,7 @@ def pack(root_fd: int, limits: ArchiveLimits, skip: Callable[[bytes], bool] | No
 
 
 def pack_path(path: str | os.PathLike[str], limits: ArchiveLimits,
-              skip: Callable[[bytes], bool] | None = None) -> Iterator[bytes]:
+              skip: Callable[[bytes], bool] | None = None) -> Generator[bytes, None, None]:
     """`pack` of the directory at `path` (opened without following a link)."""
     try:
         fd = os.open(path, DIR_FLAGS)
