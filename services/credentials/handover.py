@@ -64,6 +64,7 @@ async def unpacked(layout: Layout, chunks: AsyncIterator[bytes],
             try:
                 async for c in chunks:
                     await asyncio.to_thread(u.feed, c)
+                u.finish()
             finally:
                 u.close()
         finally:

@@ -77,6 +77,7 @@ class Handover:
                 try:
                     async for c in chunks:
                         await asyncio.to_thread(u.feed, c)
+                    u.finish()
                 finally:
                     u.close()
             finally:

@@ -278,7 +278,7 @@ def _parse_pax(body: bytes) -> dict[bytes, bytes]:
 
 class Unpacker:
     """Extracts a tar stream fed in chunks into the empty directory `root_fd`
-    (see the module's rules). `feed` each chunk, then `close`; counts in
+    (see the module's rules). `feed` each chunk, `finish`, and `close` in any case; counts in
     `entries` and `bytes`."""
 
     def __init__(self, root_fd: int, limits: ArchiveLimits) -> None:
@@ -323,15 +323,16 @@ class Unpacker:
             else:   # pad
                 self._state, self._need = "header", BLOCK
 
-    def close(self) -> None:
+    def finish(self) -> None:
         """The stream ended: it must have ended with tar's end marker (two zero blocks)."""
-        try:
-            if self._state != "end" and not (self._state == "header" and self._zeros == 1 and not self._buf):
-                raise BadArchive(f"the archive ended in the middle of an entry ({self.entries} entries read); "
-                                 "the sender stopped early, retry")
-        finally:
-            self._close_file()
-            self._dirs.close()
+        if self._state != "end" and not (self._state == "header" and self._zeros == 1 and not self._buf):
+            raise BadArchive(f"the archive ended in the middle of an entry ({self.entries} entries read); "
+                             "the sender stopped early, retry")
+
+    def close(self) -> None:
+        """Release the fds (always, also after a refusal)."""
+        self._close_file()
+        self._dirs.close()
 
     # -- entries ---------------------------------------------------------------
     def _header(self, h: bytes) -> None:
@@ -457,6 +458,7 @@ def unpack_into(root_fd: int, chunks: Iterator[bytes], limits: ArchiveLimits) ->
     try:
         for c in chunks:
             u.feed(c)
+        u.finish()
     finally:
         u.close()
     return u
