@@ -46,6 +46,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the Docker network the egress proxies join to reach the allowed hosts (default: "
                    "bridge); pick the one that routes to an internal mirror a Workspace lists in "
                    "sandbox.egressPrivate")
+    p.add_argument("--sandbox-broker", action="append", default=[], metavar="NAME=HOST:PORT[,capacity=N]",
+                   help="a sandbox broker on another host, passed to the scheduler (docs/SCALE.md); repeatable. "
+                   "With any, the scheduler places sandboxes only there, reached with mutual TLS; needs "
+                   "--tls-cert, --tls-key and --tls-ca")
+    p.add_argument("--tls-cert", default=None, metavar="PEM", help="the scheduler's certificate (`afe certs`)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="its private key (mode 0600)")
+    p.add_argument("--tls-ca", default=None, metavar="PEM",
+                   help="the deployment CA; NAME.secret of each --sandbox-broker sits next to it")
     p.add_argument("--no-images", action="store_true",
                    help="do not check/build the Docker images before starting")
     p.add_argument("--ready-timeout", type=float, default=90.0, help=argparse.SUPPRESS)
@@ -88,12 +96,21 @@ def run(args: argparse.Namespace) -> int:
         ops_names = tuple(check_ops_name(n) for n in args.ops_name)
     except ValueError as exc:
         raise SystemExit(f"afe up: {exc}") from None
+    tls = [args.tls_cert, args.tls_key, args.tls_ca]
+    if args.sandbox_broker and None in tls:
+        raise SystemExit("afe up: --sandbox-broker needs mutual TLS: give --tls-cert, --tls-key and --tls-ca "
+                         "(make them with `afe certs`; docs/SCALE.md)")
+    if not args.sandbox_broker and any(tls):
+        raise SystemExit("afe up: --tls-cert/--tls-key/--tls-ca are for --sandbox-broker; give the brokers too, "
+                         "or leave the TLS flags out")
+    tls_cert, tls_key, tls_ca = (Path(t).absolute() if t else None for t in tls)
     opts = Options(config_dir=config_dir, layout=layout, ops_host=args.ops_host, ops_names=ops_names,
                    ops_ports=parse_ops_ports(args.ops_port), listen=args.listen,
                    public_url=args.public_url, max_running=args.max_running,
                    ready_timeout=args.ready_timeout, check_images=not args.no_images,
                    log_level=os.environ.get("AFE_LOG_LEVEL"), instance=args.instance,
                    broker_recovery=args.broker_recovery, egress_network=args.egress_network,
-                   sandbox_pool_max=args.sandbox_pool_max)
+                   sandbox_pool_max=args.sandbox_pool_max, sandbox_brokers=tuple(args.sandbox_broker),
+                   tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
     logging.getLogger(__name__).debug("launching with %s", config_dir)
     return launch(opts, out=lambda line: print(line, flush=True))

@@ -69,6 +69,12 @@ class Options:
     instance: str | None = None      # the sandbox broker's afe.instance label (Docker objects it owns)
     egress_network: str = "bridge"   # the Docker network the egress proxies join (--egress-network)
     broker_recovery: float | None = None   # the scheduler's --broker-recovery (tests turn it off)
+    # Sandbox brokers on other hosts (docs/SCALE.md): the scheduler's --sandbox-broker values and its
+    # mutual-TLS files (--tls-cert/--tls-key/--tls-ca), passed through as given.
+    sandbox_brokers: tuple[str, ...] = ()
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
     python: str = sys.executable
     modules: dict[str, str] = field(default_factory=lambda: dict(MODULES))
 
@@ -214,6 +220,13 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
             argv += ["--sandbox-pool-max", str(opts.sandbox_pool_max)]
         if service == "scheduler" and opts.broker_recovery is not None:
             argv += ["--broker-recovery", str(opts.broker_recovery)]
+        if service == "scheduler":
+            for value in opts.sandbox_brokers:
+                argv += ["--sandbox-broker", value]
+            for flag, path in (("--tls-cert", opts.tls_cert), ("--tls-key", opts.tls_key),
+                               ("--tls-ca", opts.tls_ca)):
+                if path is not None:
+                    argv += [flag, str(path)]
         if service == "scheduler":
             # Ticket links on GitHub (github_report.py): the UI's address as users open it.
             argv += ["--public-url", (opts.public_url or f"http://{opts.listen}").rstrip("/")]
