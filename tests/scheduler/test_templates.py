@@ -46,8 +46,7 @@ def _bash(script: str, args: list[str], cwd) -> str:
 
     from services.scheduler.executor.nodes.run import command_argv
 
-    argv = command_argv(script, args)
-    argv[1] = "-c"   # not a login shell on the host; the sandbox runs the same argv with -lc
+    argv = command_argv(script, args)   # the same argv the sandbox runs
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False, timeout=30).stdout
 
 

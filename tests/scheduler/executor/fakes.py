@@ -78,7 +78,7 @@ class FakeSandbox:
 
     async def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0, output_cap_bytes: int = 0,
                    cwd: str = "") -> AsyncIterator[spb.ExecEvent]:
-        command = argv[2] if argv[:2] == ["bash", "-lc"] else argv[-1]   # bash -lc SCRIPT afe ARG...
+        command = argv[2] if argv[:2] == ["bash", "-c"] else argv[-1]   # bash -c SCRIPT afe ARG...
         self.started.append((ticket_id, command))
         code = 0
         try:

@@ -52,8 +52,13 @@ async def run_node(ctx: RunContext, node: Node) -> str:
 
 
 def command_argv(script: str, args: list[str]) -> list[str]:
-    """`bash -lc SCRIPT afe ARG...`: the template values are $1, $2, ... (R36)."""
-    return ["bash", "-lc", script, "afe", *args]
+    """`bash -c SCRIPT afe ARG...`: the template values are $1, $2, ... (R36).
+
+    Not a login shell (`-l`): the command gets the sandbox's own environment
+    (the image's `ENV`, PATH included) and bash reads no profile; a login
+    shell ran `/etc/profile` (an `id -u` fork and `/etc/profile.d/*`) before
+    every command, about a millisecond each, and replaced the image's PATH."""
+    return ["bash", "-c", script, "afe", *args]
 
 
 def disk_full_hint(workspace: Workspace, output: str) -> str:
