@@ -162,6 +162,10 @@ class Supervisor:
             send(ord("R"), cid, f"afe: cannot start {what}: {exc.strerror}\n".encode())
             send(ord("X"), cid, CODE.pack(126))
             return
+        # P first, before anything else: the child already runs, and a command
+        # that kills this supervisor at once must still be known to the broker
+        # by its pid (it kills the orphaned process group only then)
+        send(ord("P"), cid, CODE.pack(proc.pid))
         cmd = Cmd(cid, proc)
         self.cmds[cid] = cmd
         for f, kind in ((proc.stdout, "O"), (proc.stderr, "R")):
@@ -175,7 +179,6 @@ class Supervisor:
             self.sel.register(cmd.pidfd, selectors.EVENT_READ, ("exit", cmd))
         except (AttributeError, OSError):
             cmd.pidfd = -1
-        send(ord("P"), cid, CODE.pack(proc.pid))
 
     # -- the children ---------------------------------------------------------
     def feed(self, cmd):

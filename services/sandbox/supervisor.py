@@ -57,6 +57,39 @@ MAX_RESTARTS = 3
 
 CLOSED = "the broker closed it"
 
+# Run inside the sandbox (as its user) when a supervisor died with a command
+# it had started but not yet reported (the command can kill its supervisor
+# before the "started" frame is written): kill the sessions it left behind.
+# Those are the sessions newer than every pid the link knew (argv[1]) whose
+# leader is gone or was orphaned to the sandbox's init (pid 1); an exec's
+# session (its leader's parent is outside the sandbox: ppid 0, e.g. a new
+# supervisor) and a live supervisor's commands are not touched. Repeated
+# until none is left, so a process forked meanwhile goes too.
+SWEEP = r"""
+import os, sys
+low, me = int(sys.argv[1]), os.getsid(0)
+for _ in range(20):
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/" + d + "/stat") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            f = st[st.rindex(")") + 2:].split()
+            procs[int(d)] = (int(f[1]), int(f[3]))
+    doomed = [p for p, (_pp, sid) in procs.items() if sid > low and sid not in (1, me)
+              and (sid not in procs or procs[sid][0] == 1)]
+    if not doomed:
+        break
+    for p in doomed:
+        try:
+            os.kill(p, 9)
+        except OSError:
+            pass
+"""
+
 
 class SupervisorDown(Exception):
     """The link is gone (or never came up); the reason is in the message."""
@@ -79,6 +112,7 @@ class Link:
         self.exec_id = exec_id
         self.stream = stream
         self.host_pid = 0
+        self.high = 0                 # the highest pid in the sandbox this link knows (its own, its commands')
         self.cmds: dict[int, SupervisedCommand] = {}
         self.alive = True
         self.why = ""
@@ -106,6 +140,7 @@ class Link:
             raise SupervisorDown(f"the command supervisor did not start (exit {code})") from None
         with contextlib.suppress(Exception):
             link.host_pid = int((await api.exec_inspect(exec_id)).get("Pid") or 0)
+            link.high = namespace_pid(link.host_pid)
         return link
 
     # -- sending ---------------------------------------------------------------
@@ -189,6 +224,7 @@ class Link:
                 return "it spoke of a command it was not given"
             if k == "P" and n == CODE.size:
                 cmd._started(CODE.unpack(payload)[0])
+                self.high = max(self.high, cmd.pid)
             elif k in "OR" and len(k) == 1:
                 if not cmd._output(STDOUT if k == "O" else STDERR, payload):
                     return "it sent more output than it was allowed"
@@ -211,8 +247,10 @@ class Link:
             self._hello.set_exception(SupervisorDown(why))
             self._hello.exception()     # retrieved: no "never retrieved" warning
         running = [c for c in self.cmds.values() if not c.done and c.pid > 0]
+        # started, but the supervisor died before saying so: its pid is unknown
+        unknown = [c for c in self.cmds.values() if not c.done and c.pid <= 0] if why != CLOSED else []
         for c in list(self.cmds.values()):
-            if c not in running:
+            if c not in running and c not in unknown:
                 c._fail(why)
         self.cmds.clear()
         self.stream.close()
@@ -221,22 +259,28 @@ class Link:
                      self._stderr.decode("utf-8", "replace")[-500:])
         (log.debug if why == CLOSED else log.warning)(
             "command supervisor of sandbox %s stopped: %s", self.container_id[:12], why)
-        if running:
+        if running or unknown:
             # their parent is gone: kill the process groups from inside, as the sandbox user,
             # and only then tell their callers (so "the command was killed" is true)
-            asyncio.get_running_loop().create_task(self._kill_orphans(running, why))
+            asyncio.get_running_loop().create_task(self._kill_orphans(running, unknown, why))
 
-    async def _kill_orphans(self, cmds: list[SupervisedCommand], why: str) -> None:
+    async def _kill_orphans(self, cmds: list[SupervisedCommand], unknown: list[SupervisedCommand],
+                            why: str) -> None:
         try:
-            await self._kill_inside([c.pid for c in cmds])
+            if cmds:
+                await self._kill_inside([c.pid for c in cmds])
+            if unknown:
+                await self._run_inside(["python3", "-c", SWEEP, str(self.high)])
         finally:
-            for c in cmds:
+            for c in cmds + unknown:
                 c._fail(why)
 
     async def _kill_inside(self, pids: list[int]) -> None:
+        await self._run_inside(["kill", "-KILL", "--", *(f"-{p}" for p in pids)])
+
+    async def _run_inside(self, argv: list[str]) -> None:
         with contextlib.suppress(Exception):
-            kid = await self.api.exec_create(self.container_id, ["kill", "-KILL", "--", *(f"-{p}" for p in pids)],
-                                             workdir="/", env=[], stdin=False)
+            kid = await self.api.exec_create(self.container_id, argv, workdir="/", env=[], stdin=False)
             s = await self.api.exec_start(kid)
             while await s.frame() is not None:
                 pass
@@ -265,6 +309,18 @@ class Link:
         self._die(CLOSED)
         if self._reader is not None:
             self._reader.cancel()
+
+
+def namespace_pid(host_pid: int) -> int:
+    """The pid in its own (innermost) pid namespace of a host process, 0 when unknown."""
+    try:
+        with open(f"/proc/{host_pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def host_pid_of(supervisor_host_pid: int, ns_pid: int) -> int:

@@ -172,6 +172,57 @@ def test_a_sandbox_that_kills_its_supervisor_fails_only_its_own_command(stub, sa
     assert supervisor_pid(stub, plain_sandbox) == other
 
 
+# A supervisor killed by its command before it could report the command
+# started (it forks, then dies before the "started" frame): the broker never
+# learns the pid. UNREPORTED is that supervisor; LEFT_BEHIND leaves a process
+# the same way with no command pending (the positive control: such a process
+# outlives its supervisor unless the broker kills it).
+UNREPORTED = """
+import os, struct, subprocess, sys
+os.write(1, struct.pack(">BII", ord("H"), 0, 3) + b"afe")
+sys.stdin.buffer.read(9)
+subprocess.Popen(["bash", "-c", "sleep 305 & sleep 306"], start_new_session=True, stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+os._exit(0)
+"""
+
+LEFT_BEHIND = """
+import os, struct, subprocess, time
+subprocess.Popen(["sleep", "307"], start_new_session=True, stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+os.write(1, struct.pack(">BII", ord("H"), 0, 3) + b"afe")
+time.sleep(0.2)
+os._exit(0)
+"""
+
+
+async def _dies(container: str, source: str, command: bool) -> tuple[bytes, int]:
+    link = await supervisor.Link.start(DockerAPI(), container, source)
+    if not command:
+        while link.alive:  # noqa: ASYNC110 - it exits by itself
+            await asyncio.sleep(0.05)
+        return b"", 0
+    cmd = await link.open(["true"], "/workspace", [], False)
+    out = b""
+    while (f := await cmd.frame()) is not None:
+        out += f[1]
+    return out, await cmd.exit_code()
+
+
+def test_a_command_that_kills_its_supervisor_before_it_was_reported_is_killed_too(stub, sandbox):
+    cid = container_of(stub, sandbox)
+    count = "pgrep -c -f '^sleep 30[567]' || true"
+    # positive control: a process whose supervisor died with no command pending outlives it
+    asyncio.run(_dies(cid, LEFT_BEHIND, command=False))
+    assert run(stub, sandbox, count).stdout.strip() == b"1"
+    run(stub, sandbox, "pkill -KILL -f '^sleep 307'")
+    # the command's whole session is killed although its pid never reached the broker
+    out, code = asyncio.run(_dies(cid, UNREPORTED, command=True))
+    assert code == -1 and b"command supervisor stopped" in out
+    assert run(stub, sandbox, count).stdout.strip() == b"0"
+    assert run(stub, sandbox, "echo still-fine").stdout == b"still-fine\n"
+
+
 async def _garbage_link(container: str, source: str, *, lag: bool = False) -> tuple[bytes, int]:
     api = DockerAPI()
     link = await supervisor.Link.start(api, container, source)
