@@ -25,7 +25,7 @@ nodes:
 ---
 kind: Workspace
 name: ws
-repo: /tmp/nowhere.git
+repo: %(repo)s
 """
 
 GOOD_AGENT = """\
@@ -45,10 +45,24 @@ def afe_check(cfg: Path) -> subprocess.CompletedProcess:
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
 
 
+def _repo(tmp: Path) -> Path:
+    """A real repository with a `main` branch: `afe check` opens local repositories."""
+    bare = tmp / "repo.git"
+    if not bare.exists():
+        env = {"PATH": "/usr/bin:/bin", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(tmp)}
+        work = tmp / "work"
+        for cmd in (["git", "init", "-q", "-b", "main", str(work)],
+                    ["git", "-C", str(work), "commit", "-q", "--allow-empty", "-m", "init"],
+                    ["git", "clone", "-q", "--bare", str(work), str(bare)]):
+            subprocess.run(cmd, check=True, env=env, capture_output=True)
+    return bare
+
+
 def write(tmp: Path, agent: str, deny: str = "execute") -> Path:
     cfg = tmp / "cfg"
     cfg.mkdir(exist_ok=True)
-    (cfg / "afe.yaml").write_text(agent + WORKFLOW % {"deny": deny})
+    (cfg / "afe.yaml").write_text(agent + WORKFLOW % {"deny": deny, "repo": _repo(tmp)})
     return cfg
 
 

@@ -49,6 +49,8 @@ def _doc_examples() -> list[tuple[str, dict]]:
     found = []
     for path in DOCS:
         for block in re.findall(r"```yaml\n(.*?)```", path.read_text(), re.DOTALL):
+            if not re.search(r"^kind:", block, re.MULTILINE):
+                continue    # an excerpt of a manifest (e.g. a few nodes, `...` for the rest), not a document
             found += [(f"{path.name}:{d['kind']}:{d.get('name')}", d) for d in _documents(block)]
     return found
 
