@@ -12,14 +12,11 @@ ticket resumes: nodes that were running run again, builtins are idempotent.
 Every ticket state change goes through `executor.Transitions` (store, event,
 metric); a run reaches the engine only through `executor.Host`.
 
-Several schedulers on one PostgreSQL store (docs/SCALE.md): each live ticket
-is driven by the scheduler that claimed it (`Store.claim_ticket`: the
-dispatcher for a queued ticket, `start` and the takeover loop for a running
-or waiting one whose owner's lease expired). `_lease_loop` renews the leases
-of the tickets this scheduler drives and learns what others asked of them
-(a cancel, an approval); a ticket found taken over stops at once without a
-write or a side effect (`LeaseLost`, R37). On an unshared store (SQLite) the
-scheduler owns every ticket and neither loop runs.
+Engine is the composition of its parts, each a module named for what it
+holds: leases.py (several schedulers on one store, R37), approvals.py (a
+person's decision, R16), reopen.py (re-open, retry, update the branch),
+records.py (the final diff, denied egress, metrics). The state they share is
+made here, in `Engine.__init__`.
 """
 
 from __future__ import annotations
@@ -27,39 +24,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import time
-import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 
 from services.common import telemetry
 from services.common.config import Config
-from services.common.errors import AfeError, FailedPrecondition, InvalidArgument, NotFound
+from services.common.errors import AfeError, InvalidArgument, NotFound
 from services.common.logs import ticket_var
 from services.common.metrics import scheduler_metrics, usage_metrics
 from services.common.redact import Redactor
 
-from . import egress_report
+from .approvals import Approvals
 from .brokers import CredentialBroker, SandboxBroker
 from .events import EventLog, EventRecord, now_ms
 from .executor import TicketRun, Transitions
 from .executor.brokercalls import BROKER_RETRY_S
-from .executor.graph import descendants
 from .executor.transitions import state_event
+from .leases import HELD, LEASE_S, Leases, scheduler_id
 from .pool import DEFAULT_CAP, SandboxPool
+from .records import DIFF_MAX_BYTES, Records
+from .reopen import REOPENABLE, Reopen
 from .store import (
     CANCELLED,
     FAILED,
     LIVE,
-    N_PENDING,
-    N_SUCCEEDED,
     QUEUED,
     RUNNING,
     TERMINAL,
-    WAITING_APPROVAL,
     ApprovalRecord,
     LeaseLost,
     NodeRunRecord,
@@ -70,17 +62,9 @@ from .store import (
 from .teardown import Teardowns
 from .tickets import new_ticket_id, validate
 
+__all__ = ["DIFF_MAX_BYTES", "HELD", "LEASE_S", "REOPENABLE", "Engine", "TicketView", "scheduler_id"]
+
 log = logging.getLogger(__name__)
-
-DIFF_MAX_BYTES = 1024 * 1024
-REOPENABLE = (FAILED, CANCELLED)   # states `retry` and `update_branch` re-open
-LEASE_S = 10.0                     # a live ticket's lease; renewed every third of it (docs/SCALE.md)
-HELD = (RUNNING, WAITING_APPROVAL)  # states a scheduler drives a ticket in (takeover takes them over)
-
-
-def scheduler_id() -> str:
-    """A new id for this scheduler process (host, pid, random): the owner of its leases."""
-    return f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass
@@ -92,7 +76,9 @@ class TicketView:
     last_seq: int
 
 
-class Engine:
+class Engine(Leases, Approvals, Reopen, Records):
+    """The scheduler core; its parts are the base classes (leases.py, approvals.py, reopen.py, records.py)."""
+
     def __init__(self, config: Config, store: Store, sandbox: SandboxBroker, credentials: CredentialBroker,
                  redactor: Redactor, *, max_running: int = 4, registry=None,
                  recovery_interval: float = 2.0, pool_dir: Path | None = None,
@@ -272,119 +258,6 @@ class Engine:
             await self._finish(t, CANCELLED, f"cancelled by {who}")
         return self.view(ticket_id)
 
-    async def approve(self, ticket_id: str, principal: str, sha: str) -> TicketView:
-        t = self.view(ticket_id).ticket
-        if not principal:
-            raise InvalidArgument("an approval needs the principal (who approves)")
-        if t.state != WAITING_APPROVAL:
-            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}, not waiting for approval")
-        if sha and sha != t.awaiting_sha:
-            raise FailedPrecondition(
-                f"the pull request head is {t.awaiting_sha or 'unknown'} now, not {sha}; review it again "
-                f"and approve the current head")
-        rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, True, now_ms())
-        self.events.flush()
-        self.store.add_approval(rec)
-        self.transitions.move(t.id, RUNNING, ("approval.granted", {"principal": principal, "sha": rec.sha}),
-                              state_event(RUNNING), awaiting_sha="")
-        self._running.add(t.id)
-        self._wake(t.id, rec)
-        return self.view(ticket_id)
-
-    async def reject(self, ticket_id: str, principal: str, reason: str) -> TicketView:
-        t = self.view(ticket_id).ticket
-        if not principal:
-            raise InvalidArgument("a rejection needs the principal (who rejects)")
-        if t.state != WAITING_APPROVAL:
-            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}, not waiting for approval")
-        rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, False, now_ms(), reason or "")
-        self.events.flush()
-        self.store.add_approval(rec)
-        self.transitions.move(t.id, RUNNING, ("approval.rejected", {"principal": principal, "sha": rec.sha,
-                                                                    "reason": reason or ""}),
-                              counted=False, awaiting_sha="")
-        self._running.add(t.id)
-        task = self._tasks.get(ticket_id)
-        self._wake(t.id, rec)
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
-        return self.view(ticket_id)
-
-    async def reopen(self, ticket_id: str, principal: str, reason: str, *, payload: dict | None = None,
-                     on_reopen: Callable[[TicketRecord, int], None] | None = None,
-                     nodes: set[str] | None = None) -> TicketView:
-        """Run a ticket that waits for approval or has ended again, on its own
-        branch and pull request: every node back to pending, the ticket
-        `queued` with `ticket.reopened`, and `reopened_at_ms` now, so no approval
-        given before counts for what the re-run pushes (R16). The one re-open
-        transition; `afe ticket followup` and review iteration (followups.py)
-        use it. `on_reopen(ticket, at_ms)` runs once the re-open is allowed,
-        before the ticket is queued (e.g. to record the follow-up's text).
-
-        A ticket re-opened but not started yet takes more `on_reopen` calls
-        without a second re-open (a review and its comments arrive together).
-        Refused: a running ticket, a merged pull request, a teardown still
-        under way, a workflow or workspace no longer configured.
-
-        `nodes` (a retry, an update of the branch): only these nodes go back to
-        pending; the others keep their state and output."""
-        t = self.view(ticket_id).ticket
-        if not principal:
-            raise InvalidArgument("a re-open needs the principal (who asks for it)")
-        if t.state == QUEUED and t.reopened_at_ms and ticket_id not in self._tasks:
-            if on_reopen is not None:
-                on_reopen(t, t.reopened_at_ms)
-            return self.view(ticket_id)
-        if (t.state not in TERMINAL and t.state != WAITING_APPROVAL) or ticket_id in self._reopening:
-            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}; ask again once it waits for approval or "
-                                     "has ended")
-        pr = self.store.get_pr(ticket_id)
-        if pr is not None and pr.state == "merged":
-            raise FailedPrecondition(f"ticket {ticket_id}'s pull request {pr.number} is merged; create a new "
-                                     "ticket for more changes")
-        if t.state in TERMINAL and not t.torn_down:
-            raise FailedPrecondition(f"ticket {ticket_id} is still being torn down; try again in a moment")
-        if t.workflow not in self.config.workflows or t.workspace not in self.config.workspaces:
-            raise FailedPrecondition(f"ticket {ticket_id}'s workflow {t.workflow!r} or workspace {t.workspace!r} "
-                                     "is no longer configured; create a new ticket")
-        self._reopening.add(ticket_id)
-        try:
-            task = self._tasks.get(ticket_id)
-            if task is not None:      # parked in waiting_approval: stop the run without ending the ticket
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            at = now_ms()
-            if on_reopen is not None:
-                on_reopen(t, at)
-            for n in self.store.node_runs(ticket_id):
-                if nodes is not None and n.node_id not in nodes:
-                    continue          # `nodes` (a retry): the others keep their state and output
-                self.store.update_node(ticket_id, n.node_id, state=N_PENDING, error="", output="",
-                                       started_at_ms=0, finished_at_ms=0, rounds=0, feedback="")
-            self.events.flush()
-            self.transitions.move(ticket_id, QUEUED,
-                                  ("ticket.reopened", {"principal": principal, "reason": reason,
-                                                       "was": t.state, **(payload or {})}),
-                                  state_event(QUEUED), error="", awaiting_sha="", torn_down=False,
-                                  reopened_at_ms=at)
-            log.info("ticket %s re-opened by %s (%s)", ticket_id, principal, reason)
-        finally:
-            self._reopening.discard(ticket_id)
-        self._kick()
-        self.transitions.set_gauges()
-        return self.view(ticket_id)
-
-    def _wake(self, ticket_id: str, rec: ApprovalRecord) -> None:
-        fut = self._waiters.get(ticket_id)
-        if fut is not None and not fut.done():
-            fut.set_result(rec)
-        elif ticket_id not in self._tasks:
-            t = self.store.get_ticket(ticket_id)
-            if t is not None and self._claim(t.id, HELD):
-                self._launch(t, resumed=True)
-            else:   # another scheduler drives it: its heartbeat sees the decision (_lease_loop)
-                self._running.discard(ticket_id)
-
     async def watch(self, ticket_id: str, from_seq: int, follow: bool) -> AsyncGenerator[EventRecord, None]:
         self.view(ticket_id)
 
@@ -395,90 +268,6 @@ class Engine:
         async with contextlib.aclosing(self.events.watch(ticket_id, from_seq, follow, terminal)) as events:
             async for ev in events:
                 yield ev
-
-    async def diff(self, ticket_id: str) -> tuple[str, bool, bool]:
-        """(diff, truncated, recorded): the live workspace's diff, or, once the
-        ticket ended, the one stored when it ended (its workspace is gone)."""
-        t = self.view(ticket_id).ticket
-        if t.state in TERMINAL:
-            rec = self.store.final_diff(t.id)
-            if rec is not None:
-                return rec[0], rec[1], True
-        if t.torn_down or t.state == QUEUED:
-            raise FailedPrecondition(f"ticket {ticket_id} is {t.state} and has no workspace"
-                                     + (" and no stored diff (it ended before it changed anything)"
-                                        if t.state in TERMINAL else " yet; try again once it runs"))
-        r = await self.credentials.diff(t.id, t.workspace, DIFF_MAX_BYTES)
-        return r.diff, r.truncated, False
-
-    # ---- recovery: re-open an ended ticket ------------------------------------
-
-    def _again(self, t: TicketRecord, from_node: str | None) -> list[str]:
-        """The nodes a retry runs again: `from_node` and every node after it, or,
-        without it, every node that did not succeed and every node after those."""
-        wf = self.config.workflows.get(t.workflow)
-        if wf is None:
-            raise FailedPrecondition(f"workflow {t.workflow!r} is no longer configured; create a new ticket")
-        runs = {r.node_id: r for r in self.store.node_runs(t.id)}
-        if from_node:
-            if from_node not in runs:
-                raise InvalidArgument(f"ticket {t.id} has no node {from_node!r}; its nodes: "
-                                      + ", ".join(n.id for n in wf.nodes))
-            start = {from_node}
-        else:
-            start = {nid for nid, r in runs.items() if r.state != N_SUCCEEDED}
-            if not start:
-                raise FailedPrecondition(f"every node of ticket {t.id} succeeded; name the node to run again "
-                                         "from (--from NODE)")
-        again = descendants(wf.nodes, start)
-        return [n.id for n in wf.nodes if n.id in again]
-
-    async def retry(self, ticket_id: str, from_node: str, principal: str) -> TicketView:
-        """`afe ticket retry ID [--from NODE]`: re-run a failed or cancelled
-        ticket on its own branch and pull request (`reopen`); the nodes before
-        keep their state and output, the workspace comes back from the
-        ticket's branch and its kept last state (PrepareWorkspace)."""
-        if not principal:
-            raise InvalidArgument("a retry needs the principal (who retries)")
-        t = self.view(ticket_id).ticket
-        if t.state not in REOPENABLE:
-            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}; only a failed or cancelled ticket can be "
-                                     "retried")
-        again = self._again(t, from_node or None)
-        return await self.reopen(ticket_id, principal, "retry", nodes=set(again),
-                                 payload={"from": from_node or "", "nodes": again})
-
-    async def update_branch(self, ticket_id: str, principal: str) -> TicketView:
-        """A pull request that conflicts with its base: merge the base into the
-        ticket's branch on the host and re-open the ticket from its merge node,
-        which waits for a person's approval of the new head (R16)."""
-        if not principal:
-            raise InvalidArgument("updating the branch needs the principal (who asks)")
-        v = self.view(ticket_id)
-        t = v.ticket
-        if t.state not in REOPENABLE:
-            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}; update the branch of a failed or "
-                                     "cancelled ticket (cancel it first)")
-        if v.pr is None or v.pr.state == "merged":
-            raise FailedPrecondition(f"ticket {ticket_id} has " + ("no pull request; retry it instead"
-                                                                   if v.pr is None else "a merged pull request"))
-        wf = self.config.workflows.get(t.workflow)
-        merge = next((n.id for n in wf.nodes if n.label == "builtin:merge"), None) if wf else None
-        r = await self.credentials.update_branch(t.id, t.workspace)
-        if r.conflicts:
-            shown = ", ".join(list(r.conflicts)[:20]) + (" ..." if len(r.conflicts) > 20 else "")
-            self.events.append(t.id, "branch.conflict", {"principal": principal, "paths": list(r.conflicts)[:100]})
-            self.events.flush()
-            raise FailedPrecondition(f"merging {v.pr.base_branch or 'the base branch'} into {v.pr.head_branch} "
-                                     f"conflicts in: {shown}; resolve them on that branch (or retry the ticket "
-                                     "with --from the node that writes the change) and approve again")
-        if r.changed:
-            v.pr.head_sha = r.head_sha
-            self.store.put_pr(v.pr)
-        again = self._again(t, merge)
-        return await self.reopen(ticket_id, principal, "update branch", nodes=set(again),
-                                 payload={"from": merge or "", "nodes": again, "head_sha": r.head_sha,
-                                          "branch_updated": bool(r.changed)})
 
     # ---- capacity ------------------------------------------------------------
 
@@ -577,29 +366,6 @@ class Engine:
         finally:
             self._finishing.discard(t.id)
 
-    async def _record_diff(self, t: TicketRecord) -> None:
-        """The ticket's diff against its base, stored before its workspace goes,
-        so it is shown after the ticket ended (also when it failed or was cancelled)."""
-        if t.workspace not in self.config.workspaces:
-            return
-        try:
-            r = await self.credentials.diff(t.id, t.workspace, DIFF_MAX_BYTES)
-        except AfeError as exc:   # no workspace (ended before it was prepared) or the broker is away
-            log.info("ticket %s: no diff to keep: %s", t.id, exc.message)
-            return
-        self.store.put_final_diff(t.id, self.redactor.redact(r.diff), r.truncated, now_ms())
-
-    async def _record_denied_egress(self, t: TicketRecord) -> None:
-        """The hosts the ticket's egress proxy refused, as an event before its sandbox
-        goes (the final GitHub comment lists them, egress_report.py)."""
-        try:
-            r = await self.sandbox.denied_egress(t.id)
-        except AfeError:      # no sandbox (none needed, or ended before one was made) or the broker is away
-            return
-        if r.hosts:
-            self.events.append(t.id, egress_report.EVENT, egress_report.payload(r))
-            self.events.flush()
-
     async def _finish_quietly(self, t: TicketRecord, state: str, error: str) -> None:
         try:
             await self._finish(t, state, error)
@@ -626,156 +392,8 @@ class Engine:
         self._kick()
         self.transitions.set_gauges()
 
-    # ---- leases: several schedulers on one store (docs/SCALE.md) ---------------------
-
-    @property
-    def lease_ms(self) -> int:
-        return int(self.lease_s * 1000)
-
-    def _claim(self, ticket_id: str, states: tuple[str, ...]) -> bool:
-        """Take the ticket for this scheduler (a new fence) when it is in `states`
-        and free; True when this scheduler drives it now."""
-        if ticket_id in self._tasks:
-            return True
-        fence = self.store.claim_ticket(ticket_id, states, self.lease_ms)
-        if fence is None:
-            return False
-        self._lost.discard(ticket_id)
-        return True
-
-    def _holds(self, ticket_id: str) -> bool:
-        fence = self.store.fences.get(ticket_id) if self.store.shared else 0
-        if fence is None or ticket_id in self._lost:
-            return False
-        return not self.store.shared or self.store.holds(ticket_id, fence)
-
-    def check_lease(self, ticket_id: str) -> None:
-        """Right before a side effect (a push, a pull request, a merge, a comment):
-        this scheduler still holds the ticket with its fence, by the database's
-        clock, or `LeaseLost` (R37)."""
-        if self.fencing and not self._holds(ticket_id):
-            self._lost.add(ticket_id)
-            raise LeaseLost(ticket_id)
-
-    def lease_lost(self, ticket_id: str) -> bool:
-        return ticket_id in self._lost
-
-    def _resume(self, t: TicketRecord) -> None:
-        if t.state == RUNNING:
-            self._running.add(t.id)
-        self._launch(t, resumed=True)
-
-    def _forget(self, ticket_id: str, why: str) -> None:
-        """Stop driving a ticket another scheduler took over: no write, no teardown."""
-        log.warning("ticket %s: stopped here: %s; the scheduler that took it over goes on", ticket_id, why)
-        self._lost.add(ticket_id)
-        self.store.fences.pop(ticket_id, None)
-        self._running.discard(ticket_id)
-        self._cancelling.pop(ticket_id, None)
-        self._kick()
-
-    async def _cancel_elsewhere(self, ticket_id: str, who: str) -> TicketView:
-        """A cancel of a ticket another scheduler drives: ask it (its heartbeat sees the
-        request) and wait for the end, at most a lease and a half."""
-        self.store.request_cancel(ticket_id, who)
-        end = time.monotonic() + self.lease_s * 1.5 + 5
-        while time.monotonic() < end:
-            t = self.store.get_ticket(ticket_id)
-            if t is None or t.state in TERMINAL:
-                break
-            await asyncio.sleep(0.2)
-        return self.view(ticket_id)
-
-    async def _lease_loop(self) -> None:
-        """Renew the leases of the tickets this scheduler drives, every third of a
-        lease; stop the ones another scheduler took over; act on what was asked
-        of them through another scheduler (a cancel, an approval)."""
-        while not self._stopping:
-            await asyncio.sleep(self.lease_s / 3)
-            held = list(self.store.fences)
-            if not held:
-                continue
-            try:
-                leases = {lease.ticket_id: lease for lease in self.store.renew_leases(held, self.lease_ms)}
-            except Exception as exc:  # noqa: BLE001 - the database is away: the leases run out unless it is back
-                log.warning("scheduler: could not renew its tickets' leases: %s",
-                            getattr(exc, "message", type(exc).__name__))
-                if self.metrics is not None:
-                    self.metrics.lease_renew_failures.labels(reason="error").inc()
-                continue
-            for tid in held:
-                lease = leases.get(tid)
-                if lease is None:
-                    if tid not in self.store.fences:
-                        continue          # released meanwhile (the ticket ended)
-                    if self.metrics is not None:
-                        self.metrics.lease_renew_failures.labels(reason="lost").inc()
-                    self._lost.add(tid)
-                    self.store.fences.pop(tid, None)
-                    task = self._tasks.get(tid)
-                    if task is not None and tid not in self._finishing:
-                        task.cancel()
-                    continue
-                if lease.cancel_by and tid in self._tasks and tid not in self._cancelling:
-                    self._spawn(self.cancel(tid, lease.cancel_by))
-                elif lease.state == RUNNING and tid in self._waiters:
-                    rec = self.store.latest_approval(tid)
-                    if rec is not None:
-                        self._running.add(tid)
-                        self._wake(tid, rec)
-
-    async def _takeover_loop(self) -> None:
-        """Claim the live tickets whose owner's lease expired (it died or hangs) and
-        resume them here; start queued tickets filed through other schedulers."""
-        interval = max(0.2, self.lease_s / 5)
-        while not self._stopping:
-            await asyncio.sleep(interval)
-            try:
-                for tid in self.store.expired_tickets(HELD):
-                    if self._stopping or tid in self._tasks:
-                        continue
-                    if len(self._running) >= self.max_running:
-                        break
-                    t = self.store.get_ticket(tid)
-                    if t is None or not self._claim(tid, HELD):
-                        continue
-                    t = self.store.get_ticket(tid) or t
-                    log.info("ticket %s: taken over (%s; its scheduler's lease expired)", tid, t.state)
-                    if self.metrics is not None:
-                        self.metrics.lease_takeovers.labels(from_state=t.state).inc()
-                    self.events.append(tid, "ticket.takeover", {"scheduler": self.owner, "state": t.state})
-                    self._resume(t)
-                self._kick()
-            except Exception as exc:  # noqa: BLE001 - the next scan tries again
-                log.warning("scheduler: the takeover scan failed: %s", getattr(exc, "message", type(exc).__name__))
-
     # ---- what a run may use (executor.Host) ---------------------------------------
 
     @property
     def stopping(self) -> bool:
         return self._stopping
-
-    def node_metric(self, kind: str, outcome: str, seconds: float) -> None:
-        if self.metrics is not None:
-            k = kind.split(":")[0]
-            self.metrics.node_duration.labels(kind=k, outcome=outcome).observe(seconds)
-
-    def usage_metric(self, model: str, input_tokens: int, output_tokens: int, cost_usd: float | None) -> None:
-        """Count a model call's tokens and estimated cost; `model` is a Model manifest name."""
-        if self.usage is None or model not in self.config.models:
-            return
-        self.usage.tokens.labels(model=model, direction="input").inc(max(0, input_tokens))
-        self.usage.tokens.labels(model=model, direction="output").inc(max(0, output_tokens))
-        if cost_usd:
-            self.usage.cost.labels(model=model).inc(cost_usd)
-
-    async def wait_for_decision(self, ticket_id: str) -> ApprovalRecord:
-        fut: asyncio.Future[ApprovalRecord] = asyncio.get_running_loop().create_future()
-        self._waiters[ticket_id] = fut
-        try:
-            self._running.discard(ticket_id)   # a waiting ticket holds no capacity
-            self._kick()
-            return await fut
-        finally:
-            if self._waiters.get(ticket_id) is fut:
-                del self._waiters[ticket_id]
