@@ -137,15 +137,15 @@ def check_database(target: DatabaseTarget) -> str:
     from . import migrations
 
     if target.backend == "postgresql":
-        from . import pg_store
+        from . import pg_connect
 
-        db = pg_store.connect(target.conninfo, target.where)
+        db = pg_connect.connect(target.conninfo, target.where)
         try:
-            version, needed = pg_store.schema_state(db)
+            version, needed = pg_connect.schema_state(db)
         finally:
             db.close()
-        pg_store.check_newer(version, needed, target.where)
-        known = pg_store.SCHEMA_VERSION
+        pg_connect.check_newer(version, needed, target.where)
+        known = pg_connect.SCHEMA_VERSION
     else:
         from . import sqlite_store
 

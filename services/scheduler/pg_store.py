@@ -18,6 +18,9 @@ write's own transaction: a claim (which updates the row) waits for the
 write to commit, and a write after the claim finds the new fence and is
 refused (`LeaseLost`) with nothing written.
 
+Opening the database and reading its schema version: pg_connect.py. The
+GitHub intake, report and sandbox-placement records: pg_records.py.
+
 The connection string is never logged or put in an error (R29): errors name
 the host, port and database only (`where`).
 """
@@ -35,13 +38,14 @@ import psycopg
 from services.common.errors import FailedPrecondition, Unavailable
 
 from . import migrations
+from .pg_connect import MIGRATIONS, SCHEMA_VERSION, _one, check_newer, connect, schema_state
 from .pg_events import insert_events
+from .pg_records import PostgresRecords
 from .store import (
     LIVE,
     TERMINAL,
     ApprovalRecord,
     EventRecord,
-    FollowUpRecord,
     Lease,
     LeaseLost,
     NodeRunRecord,
@@ -52,8 +56,6 @@ from .store import (
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS: list[str] = migrations.load("postgresql")
-SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x61666531   # pg_advisory_xact_lock key ("afe1") held while migrating
 
 _TICKET_COLS = ("rowid, id, workspace, workflow, title, body, inputs_json, state, created_at_ms, "
@@ -76,65 +78,7 @@ def _ticket(row: tuple) -> TicketRecord:
     )
 
 
-def _one(row: tuple | None) -> tuple:
-    """The row of a query that always returns one."""
-    assert row is not None
-    return row
-
-
-def connect(conninfo: str, where: str) -> psycopg.Connection:
-    """An autocommit connection, or an error that says what to change (and
-    repeats neither the connection string nor the password)."""
-    try:
-        return psycopg.connect(conninfo, autocommit=True)
-    except psycopg.Error as exc:
-        raise connect_error(exc, where) from None
-
-
-def connect_error(exc: psycopg.Error, where: str) -> Exception:
-    """Say what to change. libpq reports a refused login as text (no SQLSTATE
-    on the connection error), so the server's FATAL line is classified by its
-    words; the text itself is never passed on."""
-    text = str(exc)
-    fatal = text.partition("FATAL:")[2]
-    if ("password authentication failed" in fatal or "no password supplied" in text
-            or "authentication failed" in fatal or "no pg_hba.conf entry" in fatal):
-        return FailedPrecondition(
-            f"AFE_DATABASE_URL: {where} refused the user name or password (the password is not shown): fix "
-            "the credentials in AFE_DATABASE_URL, or the server's pg_hba.conf for this host")
-    if "does not exist" in fatal and "database" in fatal:
-        return FailedPrecondition(
-            f"AFE_DATABASE_URL: {where} does not exist on its server: create it (CREATE DATABASE ... OWNER "
-            "the user in the URL) or fix the database name in AFE_DATABASE_URL")
-    if "permission denied" in fatal:
-        return FailedPrecondition(
-            f"AFE_DATABASE_URL: the user in the URL may not use {where}: grant it CONNECT, or use the "
-            "database's owner")
-    if fatal:
-        return FailedPrecondition(
-            f"AFE_DATABASE_URL: {where} refused the connection; its server's log says why")
-    return Unavailable(
-        f"AFE_DATABASE_URL: cannot reach {where}: check that the server runs and accepts connections from "
-        "this machine, and the host and port in AFE_DATABASE_URL")
-
-
-def schema_state(db: psycopg.Connection) -> tuple[int, str | None]:
-    """(the database's schema version, 0 when empty; the afe release that
-    first applied a version past this afe's, when there is one)."""
-    if _one(db.execute("SELECT to_regclass('schema_version')").fetchone())[0] is None:
-        return 0, None
-    version = _one(db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone())[0]
-    row = db.execute("SELECT afe_version FROM schema_version WHERE version > %s ORDER BY version LIMIT 1",
-                     (SCHEMA_VERSION,)).fetchone()
-    return int(version), (row[0] if row else None)
-
-
-def check_newer(version: int, needed: str | None, where: str) -> None:
-    if version > SCHEMA_VERSION:
-        raise FailedPrecondition(migrations.newer_schema_message(where, version, SCHEMA_VERSION, needed))
-
-
-class PostgresStore(Store):
+class PostgresStore(PostgresRecords, Store):
     shared = True
 
     def __init__(self, conninfo: str, where: str = "the PostgreSQL database") -> None:
@@ -400,64 +344,3 @@ class PostgresStore(Store):
         row = self._conn().execute("SELECT diff, truncated FROM ticket_diffs WHERE ticket_id=%s",
                               (ticket_id,)).fetchone()
         return (row[0], bool(row[1])) if row else None
-
-    # GitHub intake
-    def claim_once(self, key: str, at_ms: int) -> bool:
-        cur = self._conn().execute("INSERT INTO github_once (key, at_ms) VALUES (%s,%s) ON CONFLICT (key) "
-                                   "DO NOTHING", (key, at_ms))
-        return cur.rowcount == 1
-
-    def poll_cursor(self, workspace: str) -> tuple[str, str]:
-        row = self._conn().execute("SELECT etag, last_event_id FROM github_poll_cursors WHERE workspace=%s",
-                                   (workspace,)).fetchone()
-        return (row[0], row[1]) if row else ("", "")
-
-    def put_poll_cursor(self, workspace: str, etag: str, last_event_id: str, at_ms: int) -> None:
-        self._conn().execute(
-            "INSERT INTO github_poll_cursors (workspace, etag, last_event_id, updated_at_ms) "
-            "VALUES (%s,%s,%s,%s) ON CONFLICT (workspace) DO UPDATE SET etag=excluded.etag, "
-            "last_event_id=excluded.last_event_id, updated_at_ms=excluded.updated_at_ms",
-            (workspace, etag, last_event_id, at_ms))
-
-    def ticket_for_pr(self, workspace: str, number: str) -> str | None:
-        row = self._conn().execute(
-            "SELECT p.ticket_id FROM pull_requests p JOIN tickets t ON t.id=p.ticket_id WHERE t.workspace=%s AND p.number=%s "
-            "ORDER BY t.created_at_ms DESC LIMIT 1", (workspace, number)).fetchone()
-        return row[0] if row else None
-
-    # follow-ups and reports
-    def add_followup(self, rec: FollowUpRecord) -> None:
-        self._conn().execute(
-            "INSERT INTO ticket_followups (ticket_id, at_ms, author, source, text, path, line, url) "
-            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
-            (rec.ticket_id, rec.at_ms, rec.author, rec.source, rec.text, rec.path, rec.line, rec.url))
-
-    def followups(self, ticket_id: str, since_ms: int) -> list[FollowUpRecord]:
-        rows = self._conn().execute(
-            "SELECT ticket_id, at_ms, author, source, text, path, line, url FROM ticket_followups "
-            "WHERE ticket_id=%s AND at_ms>=%s ORDER BY id", (ticket_id, since_ms)).fetchall()
-        return [FollowUpRecord(*r) for r in rows]
-
-    def report(self, ticket_id: str, step: str) -> tuple[str, str] | None:
-        row = self._conn().execute("SELECT comment_id, digest FROM github_reports WHERE ticket_id=%s AND step=%s",
-                              (ticket_id, step)).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def put_report(self, ticket_id: str, step: str, comment_id: str, digest: str, at_ms: int) -> None:
-        self._conn().execute(
-            "INSERT INTO github_reports (ticket_id, step, comment_id, digest, at_ms) VALUES (%s,%s,%s,%s,%s) "
-            "ON CONFLICT (ticket_id, step) DO UPDATE SET comment_id=excluded.comment_id, "
-            "digest=excluded.digest, at_ms=excluded.at_ms", (ticket_id, step, comment_id, digest, at_ms))
-
-    def place_sandbox(self, ticket_id: str, broker: str, at_ms: int) -> None:
-        self._conn().execute("INSERT INTO sandbox_placements (ticket_id, broker, at_ms) VALUES (%s,%s,%s) "
-                             "ON CONFLICT (ticket_id) DO UPDATE SET broker=excluded.broker, at_ms=excluded.at_ms",
-                             (ticket_id, broker, at_ms))
-
-    def sandbox_placement(self, ticket_id: str) -> str | None:
-        row = self._conn().execute("SELECT broker FROM sandbox_placements WHERE ticket_id=%s",
-                                   (ticket_id,)).fetchone()
-        return row[0] if row else None
-
-    def unplace_sandbox(self, ticket_id: str) -> None:
-        self._conn().execute("DELETE FROM sandbox_placements WHERE ticket_id=%s", (ticket_id,))
