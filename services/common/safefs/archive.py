@@ -13,6 +13,8 @@ read by `readlink`, never followed); FIFOs, sockets and devices are left
 out. `skip` names directories whose content is left out (the directory
 itself is stored, empty): `.git` for a snapshot.
 
+The ustar/PAX encoding itself is tarformat.py's.
+
 `Unpacker` is our own push parser of that format, not `tarfile`: the sender
 is untrusted, and `tarfile` reads a PAX header of any declared size into
 memory and follows its own rules for links. Every entry is checked before
@@ -43,20 +45,24 @@ import stat
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition
 from .open import DIR_FLAGS, MAX_COMPONENT, MAX_PATH, DirCache, open_regular_or_none
+from .tarformat import (
+    BLOCK,
+    DIRTYPE,
+    MAX_PAX,
+    PAXTYPE,
+    REGTYPE,
+    SYMTYPE,
+    BadArchive,
+    entry_header,
+    octal_field,
+    parse_pax,
+)
 from .walk import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ENTRIES, Item, Limits, TreeTooLarge, walk
 
-BLOCK = 512
 CHUNK = 1 << 20                 # bytes per message on the wire
-MAX_PAX = 64 * 1024             # a PAX header holds a path and a link target: far below this
 DEFAULT_MAX_BYTES = 10 * 1024 ** 3   # the default workspace disk cap (sandbox.limits.disk)
-
-REGTYPE, DIRTYPE, SYMTYPE, PAXTYPE = b"0", b"5", b"2", b"x"
-
-
-class BadArchive(InvalidArgument):
-    """An archive entry is refused; the message names the entry and why."""
 
 
 @dataclass(frozen=True)
@@ -97,55 +103,6 @@ def _shown(rel: bytes) -> str:
 
 # -- writing -------------------------------------------------------------------
 
-def _octal(n: int, width: int) -> bytes:
-    return b"%0*o\0" % (width - 1, n)
-
-
-def _header(name: bytes, typeflag: bytes, *, size: int = 0, mode: int = 0o644, link: bytes = b"",
-            mtime: int = 0) -> bytes:
-    """One ustar header, preceded by a PAX header when the name or link does not fit."""
-    pax = b""
-    records = []
-    if len(name) > 100 or not name.isascii():
-        records.append((b"path", name))
-        name = b"pax-long-name"
-    if len(link) > 100 or not link.isascii():
-        records.append((b"linkpath", link))
-        link = b"pax-long-link"
-    if records:
-        body = b"".join(_pax_record(k, v) for k, v in records)
-        pax = _ustar(b"././@PaxHeader", PAXTYPE, len(body), 0o644, b"", 0) + _padded(body)
-    return pax + _ustar(name, typeflag, size, mode, link, mtime)
-
-
-def _pax_record(key: bytes, value: bytes) -> bytes:
-    rest = b" " + key + b"=" + value + b"\n"
-    n = len(rest) + 1
-    while len(b"%d" % n) + len(rest) != n:
-        n += 1
-    return b"%d" % n + rest
-
-
-def _ustar(name: bytes, typeflag: bytes, size: int, mode: int, link: bytes, mtime: int) -> bytes:
-    h = bytearray(BLOCK)
-    h[0:len(name)] = name
-    h[100:108] = _octal(mode, 8)
-    h[108:116] = _octal(0, 8)
-    h[116:124] = _octal(0, 8)
-    h[124:136] = _octal(size, 12)
-    h[136:148] = _octal(mtime, 12)
-    h[148:156] = b" " * 8
-    h[156:157] = typeflag
-    h[157:157 + len(link)] = link
-    h[257:265] = b"ustar\x0000"
-    h[148:156] = b"%06o\0 " % sum(h)
-    return bytes(h)
-
-
-def _padded(data: bytes) -> bytes:
-    return data + b"\0" * (-len(data) % BLOCK)
-
-
 def pack(root_fd: int, limits: ArchiveLimits, skip: Callable[[bytes], bool] | None = None
          ) -> Generator[bytes, None, None]:
     """The tree under `root_fd` as tar chunks (about `CHUNK` bytes each).
@@ -164,13 +121,13 @@ def pack(root_fd: int, limits: ArchiveLimits, skip: Callable[[bytes], bool] | No
             raise TreeTooLarge(f"a workspace path is longer than {MAX_PATH} bytes (limit of {limits.what}): "
                                f"{_shown(rel)}; shorten its directory or file names", "path", MAX_PATH)
         if stat.S_ISDIR(st.st_mode):
-            out += _header(rel + b"/", DIRTYPE, mode=0o755)
+            out += entry_header(rel + b"/", DIRTYPE, mode=0o755)
         elif stat.S_ISLNK(st.st_mode):
             try:
                 target = os.readlink(item.name, dir_fd=item.dir_fd)
             except OSError:
                 continue
-            out += _header(rel, SYMTYPE, mode=0o777, link=os.fsencode(target))
+            out += entry_header(rel, SYMTYPE, mode=0o777, link=os.fsencode(target))
         elif stat.S_ISREG(st.st_mode):
             fd = open_regular_or_none(item.dir_fd, item.name)
             if fd is None:
@@ -184,7 +141,7 @@ def pack(root_fd: int, limits: ArchiveLimits, skip: Callable[[bytes], bool] | No
                 if total > limits.max_bytes:
                     raise limits.too_large(total)
                 mode = 0o755 if fst.st_mode & stat.S_IXUSR else 0o644
-                out += _header(rel, REGTYPE, size=size, mode=mode, mtime=int(fst.st_mtime))
+                out += entry_header(rel, REGTYPE, size=size, mode=mode, mtime=int(fst.st_mtime))
                 left = size
                 while left:
                     data = os.read(fd, min(left, CHUNK))
@@ -247,35 +204,6 @@ def _check_name(raw: bytes, limits: ArchiveLimits) -> list[bytes]:
     return parts
 
 
-def _octal_field(field: bytes, what: str) -> int:
-    if field[:1] and field[0] & 0x80:
-        raise BadArchive(f"an archive entry's {what} is in base-256 (larger than tar's octal fields)")
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    if not text:
-        return 0
-    try:
-        return int(text, 8)
-    except ValueError:
-        raise BadArchive(f"an archive entry's {what} is not an octal number") from None
-
-
-def _parse_pax(body: bytes) -> dict[bytes, bytes]:
-    out: dict[bytes, bytes] = {}
-    pos = 0
-    while pos < len(body):
-        sp = body.find(b" ", pos)
-        if sp < 0 or not body[pos:sp].isdigit():
-            raise BadArchive("an archive PAX header is malformed")
-        n = int(body[pos:sp])
-        rec = body[sp + 1:pos + n]
-        if n <= 0 or pos + n > len(body) or not rec.endswith(b"\n") or b"=" not in rec:
-            raise BadArchive("an archive PAX header is malformed")
-        key, _, value = rec[:-1].partition(b"=")
-        out[key] = value
-        pos += n
-    return out
-
-
 class Unpacker:
     """Extracts a tar stream fed in chunks into the empty directory `root_fd`
     (see the module's rules). `feed` each chunk, `finish`, and `close` in any case; counts in
@@ -318,7 +246,7 @@ class Unpacker:
             if self._state == "header":
                 self._header(chunk)
             elif self._state == "pax":
-                self._pax = _parse_pax(chunk[:self._pax_len])
+                self._pax = parse_pax(chunk[:self._pax_len])
                 self._state, self._need = "header", BLOCK
             else:   # pad
                 self._state, self._need = "header", BLOCK
@@ -343,11 +271,11 @@ class Unpacker:
             return
         if self._zeros:
             raise BadArchive("the archive has a zero block in the middle")
-        stored = _octal_field(h[148:156], "checksum")
+        stored = octal_field(h[148:156], "checksum")
         if stored != sum(h[:148]) + 8 * 32 + sum(h[156:]):
             raise BadArchive("an archive header's checksum is wrong (not a tar stream, or damaged)")
         typeflag = h[156:157]
-        size = _octal_field(h[124:136], "size")
+        size = octal_field(h[124:136], "size")
         name = h[0:100].split(b"\0", 1)[0]
         if h[257:263] == b"ustar\x00" and h[345]:
             name = h[345:500].split(b"\0", 1)[0] + b"/" + name
@@ -373,7 +301,7 @@ class Unpacker:
         parts = _check_name(name, self.limits)
         rel = b"/".join(parts)
         if typeflag in (REGTYPE, b"\0", b"7"):
-            self._file(rel, parts, size, _octal_field(h[100:108], "mode"))
+            self._file(rel, parts, size, octal_field(h[100:108], "mode"))
             return
         if size:
             raise BadArchive(f"the archive entry {_shown(rel)} is not a regular file but carries data")
