@@ -17,7 +17,8 @@ from services.common import grpcutil
 from services.common.config import Config
 from services.common.layout import Layout
 from services.common.links import LinkSecrets
-from services.common.metrics import MeteredCredentials, relay_metrics
+from services.common.metered import MeteredCredentials
+from services.common.metrics import relay_metrics
 from services.common.redact import Redactor
 from services.common.secrets import SecretValue
 

@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common import grpcutil, metrics
+from services.common import grpcutil, metered, metrics
 from services.common.links import new_secret
 from services.common.redact import Redactor
 
@@ -152,7 +152,7 @@ class _Core:
 
 async def test_r25_metered_credentials_counts_ops_forges_and_models():
     reg = CollectorRegistry()
-    core = metrics.MeteredCredentials(_Core(), reg)
+    core = metered.MeteredCredentials(_Core(), reg)
     await core.push("t-20261201-abc", "gh")
     from services.common.errors import PermissionDenied
 
