@@ -10,8 +10,8 @@ Host git never runs with the workspace as its repository or work tree after
 the initial checkout: commits are built from a safe walk of the workspace
 (`snapshot.py`, `capture.py`) into the ticket's private git dir. The sandbox
 can therefore never touch a config, hook, attribute file, object or ref that
-host git uses. Spare checkouts are in `spares.py`; remotes and the mirror in
-`mirrors.py`.
+host git uses. The checkout itself is in `checkout.py`, spare checkouts in
+`spares.py`; remotes and the mirror in `mirrors.py`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from services.common.errors import (
 from services.common.layout import Layout, check_ticket_id
 from services.common.secrets import SecretValue
 
-from . import capture
+from . import capture, checkout
 from .gitcmd import GitFailed, GitRunner
 from .mirrors import Mirrors
 from .spares import Spares
@@ -72,7 +72,7 @@ class WorkspaceGit:
         checkouts: after preparing a workspace, the next checkout of the same
         base commit is made in the background, so the next ticket on that
         repository only renames it into place. `scratch_git` gives each
-        workspace a `.git` of its own for the sandbox's use (see _scratch_repo)."""
+        workspace a `.git` of its own for the sandbox's use (checkout.scratch_repo)."""
         self.git = runner
         self.layout = layout
         self.tokens = tokens
@@ -248,34 +248,9 @@ class WorkspaceGit:
 
     async def _populate(self, git_dir: Path, target: Path, sha: str, index: Path) -> None:
         """Check `sha` out into the new folder `target` and hand it to the sandbox user."""
-        target.mkdir(mode=0o755)  # noqa: ASYNC240 - one mkdir on the local disk
-        try:
-            await self.git.run(["-c", "checkout.workers=0", "read-tree", "--reset", "-u", "--end-of-options", sha],
-                               git_dir=git_dir, work_tree=target, env={"GIT_INDEX_FILE": str(index)},
-                               what="git checkout")
-        finally:
-            index.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink of a local temp file
-        if self.scratch_git:
-            await self._scratch_repo(git_dir, target, sha)
+        await checkout.populate(self.git, git_dir, target, sha, index, scratch_git=self.scratch_git)
         if os.geteuid() == 0:
             await self._chown(target)
-
-    async def _scratch_repo(self, git_dir: Path, target: Path, sha: str) -> None:
-        """Give the workspace a `.git` of its own, for the sandbox's `git status`/`git diff`:
-        a shallow repository holding only the base commit, on branch `workspace`.
-        It is written now, before any sandbox exists; host git never reads it again."""
-        scratch = target / ".git"
-        await self.git.run(["init", "-q", "--bare", "--", str(scratch)], what="git init (scratch)")
-        objects = await self.git.run(["rev-list", "--objects", "--no-walk", "--end-of-options", sha],
-                                     git_dir=git_dir, what="git rev-list")
-        await self.git.run(["pack-objects", "-q", "--", str(scratch / "objects" / "pack" / "pack")],
-                           git_dir=git_dir, stdin=objects.stdout, what="git pack-objects")
-        (scratch / "shallow").write_text(sha + "\n")
-        await self.git.run(["config", "core.bare", "false"], git_dir=scratch)
-        await self.git.run(["update-ref", "--end-of-options", "refs/heads/workspace", sha], git_dir=scratch)
-        await self.git.run(["symbolic-ref", "HEAD", "refs/heads/workspace"], git_dir=scratch)
-        await self.git.run(["read-tree", "--end-of-options", sha], git_dir=scratch,
-                           env={"GIT_INDEX_FILE": str(scratch / "index")}, what="git read-tree (scratch)")
 
     async def idle(self) -> None:
         """Wait for background spare checkouts."""

@@ -1,0 +1,45 @@
+"""A ticket's checkout: a commit written into a new folder by host git (the
+only time host git has the workspace as its work tree, before any sandbox
+exists), with, optionally, a scratch `.git` of the workspace's own for the
+sandbox's `git status`/`git diff`. Handing the folder to the sandbox user is
+workspaces.py's (`WorkspaceGit._chown`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .gitcmd import GitRunner
+
+
+async def populate(git: GitRunner, git_dir: Path, target: Path, sha: str, index: Path, *,
+                   scratch_git: bool) -> None:
+    """Check `sha` of `git_dir` out into the new folder `target` (`index` is a
+    temporary index file, removed after); with `scratch_git`, add `scratch_repo`."""
+    target.mkdir(mode=0o755)  # noqa: ASYNC240 - one mkdir on the local disk
+    try:
+        await git.run(["-c", "checkout.workers=0", "read-tree", "--reset", "-u", "--end-of-options", sha],
+                      git_dir=git_dir, work_tree=target, env={"GIT_INDEX_FILE": str(index)},
+                      what="git checkout")
+    finally:
+        index.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink of a local temp file
+    if scratch_git:
+        await scratch_repo(git, git_dir, target, sha)
+
+
+async def scratch_repo(git: GitRunner, git_dir: Path, target: Path, sha: str) -> None:
+    """Give the workspace a `.git` of its own, for the sandbox's `git status`/`git diff`:
+    a shallow repository holding only the base commit, on branch `workspace`.
+    It is written now, before any sandbox exists; host git never reads it again."""
+    scratch = target / ".git"
+    await git.run(["init", "-q", "--bare", "--", str(scratch)], what="git init (scratch)")
+    objects = await git.run(["rev-list", "--objects", "--no-walk", "--end-of-options", sha],
+                            git_dir=git_dir, what="git rev-list")
+    await git.run(["pack-objects", "-q", "--", str(scratch / "objects" / "pack" / "pack")],
+                  git_dir=git_dir, stdin=objects.stdout, what="git pack-objects")
+    (scratch / "shallow").write_text(sha + "\n")
+    await git.run(["config", "core.bare", "false"], git_dir=scratch)
+    await git.run(["update-ref", "--end-of-options", "refs/heads/workspace", sha], git_dir=scratch)
+    await git.run(["symbolic-ref", "HEAD", "refs/heads/workspace"], git_dir=scratch)
+    await git.run(["read-tree", "--end-of-options", sha], git_dir=scratch,
+                  env={"GIT_INDEX_FILE": str(scratch / "index")}, what="git read-tree (scratch)")
