@@ -4,8 +4,9 @@ frozen, destroyed, and reconciled against the set of live tickets.
 
 Only objects labelled with this broker's `afe.instance` are ever touched.
 The Docker SDK is synchronous; its calls run in worker threads. Making the
-containers is in provision.py, removing them in cleanup.py, the proxy wait
-and the bridge address in egress_proxy.py, what is reported in sandbox_info.py.
+containers is in provision.py, starting existing ones again in restart.py,
+removing them in cleanup.py, the proxy wait and the bridge address in
+egress_proxy.py, what is reported in sandbox_info.py.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from services.common.config import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
 
-from . import cleanup, diskcap, egress_proxy, hardening, provision, relayforward, sandbox_info
+from . import cleanup, diskcap, egress_proxy, hardening, provision, relayforward, restart, sandbox_info
 from .egress import check_cidrs, check_egress_names, check_private
 from .egress_proxy import bridge_ipv4
 from .handover import Handover
@@ -146,18 +147,7 @@ class SandboxManager:
             if existing is not None:
                 await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes)
                 await self._ensure_cap(ticket_id, settings.disk_bytes, existing.container_id)
-                proxy_id = existing.proxy_container_id
-                if proxy_id:
-                    # after an engine restart the proxy is stopped too: bring it back first
-                    attrs = await asyncio.to_thread(self.client.api.inspect_container, proxy_id)
-                    if not attrs["State"].get("Running"):
-                        await asyncio.to_thread(self.client.api.start, proxy_id)
-                        await egress_proxy.wait_proxy(self.client, proxy_id, self.egress_network)
-                if existing.state == "exited":
-                    await asyncio.to_thread(self.client.api.start, existing.container_id)
-                    existing = replace(existing, state="running")
-                if existing.relay and existing.state == "running":
-                    await asyncio.to_thread(relayforward.start, self.client, existing.container_id)
+                existing = await restart.bring_back(self.client, existing, self.egress_network)
                 self._cache[ticket_id] = existing
                 return existing
             workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes, new=True)

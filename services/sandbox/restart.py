@@ -1,0 +1,32 @@
+"""An existing sandbox brought back by an idempotent create, after the
+Docker engine or the host restarted: the egress proxy first (the sandbox's
+only way out must be up before the sandbox runs again), then the sandbox
+container, then its model relay forwarder (relayforward.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import docker
+
+from . import egress_proxy, relayforward
+from .sandbox_info import SandboxInfo
+
+
+async def bring_back(client: docker.DockerClient, existing: SandboxInfo, egress_network: str) -> SandboxInfo:
+    """Start what of `existing` is stopped; returns its info as it now is."""
+    proxy_id = existing.proxy_container_id
+    if proxy_id:
+        # after an engine restart the proxy is stopped too: bring it back first
+        attrs = await asyncio.to_thread(client.api.inspect_container, proxy_id)
+        if not attrs["State"].get("Running"):
+            await asyncio.to_thread(client.api.start, proxy_id)
+            await egress_proxy.wait_proxy(client, proxy_id, egress_network)
+    if existing.state == "exited":
+        await asyncio.to_thread(client.api.start, existing.container_id)
+        existing = replace(existing, state="running")
+    if existing.relay and existing.state == "running":
+        await asyncio.to_thread(relayforward.start, client, existing.container_id)
+    return existing
