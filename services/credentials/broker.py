@@ -23,6 +23,7 @@ from services.common.layout import check_ticket_id
 from services.common.redact import Redactor
 
 from . import handover
+from .fences import Fences
 from .forges import MERGE_METHODS, Forge, PullRequestInfo
 from .github import GitHubForge, RepoEvents
 from .models.base import Completion, ModelProvider, Msg, Tool
@@ -57,8 +58,9 @@ class MergeOutcome:
 class CredentialCore:
     def __init__(self, config: Config, git: WorkspaceGit, forges: dict[str, Forge],
                  providers: dict[str, ModelProvider], redactor: Redactor, relay: RelayHub | None = None,
-                 report_key_file: Path | None = None) -> None:
+                 report_key_file: Path | None = None, fences: Fences | None = None) -> None:
         self.config = config
+        self.fences = fences if fences is not None else Fences(None)   # R37: the highest fence per ticket
         self.relay = relay
         self.git = git
         self.forges = forges
@@ -97,24 +99,29 @@ class CredentialCore:
         check_ticket_id(ticket_id)
         return await self.git.prepare(self.workspace(workspace), ticket_id)
 
-    async def commit(self, ticket_id: str, workspace: str, message: str) -> Committed:
+    async def commit(self, ticket_id: str, workspace: str, message: str, fence: int = 0) -> Committed:
         check_ticket_id(ticket_id)
-        return await self.git.commit(self.workspace(workspace), ticket_id, message)
+        ws = self.workspace(workspace)
+        async with self.fences.hold(ticket_id, fence):
+            return await self.git.commit(ws, ticket_id, message)
 
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> tuple[str, bool]:
         check_ticket_id(ticket_id)
         self.workspace(workspace)
         return await self.git.diff(ticket_id, max_bytes)
 
-    async def push(self, ticket_id: str, workspace: str) -> tuple[str, str]:
+    async def push(self, ticket_id: str, workspace: str, fence: int = 0) -> tuple[str, str]:
         check_ticket_id(ticket_id)
-        return await self.git.push(self.workspace(workspace), ticket_id)
+        ws = self.workspace(workspace)
+        async with self.fences.hold(ticket_id, fence):
+            return await self.git.push(ws, ticket_id)
 
     async def release_workspace(self, ticket_id: str, workspace: str) -> None:
         """The ticket has ended: its relay goes first (R32), then its git dir and workspace."""
         check_ticket_id(ticket_id)
         await self.close_relay(ticket_id)
         await self.git.release(ticket_id, self.config.workspaces.get(workspace))
+        self.fences.forget(ticket_id)
 
     # -- the workspace on another host (handover.py) --------------------------
     @contextlib.asynccontextmanager
@@ -128,10 +135,10 @@ class CredentialCore:
             yield prepared, handover.packed(work)
 
     async def commit_archive(self, ticket_id: str, workspace: str, message: str,
-                             chunks: AsyncIterator[bytes]) -> Committed:
+                             chunks: AsyncIterator[bytes], fence: int = 0) -> Committed:
         check_ticket_id(ticket_id)
         ws = self.workspace(workspace)
-        async with handover.unpacked(self.git.layout, chunks) as work:
+        async with self.fences.hold(ticket_id, fence), handover.unpacked(self.git.layout, chunks) as work:
             return await self.git.commit(ws, ticket_id, message, work)
 
     async def diff_archive(self, ticket_id: str, workspace: str, max_bytes: int,
@@ -147,26 +154,31 @@ class CredentialCore:
         await self.close_relay(ticket_id)
         async with handover.unpacked(self.git.layout, chunks) as work:
             await self.git.release(ticket_id, self.config.workspaces.get(workspace), work)
+        self.fences.forget(ticket_id)
 
-    async def update_branch(self, ticket_id: str, workspace: str) -> tuple[str, bool, list[str]]:
+    async def update_branch(self, ticket_id: str, workspace: str, fence: int = 0) -> tuple[str, bool, list[str]]:
         """Merge the base branch into the ticket's pushed branch on the host and
         push it: (new head, changed, conflicting paths)."""
         check_ticket_id(ticket_id)
-        return await self.git.update_branch(self.workspace(workspace), ticket_id)
+        ws = self.workspace(workspace)
+        async with self.fences.hold(ticket_id, fence):
+            return await self.git.update_branch(ws, ticket_id)
 
     # -- forge -------------------------------------------------------------
-    async def open_pull_request(self, ticket_id: str, workspace: str, title: str, body: str) -> PullRequestInfo:
+    async def open_pull_request(self, ticket_id: str, workspace: str, title: str, body: str,
+                                fence: int = 0) -> PullRequestInfo:
         check_ticket_id(ticket_id)
         ws = self.workspace(workspace)
         title = title.strip() or f"afe: ticket {ticket_id}"
-        return await self.forge(ws).open_pull_request(ws, branch_for(ticket_id), ws.base_branch, title, body)
+        async with self.fences.hold(ticket_id, fence):
+            return await self.forge(ws).open_pull_request(ws, branch_for(ticket_id), ws.base_branch, title, body)
 
     async def get_pull_request(self, workspace: str, number: str) -> PullRequestInfo:
         ws = self.workspace(workspace)
         return await self.forge(ws).get_pull_request(ws, _number(number))
 
     async def merge_pull_request(self, ticket_id: str, workspace: str, number: str,
-                                 approval: Approval | None, method: str = "") -> MergeOutcome:
+                                 approval: Approval | None, method: str = "", fence: int = 0) -> MergeOutcome:
         """Merge only with a person's approval of exactly the current head (R16)."""
         ws = self.workspace(workspace)
         number = _number(number)
@@ -174,8 +186,10 @@ class CredentialCore:
         if method not in MERGE_METHODS:
             raise InvalidArgument(f"merge method {method!r} is not one of {', '.join(MERGE_METHODS)}")
         forge = self.forge(ws)
+        if fence:
+            check_ticket_id(ticket_id)
         lock = self._merge_locks.setdefault((ws.name, number), asyncio.Lock())
-        async with lock:
+        async with self.fences.hold(ticket_id, fence), lock:
             pr = await forge.get_pull_request(ws, number)
             if pr.state == "merged":
                 # A repeated call (the scheduler retries a merge after a crash, R37): success, no
@@ -199,11 +213,13 @@ class CredentialCore:
                      number, ws.name, approval.principal, merge_sha[:12])
             return MergeOutcome(True, merge_sha, False)
 
-    async def comment_pull_request(self, workspace: str, number: str, body: str) -> str:
+    async def comment_pull_request(self, workspace: str, number: str, body: str, ticket_id: str = "",
+                                   fence: int = 0) -> str:
         ws = self.workspace(workspace)
         if not body.strip():
             raise InvalidArgument("a comment needs a body")
-        return await self.forge(ws).comment(ws, _number(number), body)
+        async with self.fences.hold(_fenced_ticket(ticket_id, fence), fence):
+            return await self.forge(ws).comment(ws, _number(number), body)
 
     # -- GitHub intake (docs/GITHUB.md) ---------------------------------------
     def _github(self, workspace: str) -> tuple[Workspace, GitHubForge]:
@@ -237,7 +253,7 @@ class CredentialCore:
 
     # -- reporting back (docs/GITHUB.md, "Reporting back") -----------------------
     async def upsert_issue_comment(self, workspace: str, number: str, ticket_id: str, step: str,
-                                   body: str) -> tuple[str, str, bool]:
+                                   body: str, fence: int = 0) -> tuple[str, str, bool]:
         """The one comment of (ticket, step) on the issue: edited when it exists, else posted (R37)."""
         check_ticket_id(ticket_id)
         if not STEP.match(step or ""):
@@ -250,11 +266,11 @@ class CredentialCore:
         if len(self._report_locks) > PERMISSION_CACHE_MAX:
             self._report_locks = {k: v for k, v in self._report_locks.items() if v.locked()}
         lock = self._report_locks.setdefault((ws.name, number, ticket_id, step), asyncio.Lock())
-        async with lock:
+        async with self.fences.hold(ticket_id, fence), lock:
             return await forge.upsert_comment(ws, number, body, the_mark)
 
     async def set_commit_status(self, workspace: str, sha: str, state: str, context: str, description: str,
-                                target_url: str) -> None:
+                                target_url: str, ticket_id: str = "", fence: int = 0) -> None:
         if not SHA.match(sha or ""):
             raise InvalidArgument("sha must be a full commit SHA (40 hex digits)")
         if state not in STATUS_STATES:
@@ -264,8 +280,9 @@ class CredentialCore:
         if target_url and not re.match(r"^https?://[^\s]+$", target_url):
             raise InvalidArgument("target_url must be an http:// or https:// URL")
         ws, forge = self._github(workspace)
-        await forge.set_status(ws, sha.lower(), state, context, description.replace("\n", " ")[:140],
-                               target_url[:2000])
+        async with self.fences.hold(_fenced_ticket(ticket_id, fence), fence):
+            await forge.set_status(ws, sha.lower(), state, context, description.replace("\n", " ")[:140],
+                                   target_url[:2000])
 
     def _report_key(self) -> bytes:
         if self._report_key_bytes is None:
@@ -310,6 +327,13 @@ class CredentialCore:
             await f.close()
         for p in self.providers.values():
             await p.close()
+
+
+def _fenced_ticket(ticket_id: str, fence: int) -> str:
+    """The ticket of a fenced request that names it only for the fence."""
+    if fence and not ticket_id:
+        raise InvalidArgument("a request with a fence must name its ticket_id")
+    return ticket_id
 
 
 def _number(number: str) -> str:

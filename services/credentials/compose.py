@@ -13,6 +13,7 @@ from services.common.secrets import SecretValue
 
 from .askpass import write_helper
 from .broker import CredentialCore
+from .fences import Fences
 from .gitcmd import GitRunner
 from .github import GitHubForge
 from .httpclient import HttpClient, RetryPolicy
@@ -52,4 +53,5 @@ def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], 
         "replay": ReplayProvider(),
     }
     relay = RelayHub(config, layout, secrets, redactor, state_dir=own / "relay", ca_file=ca_file, proxies=proxies)
-    return CredentialCore(config, git, forges, providers, redactor, relay, report_key_file=own / "report.key")
+    return CredentialCore(config, git, forges, providers, redactor, relay, report_key_file=own / "report.key",
+                          fences=Fences(own / "fences.json"))

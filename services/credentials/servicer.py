@@ -30,7 +30,8 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         return pb.PrepareWorkspaceResponse(base_sha=r.base_sha, branch=r.branch)
 
     async def Commit(self, request, context):
-        r = await self.core.commit(request.ticket_id, request.workspace, request.message)
+        r = await self.core.commit(request.ticket_id, request.workspace, request.message,
+                                   fence=request.fence)
         return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed,
                                  nested_repositories=list(r.nested_repositories))
 
@@ -39,7 +40,7 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         return pb.DiffResponse(diff=text, truncated=truncated)
 
     async def Push(self, request, context):
-        branch, sha = await self.core.push(request.ticket_id, request.workspace)
+        branch, sha = await self.core.push(request.ticket_id, request.workspace, fence=request.fence)
         return pb.PushResponse(branch=branch, sha=sha)
 
     async def ReleaseWorkspace(self, request, context):
@@ -55,7 +56,8 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
 
     async def CommitArchive(self, request_iterator, context):
         first, chunks = await _archive_input(request_iterator, "CommitArchive")
-        r = await self.core.commit_archive(first.ticket_id, first.workspace, first.message, chunks)
+        r = await self.core.commit_archive(first.ticket_id, first.workspace, first.message, chunks,
+                                             fence=first.fence)
         return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed,
                                  nested_repositories=list(r.nested_repositories))
 
@@ -70,12 +72,13 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         return pb.ReleaseWorkspaceResponse()
 
     async def UpdateBranch(self, request, context):
-        head, changed, conflicts = await self.core.update_branch(request.ticket_id, request.workspace)
+        head, changed, conflicts = await self.core.update_branch(request.ticket_id, request.workspace,
+                                                                   fence=request.fence)
         return pb.UpdateBranchResponse(head_sha=head, changed=changed, conflicts=conflicts)
 
     async def OpenPullRequest(self, request, context):
         return _pr(await self.core.open_pull_request(request.ticket_id, request.workspace,
-                                                     request.title, request.body))
+                                                     request.title, request.body, fence=request.fence))
 
     async def GetPullRequest(self, request, context):
         return _pr(await self.core.get_pull_request(request.workspace, request.number))
@@ -86,12 +89,13 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
             a = request.approval
             approval = Approval(principal=a.principal, sha=a.sha, at_ms=a.at_ms)
         r = await self.core.merge_pull_request(request.ticket_id, request.workspace, request.number,
-                                               approval, request.method)
+                                               approval, request.method, fence=request.fence)
         return pb.MergePullRequestResponse(merged=r.merged, merge_sha=r.merge_sha,
                                            already_merged=r.already_merged)
 
     async def CommentPullRequest(self, request, context):
-        url = await self.core.comment_pull_request(request.workspace, request.number, request.body)
+        url = await self.core.comment_pull_request(request.workspace, request.number, request.body,
+                                             ticket_id=request.ticket_id, fence=request.fence)
         return pb.CommentPullRequestResponse(url=url)
 
     async def Complete(self, request, context):
@@ -139,12 +143,14 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
 
     async def UpsertIssueComment(self, request, context):
         cid, url, created = await self.core.upsert_issue_comment(request.workspace, request.number,
-                                                                 request.ticket_id, request.step, request.body)
+                                                                 request.ticket_id, request.step, request.body,
+                                                                 fence=request.fence)
         return pb.UpsertIssueCommentResponse(comment_id=cid, url=url, created=created)
 
     async def SetCommitStatus(self, request, context):
         await self.core.set_commit_status(request.workspace, request.sha, request.state, request.context,
-                                          request.description, request.target_url)
+                                          request.description, request.target_url,
+                                          ticket_id=request.ticket_id, fence=request.fence)
         return pb.SetCommitStatusResponse()
 
 

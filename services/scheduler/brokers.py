@@ -22,13 +22,31 @@ from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as cgrpc
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc as sgrpc
-from services.common.errors import Unavailable
+from services.common.errors import FailedPrecondition, Unavailable
 from services.common.grpcutil import TlsFiles, open_channel, open_remote_channel, rpc_errors
+
+from .store import LeaseLost
 
 CREDENTIALS = "the credential broker"
 SANDBOX = "the sandbox broker"
 SHORT = 30.0     # seconds for quick calls
 LONG = 900.0     # clone, push, merge
+# The credential broker's refusal of a request whose fence is older than one it saw (R37,
+# services/credentials/fences.py): another scheduler owns the ticket now.
+LOST_LEASE = "this scheduler lost its lease"
+
+
+@contextlib.asynccontextmanager
+async def fenced_errors(ticket_id: str, fence: int, what: str) -> AsyncIterator[None]:
+    """rpc_errors, with the credential broker's refusal of a stale fence as `LeaseLost`
+    (the run stops without a write or a teardown, R37)."""
+    try:
+        async with rpc_errors(CREDENTIALS, what):
+            yield
+    except FailedPrecondition as exc:
+        if fence and LOST_LEASE in exc.message:
+            raise LeaseLost(ticket_id) from None
+        raise
 
 
 class SandboxBroker(Protocol):
@@ -59,15 +77,16 @@ class CredentialBroker(Protocol):
     GitHub intake uses more of `CredentialsClient`)."""
 
     async def prepare(self, ticket_id: str, workspace: str) -> cpb.PrepareWorkspaceResponse: ...
-    async def commit(self, ticket_id: str, workspace: str, message: str) -> cpb.CommitResponse: ...
+    async def commit(self, ticket_id: str, workspace: str, message: str, fence: int = 0) -> cpb.CommitResponse: ...
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse: ...
-    async def push(self, ticket_id: str, workspace: str) -> cpb.PushResponse: ...
+    async def push(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.PushResponse: ...
     async def release(self, ticket_id: str, workspace: str) -> None: ...
-    async def update_branch(self, ticket_id: str, workspace: str) -> cpb.UpdateBranchResponse: ...
-    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest: ...
+    async def update_branch(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.UpdateBranchResponse: ...
+    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
+                      fence: int = 0) -> cpb.PullRequest: ...
     async def get_pr(self, workspace: str, number: str) -> cpb.PullRequest: ...
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
-                    at_ms: int, method: str = "") -> cpb.MergePullRequestResponse: ...
+                    at_ms: int, method: str = "", fence: int = 0) -> cpb.MergePullRequestResponse: ...
     async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse: ...
     async def relay_usage(self, ticket_id: str) -> cpb.RelayUsageResponse: ...
     async def complete(self, model: str, messages: list[cpb.Message], tools: list[cpb.ToolSpec],
@@ -211,19 +230,20 @@ class CredentialsClient:
             return await self.stub.PrepareWorkspace(
                 cpb.PrepareWorkspaceRequest(ticket_id=ticket_id, workspace=workspace), timeout=LONG)
 
-    async def commit(self, ticket_id: str, workspace: str, message: str) -> cpb.CommitResponse:
-        async with rpc_errors(CREDENTIALS, "commit"):
+    async def commit(self, ticket_id: str, workspace: str, message: str, fence: int = 0) -> cpb.CommitResponse:
+        async with fenced_errors(ticket_id, fence, "commit"):
             return await self.stub.Commit(cpb.CommitRequest(ticket_id=ticket_id, workspace=workspace,
-                                                            message=message), timeout=LONG)
+                                                            message=message, fence=fence), timeout=LONG)
 
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse:
         async with rpc_errors(CREDENTIALS, "the diff"):
             return await self.stub.Diff(cpb.DiffRequest(ticket_id=ticket_id, workspace=workspace,
                                                         max_bytes=max_bytes), timeout=SHORT)
 
-    async def push(self, ticket_id: str, workspace: str) -> cpb.PushResponse:
-        async with rpc_errors(CREDENTIALS, "push"):
-            return await self.stub.Push(cpb.PushRequest(ticket_id=ticket_id, workspace=workspace), timeout=LONG)
+    async def push(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.PushResponse:
+        async with fenced_errors(ticket_id, fence, "push"):
+            return await self.stub.Push(cpb.PushRequest(ticket_id=ticket_id, workspace=workspace, fence=fence),
+                                        timeout=LONG)
 
     async def release(self, ticket_id: str, workspace: str) -> None:
         async with rpc_errors(CREDENTIALS, "releasing the workspace"):
@@ -252,7 +272,8 @@ class CredentialsClient:
         finally:
             call.cancel()
 
-    async def archive_call(self, rpc: str, what: str, first: Any, chunks: AsyncIterator[bytes]) -> Any:
+    async def archive_call(self, rpc: str, what: str, first: Any, chunks: AsyncIterator[bytes],
+                           fence: int = 0) -> Any:
         """A CommitArchive/DiffArchive/ReleaseArchive call: `first` (the request), then the chunks."""
         kind = getattr(cpb, f"{rpc}Input")
 
@@ -261,18 +282,19 @@ class CredentialsClient:
             async for c in chunks:
                 yield kind(chunk=c)
 
-        async with rpc_errors(CREDENTIALS, what):
+        async with fenced_errors(first.ticket_id, fence, what):
             return await getattr(self.stub, rpc)(inputs(), timeout=LONG)
 
-    async def update_branch(self, ticket_id: str, workspace: str) -> cpb.UpdateBranchResponse:
-        async with rpc_errors(CREDENTIALS, "updating the branch"):
-            return await self.stub.UpdateBranch(cpb.UpdateBranchRequest(ticket_id=ticket_id, workspace=workspace),
-                                                timeout=LONG)
+    async def update_branch(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.UpdateBranchResponse:
+        async with fenced_errors(ticket_id, fence, "updating the branch"):
+            return await self.stub.UpdateBranch(cpb.UpdateBranchRequest(ticket_id=ticket_id, workspace=workspace,
+                                                                        fence=fence), timeout=LONG)
 
-    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest:
-        async with rpc_errors(CREDENTIALS, "open_pr"):
+    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
+                      fence: int = 0) -> cpb.PullRequest:
+        async with fenced_errors(ticket_id, fence, "open_pr"):
             return await self.stub.OpenPullRequest(cpb.OpenPullRequestRequest(
-                ticket_id=ticket_id, workspace=workspace, title=title, body=body), timeout=LONG)
+                ticket_id=ticket_id, workspace=workspace, title=title, body=body, fence=fence), timeout=LONG)
 
     async def get_pr(self, workspace: str, number: str) -> cpb.PullRequest:
         async with rpc_errors(CREDENTIALS, "the pull request lookup"):
@@ -280,10 +302,10 @@ class CredentialsClient:
                                                   timeout=SHORT)
 
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
-                    at_ms: int, method: str = "") -> cpb.MergePullRequestResponse:
-        async with rpc_errors(CREDENTIALS, "merge"):
+                    at_ms: int, method: str = "", fence: int = 0) -> cpb.MergePullRequestResponse:
+        async with fenced_errors(ticket_id, fence, "merge"):
             return await self.stub.MergePullRequest(cpb.MergePullRequestRequest(
-                ticket_id=ticket_id, workspace=workspace, number=number, method=method,
+                ticket_id=ticket_id, workspace=workspace, number=number, method=method, fence=fence,
                 approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms)), timeout=LONG)
 
     async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse:
@@ -325,14 +347,15 @@ class CredentialsClient:
 
     # Reporting back (github_report.py): comments and commit statuses, through the credential broker.
     async def upsert_comment(self, workspace: str, number: str, ticket_id: str, step: str,
-                             body: str) -> cpb.UpsertIssueCommentResponse:
-        async with rpc_errors(CREDENTIALS, "a GitHub report comment"):
+                             body: str, fence: int = 0) -> cpb.UpsertIssueCommentResponse:
+        async with fenced_errors(ticket_id, fence, "a GitHub report comment"):
             return await self.stub.UpsertIssueComment(cpb.UpsertIssueCommentRequest(
-                workspace=workspace, number=number, ticket_id=ticket_id, step=step, body=body), timeout=LONG)
+                workspace=workspace, number=number, ticket_id=ticket_id, step=step, body=body, fence=fence),
+                timeout=LONG)
 
     async def set_status(self, workspace: str, sha: str, state: str, context: str, description: str,
-                         target_url: str) -> None:
-        async with rpc_errors(CREDENTIALS, "a GitHub commit status"):
+                         target_url: str, ticket_id: str = "", fence: int = 0) -> None:
+        async with fenced_errors(ticket_id, fence, "a GitHub commit status"):
             await self.stub.SetCommitStatus(cpb.SetCommitStatusRequest(
                 workspace=workspace, sha=sha, state=state, context=context, description=description,
-                target_url=target_url), timeout=SHORT)
+                target_url=target_url, ticket_id=ticket_id, fence=fence), timeout=SHORT)

@@ -43,6 +43,7 @@ from .store import (
     QUEUED,
     SUCCEEDED,
     TERMINAL,
+    LeaseLost,
     NodeRunRecord,
     Store,
     TicketRecord,
@@ -152,6 +153,9 @@ class GitHubReporter:
                 try:
                     await self.sync(ticket_id)
                     tries = 0
+                except LeaseLost:     # another scheduler drives the ticket now and reports it (R37)
+                    log.warning("ticket %s: not reported from here: another scheduler took it over", ticket_id)
+                    break
                 except AfeError as exc:
                     tries += 1
                     if tries >= MAX_TRIES:
@@ -222,12 +226,17 @@ class GitHubReporter:
             lines += ["", blocked]
         return "\n".join(lines)
 
+    def _fence(self, ticket_id: str) -> int:
+        """The fence of this scheduler's lease on the ticket, checked by the credential broker (R37);
+        0 once the ticket ended here, or on an unshared store."""
+        return self.store.fences.get(ticket_id, 0) if self.store.shared else 0
+
     async def _comment(self, t: TicketRecord, number: str, step: str, body: str) -> None:
         digest = _digest(f"{number}\n{body}")
         known = self.store.report(t.id, step)
         if known is not None and known[1] == digest:
             return
-        r = await self.credentials.upsert_comment(t.workspace, number, t.id, step, body)
+        r = await self.credentials.upsert_comment(t.workspace, number, t.id, step, body, self._fence(t.id))
         self.store.put_report(t.id, step, r.comment_id, digest, int(time.time() * 1000))
         log.info("ticket %s: GitHub %s comment %s on #%s", t.id, step, "posted" if r.created else "edited", number)
 
@@ -243,5 +252,5 @@ class GitHubReporter:
         if known is not None and known[1] == digest:
             return
         await self.credentials.set_status(t.workspace, sha, state, context, f"afe ticket {t.id}: {description}",
-                                          self.link(t.id))
+                                          self.link(t.id), t.id, self._fence(t.id))
         self.store.put_report(t.id, STATUS, sha, digest, int(time.time() * 1000))

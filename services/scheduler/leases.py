@@ -96,6 +96,10 @@ class Leases:
             self._lost.add(ticket_id)
             raise LeaseLost(ticket_id)
 
+    def fence(self, ticket_id: str) -> int:
+        """The fence this scheduler holds the ticket with (0: an unshared store, nothing to fence)."""
+        return self.store.fences.get(ticket_id, 0) if self.fencing and self.store.shared else 0
+
     def lease_lost(self, ticket_id: str) -> bool:
         return ticket_id in self._lost
 

@@ -92,22 +92,24 @@ class RemoteWorkspaces:
                  r.entries, r.bytes, ", it already had one" if r.existing else "")
         return prepared
 
-    async def _from_broker(self, holder: SandboxClient, ticket_id: str, rpc: str, what: str, first: Any) -> Any:
+    async def _from_broker(self, holder: SandboxClient, ticket_id: str, rpc: str, what: str, first: Any,
+                           fence: int = 0) -> Any:
         relay = _Relay(holder.read_workspace(ticket_id))
         try:
-            r = await self.credentials.archive_call(rpc, what, first, relay.chunks())
+            r = await self.credentials.archive_call(rpc, what, first, relay.chunks(), fence)
         except AfeError:
             relay.check()
             raise
         relay.check()
         return r
 
-    async def commit(self, ticket_id: str, workspace: str, message: str) -> cpb.CommitResponse:
+    async def commit(self, ticket_id: str, workspace: str, message: str, fence: int = 0) -> cpb.CommitResponse:
         holder = self._holder(ticket_id)
         if holder is None:
-            return await self.credentials.commit(ticket_id, workspace, message)
+            return await self.credentials.commit(ticket_id, workspace, message, fence)
         return await self._from_broker(holder, ticket_id, "CommitArchive", "commit",
-                                       cpb.CommitRequest(ticket_id=ticket_id, workspace=workspace, message=message))
+                                       cpb.CommitRequest(ticket_id=ticket_id, workspace=workspace, message=message,
+                                                         fence=fence), fence)
 
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse:
         holder = self._holder(ticket_id)

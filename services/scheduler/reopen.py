@@ -56,6 +56,7 @@ class Reopen:
     if TYPE_CHECKING:
         def view(self, ticket_id: str) -> TicketView: ...
         def _kick(self) -> None: ...
+        def fence(self, ticket_id: str) -> int: ...
 
     async def reopen(self, ticket_id: str, principal: str, reason: str, *, payload: dict | None = None,
                      on_reopen: Callable[[TicketRecord, int], None] | None = None,
@@ -172,7 +173,7 @@ class Reopen:
                                                                    if v.pr is None else "a merged pull request"))
         wf = self.config.workflows.get(t.workflow)
         merge = next((n.id for n in wf.nodes if n.label == "builtin:merge"), None) if wf else None
-        r = await self.credentials.update_branch(t.id, t.workspace)
+        r = await self.credentials.update_branch(t.id, t.workspace, self.fence(t.id))
         if r.conflicts:
             shown = ", ".join(list(r.conflicts)[:20]) + (" ..." if len(r.conflicts) > 20 else "")
             self.events.append(t.id, "branch.conflict", {"principal": principal, "paths": list(r.conflicts)[:100]})

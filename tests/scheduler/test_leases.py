@@ -104,11 +104,15 @@ nodes:
 """
 
 
-@pytest.mark.parametrize("fencing", [True, False], ids=["fenced", "unfenced-positive-control"])
+@pytest.mark.parametrize("fencing", ["scheduler", "resource", ""],
+                         ids=["fenced", "fenced-at-the-broker", "unfenced-positive-control"])
 async def test_r37_a_scheduler_whose_ticket_was_taken_over_cannot_push_or_open_a_pr(short_tmp, pg_url, fencing):
     """The scheduler commits, then (paused, its heartbeat missed) its ticket is taken
-    over by another scheduler before it pushes: the push and the pull request
-    never happen. Without the fence check (positive control) both do."""
+    over by another scheduler, which commits with its new fence, before it pushes:
+    the push and the pull request never happen. `fenced-at-the-broker`: the
+    scheduler's own lease check passes (it was paused right after it), and the
+    credential broker refuses the push's older fence. Without the fence
+    (positive control) both happen."""
     cfg = write_config(short_tmp, WORKFLOW)
     layout = Layout(short_tmp / "data", short_tmp / "run")
     bare = cfg / "repos" / "calc.git"
@@ -116,7 +120,9 @@ async def test_r37_a_scheduler_whose_ticket_was_taken_over_cannot_push_or_open_a
     other.owner = "sched-b"
     async with afe_system(cfg, layout, database_url=pg_url) as sys_:
         engine = sys_.app.engine
-        engine.fencing = fencing
+        engine.fencing = bool(fencing)
+        if fencing == "resource":
+            engine.check_lease = lambda ticket_id: None     # the window between the check and the call
         real_commit = engine.credentials.commit
         taken: list[int] = []
 
@@ -125,6 +131,7 @@ async def test_r37_a_scheduler_whose_ticket_was_taken_over_cannot_push_or_open_a
             tid = args[0]
             _expire(other, tid)
             taken.append(other.claim_ticket(tid, (RUNNING,), LONG) or 0)
+            await real_commit(tid, args[1], "the new owner's commit", taken[-1])   # the new owner acts
             return r
 
         engine.credentials.commit = commit_then_taken_over

@@ -37,6 +37,11 @@ class Host(Protocol):
         """Raise `LeaseLost` unless this scheduler still drives the ticket (right before a side effect, R37)."""
         ...
 
+    def fence(self, ticket_id: str) -> int:
+        """The fence of this scheduler's lease on the ticket, sent with each side effect so the
+        credential broker refuses it once a newer owner acted (R37); 0 = no lease store."""
+        ...
+
     def lease_lost(self, ticket_id: str) -> bool:
         """Another scheduler took the ticket over: write nothing more for it."""
         ...

@@ -142,7 +142,7 @@ class FakeCredentials:
         self._call("prepare")
         return cpb.PrepareWorkspaceResponse(base_sha="0" * 40, branch=f"afe/{ticket_id}")
 
-    async def commit(self, ticket_id: str, workspace: str, message: str) -> cpb.CommitResponse:
+    async def commit(self, ticket_id: str, workspace: str, message: str, fence: int = 0) -> cpb.CommitResponse:
         self._call("commit")
         return cpb.CommitResponse(sha="c" * 40, changed=True, files_changed=1)
 
@@ -150,14 +150,15 @@ class FakeCredentials:
         self._call("diff")
         return cpb.DiffResponse()
 
-    async def push(self, ticket_id: str, workspace: str) -> cpb.PushResponse:
+    async def push(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.PushResponse:
         self._call("push")
         return cpb.PushResponse(branch=f"afe/{ticket_id}", sha="c" * 40)
 
     async def release(self, ticket_id: str, workspace: str) -> None:
         self._call("release")
 
-    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest:
+    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
+                      fence: int = 0) -> cpb.PullRequest:
         self._call("open_pr")
         pr = self.prs.setdefault(ticket_id, cpb.PullRequest(
             number=str(len(self.prs) + 1), url=f"local://{ticket_id}", head_branch=f"afe/{ticket_id}",
@@ -169,7 +170,7 @@ class FakeCredentials:
         return next(pr for pr in self.prs.values() if pr.number == number)
 
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
-                    at_ms: int, method: str = "") -> cpb.MergePullRequestResponse:
+                    at_ms: int, method: str = "", fence: int = 0) -> cpb.MergePullRequestResponse:
         self._call("merge")
         self.merged.append((ticket_id, sha))
         pr = self.prs[ticket_id]

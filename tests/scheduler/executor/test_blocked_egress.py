@@ -36,7 +36,8 @@ class RecordingForge(FakeCredentials):
         super().__init__()
         self.bodies: dict[str, str] = {}
 
-    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest:
+    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
+                      fence: int = 0) -> cpb.PullRequest:
         self.bodies[ticket_id] = body
         return await super().open_pr(ticket_id, workspace, title, body)
 

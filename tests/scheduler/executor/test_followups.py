@@ -51,14 +51,14 @@ class Recording(FakeCredentials):
         self.prompts.append(messages[-1].content)
         return await super().complete(model, messages, tools, max_tokens, ticket_id, timeout)
 
-    async def commit(self, ticket_id, workspace, message):
+    async def commit(self, ticket_id, workspace, message, fence=0):
         self.commits += 1
         sha = f"{self.commits:x}" * 40
         if ticket_id in self.prs:
             self.prs[ticket_id].head_sha = sha[:40]
         return cpb.CommitResponse(sha=sha[:40], changed=True, files_changed=1)
 
-    async def open_pr(self, ticket_id, workspace, title, body):
+    async def open_pr(self, ticket_id, workspace, title, body, fence=0):
         pr = await super().open_pr(ticket_id, workspace, title, body)
         pr.head_sha = (f"{self.commits:x}" * 40)[:40]
         return pr

@@ -45,7 +45,8 @@ nodes:
 class LocalForge(Forge):
     """Pull requests named the way the local forge names them (credentials/localforge.py)."""
 
-    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str) -> cpb.PullRequest:
+    async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
+                      fence: int = 0) -> cpb.PullRequest:
         pr = await super().open_pr(ticket_id, workspace, title, body)
         pr.url = f"local:{workspace}/pulls/{pr.number}"
         return pr

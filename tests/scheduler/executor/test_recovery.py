@@ -72,14 +72,14 @@ class Forge(FakeCredentials):
         self._call("diff")
         return cpb.DiffResponse(diff=f"--- a/calc.py\n+++ b/calc.py\n+fixed for {ticket_id}\n")
 
-    async def merge(self, ticket_id, workspace, number, principal, sha, at_ms, method=""):
+    async def merge(self, ticket_id, workspace, number, principal, sha, at_ms, method="", fence=0):
         if self.conflict:
             self._call("merge")
             raise FailedPrecondition(f"pull request {number} conflicts with main; update the branch and approve "
                                      "again")
         return await super().merge(ticket_id, workspace, number, principal, sha, at_ms, method)
 
-    async def update_branch(self, ticket_id: str, workspace: str) -> cpb.UpdateBranchResponse:
+    async def update_branch(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.UpdateBranchResponse:
         self._call("update_branch")
         if self.conflicts:
             return cpb.UpdateBranchResponse(head_sha="c" * 40, conflicts=self.conflicts)

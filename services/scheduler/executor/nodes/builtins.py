@@ -68,7 +68,7 @@ async def _commit(ctx: RunContext, node: Node) -> cpb.CommitResponse:
     try:
         message = ctx.render(str(node.with_.get("message") or _default_message(ctx)), node.id)
         r = await ctx.step(node, "commit", lambda: ctx.credentials.commit(
-            ctx.ticket.id, ctx.workspace.name, message))
+            ctx.ticket.id, ctx.workspace.name, message, ctx.host.fence(ctx.ticket.id)))
     finally:
         if frozen:
             await asyncio.shield(ctx.sandbox.freeze(ctx.ticket.id, False))
@@ -106,7 +106,7 @@ async def _denied_egress(ctx: RunContext, node: Node) -> dict[str, Any] | None:
 async def open_pr(ctx: RunContext, node: Node) -> str:
     tid, ws = ctx.ticket.id, ctx.workspace.name
     c = await _commit(ctx, node)
-    p = await ctx.step(node, "push", lambda: ctx.credentials.push(tid, ws))
+    p = await ctx.step(node, "push", lambda: ctx.credentials.push(tid, ws, ctx.host.fence(tid)))
     ctx.emit("push.done", {"node": node.id, "branch": p.branch, "sha": p.sha})
     title = ctx.render(str(node.with_.get("title") or "{{ticket.title}}"), node.id)
     body = ctx.render(str(node.with_.get("body") or
@@ -116,7 +116,8 @@ async def open_pr(ctx: RunContext, node: Node) -> str:
     denied = await _denied_egress(ctx, node)
     if denied:
         body += "\n\n" + egress_report.section(denied)
-    pr = await ctx.step(node, "open_pr", lambda: ctx.credentials.open_pr(tid, ws, title, body))
+    pr = await ctx.step(node, "open_pr", lambda: ctx.credentials.open_pr(tid, ws, title, body,
+                                                                           ctx.host.fence(tid)))
     known = ctx.store.get_pr(tid)
     rec = PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha,
                             pr.state or "open", pr.merge_sha)
@@ -204,7 +205,8 @@ async def merge(ctx: RunContext, node: Node) -> str:
             continue
         break
     r = await ctx.step(node, "merge", lambda: ctx.credentials.merge(
-        tid, ws, number, appr.principal, appr.sha, appr.at_ms, str(node.with_.get("method") or "")))
+        tid, ws, number, appr.principal, appr.sha, appr.at_ms, str(node.with_.get("method") or ""),
+        ctx.host.fence(tid)))
     pr.state, pr.merge_sha = "merged", r.merge_sha
     ctx.store.put_pr(pr)
     ctx.emit("merge.done", {"node": node.id, "number": pr.number, "sha": appr.sha, "merge_sha": r.merge_sha,

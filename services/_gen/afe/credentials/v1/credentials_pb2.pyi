@@ -174,19 +174,26 @@ class CommitRequest(_message.Message):
     TICKET_ID_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     workspace: _builtins.str
     message: _builtins.str
+    fence: _builtins.int
+    """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
+    with FAILED_PRECONDITION when the broker has seen a higher one for the
+    ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
     def __init__(
         self,
         *,
         ticket_id: _builtins.str = ...,
         workspace: _builtins.str = ...,
         message: _builtins.str = ...,
+        fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "message", b"message", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -280,17 +287,24 @@ class PushRequest(_message.Message):
 
     TICKET_ID_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     workspace: _builtins.str
+    fence: _builtins.int
+    """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
+    with FAILED_PRECONDITION when the broker has seen a higher one for the
+    ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
     def __init__(
         self,
         *,
         ticket_id: _builtins.str = ...,
         workspace: _builtins.str = ...,
+        fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -361,17 +375,24 @@ class UpdateBranchRequest(_message.Message):
 
     TICKET_ID_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     workspace: _builtins.str
+    fence: _builtins.int
+    """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
+    with FAILED_PRECONDITION when the broker has seen a higher one for the
+    ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
     def __init__(
         self,
         *,
         ticket_id: _builtins.str = ...,
         workspace: _builtins.str = ...,
+        fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -450,10 +471,16 @@ class OpenPullRequestRequest(_message.Message):
     WORKSPACE_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     workspace: _builtins.str
     title: _builtins.str
     body: _builtins.str
+    fence: _builtins.int
+    """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
+    with FAILED_PRECONDITION when the broker has seen a higher one for the
+    ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
     def __init__(
         self,
         *,
@@ -461,10 +488,11 @@ class OpenPullRequestRequest(_message.Message):
         workspace: _builtins.str = ...,
         title: _builtins.str = ...,
         body: _builtins.str = ...,
+        fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "ticket_id", b"ticket_id", "title", b"title", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "fence", b"fence", "ticket_id", b"ticket_id", "title", b"title", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -526,11 +554,17 @@ class MergePullRequestRequest(_message.Message):
     NUMBER_FIELD_NUMBER: _builtins.int
     APPROVAL_FIELD_NUMBER: _builtins.int
     METHOD_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     workspace: _builtins.str
     number: _builtins.str
     method: _builtins.str
     """merge | squash | rebase; "" = workspace default"""
+    fence: _builtins.int
+    """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
+    with FAILED_PRECONDITION when the broker has seen a higher one for the
+    ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
     @_builtins.property
     def approval(self) -> Global___ApprovalRecord: ...
     def __init__(
@@ -541,10 +575,11 @@ class MergePullRequestRequest(_message.Message):
         number: _builtins.str = ...,
         approval: Global___ApprovalRecord | None = ...,
         method: _builtins.str = ...,
+        fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "method", b"method", "number", b"number", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "fence", b"fence", "method", b"method", "number", b"number", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -582,19 +617,30 @@ class CommentPullRequestRequest(_message.Message):
     WORKSPACE_FIELD_NUMBER: _builtins.int
     NUMBER_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     workspace: _builtins.str
     number: _builtins.str
     body: _builtins.str
+    ticket_id: _builtins.str
+    """with fence; "" = not fenced"""
+    fence: _builtins.int
+    """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
+    with FAILED_PRECONDITION when the broker has seen a higher one for the
+    ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
     def __init__(
         self,
         *,
         workspace: _builtins.str = ...,
         number: _builtins.str = ...,
         body: _builtins.str = ...,
+        ticket_id: _builtins.str = ...,
+        fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "number", b"number", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "fence", b"fence", "number", b"number", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1108,6 +1154,7 @@ class UpsertIssueCommentRequest(_message.Message):
     TICKET_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     workspace: _builtins.str
     number: _builtins.str
     """the issue or pull request"""
@@ -1116,6 +1163,11 @@ class UpsertIssueCommentRequest(_message.Message):
     """started | final | ... ([a-z0-9_-], at most 40)"""
     body: _builtins.str
     """markdown; the broker appends the marker"""
+    fence: _builtins.int
+    """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
+    with FAILED_PRECONDITION when the broker has seen a higher one for the
+    ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
     def __init__(
         self,
         *,
@@ -1124,10 +1176,11 @@ class UpsertIssueCommentRequest(_message.Message):
         ticket_id: _builtins.str = ...,
         step: _builtins.str = ...,
         body: _builtins.str = ...,
+        fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "number", b"number", "step", b"step", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "fence", b"fence", "number", b"number", "step", b"step", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1169,6 +1222,8 @@ class SetCommitStatusRequest(_message.Message):
     CONTEXT_FIELD_NUMBER: _builtins.int
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     TARGET_URL_FIELD_NUMBER: _builtins.int
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     workspace: _builtins.str
     sha: _builtins.str
     """40 hex digits"""
@@ -1180,6 +1235,13 @@ class SetCommitStatusRequest(_message.Message):
     """at most 140 characters (GitHub's limit)"""
     target_url: _builtins.str
     """http(s) URL of the ticket's page; "" = none"""
+    ticket_id: _builtins.str
+    """with fence; "" = not fenced"""
+    fence: _builtins.int
+    """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
+    with FAILED_PRECONDITION when the broker has seen a higher one for the
+    ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
     def __init__(
         self,
         *,
@@ -1189,10 +1251,12 @@ class SetCommitStatusRequest(_message.Message):
         context: _builtins.str = ...,
         description: _builtins.str = ...,
         target_url: _builtins.str = ...,
+        ticket_id: _builtins.str = ...,
+        fence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "description", b"description", "sha", b"sha", "state", b"state", "target_url", b"target_url", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "description", b"description", "fence", b"fence", "sha", b"sha", "state", b"state", "target_url", b"target_url", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
