@@ -23,6 +23,7 @@ from services.common.errors import AfeError, FailedPrecondition, InvalidArgument
 
 from .dockerapi import STDERR, STDOUT, DockerAPI, EngineError, ExecStream
 from .hardening import WORKSPACE
+from .nspids import namespace_pid
 from .paths import split_relative
 from .sandboxes import SandboxManager
 from .supervisor import SupervisedCommand, SupervisorDown, Supervisors
@@ -175,7 +176,7 @@ class Runner:
         except PermissionError:
             pass
         # Not allowed from the host: kill from inside, as the sandbox user.
-        nspid = _namespace_pid(pid)
+        nspid = namespace_pid(pid)
         if nspid:
             with contextlib.suppress(Exception):
                 kid = await self.api.exec_create(doc["ContainerID"], ["kill", "-KILL", "--", f"-{nspid}"],
@@ -261,17 +262,6 @@ async def _feed(stream: Handle, data: bytes) -> None:
         pass
     finally:
         stream.close_stdin()
-
-
-def _namespace_pid(host_pid: int) -> int:
-    try:
-        with open(f"/proc/{host_pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 class Process:

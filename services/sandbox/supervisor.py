@@ -42,6 +42,7 @@ import struct
 from pathlib import Path
 
 from .dockerapi import STDERR, STDOUT, DockerAPI, EngineError, ExecStream
+from .nspids import host_pid_of, namespace_pid
 from .supervised_command import IN_WINDOW, MAX_SEND, STOPPED, WINDOW, SupervisedCommand
 
 log = logging.getLogger(__name__)
@@ -309,44 +310,6 @@ class Link:
         self._die(CLOSED)
         if self._reader is not None:
             self._reader.cancel()
-
-
-def namespace_pid(host_pid: int) -> int:
-    """The pid in its own (innermost) pid namespace of a host process, 0 when unknown."""
-    try:
-        with open(f"/proc/{host_pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def host_pid_of(supervisor_host_pid: int, ns_pid: int) -> int:
-    """The host pid of the supervisor's child whose pid in the sandbox is
-    `ns_pid` (0 when not visible from here, e.g. another pid namespace)."""
-    try:
-        tasks = os.listdir(f"/proc/{supervisor_host_pid}/task")
-    except OSError:
-        return 0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{supervisor_host_pid}/task/{tid}/children") as f:
-                children = [int(p) for p in f.read().split()]
-        except (OSError, ValueError):
-            continue
-        for p in children:
-            try:
-                with open(f"/proc/{p}/status") as f:
-                    for line in f:
-                        if line.startswith("NSpid:"):
-                            if int(line.split()[-1]) == ns_pid:
-                                return p
-                            break
-            except (OSError, ValueError):
-                continue
-    return 0
 
 
 class Supervisors:
