@@ -41,7 +41,7 @@ from typing import Self
 
 from bench.common import Result, Section
 
-ISSUE = 0           # the speed issue (item 5: the load benchmark)
+ISSUE = 16          # the speed issue (item 5: the load benchmark)
 TICKETS = 50
 FAN = 8             # a -> b1..b8 -> z: 10 nodes
 MAX_RUNNING = 8     # afe up --max-running: tickets running at once (the rest queue); afe's default is 4

@@ -132,10 +132,10 @@ def run(out_dir: Path) -> list[Result]:
     shape = (f"{PIECES} SSE events, first after {FIRST_S * 1000:.0f} ms, then every {PIECE_S * 1000:.0f} ms; "
              f"median of {REPEAT}, new connection per request")
     return [
-        Result(issue=32, name="streamed model request through the relay: time to first byte",
+        Result(issue=12, name="streamed model request through the relay: time to first byte",
                baseline="straight to the same local model server", measured_s=med(r_ttfb),
                baseline_s=med(d_ttfb), target=1.2, notes=shape),
-        Result(issue=32, name="streamed model request through the relay: total",
+        Result(issue=12, name="streamed model request through the relay: total",
                baseline="straight to the same local model server", measured_s=med(r_total),
                baseline_s=med(d_total), target=1.1, notes=shape),
     ]

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from bench.common import Result, Section
 
-ISSUE = 0              # the speed issue (item 6: a peer in the same run)
+ISSUE = 16             # the speed issue (item 6: a peer in the same run)
 SWEREX_VERSION = "1.4.0"
 # aiohttp: swe-rex's client imports it (swerex/runtime/remote.py) without declaring it.
 CLIENT_EXTRAS = ("aiohttp",)
