@@ -134,15 +134,11 @@ async def open_pr(ctx: RunContext, node: Node) -> str:
 # ---- approval and merge -----------------------------------------------------------
 
 async def _await_approval(ctx: RunContext, node: Node, sha: str, pr: PullRequestRecord | None) -> ApprovalRecord:
-    """Park the ticket in waiting_approval until a person decides.
-
-    The workspace is prepared first: the diff a person is asked to approve
-    (tickets.diff, the ticket and pull request pages) is the live
-    workspace's. A re-run that starts here (a retry after a rejection, an
-    update of the branch) runs no node that would prepare it, and the
-    earlier run's workspace was released when that run ended."""
+    """Park the ticket in waiting_approval until a person decides. Nothing
+    here awaits before the waiter is registered: an approval given in
+    between would find no waiter and be missed (`_approval_for` prepares the
+    workspace before it looks for a decision)."""
     tid = ctx.ticket.id
-    await ctx.ensure_workspace()
     t = ctx.store.get_ticket(tid)
     ctx.store.update_node(tid, node.id, state=N_WAITING)
     if not (t and t.state == WAITING_APPROVAL and t.awaiting_sha == sha):
@@ -156,6 +152,12 @@ async def _await_approval(ctx: RunContext, node: Node, sha: str, pr: PullRequest
 
 
 async def _approval_for(ctx: RunContext, node: Node, sha: str, pr: PullRequestRecord | None) -> ApprovalRecord:
+    # The workspace first: the diff a person is asked to approve (tickets.diff,
+    # the ticket and pull request pages) is the live workspace's, and a re-run
+    # that starts here (a retry after a rejection, an update of the branch)
+    # runs no node that would prepare it. Done before looking for a decision,
+    # so no await separates that look from waiting for one.
+    await ctx.ensure_workspace()
     appr = ctx.store.latest_approval(ctx.ticket.id)
     t = ctx.store.get_ticket(ctx.ticket.id)
     # An approval given before the ticket was last re-opened is not one of the re-run (R16).
