@@ -174,17 +174,12 @@ class GitHubIntake:
         if bot or not login:
             return Outcome("ignored", "bot")
         ws = matches[0][1]
-        try:
-            perm = await self.credentials.repo_permission(ws.name, login)
-        except AfeError as exc:
-            log.warning("github %s.%s (delivery %s): write access of the sender could not be checked, so "
-                        "nothing was started: %s", event, action, delivery, exc)
-            return Outcome("refused", "permission_unknown")
-        if not perm.can_write:
-            log.info("github %s.%s (delivery %s): the sender has no write access (%s); no ticket",
-                     event, action, delivery, perm.permission or "none")
-            await self._refusal_comment(ws, issue["number"], login)
-            return Outcome("refused", "no_write_access")
+        refused = await self._unless_writer(ws, login, f"github {event}.{action} (delivery {delivery})",
+                                            "the sender", "no ticket")
+        if refused is not None:
+            if refused.reason == "no_write_access":
+                await self._refusal_comment(ws, issue["number"], login)
+            return refused
         created: list[str] = []
         for tr, tws in matches:
             tid = self._create(tr, tws, event, action, data, issue, login, delivery)
@@ -241,16 +236,10 @@ class GitHubIntake:
         if not login or user.get("type") == "Bot" or login.endswith("[bot]"):
             return Outcome("ignored", "bot")
         ws, tid = found[0]
-        try:
-            perm = await self.credentials.repo_permission(ws.name, login)
-        except AfeError as exc:
-            log.warning("github %s.%s (delivery %s): write access of the sender could not be checked, so "
-                        "nothing was started: %s", event, action, delivery, exc)
-            return Outcome("refused", "permission_unknown")
-        if not perm.can_write:
-            log.info("github %s.%s (delivery %s): the reviewer has no write access (%s); no follow-up",
-                     event, action, delivery, perm.permission or "none")
-            return Outcome("refused", "no_write_access")
+        refused = await self._unless_writer(ws, login, f"github {event}.{action} (delivery {delivery})",
+                                            "the reviewer", "no follow-up")
+        if refused is not None:
+            return refused
         url = _text((data.get("comment") or data.get("review") or {}).get("html_url"))
         try:
             await follow_up(self.engine, tid, text, principal=f"github:{login}", author=login, source=source,
@@ -261,6 +250,21 @@ class GitHubIntake:
             return Outcome("ignored", "busy")
         log.info("github %s.%s (delivery %s): follow-up of ticket %s by %s", event, action, delivery, tid, login)
         return Outcome("accepted", "followup", [tid])
+
+    async def _unless_writer(self, ws: Workspace, login: str, where: str, who: str,
+                             consequence: str) -> Outcome | None:
+        """None when `login` has write access to the workspace's repository
+        (R36: only they start work); else the refusal, logged without text."""
+        try:
+            perm = await self.credentials.repo_permission(ws.name, login)
+        except AfeError as exc:
+            log.warning("%s: write access of the sender could not be checked, so nothing was started: %s",
+                        where, exc)
+            return Outcome("refused", "permission_unknown")
+        if perm.can_write:
+            return None
+        log.info("%s: %s has no write access (%s); %s", where, who, perm.permission or "none", consequence)
+        return Outcome("refused", "no_write_access")
 
     async def _refusal_comment(self, ws: Workspace, number: int, login: str) -> None:
         """At most one polite comment per issue and person, ever (the key is stored first)."""
