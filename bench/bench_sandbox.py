@@ -11,6 +11,7 @@ measured in the same run:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import secrets
@@ -18,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -102,92 +104,100 @@ def _exec(stub, ticket: str, argv: list[str]) -> int:
     return code
 
 
-def run(out_dir: Path) -> list[Result]:
+@contextlib.contextmanager
+def bench_broker() -> Iterator[tuple[_Broker, docker.DockerClient, Path]]:
+    """A real sandbox broker with an egress network and a temp root of its
+    own (the images built first); network and root are removed afterwards."""
     ensure_images(progress=lambda _m: None)
     client = docker.from_env()
     instance = "bench" + secrets.token_hex(4)
     root = temp_root("afe-bench-")
-    results: list[Result] = []
-    counter = itertools.count()
     net = client.networks.create(f"afe-bench-{instance}", labels={"afe.instance": instance})
     net.reload()
     subnet = net.attrs["IPAM"]["Config"][0]["Subnet"]
     try:
         with _Broker(root, instance, egress_network=net.name, allow_private=subnet) as b:
-            stub = b.stub
-
-            def docker_run() -> None:
-                subprocess.run(["docker", "run", "--rm", "--network", "none", SANDBOX_IMAGE, "true"],
-                               check=True, stdout=subprocess.DEVNULL)
-
-            def ready(egress: bool) -> float:
-                ticket = f"bench-{next(counter)}"
-                t0 = time.perf_counter()
-                stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(
-                    egress=["bench.invalid"] if egress else [])))
-                _exec(stub, ticket, ["true"])
-                dt = time.perf_counter() - t0
-                stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
-                return dt
-
-            def timed(fn) -> float:
-                t0 = time.perf_counter()
-                fn()
-                return time.perf_counter() - t0
-
-            # Interleave baseline and measurements so that load from anything
-            # else on the machine falls on all three alike.
-            docker_run()
-            ready(False)
-            ready(True)
-            samples: dict[str, list[float]] = {"base": [], "plain": [], "egress": []}
-            for _ in range(7):
-                samples["base"].append(timed(docker_run))
-                samples["plain"].append(ready(False))
-                samples["egress"].append(ready(True))
-            base, plain, egress = (statistics.median(samples[k]) for k in ("base", "plain", "egress"))
-            results.append(Result(ISSUE, "sandbox ready (create + first exec)", "docker run --rm --network none",
-                                  plain, base, 1.3))
-            results.append(Result(ISSUE, "sandbox ready with egress proxy", "docker run --rm --network none",
-                                  egress, base, 2.5))
-
-            # Exec of `true`: broker gRPC vs the SDK directly on the same container.
-            ticket = "bench-exec"
-            sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket))
-
-            def sdk_exec() -> None:
-                e = client.api.exec_create(sb.container_id, ["true"])
-                client.api.exec_start(e["Id"])
-                assert client.api.exec_inspect(e["Id"])["ExitCode"] == 0
-
-            ours = median_time(lambda: _exec(stub, ticket, ["true"]), repeat=21, warmup=3)
-            sdk = median_time(sdk_exec, repeat=21, warmup=3)
-            results.append(Result(ISSUE, "Exec `true` via broker gRPC", "Docker SDK exec directly", ours, sdk, 1.15))
-
-            # 4 KiB file read/write: tools over gRPC vs docker exec cat / tee.
-            data = secrets.token_bytes(4096)
-            stub.WriteFile(pb.WriteFileRequest(ticket_id=ticket, path="f.bin", content=data))
-            name = sb.container_id
-
-            def tool_rw() -> None:
-                stub.WriteFile(pb.WriteFileRequest(ticket_id=ticket, path="f.bin", content=data))
-                assert stub.ReadFile(pb.ReadFileRequest(ticket_id=ticket, path="f.bin")).content == data
-
-            def docker_rw() -> None:
-                subprocess.run(["docker", "exec", "-i", name, "tee", "/workspace/g.bin"], input=data, check=True,
-                               stdout=subprocess.DEVNULL)
-                out = subprocess.run(["docker", "exec", name, "cat", "/workspace/g.bin"], check=True,
-                                     capture_output=True).stdout
-                assert out == data
-
-            ours = median_time(tool_rw, repeat=51, warmup=5)
-            base_rw = median_time(docker_rw, repeat=7)
-            results.append(Result(ISSUE, "4 KiB write+read via file tools", "docker exec tee + cat",
-                                  ours, base_rw, 0.1))
-            stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
+            yield b, client, root
     finally:
         net.remove()
         remove_temp_root(root)
+
+
+def run(out_dir: Path) -> list[Result]:
+    results: list[Result] = []
+    counter = itertools.count()
+    with bench_broker() as (b, client, _root):
+        stub = b.stub
+
+        def docker_run() -> None:
+            subprocess.run(["docker", "run", "--rm", "--network", "none", SANDBOX_IMAGE, "true"],
+                           check=True, stdout=subprocess.DEVNULL)
+
+        def ready(egress: bool) -> float:
+            ticket = f"bench-{next(counter)}"
+            t0 = time.perf_counter()
+            stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(
+                egress=["bench.invalid"] if egress else [])))
+            _exec(stub, ticket, ["true"])
+            dt = time.perf_counter() - t0
+            stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
+            return dt
+
+        def timed(fn) -> float:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+        # Interleave baseline and measurements so that load from anything
+        # else on the machine falls on all three alike.
+        docker_run()
+        ready(False)
+        ready(True)
+        samples: dict[str, list[float]] = {"base": [], "plain": [], "egress": []}
+        for _ in range(7):
+            samples["base"].append(timed(docker_run))
+            samples["plain"].append(ready(False))
+            samples["egress"].append(ready(True))
+        base, plain, egress = (statistics.median(samples[k]) for k in ("base", "plain", "egress"))
+        results.append(Result(ISSUE, "sandbox ready (create + first exec)", "docker run --rm --network none",
+                              plain, base, 1.3))
+        results.append(Result(ISSUE, "sandbox ready with egress proxy", "docker run --rm --network none",
+                              egress, base, 2.5))
+
+        # Exec of `true`: broker gRPC vs the SDK directly on the same container.
+        ticket = "bench-exec"
+        sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket))
+
+        def sdk_exec() -> None:
+            e = client.api.exec_create(sb.container_id, ["true"])
+            client.api.exec_start(e["Id"])
+            assert client.api.exec_inspect(e["Id"])["ExitCode"] == 0
+
+        ours = median_time(lambda: _exec(stub, ticket, ["true"]), repeat=21, warmup=3)
+        sdk = median_time(sdk_exec, repeat=21, warmup=3)
+        results.append(Result(ISSUE, "Exec `true` via broker gRPC", "Docker SDK exec directly", ours, sdk, 1.15))
+
+        # 4 KiB file read/write: tools over gRPC vs docker exec cat / tee.
+        data = secrets.token_bytes(4096)
+        stub.WriteFile(pb.WriteFileRequest(ticket_id=ticket, path="f.bin", content=data))
+        name = sb.container_id
+
+        def tool_rw() -> None:
+            stub.WriteFile(pb.WriteFileRequest(ticket_id=ticket, path="f.bin", content=data))
+            assert stub.ReadFile(pb.ReadFileRequest(ticket_id=ticket, path="f.bin")).content == data
+
+        def docker_rw() -> None:
+            subprocess.run(["docker", "exec", "-i", name, "tee", "/workspace/g.bin"], input=data, check=True,
+                           stdout=subprocess.DEVNULL)
+            out = subprocess.run(["docker", "exec", name, "cat", "/workspace/g.bin"], check=True,
+                                 capture_output=True).stdout
+            assert out == data
+
+        ours = median_time(tool_rw, repeat=51, warmup=5)
+        base_rw = median_time(docker_rw, repeat=7)
+        results.append(Result(ISSUE, "4 KiB write+read via file tools", "docker exec tee + cat",
+                              ours, base_rw, 0.1))
+        stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
     for r in results:
         print(f"{r.name}: {r.measured_s * 1000:.1f} ms vs {r.baseline_s * 1000:.1f} ms -> {r.ratio:.2f}x "
               f"(target {r.target}x) {'met' if r.met else 'MISSED'}")

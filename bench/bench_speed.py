@@ -26,21 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import secrets
 import statistics
 import subprocess
 import time
 from pathlib import Path
 
-import docker
-
-from bench.bench_sandbox import _Broker, _exec
+from bench.bench_sandbox import _exec, bench_broker
 from bench.common import Result
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.sandbox import supervisor
 from services.sandbox.dockerapi import DockerAPI
-from services.sandbox.images import SANDBOX_IMAGE, ensure_images
-from tests.support.temp_roots import remove_temp_root, temp_root
+from services.sandbox.images import SANDBOX_IMAGE
 
 ISSUE = 16     # the speed issue ("a warm sandbox ready in a fraction of a `docker run`...")
 SAMPLES = 7    # tickets per figure (p50 and p95 of these)
@@ -168,104 +164,93 @@ async def _scheduler_figures(root: Path, docker_run, sdk) -> list[Result]:
 
 
 def run(out_dir: Path) -> list[Result]:
-    ensure_images(progress=lambda _m: None)
-    client = docker.from_env()
-    instance = "bench" + secrets.token_hex(4)
-    root = temp_root("afe-bench-")
     results: list[Result] = []
     counter = itertools.count()
-    net = client.networks.create(f"afe-bench-{instance}", labels={"afe.instance": instance})
-    net.reload()
-    subnet = net.attrs["IPAM"]["Config"][0]["Subnet"]
-    try:
-        with _Broker(root, instance, egress_network=net.name, allow_private=subnet) as b:
-            stub = b.stub
-            ticket = "bench-speed"
-            sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket))
-            container = client.containers.get(sb.container_id)
+    with bench_broker() as (b, client, root):
+        stub = b.stub
+        ticket = "bench-speed"
+        sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket))
+        container = client.containers.get(sb.container_id)
 
-            def sdk() -> None:
-                assert container.exec_run(["true"]).exit_code == 0
+        def sdk() -> None:
+            assert container.exec_run(["true"]).exit_code == 0
 
-            def ours() -> None:
-                _exec(stub, ticket, ["true"])
+        def ours() -> None:
+            _exec(stub, ticket, ["true"])
 
-            for _ in range(3):
-                sdk()
-                ours()
-            s_sdk, s_ours = [], []
-            for _ in range(41):               # interleaved: load falls on both alike
-                s_sdk.append(_timed(sdk))
-                s_ours.append(_timed(ours))
-            results.append(Result(ISSUE, "Exec `true` via broker gRPC (supervised)", "Docker SDK exec_run",
-                                  statistics.median(s_ours), statistics.median(s_sdk), 0.05,
-                                  notes=_note(s_ours, s_sdk)))
+        for _ in range(3):
+            sdk()
+            ours()
+        s_sdk, s_ours = [], []
+        for _ in range(41):               # interleaved: load falls on both alike
+            s_sdk.append(_timed(sdk))
+            s_ours.append(_timed(ours))
+        results.append(Result(ISSUE, "Exec `true` via broker gRPC (supervised)", "Docker SDK exec_run",
+                              statistics.median(s_ours), statistics.median(s_sdk), 0.05,
+                              notes=_note(s_ours, s_sdk)))
 
-            # the supervisor alone (its link from this process, no gRPC): what the stream costs
-            async def link_samples() -> list[float]:
-                link = await supervisor.Link.start(DockerAPI(), sb.container_id)
-                out = []
-                try:
-                    for _ in range(45):
-                        t0 = time.perf_counter()
-                        c = await link.open(["true"], "/workspace", [], False)
-                        while await c.frame() is not None:
-                            pass
-                        assert await c.exit_code() == 0
-                        out.append(time.perf_counter() - t0)
-                finally:
-                    link.close()
-                return out[5:]
-            s_link = asyncio.run(link_samples())
-            results.append(Result(ISSUE, "`true` through the supervisor's stream alone (no gRPC)",
-                                  "Docker SDK exec_run", statistics.median(s_link), statistics.median(s_sdk),
-                                  0.05, notes=_note(s_link, s_sdk)))
+        # the supervisor alone (its link from this process, no gRPC): what the stream costs
+        async def link_samples() -> list[float]:
+            link = await supervisor.Link.start(DockerAPI(), sb.container_id)
+            out = []
+            try:
+                for _ in range(45):
+                    t0 = time.perf_counter()
+                    c = await link.open(["true"], "/workspace", [], False)
+                    while await c.frame() is not None:
+                        pass
+                    assert await c.exit_code() == 0
+                    out.append(time.perf_counter() - t0)
+            finally:
+                link.close()
+            return out[5:]
+        s_link = asyncio.run(link_samples())
+        results.append(Result(ISSUE, "`true` through the supervisor's stream alone (no gRPC)",
+                              "Docker SDK exec_run", statistics.median(s_link), statistics.median(s_sdk),
+                              0.05, notes=_note(s_link, s_sdk)))
 
-            chains = []
-            for _ in range(5):
-                chains.append(_timed(lambda: [ours() for _ in range(50)]) / 50)
-            results.append(Result(ISSUE, "50 `true` commands in a row, per command (supervised)",
-                                  "Docker SDK exec_run", statistics.median(chains), statistics.median(s_sdk),
-                                  0.05, notes=f"per command p50 {statistics.median(chains) * 1000:.2f} ms "
-                                              f"over 5 chains; the scheduler's per-node work is not included"))
+        chains = []
+        for _ in range(5):
+            chains.append(_timed(lambda: [ours() for _ in range(50)]) / 50)
+        results.append(Result(ISSUE, "50 `true` commands in a row, per command (supervised)",
+                              "Docker SDK exec_run", statistics.median(chains), statistics.median(s_sdk),
+                              0.05, notes=f"per command p50 {statistics.median(chains) * 1000:.2f} ms "
+                                          f"over 5 chains; the scheduler's per-node work is not included"))
 
-            def docker_run() -> None:
-                subprocess.run(["docker", "run", "--rm", "--network", "none", SANDBOX_IMAGE, "true"],
-                               check=True, stdout=subprocess.DEVNULL)
+        def docker_run() -> None:
+            subprocess.run(["docker", "run", "--rm", "--network", "none", SANDBOX_IMAGE, "true"],
+                           check=True, stdout=subprocess.DEVNULL)
 
-            def first_output(egress: bool) -> float:
-                t = f"bench-first-{next(counter)}"
-                t0 = time.perf_counter()
-                stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=t, spec=pb.SandboxSpec(
-                    egress=["bench.invalid"] if egress else [])))
-                out = b""
-                for ev in stub.Exec(pb.ExecRequest(ticket_id=t, argv=["echo", "hi"])):
-                    out += ev.stdout
-                    if out:
-                        break
-                dt = time.perf_counter() - t0
-                stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=t))
-                return dt
+        def first_output(egress: bool) -> float:
+            t = f"bench-first-{next(counter)}"
+            t0 = time.perf_counter()
+            stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=t, spec=pb.SandboxSpec(
+                egress=["bench.invalid"] if egress else [])))
+            out = b""
+            for ev in stub.Exec(pb.ExecRequest(ticket_id=t, argv=["echo", "hi"])):
+                out += ev.stdout
+                if out:
+                    break
+            dt = time.perf_counter() - t0
+            stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=t))
+            return dt
 
-            docker_run()
-            first_output(False)
-            base, plain, egress = [], [], []
-            for _ in range(7):
-                base.append(_timed(docker_run))
-                plain.append(first_output(False))
-                egress.append(first_output(True))
-            results.append(Result(ISSUE, "created -> first command output, cold (no pool)",
-                                  "docker run --rm --network none", statistics.median(plain),
-                                  statistics.median(base), 0.15,
-                                  notes=_note(plain, base) + "; the broker alone (no scheduler): CreateSandbox + Exec"))
-            results.append(Result(ISSUE, "created -> first command output with egress, cold (no pool)",
-                                  "docker run --rm --network none", statistics.median(egress),
-                                  statistics.median(base), 1.0, notes=_note(egress, base)))
-            results += asyncio.run(_scheduler_figures(root / "s", docker_run, sdk))
-            stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
-    finally:
-        net.remove()
-        remove_temp_root(root)
+        docker_run()
+        first_output(False)
+        base, plain, egress = [], [], []
+        for _ in range(7):
+            base.append(_timed(docker_run))
+            plain.append(first_output(False))
+            egress.append(first_output(True))
+        results.append(Result(ISSUE, "created -> first command output, cold (no pool)",
+                              "docker run --rm --network none", statistics.median(plain),
+                              statistics.median(base), 0.15,
+                              notes=_note(plain, base) + "; the broker alone (no scheduler): CreateSandbox + Exec"))
+        results.append(Result(ISSUE, "created -> first command output with egress, cold (no pool)",
+                              "docker run --rm --network none", statistics.median(egress),
+                              statistics.median(base), 1.0, notes=_note(egress, base)))
+        results += asyncio.run(_scheduler_figures(root / "s", docker_run, sdk))
+        stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
     for r in results:
         print(f"{r.name}: {r.measured_s * 1000:.2f} ms vs {r.baseline_s * 1000:.2f} ms -> {r.ratio:.3f}x "
               f"(target {r.target}x) {'met' if r.met else 'MISSED'}  [{r.notes}]")
