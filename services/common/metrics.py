@@ -110,6 +110,8 @@ class SchedulerMetrics:
     node_duration: Bounded        # histogram {kind, outcome}, seconds
     lease_takeovers: Bounded      # counter {from_state}: live tickets taken over from a scheduler whose lease expired
     lease_renew_failures: Bounded  # counter {reason}: heartbeats that failed (error) or found a ticket gone (lost)
+    pool_ready: Gauge             # warm sandboxes ready to be claimed (every workspace together)
+    pool_wanted: Gauge            # what the pool aims to hold: the Workspaces' sandbox.pool, at most the cap
 
     def set_ticket_counts(self, counts: dict[str, int]) -> None:
         for state in TICKET_STATES:
@@ -183,6 +185,10 @@ def scheduler_metrics(registry: CollectorRegistry) -> SchedulerMetrics:
             lease_renew_failures=_counter(registry, "afe_lease_renew_failures_total",
                                           "Ticket lease heartbeats that failed (error) or found the ticket "
                                           "taken over (lost).", reason=("error", "lost")),
+            pool_ready=Gauge("afe_sandbox_pool_ready", "Warm sandboxes ready to be claimed by a new ticket.",
+                             registry=registry),
+            pool_wanted=Gauge("afe_sandbox_pool_wanted", "Warm sandboxes the pool aims to hold (the "
+                              "Workspaces' sandbox.pool, at most --sandbox-pool-max).", registry=registry),
         )
     return _once(registry, "scheduler", build)
 

@@ -121,6 +121,7 @@ class Engine(Leases, Approvals, Reopen, Records):
         self.pool = SandboxPool(config, sandbox, credentials, pool_dir, cap=pool_cap,
                                 is_ticket=lambda tid: store.get_ticket(tid) is not None)
         self.teardowns.reserved = self.pool.ids
+        self.pool.export(self.metrics)
 
     # ---- lifecycle -------------------------------------------------------
 

@@ -46,6 +46,7 @@ from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.common.config import Config, Workflow, Workspace
 from services.common.errors import AfeError, NotFound
 from services.common.layout import check_ticket_id
+from services.common.metrics import SchedulerMetrics
 
 from .brokers import CredentialBroker, SandboxBroker
 from .executor.context import SANDBOX_KINDS, relay_models, sandbox_spec
@@ -128,6 +129,16 @@ class SandboxPool:
 
     def size(self) -> int:
         return sum(len(es) for es in self._ready.values())
+
+    def wanted(self) -> int:
+        """What the pool aims to hold: every profile's size, at most the cap (0 when disabled)."""
+        return min(self.cap, sum(p.size for p in self.profiles.values())) if self.enabled else 0
+
+    def export(self, metrics: SchedulerMetrics | None) -> None:
+        """`afe_sandbox_pool_ready` and `afe_sandbox_pool_wanted`, read at each scrape."""
+        if metrics is not None:
+            metrics.pool_ready.set_function(self.size)
+            metrics.pool_wanted.set_function(self.wanted)
 
     def claim(self, workspace: Workspace, workflow: Workflow) -> str | None:
         """A ready reserved id of this ticket's profile (removed from the pool), or None."""

@@ -61,6 +61,8 @@ async def test_r12_pooled_sandbox_carries_its_tickets_label_and_goes_with_it(sho
         await asyncio.wait_for(pool.filled.wait(), 120)
         before = await _sandboxes(sys_)
         assert len(before) == 1
+        # What an operator scrapes: one ready of one wanted.
+        assert (_gauge(sys_, "pool_ready"), _gauge(sys_, "pool_wanted")) == (1, 1)
         (reserved, container), = before.items()
         # Made ahead: no ticket has this id yet, and its workspace is prepared and marked.
         with pytest.raises(Exception, match="no ticket"):
@@ -88,6 +90,7 @@ async def test_r12_pooled_sandbox_carries_its_tickets_label_and_goes_with_it(sho
         assert not layout.workspace(reserved).exists()
         after = await _until(lambda: _new(sys_, reserved), "the pool to refill")
         (refill, refill_container), = after.items()
+        assert _gauge(sys_, "pool_ready") == 1
         assert refill != reserved and _label(refill_container) == refill
 
         # A second ticket takes the refill, never the first ticket's sandbox (one ticket per sandbox).
@@ -102,9 +105,15 @@ async def test_r12_pooled_sandbox_carries_its_tickets_label_and_goes_with_it(sho
         assert not list((layout.data_dir / "pool").iterdir())
         sys_.config = load_config(write_config(short_tmp / "nopool", WORKFLOWS))
         await sys_.start_scheduler()
+        assert (_gauge(sys_, "pool_ready"), _gauge(sys_, "pool_wanted")) == (0, 0)
         t3 = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="hello", title="cold"))
         assert t3.id not in before and t3.id not in (refill,)
         await wait_for_state(sys_.stub, t3.id, {"succeeded", "failed"})
+
+
+def _gauge(sys_, name: str) -> float:
+    """The value `afe_sandbox_<name>` has at a scrape of the scheduler's /metrics."""
+    return getattr(sys_.app.engine.metrics, name).collect()[0].samples[0].value
 
 
 async def _new(sys_, old: str) -> dict[str, str]:
