@@ -20,7 +20,7 @@ class Result:
     baseline: str         # what it was compared with
     measured_s: float     # our figure (seconds, or per-op seconds)
     baseline_s: float     # the baseline's figure, same unit
-    target: float         # the ratio to meet
+    target: float | None  # the ratio to meet; None: reported beside a target row, with none of its own
     higher_is_better: bool = False   # True for throughput-style ratios
     notes: str = ""
 
@@ -32,6 +32,8 @@ class Result:
 
     @property
     def met(self) -> bool:
+        if self.target is None:
+            return True
         return self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
 
 

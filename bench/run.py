@@ -145,19 +145,25 @@ def write_report(outcomes: list[Outcome], out_dir: Path, info: dict[str, str]) -
     out_dir.mkdir(parents=True, exist_ok=True)
     results = [r for o in outcomes for r in o.results]
     chart = write_chart(results, out_dir / "ratios.png")
-    met = sum(r.met for r in results)
+    targeted = [r for r in results if r.target is not None]
+    met = sum(r.met for r in targeted)
     lines = ["# afe benchmark report", "",
-             (f"{len(results)} measurements from {len(outcomes)} modules; {met} meet their target; "
+             (f"{len(results)} measurements from {len(outcomes)} modules; {met} of the {len(targeted)} "
+              f"with a target meet it (the others are reported beside them); "
               f"{sum(o.error is not None for o in outcomes)} modules failed."), "",
              ("Each figure is a ratio against a baseline measured in the same run on the same machine "
               "(lower is better unless the target says ≥)."), "",
              "| issue | measurement | baseline | our figure | baseline figure | ratio | target | met? |",
              "|---:|---|---|---:|---:|---:|---:|:---:|"]
     for r in sorted(results, key=lambda r: (r.issue, r.name)):
-        target = f"≥ {r.target:g}" if r.higher_is_better else f"≤ {r.target:g}"
+        if r.target is None:
+            target, met_cell = "—", "—"
+        else:
+            target = f"≥ {r.target:g}" if r.higher_is_better else f"≤ {r.target:g}"
+            met_cell = "yes" if r.met else "**no**"
         fmt = _fmt_rate if r.higher_is_better else _fmt_s
         lines.append(f"| {r.issue} | {_md(r.name)} | {_md(r.baseline)} | {fmt(r.measured_s)} | "
-                     f"{fmt(r.baseline_s)} | {r.ratio:.3g} | {target} | {'yes' if r.met else '**no**'} |")
+                     f"{fmt(r.baseline_s)} | {r.ratio:.3g} | {target} | {met_cell} |")
     for o in outcomes:
         for s in o.sections:
             lines += ["", f"## {s.title}", "", s.body.rstrip()]
@@ -198,15 +204,17 @@ def write_chart(results: list[Result], path: Path) -> Path | None:
     else:
         labels = [f"#{r.issue} {r.name}"[:60] for r in rows]
         ys = list(range(len(rows)))
-        ax.barh(ys, [r.ratio for r in rows], color=["#2e7d32" if r.met else "#c62828" for r in rows])
-        ax.scatter([r.target for r in rows], ys, marker="|", s=300, color="black", zorder=3)
+        ax.barh(ys, [r.ratio for r in rows], color=["#9e9e9e" if r.target is None else "#2e7d32" if r.met
+                                                    else "#c62828" for r in rows])
+        marked = [(r.target, y) for r, y in zip(rows, ys, strict=True) if r.target is not None]
+        ax.scatter([t for t, _ in marked], [y for _, y in marked], marker="|", s=300, color="black", zorder=3)
         ax.set_yticks(ys, labels)
         ax.invert_yaxis()
-        ratios = [r.ratio for r in rows] + [r.target for r in rows]
+        ratios = [r.ratio for r in rows] + [r.target for r in rows if r.target is not None]
         if max(ratios) / min(ratios) > 50:
             ax.set_xscale("log")
         ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
-        ax.set_xlabel("ratio to same-run baseline (bar green: target met; black tick: target)")
+        ax.set_xlabel("ratio to same-run baseline (bar green: target met, red: missed, grey: no target of its own; black tick: target)")
     ax.set_title("afe benchmarks")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -19,7 +19,9 @@ def run(out_dir):
             Result(issue=4, name="clone via mirror", baseline="fresh clone", measured_s=0.9,
                    baseline_s=0.3, target=0.5, notes="cold cache"),
             Result(issue=5, name="events per second", baseline="raw inserts", measured_s=4000.0,
-                   baseline_s=8000.0, target=0.4, higher_is_better=True)]
+                   baseline_s=8000.0, target=0.4, higher_is_better=True),
+            Result(issue=5, name="clone, cold cache", baseline="fresh clone", measured_s=0.6,
+                   baseline_s=0.3, target=None, notes="beside the warm figure")]
 '''
 SECTIONS = '''
 from bench.common import Result, Section
@@ -61,6 +63,9 @@ def test_report_table_chart_machine_and_failure(dummy_modules, tmp_path):
     assert "| 3 | exec round trip | docker exec CLI | 20.00 ms | 50.00 ms | 0.4 | ≤ 1 | yes |" in report
     assert "| 4 | clone via mirror | fresh clone | 900.00 ms | 300.00 ms | 3 | ≤ 0.5 | **no** |" in report
     assert "| 5 | events per second | raw inserts | 4,000/s | 8,000/s | 0.5 | ≥ 0.4 | yes |" in report
+    # a figure reported beside a target, with none of its own: neither met nor missed
+    assert "| 5 | clone, cold cache | fresh clone | 600.00 ms | 300.00 ms | 2 | — | — |" in report
+    assert "2 of the 3 with a target meet it" in report
     assert "dummybench.bench_broken" in report and "docker engine went away" in report
     for key in ("CPU", "cores", "memory", "kernel", "Docker", "Python"):
         assert f"**{key}**" in report
