@@ -19,6 +19,7 @@ Unix socket) with another `--data` folder.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import subprocess
 import tarfile
@@ -109,7 +110,11 @@ async def test_remote_broker_ticket_commits_diffs_and_keeps_without_a_shared_dat
             tree = _git(gitdir, "ls-tree", "-r", c.sha)
             assert "120000 blob" in next(line for line in tree.splitlines() if line.endswith("\talias"))
             assert "deep/er/f" in tree and ".git/" not in tree
-            assert not any((layout.data_dir / "handover").iterdir())   # the private copies are gone
+            # The private copies are gone. A copy whose call was cancelled (the second
+            # prepare: the remote broker already held the workspace and read none of the
+            # stream) is removed as that call ends, which may be a moment after this point.
+            left = await _left_after(layout.data_dir / "handover", 10.0)
+            assert not left, f"private copies left in the credential broker: {left}"
 
             async for _ev in brokers.exec(tid, ["sh", "-c", "echo after-commit > LATER.txt"], timeout_ms=60000):
                 pass
@@ -124,6 +129,15 @@ async def test_remote_broker_ticket_commits_diffs_and_keeps_without_a_shared_dat
             await brokers.close()
     assert not (remote_ws / tid).exists()                        # the broker removed the workspace it received
     assert not (remote_ws / f".{tid}.handed").exists()
+
+
+async def _left_after(folder, seconds: float) -> list[str]:
+    """What is still in `folder` once it is empty or `seconds` have passed."""
+    for _ in range(int(seconds / 0.05)):
+        if not any(folder.iterdir()):
+            return []
+        await asyncio.sleep(0.05)
+    return sorted(p.name for p in folder.iterdir())
 
 
 def _tar(*entries) -> bytes:
