@@ -200,15 +200,14 @@ class Runner:
         writer_task = None
         if stdin:
             writer_task = asyncio.create_task(_feed(stream, stdin))
-        deadline = t0 + timeout
+        # One deadline for the whole command (asyncio.timeout, not a wait_for per
+        # frame: that made a task for every frame).
+        deadline = asyncio.get_running_loop().time() + max(0.0, t0 + timeout - time.monotonic())
         try:
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    timed_out = True
-                    break
                 try:
-                    frame = await asyncio.wait_for(stream.frame(), remaining)
+                    async with asyncio.timeout_at(deadline):
+                        frame = await stream.frame()
                 except TimeoutError:
                     timed_out = True
                     break

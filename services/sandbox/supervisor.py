@@ -176,7 +176,8 @@ class Link:
         self.cmds[cid] = cmd
         await self.send(b"S", cid, json.dumps({"argv": argv, "cwd": cwd, "env": env, "stdin": stdin}).encode())
         try:
-            await asyncio.wait_for(asyncio.shield(cmd.started), START_TIMEOUT_S)
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await asyncio.shield(cmd.started)
         except TimeoutError:
             self._die("it did not answer")
         return cmd
