@@ -145,6 +145,11 @@ class Runner:
             self._containers[ticket_id] = info.container_id
             await self.supervisors.warm(info.container_id)
 
+    async def warm_container(self, ticket_id: str, container_id: str) -> None:
+        """`warm` for a sandbox being made (not yet known to `get`)."""
+        self._containers[ticket_id] = container_id
+        await self.supervisors.warm(container_id)
+
     def release(self, ticket_id: str) -> None:
         """The ticket's sandbox is gone (destroyed, reconciled): drop its link."""
         cid = self._containers.pop(ticket_id, None)

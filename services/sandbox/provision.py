@@ -41,11 +41,13 @@ class Names:
 def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace: str, names: Names, *,
                       instance: str, egress_network: str, allow_private: tuple[str, ...], proxy_image: str,
                       relay_dir: str | None, check_engine: Callable[[], None],
-                      check_network: Callable[[str], None]) -> tuple[SandboxInfo, str]:
+                      check_network: Callable[[str], None],
+                      started: Callable[[str], None] = lambda _cid: None) -> tuple[SandboxInfo, str]:
     """Create (and start) the containers; returns the info and the
     proxy's address on its outside network ("" without egress).
     `check_engine` runs before the ticket's network is made, `check_network`
-    (R31) with its name right after."""
+    (R31) with its name right after; `started(container id)` as soon as the
+    sandbox runs, while its proxy may still be starting."""
     ticket_id = s.ticket_id
     network = ""
     proxy_id = ""
@@ -88,6 +90,7 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
         kw.pop("detach", None)
         c = client.containers.create(**kw)
         c.start()
+        started(c.id)
         if starting is not None:
             proxy_id, proxy_ip = starting.result()
     except docker.errors.ImageNotFound as exc:

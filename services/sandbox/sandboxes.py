@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import docker
@@ -124,7 +124,9 @@ class SandboxManager:
         return str(path)
 
     # -- lifecycle -----------------------------------------------------------
-    async def create(self, settings: SandboxSettings) -> SandboxInfo:
+    async def create(self, settings: SandboxSettings, started: Callable[[str], None] | None = None) -> SandboxInfo:
+        """The ticket's sandbox, made (or found, as it was); `started(container
+        id)` is called on this loop as soon as a new sandbox runs."""
         ticket_id = check_ticket_id(settings.ticket_id)
         egress = tuple(check_egress_names(list(settings.egress)))
         names, cidrs = check_private(list(settings.egress_private), list(egress))
@@ -152,7 +154,12 @@ class SandboxManager:
                 return existing
             workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes, new=True)
             try:
-                info, proxy_ip = await asyncio.to_thread(self._create_sync, settings, workspace)
+                loop = asyncio.get_running_loop()
+
+                def hook(cid: str) -> None:
+                    if started is not None:
+                        loop.call_soon_threadsafe(started, cid)
+                info, proxy_ip = await asyncio.to_thread(self._create_sync, settings, workspace, hook)
             except BaseException:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
@@ -174,7 +181,8 @@ class SandboxManager:
                      ",".join(settings.egress_private) or "none")
             return info
 
-    def _create_sync(self, s: SandboxSettings, workspace: str) -> tuple[SandboxInfo, str]:
+    def _create_sync(self, s: SandboxSettings, workspace: str,
+                     started: Callable[[str], None]) -> tuple[SandboxInfo, str]:
         """Create (and start) the containers (provision.py); returns the info
         and the proxy's address on its outside network ("" without egress)."""
         names = provision.Names(sandbox=self.container_name(s.ticket_id), proxy=self.proxy_name(s.ticket_id),
@@ -185,7 +193,8 @@ class SandboxManager:
             relay_dir=str(self.layout.relay_dir(s.ticket_id)) if s.relay else None,
             check_engine=self._check_engine_for_egress,
             # looked up here at each call: R31's check of the new bridge (tests replace it)
-            check_network=lambda network: check_bridge_has_no_address(hardening.bridge_name(network)))
+            check_network=lambda network: check_bridge_has_no_address(hardening.bridge_name(network)),
+            started=started)
 
     # -- model relay (R32) -----------------------------------------------------
     def _check_relay_dir(self, ticket_id: str) -> None:

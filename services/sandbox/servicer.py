@@ -69,15 +69,24 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                    disk_bytes=spec.limits.disk_bytes,
                                    env_names=tuple(spec.env_names), relay=spec.relay)
         t0 = time.monotonic()
-        info = await self.sandboxes.create(settings)
+        # The command supervisor starts as soon as the sandbox runs (while its
+        # proxy may still be starting), so the first command does not wait for it.
+        try:
+            info = await self.sandboxes.create(
+                settings, started=lambda cid: self._warm(self.runner.warm_container(request.ticket_id, cid)))
+        except BaseException:
+            self.runner.release(request.ticket_id)
+            raise
         if self.metrics:
             self.metrics.create_seconds.labels(egress="allowlist" if settings.egress else "none").observe(
                 time.monotonic() - t0)
-        # the command supervisor starts now, so the first command does not wait for it
-        task = asyncio.get_running_loop().create_task(self.runner.warm(info.ticket_id))
+        self._warm(self.runner.warm(info.ticket_id))   # a sandbox found as it was (a no-op when warm)
+        return _sandbox(info)
+
+    def _warm(self, warming) -> None:
+        task = asyncio.get_running_loop().create_task(warming)
         self._warming.add(task)
         task.add_done_callback(self._warming.discard)
-        return _sandbox(info)
 
     async def DestroySandbox(self, request, context):
         self.runner.release(request.ticket_id)
