@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -141,14 +142,15 @@ async def _scheduler_figures(root: Path, docker_run, sdk) -> list[Result]:
 
     done = {spb.TICKET_STATE_SUCCEEDED, spb.TICKET_STATE_FAILED, spb.TICKET_STATE_CANCELLED}
     _scheduler_config(root)          # root/cfg
-    afe = start_afe(root, base_env())
+    instance = f"benchspeed{os.getpid()}"
+    afe = start_afe(root, base_env(), "--instance", instance)     # the last --instance is the one used
     try:
         await asyncio.to_thread(afe.wait_up)
         ops_port = afe.state()["children"]["scheduler"]["ops_port"]
         key = bytes.fromhex((afe.run_dir / "automation.key").read_text().strip())
         async with open_channel(str(afe.run_dir / "scheduler.sock"), key) as channel:
             stub = srpc.SchedulerStub(channel)
-            out = await _figures(stub, spb, done, ops_port, docker_run, sdk)
+            out = await _figures(stub, spb, done, ops_port, docker_run, sdk, instance)
     finally:
         code = afe.stop()
     if code != 0:
@@ -156,7 +158,38 @@ async def _scheduler_figures(root: Path, docker_run, sdk) -> list[Result]:
     return out
 
 
-async def _figures(stub, spb, done, ops_port: int, docker_run, sdk) -> list[Result]:
+async def _quiet(instance: str, ops_port: int, timeout_s: float = 120.0) -> None:
+    """Until the pool is full and nothing else of this afe is in Docker: every
+    earlier ticket's teardown (workspace released, sandbox, proxy and network
+    removed) is over, so a measurement that says "nothing else running" is."""
+    import docker
+
+    await _pool_filled(ops_port)
+    client = docker.from_env()
+    labels = {"label": f"afe.instance={instance}"}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            containers = await asyncio.to_thread(client.containers.list, all=True, filters=labels)
+            tickets = {c.labels.get("afe.ticket") for c in containers}
+            if len(tickets) <= _wanted(ops_port):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"earlier tickets' sandboxes still there after {timeout_s:g} s: {tickets}")
+            await asyncio.sleep(0.05)
+    finally:
+        client.close()
+
+
+def _wanted(ops_port: int) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{ops_port}/metrics", timeout=5) as r:
+        line = next(x for x in r.read().decode().splitlines() if x.startswith("afe_sandbox_pool_wanted "))
+    return int(float(line.split()[1]))
+
+
+async def _figures(stub, spb, done, ops_port: int, docker_run, sdk, instance: str) -> list[Result]:
     async def finished(tid: str) -> object:
         async for _ in stub.WatchTicket(spb.WatchTicketRequest(id=tid, from_seq=1, follow=True)):
             pass
@@ -189,7 +222,7 @@ async def _figures(stub, spb, done, ops_port: int, docker_run, sdk) -> list[Resu
     chains: dict[str, tuple[list[float], list[float]]] = {"chain": ([], []), "chainwarm": ([], [])}
     for _ in range(3):
         for workflow, (per_node, in_sandbox) in chains.items():
-            await _pool_filled(ops_port)
+            await _quiet(instance, ops_port)
             t = await stub.CreateTicket(spb.CreateTicketRequest(workflow=workflow, title="chain"))
             t = await finished(t.id)
             if t.state != spb.TICKET_STATE_SUCCEEDED:
