@@ -124,16 +124,23 @@ class DockerAPI:
         return doc["Id"]
 
     async def exec_start(self, exec_id: str) -> ExecStream:
-        return await self._hijack(f"/exec/{exec_id}/start", {"Detach": False, "Tty": False})
+        reader, writer = await self._connect()
+        writer.write(_request_bytes("POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False},
+                                    upgrade=True))
+        await writer.drain()
+        status, headers = await _read_head(reader)
+        if status not in (101, 200):
+            data = await _read_body(reader, headers)
+            writer.close()
+            raise EngineError(status, data[:200].decode("utf-8", "replace"))
+        return ExecStream(reader, writer)
 
     async def attach(self, container: str) -> ExecStream:
         """The container's own stdin/stdout/stderr as a hijacked stream (made
         before the container starts, so nothing it writes first is missed)."""
-        return await self._hijack(f"/containers/{container}/attach?stream=1&stdin=1&stdout=1&stderr=1", None)
-
-    async def _hijack(self, path: str, body: Any | None) -> ExecStream:
         reader, writer = await self._connect()
-        writer.write(_request_bytes("POST", path, body, upgrade=True))
+        writer.write(_request_bytes("POST", f"/containers/{container}/attach?stream=1&stdin=1&stdout=1&stderr=1",
+                                    None, upgrade=True))
         await writer.drain()
         status, headers = await _read_head(reader)
         if status not in (101, 200):
