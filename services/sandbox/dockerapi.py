@@ -135,20 +135,6 @@ class DockerAPI:
             raise EngineError(status, data[:200].decode("utf-8", "replace"))
         return ExecStream(reader, writer)
 
-    async def attach(self, container: str) -> ExecStream:
-        """The container's own stdin/stdout/stderr as a hijacked stream (made
-        before the container starts, so nothing it writes first is missed)."""
-        reader, writer = await self._connect()
-        writer.write(_request_bytes("POST", f"/containers/{container}/attach?stream=1&stdin=1&stdout=1&stderr=1",
-                                    None, upgrade=True))
-        await writer.drain()
-        status, headers = await _read_head(reader)
-        if status not in (101, 200):
-            data = await _read_body(reader, headers)
-            writer.close()
-            raise EngineError(status, data[:200].decode("utf-8", "replace"))
-        return ExecStream(reader, writer)
-
     async def exec_inspect(self, exec_id: str) -> dict:
         return await self.request("GET", f"/exec/{exec_id}/json")
 

@@ -26,8 +26,7 @@ from .hardening import WORKSPACE
 from .nspids import namespace_pid
 from .paths import split_relative
 from .sandboxes import SandboxManager
-from .supervisor import SupervisedCommand, SupervisorDown
-from .supervisors import Supervisors
+from .supervisor import SupervisedCommand, SupervisorDown, Supervisors
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +144,6 @@ class Runner:
             info = await self.sandboxes.get(ticket_id)
             self._containers[ticket_id] = info.container_id
             await self.supervisors.warm(info.container_id)
-
-    async def attach_new(self, ticket_id: str, container_id: str) -> None:
-        """A new sandbox, created but not started: attach to its own supervisor."""
-        self._containers[ticket_id] = container_id
-        await self.supervisors.attach(container_id)
 
     async def warm_container(self, ticket_id: str, container_id: str) -> None:
         """`warm` for a sandbox being made (not yet known to `get`)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from docker.types import LogConfig, Mount, Ulimit
+from docker.types import Mount, Ulimit
 
 from services.common.config import DEFAULT_PROXY_IMAGE, DEFAULT_SANDBOX_IMAGE, Limits
 from services.common.errors import InvalidArgument
@@ -17,7 +17,6 @@ from services.common.layout import SANDBOX_GID, SANDBOX_UID
 from services.common.relayenv import RELAY_MOUNT
 
 from .egress import PROXY_PORT
-from .supervisor import keeper_argv
 
 WORKSPACE = "/workspace"
 PROXY_ALIAS = "afe-proxy"   # the proxy's name on a ticket's internal network
@@ -125,9 +124,7 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
         lab[LABEL_RELAY] = "1"
     return dict(
         image=s.image,
-        # its main process starts the command supervisor on the container's own
-        # stdin/stdout (supervisor.py, KEEPER), then keeps the container alive
-        command=keeper_argv(),
+        command=["sleep", "infinity"],
         entrypoint=[],
         name=name,
         user=f"{SANDBOX_UID}:{SANDBOX_GID}",
@@ -155,9 +152,8 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
         # an unroutable resolver so no lookup leaves (the proxy resolves).
         **({"dns": [NO_DNS], "dns_opt": ["timeout:1", "attempts:1"], "dns_search": ["."]} if network else {}),
         **({"sysctls": dict(NO_IPV6_SYSCTLS)} if network and ipv6 else {}),
-        stdin_open=True,      # the supervisor's input; closed when the broker's attach ends (StdinOnce)
+        stdin_open=False,
         tty=False,
-        log_config=LogConfig(type=LogConfig.types.NONE),   # command output never goes to Docker's logs
         detach=True,
     )
 

@@ -46,33 +46,3 @@ def host_pid_of(supervisor_host_pid: int, ns_pid: int) -> int:
             except (OSError, ValueError):
                 continue
     return 0
-
-
-def host_pid_in(root_host_pid: int, ns_pid: int, depth: int = 4) -> int:
-    """The host pid of the process whose pid in the sandbox is `ns_pid`,
-    among the descendants of `root_host_pid` (a container's init) down to
-    `depth` levels; 0 when not found."""
-    level = [root_host_pid]
-    for _ in range(depth):
-        found = next((p for p in level if p and host_pid_of(p, ns_pid)), 0)
-        if found:
-            return host_pid_of(found, ns_pid)
-        level = [c for p in level for c in _children(p)]
-        if not level:
-            break
-    return 0
-
-
-def _children(host_pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{host_pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{host_pid}/task/{tid}/children") as f:
-                out += [int(p) for p in f.read().split()]
-        except (OSError, ValueError):
-            continue
-    return out

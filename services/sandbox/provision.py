@@ -8,15 +8,13 @@ thread and removes whatever was made when it fails.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import docker
 import docker.errors
@@ -40,42 +38,16 @@ class Names:
     network: str
 
 
-@dataclass(frozen=True)
-class Hooks:
-    """The broker's calls as a new sandbox is made, on its event loop:
-    `created(container id)` is awaited between the sandbox's creation and its
-    start (the creating thread waits for it, at most HOOK_WAIT_S), `started`
-    is called once the sandbox runs."""
-
-    created: Callable[[str], Coroutine[Any, Any, None]]
-    started: Callable[[str], None]
-
-    def from_thread(self, loop: asyncio.AbstractEventLoop) -> tuple[Callable[[str], None], Callable[[str], None]]:
-        """(created, started) to call from the thread that makes the containers."""
-        def created(cid: str) -> None:
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self.created(cid), loop).result(HOOK_WAIT_S)
-
-        def started(cid: str) -> None:
-            loop.call_soon_threadsafe(self.started, cid)
-        return created, started
-
-
-HOOK_WAIT_S = 30.0
-
-
 def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace: str, names: Names, *,
                       instance: str, egress_network: str, allow_private: tuple[str, ...], proxy_image: str,
                       relay_dir: str | None, check_engine: Callable[[], None],
                       check_network: Callable[[str], None],
-                      started: Callable[[str], None] = lambda _cid: None,
-                      created: Callable[[str], None] = lambda _cid: None) -> tuple[SandboxInfo, str]:
+                      started: Callable[[str], None] = lambda _cid: None) -> tuple[SandboxInfo, str]:
     """Create (and start) the containers; returns the info and the
     proxy's address on its outside network ("" without egress).
     `check_engine` runs before the ticket's network is made, `check_network`
-    (R31) with its name right after; `created(container id)` between the
-    sandbox's creation and its start, `started(container id)` as soon as it
-    runs, while its proxy may still be starting."""
+    (R31) with its name right after; `started(container id)` as soon as the
+    sandbox runs, while its proxy may still be starting."""
     ticket_id = s.ticket_id
     network = ""
     proxy_id = ""
@@ -117,7 +89,6 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
             relay_dir=relay_dir)
         kw.pop("detach", None)
         c = client.containers.create(**kw)
-        created(c.id)
         c.start()
         started(c.id)
         if starting is not None:

@@ -124,8 +124,9 @@ class SandboxManager:
         return str(path)
 
     # -- lifecycle -----------------------------------------------------------
-    async def create(self, settings: SandboxSettings, hooks: provision.Hooks | None = None) -> SandboxInfo:
-        """The ticket's sandbox, made (or found, as it was); `hooks` run as a new one is made."""
+    async def create(self, settings: SandboxSettings, started: Callable[[str], None] | None = None) -> SandboxInfo:
+        """The ticket's sandbox, made (or found, as it was); `started(container
+        id)` is called on this loop as soon as a new sandbox runs."""
         ticket_id = check_ticket_id(settings.ticket_id)
         egress = tuple(check_egress_names(list(settings.egress)))
         names, cidrs = check_private(list(settings.egress_private), list(egress))
@@ -153,8 +154,12 @@ class SandboxManager:
                 return existing
             workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes, new=True)
             try:
-                calls = hooks.from_thread(asyncio.get_running_loop()) if hooks else None
-                info, proxy_ip = await asyncio.to_thread(self._create_sync, settings, workspace, calls)
+                loop = asyncio.get_running_loop()
+
+                def hook(cid: str) -> None:
+                    if started is not None:
+                        loop.call_soon_threadsafe(started, cid)
+                info, proxy_ip = await asyncio.to_thread(self._create_sync, settings, workspace, hook)
             except BaseException:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
@@ -177,7 +182,7 @@ class SandboxManager:
             return info
 
     def _create_sync(self, s: SandboxSettings, workspace: str,
-                     calls: tuple[Callable[[str], None], Callable[[str], None]] | None) -> tuple[SandboxInfo, str]:
+                     started: Callable[[str], None]) -> tuple[SandboxInfo, str]:
         """Create (and start) the containers (provision.py); returns the info
         and the proxy's address on its outside network ("" without egress)."""
         names = provision.Names(sandbox=self.container_name(s.ticket_id), proxy=self.proxy_name(s.ticket_id),
@@ -189,7 +194,7 @@ class SandboxManager:
             check_engine=self._check_engine_for_egress,
             # looked up here at each call: R31's check of the new bridge (tests replace it)
             check_network=lambda network: check_bridge_has_no_address(hardening.bridge_name(network)),
-            **({"created": calls[0], "started": calls[1]} if calls else {}))
+            started=started)
 
     # -- model relay (R32) -----------------------------------------------------
     def _check_relay_dir(self, ticket_id: str) -> None:

@@ -16,7 +16,6 @@ from .denied_egress import denied_egress
 from .execs import Exit, Output, Runner
 from .files import Entry, FileTools
 from .hardening import SandboxSettings, resolve_limits
-from .provision import Hooks
 from .sandboxes import SandboxInfo, SandboxManager
 
 log = logging.getLogger(__name__)
@@ -70,15 +69,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                    disk_bytes=spec.limits.disk_bytes,
                                    env_names=tuple(spec.env_names), relay=spec.relay)
         t0 = time.monotonic()
-        # A new sandbox starts its own command supervisor (supervisor.KEEPER) on its
-        # stdio, attached before it starts; the link is made ready as soon as it
-        # runs (while its proxy may still be starting): the first command does
-        # not wait for a `docker exec`.
-        tid = request.ticket_id
-        hooks = Hooks(created=lambda cid: self.runner.attach_new(tid, cid),
-                      started=lambda cid: self._warm(self.runner.warm_container(tid, cid)))
+        # The command supervisor starts as soon as the sandbox runs (while its
+        # proxy may still be starting), so the first command does not wait for it.
         try:
-            info = await self.sandboxes.create(settings, hooks)
+            info = await self.sandboxes.create(
+                settings, started=lambda cid: self._warm(self.runner.warm_container(request.ticket_id, cid)))
         except BaseException:
             self.runner.release(request.ticket_id)
             raise

@@ -1,11 +1,9 @@
 # afe-supervisor: runs INSIDE a sandbox, as the sandbox user (never on the host).
 """The command supervisor that runs inside a sandbox (see supervisor.py).
 
-A new sandbox starts this file's source itself (supervisor.KEEPER, its main
-process, on the container's stdio that the broker attached before the
-start); a replacement is started with one `docker exec` (as the sandbox
-user, no extra environment, stdin attached). The broker sends commands on
-stdin; it answers on stdout. It has
+The sandbox broker starts this file's source once per sandbox with one
+`docker exec` (as the sandbox user, no extra environment, stdin attached) and
+then sends it commands over that exec's stdin; it answers on stdout. It has
 exactly the privileges of any other process in the sandbox, and nothing it
 holds is worth more: a declared environment value (R9) passes through it to
 the one child that asked for it and is not kept.
@@ -14,8 +12,7 @@ Frames both ways: a header `>BII` (type, command id, payload length) then
 the payload.
   broker -> here: S start (JSON {argv, cwd, env, stdin}), I stdin bytes,
                   E close stdin, K kill the process group, C output credit
-  here -> broker: H hello ("afe-supervisor 2 <own pid in the sandbox>"),
-                  P started (ns pid), O stdout, R stderr,
+  here -> broker: H hello, P started (ns pid), O stdout, R stderr,
                   W stdin taken (bytes written to the child's pipe, or
                   dropped because it is closed),
                   X exit (signed code, 128+N for a signal; 126 when the
@@ -82,7 +79,7 @@ class Supervisor:
     def run(self):
         os.set_blocking(0, False)
         self.sel.register(0, selectors.EVENT_READ, ("ctl", None))
-        send(ord("H"), 0, b"afe-supervisor 2 %d" % os.getpid())
+        send(ord("H"), 0, b"afe-supervisor 2")
         while True:
             polled = [c for c in self.cmds.values() if c.pidfd < 0 and c.code is None]
             for key, _mask in self.sel.select(0.05 if polled else None):

@@ -2,14 +2,11 @@
 stream, instead of one `docker exec` per command.
 
 A `docker exec` costs tens of milliseconds (the engine, containerd and runc
-set up a process in the container's namespaces every time). The broker does
-not pay it at all for a new sandbox: the sandbox's main process (KEEPER,
-under docker-init) starts `supervise_main.py` on the container's own stdio,
-which the broker attached before starting the container (Docker's logging
-is off for the sandbox, so nothing of it reaches Docker's logs). A supervisor
-that stops is replaced by one started with one exec (as the sandbox user, no
-extra environment, stdin attached). Commands go over the hijacked stream; a
-command then costs a fork in the sandbox and a few frames.
+set up a process in the container's namespaces every time). The broker pays
+that once per sandbox: it starts `supervise_main.py` in the sandbox with one
+exec (as the sandbox user, no extra environment, stdin attached) and sends it
+commands over that exec's hijacked stream; a command then costs a fork in the
+sandbox and a few frames.
 
 Nothing is weaker than with an exec per command:
 - the supervisor is a process of the sandbox like any other (same user,
@@ -45,7 +42,7 @@ import struct
 from pathlib import Path
 
 from .dockerapi import STDERR, STDOUT, DockerAPI, EngineError, ExecStream
-from .nspids import host_pid_in, host_pid_of, namespace_pid
+from .nspids import host_pid_of, namespace_pid
 from .supervised_command import IN_WINDOW, MAX_SEND, STOPPED, WINDOW, SupervisedCommand
 
 log = logging.getLogger(__name__)
@@ -60,7 +57,6 @@ START_TIMEOUT_S = 30.0
 MAX_RESTARTS = 3
 
 CLOSED = "the broker closed it"
-QUIT = "it stopped"            # the sandbox's keeper saw its supervisor end (or start no supervisor)
 
 # Run inside the sandbox (as its user) when a supervisor died with a command
 # it had started but not yet reported (the command can kill its supervisor
@@ -96,23 +92,6 @@ for _ in range(20):
 """
 
 
-# The sandbox's main process (docker-init's child), so the first supervisor
-# needs no `docker exec`: the broker attaches to the container's own stdio
-# before starting it, and this starts the supervisor on that stdio. When the
-# supervisor ends, the container's stdout stays open (docker-init holds it),
-# so this says so with a `Q` frame; then it only keeps the container alive.
-# Without python3 the `Q` comes at once (the broker then tries an exec, which
-# finds no python3 either: one exec per command).
-KEEPER = ('exec 3<&0; if command -v python3 >/dev/null 2>&1; then python3 -c "$1" <&3 3<&-; fi; '
-          "printf 'Q\\000\\000\\000\\000\\000\\000\\000\\000'; "
-          "exec sleep infinity </dev/null >/dev/null 2>&1 3<&-")
-
-
-def keeper_argv(source: str = SOURCE) -> list[str]:
-    """The sandbox container's command: KEEPER, given the supervisor's source as $1."""
-    return ["sh", "-c", KEEPER, "afe-supervisor", source]
-
-
 class SupervisorDown(Exception):
     """The link is gone (or never came up); the reason is in the message."""
 
@@ -143,7 +122,6 @@ class Link:
         self._stderr = bytearray()
         self._hello: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._reader: asyncio.Task | None = None
-        self.hello_pid = 0            # the supervisor's own pid in the sandbox, from its hello
 
     @classmethod
     async def start(cls, api: DockerAPI, container_id: str, source: str = SOURCE) -> Link:
@@ -165,34 +143,6 @@ class Link:
             link.host_pid = int((await api.exec_inspect(exec_id)).get("Pid") or 0)
             link.high = namespace_pid(link.host_pid)
         return link
-
-    @classmethod
-    async def attach(cls, api: DockerAPI, container_id: str) -> Link:
-        """The link to the supervisor a sandbox starts itself (`keeper_argv`),
-        over the container's own stdio: attached before the container starts;
-        `ready` once it runs."""
-        link = cls(api, container_id, "", await api.attach(container_id))
-        link._reader = asyncio.get_running_loop().create_task(link._read())
-        return link
-
-    async def ready(self) -> None:
-        """Wait for an attached supervisor's hello (SupervisorDown if it never
-        came) and find its host pid, which kills go through."""
-        try:
-            async with asyncio.timeout(HELLO_TIMEOUT_S):
-                await asyncio.shield(self._hello)
-        except TimeoutError:
-            self._die("it did not start")
-            raise SupervisorDown("the command supervisor did not start") from None
-        except SupervisorDown:
-            if self.why == QUIT:     # before any hello: the image has no python3 (or it would not run)
-                raise NoSupervisor("the sandbox started no command supervisor (no python3 in its image)") from None
-            raise
-        with contextlib.suppress(Exception):
-            doc = await self.api.request("GET", f"/containers/{self.container_id}/json")
-            init = int(doc["State"]["Pid"] or 0)
-            self.host_pid = await asyncio.to_thread(host_pid_in, init, self.hello_pid) if init else 0
-        self.high = max(self.high, self.hello_pid)
 
     # -- sending ---------------------------------------------------------------
     def send_nowait(self, kind: bytes, cid: int, payload: bytes = b"") -> None:
@@ -269,12 +219,8 @@ class Link:
             k = chr(kind)
             if k == "H":
                 if not self._hello.done():
-                    words = payload.split()
-                    self.hello_pid = int(words[2]) if len(words) == 3 and words[2].isdigit() else 0
                     self._hello.set_result(None)
                 continue
-            if k == "Q" and cid == 0 and n == 0:
-                return QUIT
             cmd = self.cmds.get(cid)
             if cmd is None or cmd.done or not self._hello.done():
                 return "it spoke of a command it was not given"
@@ -367,5 +313,66 @@ class Link:
             self._reader.cancel()
 
 
+class Supervisors:
+    """One link per sandbox container, started on first use (or ahead with
+    `warm`), restarted when it dies, given up for exec after MAX_RESTARTS."""
+
+    def __init__(self, api: DockerAPI, enabled: bool = True) -> None:
+        self.api = api
+        self.enabled = enabled
+        self._links: dict[str, Link] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._restarts: dict[str, int] = {}
+        self._exec_only: set[str] = set()
+
+    async def link(self, container_id: str) -> Link | None:
+        """The live link of a container, or None: use one exec per command.
+        Engine errors (NotFound, 409 not running) propagate to the caller."""
+        if not self.enabled or container_id in self._exec_only:
+            return None
+        link = self._links.get(container_id)
+        if link is not None and link.alive:
+            return link
+        async with self._locks.setdefault(container_id, asyncio.Lock()):
+            link = self._links.get(container_id)
+            if link is not None and link.alive:
+                return link
+            if link is not None:
+                n = self._restarts[container_id] = self._restarts.get(container_id, 0) + 1
+                if n > MAX_RESTARTS:
+                    log.warning("sandbox %s: its command supervisor stopped %d times; one exec per command "
+                                "from now on", container_id[:12], n)
+                    self._exec_only.add(container_id)
+                    self._links.pop(container_id, None)
+                    return None
+            try:
+                link = await Link.start(self.api, container_id)
+            except NoSupervisor:
+                self._exec_only.add(container_id)
+                return None
+            except SupervisorDown as exc:
+                log.warning("sandbox %s: %s; using one exec per command", container_id[:12], exc)
+                return None
+            self._links[container_id] = link
+            return link
+
+    async def warm(self, container_id: str) -> None:
+        """Start the supervisor ahead of the first command (errors are the first
+        command's to report)."""
+        with contextlib.suppress(Exception):
+            await self.link(container_id)
+
+    def drop(self, container_id: str) -> None:
+        link = self._links.pop(container_id, None)
+        self._locks.pop(container_id, None)
+        self._restarts.pop(container_id, None)
+        self._exec_only.discard(container_id)
+        if link is not None:
+            link.close()
+
+    def live(self) -> list[Link]:
+        return [lk for lk in self._links.values() if lk.alive]
+
+
 __all__ = ["IN_WINDOW", "MARKER", "MAX_SEND", "STOPPED", "WINDOW", "EngineError", "Link", "NoSupervisor",
-           "SupervisedCommand", "SupervisorDown"]
+           "SupervisedCommand", "SupervisorDown", "Supervisors"]
