@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -146,6 +147,28 @@ def test_r4_a_sandbox_process_cannot_reach_the_supervisors_stream(stub, sandbox)
     # positive control: a plain process of the same user is open to it
     r = run(stub, sandbox, "sleep 30 & p=$!; ls /proc/$p/fd && echo OPEN; kill $p")
     assert b"OPEN" in r.stdout
+
+
+def test_r4_no_sandbox_process_holds_the_supervisors_stream(stub, sandbox, docker_client):
+    """Nor through another process: no descriptor a process of the sandbox user
+    can open (any /proc/PID/fd in the sandbox, docker-init's included) is one
+    of the supervisor's stream pipes. (A supervisor run on the container's own
+    stdio would fail this: docker-init holds that stdio and is dumpable.)"""
+    supervisor_pid(stub, sandbox)
+    cid = container_of(stub, sandbox)
+    # the supervisor itself (python3), not a process that merely has its source in its arguments
+    (sup,) = [p for p in host_pids_of(docker_client, cid, supervisor.MARKER)
+              if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"python3\0")]
+    stream = {os.readlink(f"/proc/{sup}/fd/{fd}") for fd in (0, 1)}
+    assert all(t.startswith("pipe:[") for t in stream), stream
+    # control: the same listing does show a pipe a plain process of the sandbox holds
+    r = run(stub, sandbox, "sleep 30 | sleep 30 & p=$!; sleep 0.2; echo MINE $(readlink /proc/$p/fd/0); "
+                           "for f in /proc/[0-9]*/fd/*; do readlink $f; done 2>/dev/null | sort -u; kill $p")
+    lines = r.stdout.decode().splitlines()
+    mine = lines[0].removeprefix("MINE ")
+    seen = set(lines[1:])
+    assert mine.startswith("pipe:[") and mine in seen, lines[:3]
+    assert not stream & seen, f"the supervisor's stream is open to the sandbox: {stream & seen}"
 
 
 def test_a_sandbox_that_kills_its_supervisor_fails_only_its_own_command(stub, sandbox, plain_sandbox):
