@@ -111,20 +111,22 @@ def _scheduler_config(root: Path) -> Path:
     return cfg
 
 
+def _pool_metrics(ops_port: int) -> dict[str, float]:
+    """`afe_sandbox_pool_ready` and `afe_sandbox_pool_wanted` from the scheduler's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{ops_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith("afe_sandbox_pool_")}
+
+
 async def _pool_filled(ops_port: int, timeout_s: float = 180.0) -> None:
     """Until the scheduler's /metrics says the pool holds what it aims to
     (`afe_sandbox_pool_ready >= afe_sandbox_pool_wanted`), as an operator would see it."""
-    import urllib.request
-
-    def scrape() -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ops_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-                if line.startswith("afe_sandbox_pool_")}
-
     deadline = time.monotonic() + timeout_s
     while True:
-        m = await asyncio.to_thread(scrape)
+        m = await asyncio.to_thread(_pool_metrics, ops_port)
         if m.get("afe_sandbox_pool_ready", 0) >= m.get("afe_sandbox_pool_wanted", 1) > 0:
             return
         if time.monotonic() > deadline:
@@ -165,6 +167,7 @@ async def _quiet(instance: str, ops_port: int, timeout_s: float = 120.0) -> None
     import docker
 
     await _pool_filled(ops_port)
+    wanted = int((await asyncio.to_thread(_pool_metrics, ops_port))["afe_sandbox_pool_wanted"])
     client = docker.from_env()
     labels = {"label": f"afe.instance={instance}"}
     deadline = time.monotonic() + timeout_s
@@ -172,21 +175,13 @@ async def _quiet(instance: str, ops_port: int, timeout_s: float = 120.0) -> None
         while True:
             containers = await asyncio.to_thread(client.containers.list, all=True, filters=labels)
             tickets = {c.labels.get("afe.ticket") for c in containers}
-            if len(tickets) <= _wanted(ops_port):
+            if len(tickets) <= wanted:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"earlier tickets' sandboxes still there after {timeout_s:g} s: {tickets}")
             await asyncio.sleep(0.05)
     finally:
         client.close()
-
-
-def _wanted(ops_port: int) -> int:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{ops_port}/metrics", timeout=5) as r:
-        line = next(x for x in r.read().decode().splitlines() if x.startswith("afe_sandbox_pool_wanted "))
-    return int(float(line.split()[1]))
 
 
 async def _figures(stub, spb, done, ops_port: int, docker_run, sdk, instance: str) -> list[Result]:
