@@ -54,7 +54,8 @@ async def send_within(context: grpc.aio.ServicerContext, message: Any, timeout: 
     is released when the caller reads it or closes its connection.
     """
     try:
-        await asyncio.wait_for(context.write(message), timeout)
+        async with asyncio.timeout(timeout):     # no task per message, as wait_for would make
+            await context.write(message)
         return
     except TimeoutError:
         pass

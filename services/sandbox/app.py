@@ -59,7 +59,8 @@ def build_app(layout: Layout, links: LinkSecrets, redactor: Redactor, *, socket_
     metrics = sandbox_metrics(registry) if registry is not None else None
     # New on every start: the scheduler sees a restarted broker and reconciles (R12).
     boot_id = secrets.token_hex(8)
-    servicer = SandboxServicer(sandboxes, runner, files, metrics=metrics, boot_id=boot_id)
+    servicer = SandboxServicer(sandboxes, runner, files, metrics=metrics, boot_id=boot_id,
+                               redact=redactor.redact)
     server = grpcutil.create_server(
         socket_path or str(layout.socket("sandbox")), links.serve, redactor,
         [lambda s: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(servicer, s)],

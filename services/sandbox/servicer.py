@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
 from services.common.errors import InvalidArgument
 from services.common.metrics import SandboxMetrics
 
+from . import commands
 from .denied_egress import denied_egress
 from .execs import Exit, Output, Runner
 from .files import Entry, FileTools
@@ -39,14 +41,12 @@ def _entry(e: Entry) -> pb.FileEntry:
     return pb.FileEntry(name=_name(e.name), type=_TYPES[e.type], size=e.size, mode=e.mode, mtime_ms=e.mtime_ms)
 
 
-def _exit(x: Exit) -> pb.ExecExit:
-    return pb.ExecExit(code=x.code, timed_out=x.timed_out, truncated=x.truncated, duration_ms=x.duration_ms)
-
-
 class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
     def __init__(self, sandboxes: SandboxManager, runner: Runner, files: FileTools,
-                 default_image: str = "", metrics: SandboxMetrics | None = None, boot_id: str = "") -> None:
+                 default_image: str = "", metrics: SandboxMetrics | None = None, boot_id: str = "",
+                 redact: Callable[[str], str] = str) -> None:
         self.sandboxes = sandboxes
+        self.redact = redact
         self.boot_id = boot_id
         self.runner = runner
         self.files = files
@@ -123,18 +123,22 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
             async for ev in self.runner.run_exec(request.ticket_id, list(request.argv), cwd=request.cwd,
                                                  timeout_ms=request.timeout_ms,
                                                  output_cap=request.output_cap_bytes, stdin=request.stdin):
-                if isinstance(ev, Output):
-                    yield (pb.ExecEvent(stdout=ev.data) if ev.stream == "stdout"
-                           else pb.ExecEvent(stderr=ev.data))
-                else:
-                    outcome = "timeout" if ev.timed_out else "ok"
-                    yield pb.ExecEvent(exit=_exit(ev))
+                event, ended = commands.exec_event(ev)
+                outcome = ended or outcome
+                yield event
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         finally:
-            if self.metrics:
-                self.metrics.execs.labels(outcome=outcome).inc()
+            self._count_exec(outcome)
+
+    def _count_exec(self, outcome: str) -> None:
+        if self.metrics:
+            self.metrics.execs.labels(outcome=outcome).inc()
+
+    async def Commands(self, request_iterator, context):
+        async for ev in commands.serve(self.runner, request_iterator, self.redact, self._count_exec):
+            yield ev
 
     async def Process(self, request_iterator, context):
         it = request_iterator.__aiter__()
@@ -171,7 +175,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                 else:
                     if proc.killed:
                         ev = Exit(code=ev.code if ev.code != 0 else -1, duration_ms=ev.duration_ms)
-                    yield pb.ProcessOutput(exit=_exit(ev))
+                    yield pb.ProcessOutput(exit=commands.exit_pb(ev))
         finally:
             pump_task.cancel()
             with contextlib.suppress(BaseException):

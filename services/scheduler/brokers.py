@@ -25,6 +25,7 @@ from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc as sgrpc
 from services.common.errors import FailedPrecondition, Unavailable
 from services.common.grpcutil import TlsFiles, open_channel, open_remote_channel, rpc_errors
 
+from .commandstream import CommandStream, Unsupported
 from .store import LeaseLost
 
 CREDENTIALS = "the credential broker"
@@ -105,6 +106,8 @@ class SandboxClient:
         self.peer = f"the sandbox broker {name} at {address}" if name else SANDBOX
         self.channel = open_remote_channel(address, secret, tls) if tls is not None else open_channel(address, secret)
         self.stub = sgrpc.SandboxBrokerStub(self.channel)
+        # every command on one open stream (commandstream.py); Exec for a broker without it
+        self.commands = CommandStream(self.stub.Commands, self.peer)
         self._creates_open = asyncio.Event()
         self._creates_open.set()
 
@@ -113,6 +116,7 @@ class SandboxClient:
         return self.stub
 
     async def close(self) -> None:
+        self.commands.close()
         await self.channel.close()
 
     @contextlib.asynccontextmanager
@@ -158,6 +162,13 @@ class SandboxClient:
                    output_cap_bytes: int = 0, cwd: str = "") -> AsyncIterator[spb.ExecEvent]:
         req = spb.ExecRequest(ticket_id=ticket_id, argv=argv, timeout_ms=timeout_ms,
                               output_cap_bytes=output_cap_bytes, cwd=cwd)
+        if not self.commands.unsupported:
+            try:
+                async for ev in self.commands.run(req):
+                    yield ev
+                return
+            except Unsupported:
+                pass                  # raised before anything ran
         call = self.stub.Exec(req)
         try:
             async with rpc_errors(self.peer, "the command"):

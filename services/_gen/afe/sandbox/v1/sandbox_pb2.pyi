@@ -675,6 +675,93 @@ class ExecEvent(_message.Message):
 Global___ExecEvent: _TypeAlias = ExecEvent  # noqa: Y015
 
 @_typing.final
+class CommandInput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    cancel: _builtins.bool
+    @_builtins.property
+    def run(self) -> Global___ExecRequest: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        run: Global___ExecRequest | None = ...,
+        cancel: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "input", b"input", "run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "id", b"id", "input", b"input", "run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["run", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_input) -> _WhichOneofReturnType_input | None: ...
+
+Global___CommandInput: _TypeAlias = CommandInput  # noqa: Y015
+
+@_typing.final
+class CommandError(_message.Message):
+    """Where Exec would have ended with a status: its code name (as
+    grpc.StatusCode names it, e.g. "NOT_FOUND") and its redacted text.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.str
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommandError: _TypeAlias = CommandError  # noqa: Y015
+
+@_typing.final
+class CommandEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    EXEC_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    @_builtins.property
+    def exec(self) -> Global___ExecEvent:
+        """output, and last the exit"""
+
+    @_builtins.property
+    def error(self) -> Global___CommandError:
+        """last: the command did not run to its exit"""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        exec: Global___ExecEvent | None = ...,
+        error: Global___CommandError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event", b"event", "exec", b"exec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event", b"event", "exec", b"exec", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["exec", "error"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___CommandEvent: _TypeAlias = CommandEvent  # noqa: Y015
+
+@_typing.final
 class ProcessStart(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
