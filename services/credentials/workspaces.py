@@ -28,6 +28,7 @@ from services.common.config import Workspace
 from services.common.errors import (
     AfeError,
     FailedPrecondition,
+    Internal,
     NotFound,
 )
 from services.common.layout import Layout, check_ticket_id
@@ -113,19 +114,16 @@ class WorkspaceGit:
                         await self._populate(gitdir, into, head, gitdir / "afe-checkout.index")
                     return Prepared(base, branch)
             mirror = await self.mirrors.update(ws)
-            base = await self._rev(mirror, f"refs/heads/{ws.base_branch}^{{commit}}")
-            if base is None:
-                raise NotFound(f"workspace {ws.name!r}: branch {ws.base_branch!r} does not exist in "
-                               f"{self.mirrors.remote(ws).url}; check the Workspace's baseBranch")
-            head, checkout, base = await self._resume_point(mirror, ticket_id, base)
+            head, checkout, base = await self._resume_point(mirror, ticket_id, ws)
             await asyncio.to_thread(_remove_tree, gitdir)
             self.layout.gitdirs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            await self.git.run(["init", "--bare", "-q", "--", str(gitdir)], what="git init")
+            # HEAD on the ticket's branch from the start; both refs in one update
+            await self.git.run(["init", "--bare", "-q", f"--initial-branch={branch}", "--", str(gitdir)],
+                               what="git init")
             alternates = gitdir / "objects" / "info" / "alternates"
             alternates.write_text(str(mirror / "objects") + "\n")
-            await self.git.run(["update-ref", "--end-of-options", "refs/afe/base", base], git_dir=gitdir)
-            await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", head], git_dir=gitdir)
-            await self.git.run(["symbolic-ref", "HEAD", f"refs/heads/{branch}"], git_dir=gitdir)
+            await self.git.run(["update-ref", "--stdin", "-z"], git_dir=gitdir, what="git update-ref",
+                               stdin=f"update refs/afe/base\0{base}\0\0update refs/heads/{branch}\0{head}\0\0".encode())
             if into is None:
                 if work.exists() or work.is_symlink():
                     await asyncio.to_thread(_remove_tree, work)
@@ -137,19 +135,40 @@ class WorkspaceGit:
             self.spares.schedule(mirror, base)
             return Prepared(base, branch)
 
-    async def _resume_point(self, mirror: Path, ticket_id: str, base: str) -> tuple[str, str, str]:
+    async def _revs(self, git_dir: Path, revs: list[str]) -> list[str | None]:
+        """Each of `revs` resolved (None when it names nothing), with one git process.
+        A name with a space or a control character names no ref (git refuses them
+        in ref names) and is not sent: it would be read as more than one name."""
+        asked = [r for r in revs if r.isprintable() and not any(c.isspace() for c in r)]
+        res = await self.git.run(["cat-file", "--batch-check=%(objectname)"], git_dir=git_dir,
+                                 stdin="".join(r + "\n" for r in asked).encode(), what="git cat-file")
+        lines = res.out.splitlines()
+        if len(lines) != len(asked):
+            raise Internal(f"git cat-file answered {len(lines)} lines for {len(asked)} names")
+        found = {r: None if line.endswith((" missing", " ambiguous")) else line.strip()
+                 for r, line in zip(asked, lines, strict=True)}
+        return [found.get(r) for r in revs]
+
+    async def _resume_point(self, mirror: Path, ticket_id: str, ws: Workspace) -> tuple[str, str, str]:
         """(branch head, commit to check out, base) of a ticket's workspace.
 
-        A new ticket starts at the base. A ticket that ran before (a retry,
-        Engine.reopen) continues on its own branch: the pushed `afe/<ticket>`
-        when the remote has it (it may hold an update-branch merge), else the
-        branch it had when its workspace was released; the checkout is the
-        kept workspace (uncommitted work included) when it sits on that head.
-        The base is where the branch forked from the base branch now."""
+        A new ticket starts at the base branch's head. A ticket that ran
+        before (a retry, Engine.reopen) continues on its own branch: the
+        pushed `afe/<ticket>` when the remote has it (it may hold an
+        update-branch merge), else the branch it had when its workspace was
+        released; the checkout is the kept workspace (uncommitted work
+        included) when it sits on that head. The base is where the branch
+        forked from the base branch now."""
         branch = branch_for(ticket_id)
-        kept = await self._rev(mirror, f"{KEPT_REF}{ticket_id}^{{commit}}")
-        kept_head = await self._rev(mirror, f"{KEPT_REF}{ticket_id}^1") if kept else None
-        pushed = await self._rev(mirror, f"refs/heads/{branch}^{{commit}}")
+        kept_ref = f"{KEPT_REF}{ticket_id}"
+        base, kept, kept_head, pushed = await self._revs(mirror, [
+            f"refs/heads/{ws.base_branch}^{{commit}}", f"{kept_ref}^{{commit}}", f"{kept_ref}^1",
+            f"refs/heads/{branch}^{{commit}}"])
+        if base is None:
+            raise NotFound(f"workspace {ws.name!r}: branch {ws.base_branch!r} does not exist in "
+                           f"{self.mirrors.remote(ws).url}; check the Workspace's baseBranch")
+        if not kept:
+            kept_head = None
         head = pushed or kept_head
         if head is None:
             return base, base, base
