@@ -37,7 +37,7 @@ from .execs import Exit, Output, Runner
 
 log = logging.getLogger(__name__)
 
-MAX_LIVE = 256   # commands running at once on one stream
+MAX_LIVE = 1024  # commands running at once on one stream (the scheduler keeps to 256)
 QUEUE = 64       # events waiting for the stream's writer
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -28,6 +28,11 @@ import grpc
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.common import errors
 from services.common.grpcutil import error_from_rpc
+
+# Commands running at once on one stream; one past it waits here for a slot. The broker
+# refuses a stream with more than its own MAX_LIVE (services/sandbox/commands.py, larger:
+# a cancelled command's slot is free here before the broker has seen the cancel).
+MAX_LIVE = 256
 
 
 class Unsupported(Exception):
@@ -58,6 +63,7 @@ class CommandStream:
         self._ids = itertools.count(1)
         self._write = asyncio.Lock()
         self._cancels: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(MAX_LIVE)
 
     def _current(self) -> _Stream:
         s = self._stream
@@ -99,6 +105,11 @@ class CommandStream:
     async def run(self, req: spb.ExecRequest) -> AsyncIterator[spb.ExecEvent]:
         if self.unsupported:
             raise Unsupported()
+        async with self._slots, contextlib.aclosing(self._run(req)) as events:
+            async for ev in events:
+                yield ev
+
+    async def _run(self, req: spb.ExecRequest) -> AsyncGenerator[spb.ExecEvent, None]:
         s = self._current()
         cid = next(self._ids)
         q: asyncio.Queue[Any] = asyncio.Queue()
