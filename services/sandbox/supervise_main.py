@@ -37,6 +37,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 
 HDR = struct.Struct(">BII")
 CODE = struct.Struct(">i")
@@ -44,10 +45,16 @@ WINDOW = 256 * 1024
 IN_WINDOW = 256 * 1024
 MAX_IN = 1 << 20
 READ = 65536
+P_KIND = ord("P")
+# A command's "started" frame waits at most this long for the frames that
+# follow it, so a short command's start, output and exit reach the broker in
+# one write (one trip through the engine instead of two). The broker does not
+# depend on it: a supervisor killed before it sent a command's pid has that
+# command's session swept from inside (supervisor.py, SWEEP).
+HOLD_STARTED_S = 0.002
 
 
-def send(kind, cid, payload=b""):
-    buf = HDR.pack(kind, cid, len(payload)) + payload
+def write_all(buf):
     view = memoryview(buf)
     while view:
         n = os.write(1, view)
@@ -75,14 +82,38 @@ class Supervisor:
         self.cmds = {}
         self.base_env = dict(os.environ)
         self.inbuf = bytearray()
+        self.out = []            # frames of this turn, written together at its end
+        self.hold_until = None   # only "started" frames wait: until then, or until another frame comes
+        self.urgent = False
+
+    def send(self, kind, cid, payload=b""):
+        self.out.append(HDR.pack(kind, cid, len(payload)) + payload)
+        if kind == P_KIND:
+            if self.hold_until is None:
+                self.hold_until = time.monotonic() + HOLD_STARTED_S
+        else:
+            self.urgent = True
+
+    def flush(self):
+        if self.out:
+            buf = b"".join(self.out)
+            self.out.clear()
+            write_all(buf)
+        self.hold_until = None
+        self.urgent = False
 
     def run(self):
         os.set_blocking(0, False)
         self.sel.register(0, selectors.EVENT_READ, ("ctl", None))
-        send(ord("H"), 0, b"afe-supervisor 2")
+        self.send(ord("H"), 0, b"afe-supervisor 2")
+        self.flush()
         while True:
             polled = [c for c in self.cmds.values() if c.pidfd < 0 and c.code is None]
-            for key, _mask in self.sel.select(0.05 if polled else None):
+            timeout = 0.05 if polled else None
+            if self.hold_until is not None:
+                left = max(0.0, self.hold_until - time.monotonic())
+                timeout = left if timeout is None else min(timeout, left)
+            for key, _mask in self.sel.select(timeout):
                 what, cmd = key.data
                 if what == "ctl":
                     if not self.control():
@@ -97,6 +128,8 @@ class Supervisor:
             for cmd in polled:          # no pidfd (an old kernel): poll
                 if cmd.code is None and cmd.proc.poll() is not None:
                     self.reap(cmd)
+            if self.urgent or (self.hold_until is not None and time.monotonic() >= self.hold_until):
+                self.flush()
 
     # -- messages from the broker ------------------------------------------
     def control(self):
@@ -128,7 +161,7 @@ class Supervisor:
         elif kind == "I":
             if cmd.eof or cmd.stdin_fd < 0:
                 if payload:
-                    send(ord("W"), cid, CODE.pack(len(payload)))    # nowhere to go: dropped
+                    self.send(ord("W"), cid, CODE.pack(len(payload)))    # nowhere to go: dropped
             elif len(cmd.pending) + len(payload) > IN_WINDOW:
                 return False                    # past the stdin credit: not the broker's protocol
             else:
@@ -159,13 +192,12 @@ class Supervisor:
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
             what = "chdir to " + spec["cwd"] if isinstance(exc, NotADirectoryError) else spec["argv"][0]
-            send(ord("R"), cid, f"afe: cannot start {what}: {exc.strerror}\n".encode())
-            send(ord("X"), cid, CODE.pack(126))
+            self.send(ord("R"), cid, f"afe: cannot start {what}: {exc.strerror}\n".encode())
+            self.send(ord("X"), cid, CODE.pack(126))
             return
-        # P first, before anything else: the child already runs, and a command
-        # that kills this supervisor at once must still be known to the broker
-        # by its pid (it kills the orphaned process group only then)
-        send(ord("P"), cid, CODE.pack(proc.pid))
+        # P first, before anything else of this command (held for at most
+        # HOLD_STARTED_S, so it can share a write with what follows)
+        self.send(P_KIND, cid, CODE.pack(proc.pid))
         cmd = Cmd(cid, proc)
         self.cmds[cid] = cmd
         for f, kind in ((proc.stdout, "O"), (proc.stderr, "R")):
@@ -197,7 +229,7 @@ class Supervisor:
             cmd.pending.clear()
             cmd.eof = True
         if taken:
-            send(ord("W"), cmd.cid, CODE.pack(taken))     # credit back to the broker's writer
+            self.send(ord("W"), cmd.cid, CODE.pack(taken))     # credit back to the broker's writer
         registered = cmd.stdin_fd in self.sel.get_map()
         if cmd.pending and not registered:
             self.sel.register(cmd.stdin_fd, selectors.EVENT_WRITE, ("in", cmd))
@@ -221,7 +253,7 @@ class Supervisor:
             data = b""
         if data:
             cmd.credit -= len(data)
-            send(ord(cmd.fds[fd]), cmd.cid, data)
+            self.send(ord(cmd.fds[fd]), cmd.cid, data)
             return
         self.sel.unregister(fd)
         del cmd.fds[fd]
@@ -251,7 +283,7 @@ class Supervisor:
         for f in (cmd.proc.stdout, cmd.proc.stderr):
             f.close()
         del self.cmds[cmd.cid]
-        send(ord("X"), cmd.cid, CODE.pack(cmd.code))
+        self.send(ord("X"), cmd.cid, CODE.pack(cmd.code))
 
     def shutdown(self):
         for cmd in self.cmds.values():

@@ -406,3 +406,63 @@ def test_the_supervisor_holds_at_most_the_stdin_window(stub, sandbox):
     assert asyncio.run(_overfeed(cid, supervisor.IN_WINDOW)) == (True, 0)
     alive, code = asyncio.run(_overfeed(cid, 4 * supervisor.IN_WINDOW))
     assert not alive and code == -1
+
+
+def _kinds(chunk: bytes) -> set[int]:
+    """The frame types in one chunk of the exec stream (frames: `>BII` header, then payload)."""
+    kinds, i = set(), 0
+    while len(chunk) - i >= supervisor.HDR.size:
+        kind, _cid, n = supervisor.HDR.unpack_from(chunk, i)
+        kinds.add(kind)
+        i += supervisor.HDR.size + n
+    return kinds
+
+
+async def _started_and_exit_writes(container: str, source: str, rounds: int) -> tuple[int, float]:
+    """How many of `rounds` `true` commands had their started (P) and exit (X)
+    frames in one chunk of the exec stream; and how long a silent `sleep 3`
+    took to be reported started."""
+    link = await supervisor.Link.start(DockerAPI(), container, source)
+    chunks: list[bytes] = []
+    frame = link.stream.frame
+
+    async def recording() -> tuple[int, bytes] | None:
+        f = await frame()
+        if f is not None:
+            chunks.append(f[1])
+        return f
+
+    link.stream.frame = recording  # type: ignore[method-assign]
+    together = 0
+    try:
+        for _ in range(rounds):
+            chunks.clear()
+            cmd = await link.open(["true"], "/workspace", [], False)
+            while await cmd.frame() is not None:
+                pass
+            assert await cmd.exit_code() == 0
+            together += any({ord("P"), ord("X")} <= _kinds(chunk) for chunk in chunks)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        slow = await link.open(["sleep", "3"], "/workspace", [], False)
+        started_after = loop.time() - t0
+        await link.kill(slow)
+    finally:
+        link.close()
+    return together, started_after
+
+
+def test_a_short_commands_start_and_exit_share_one_write(stub, sandbox):
+    """The started frame waits (HOLD_STARTED_S) for what follows it, so a short
+    command costs one trip through the engine, not two; a long one is still
+    reported started at once (not at its end)."""
+    container = container_of(stub, sandbox)
+    held = supervisor.SOURCE
+    assert "HOLD_STARTED_S = 0.002" in held
+    together, started_after = asyncio.run(_started_and_exit_writes(container, held, 10))
+    assert together >= 8, together
+    assert started_after < 1.5
+    # positive control: without the hold, the started frame goes alone
+    apart, _ = asyncio.run(_started_and_exit_writes(container, held.replace("HOLD_STARTED_S = 0.002",
+                                                                              "HOLD_STARTED_S = 0"), 10))
+    assert apart <= 2, apart
