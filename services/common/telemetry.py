@@ -220,7 +220,9 @@ def force_flush(timeout_millis: int = 5000) -> None:
 # ---- gRPC -----------------------------------------------------------------
 
 # Calls made on a timer, not for a ticket or a person: no span (else a trace every few seconds).
-UNTRACED_METHODS = ("/afe.sandbox.v1.SandboxBroker/Identify",)
+# The Commands stream is shared by every ticket: each command on it has a span of its
+# own in its ticket's trace instead (services/sandbox/commands.py, COMMAND_SPAN).
+UNTRACED_METHODS = ("/afe.sandbox.v1.SandboxBroker/Identify", "/afe.sandbox.v1.SandboxBroker/Commands")
 
 
 def _traced_calls() -> Callable[[Any], bool]:

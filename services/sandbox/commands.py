@@ -25,10 +25,12 @@ credit) instead of making the broker buffer it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
+from services.common import telemetry
 from services.common.errors import AfeError, InvalidArgument
 from services.common.logs import ticket_var
 from services.common.statuses import status_for
@@ -39,6 +41,9 @@ log = logging.getLogger(__name__)
 
 MAX_LIVE = 1024  # commands running at once on one stream (the scheduler keeps to 256)
 QUEUE = 64       # events waiting for the stream's writer
+# A command's span, in the trace of the caller's `traceparent`: named as an Exec
+# call's span is, since it is the same operation (the stream itself has none).
+COMMAND_SPAN = "/afe.sandbox.v1.SandboxBroker/Exec"
 
 
 def exit_pb(x: Exit) -> pb.ExecExit:
@@ -65,8 +70,13 @@ async def serve(runner: Runner, inputs: AsyncIterator[pb.CommandInput], redact: 
     events: asyncio.Queue[pb.CommandEvent | _End] = asyncio.Queue(QUEUE)
     live: dict[int, asyncio.Task[None]] = {}
 
-    async def one(cid: int, req: pb.ExecRequest) -> None:
+    async def one(cid: int, req: pb.ExecRequest, traceparent: str) -> None:
         ticket_var.set(req.ticket_id or None)     # this task's log records name its ticket
+        with (telemetry.span(COMMAND_SPAN, parent=traceparent) if traceparent
+              else contextlib.nullcontext()):
+            await run_one(cid, req)
+
+    async def run_one(cid: int, req: pb.ExecRequest) -> None:
         outcome = "error"
         try:
             async for ev in runner.run_exec(req.ticket_id, list(req.argv), cwd=req.cwd, timeout_ms=req.timeout_ms,
@@ -97,7 +107,7 @@ async def serve(runner: Runner, inputs: AsyncIterator[pb.CommandInput], redact: 
                         raise InvalidArgument(f"command id {msg.id} is already running on this stream")
                     if len(live) >= MAX_LIVE:
                         raise InvalidArgument(f"at most {MAX_LIVE} commands may run at once on one stream")
-                    live[msg.id] = asyncio.create_task(one(msg.id, msg.run))
+                    live[msg.id] = asyncio.create_task(one(msg.id, msg.run, msg.traceparent))
                 elif which == "cancel":
                     task = live.get(msg.id)
                     if task is not None:

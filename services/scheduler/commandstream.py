@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common import errors
+from services.common import errors, telemetry
 from services.common.grpcutil import error_from_rpc
 
 # Commands running at once on one stream; one past it waits here for a slot. The broker
@@ -118,7 +118,8 @@ class CommandStream:
         try:
             try:
                 async with self._write:
-                    await s.call.write(spb.CommandInput(id=cid, run=req))
+                    await s.call.write(spb.CommandInput(id=cid, run=req,
+                                                        traceparent=telemetry.current_traceparent() or ""))
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
                 ended = True
                 if s.reader is not None:

@@ -681,8 +681,14 @@ class CommandInput(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     RUN_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     cancel: _builtins.bool
+    traceparent: _builtins.str
+    """With `run`: the W3C traceparent of the caller's span for this command, so
+    the broker's span of it joins the ticket's trace (the stream itself, shared
+    by every ticket, has no span). Empty: no span.
+    """
     @_builtins.property
     def run(self) -> Global___ExecRequest: ...
     def __init__(
@@ -691,10 +697,11 @@ class CommandInput(_message.Message):
         id: _builtins.int = ...,
         run: Global___ExecRequest | None = ...,
         cancel: _builtins.bool = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "input", b"input", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "id", b"id", "input", b"input", "run", b"run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "id", b"id", "input", b"input", "run", b"run", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["run", "cancel"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
