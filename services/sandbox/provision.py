@@ -42,12 +42,16 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
                       instance: str, egress_network: str, allow_private: tuple[str, ...], proxy_image: str,
                       relay_dir: str | None, check_engine: Callable[[], None],
                       check_network: Callable[[str], None],
-                      started: Callable[[str], None] = lambda _cid: None) -> tuple[SandboxInfo, str]:
+                      started: Callable[[str], None] = lambda _cid: None,
+                      before_start: Callable[[], None] = lambda: None) -> tuple[SandboxInfo, str]:
     """Create (and start) the containers; returns the info and the
     proxy's address on its outside network ("" without egress).
     `check_engine` runs before the ticket's network is made, `check_network`
-    (R31) with its name right after; `started(container id)` as soon as the
-    sandbox runs, while its proxy may still be starting."""
+    (R31) with its name right after; `before_start()` between the sandbox's
+    create and its start (the workspace folder must exist at create, its
+    content and disk image only at start, when the engine binds it);
+    `started(container id)` as soon as the sandbox runs, while its proxy may
+    still be starting."""
     ticket_id = s.ticket_id
     network = ""
     proxy_id = ""
@@ -89,6 +93,7 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
             relay_dir=relay_dir)
         kw.pop("detach", None)
         c = client.containers.create(**kw)
+        before_start()
         c.start()
         started(c.id)
         if starting is not None:

@@ -12,6 +12,7 @@ egress_proxy.py, what is reported in sandbox_info.py.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -94,6 +95,16 @@ class SandboxManager:
         return bool(await asyncio.to_thread(self.client.ping))
 
     # -- workspace -----------------------------------------------------------
+    def _workspace_folder(self, ticket_id: str) -> str:
+        """The ticket's workspace folder, made if missing; refused when it is not a directory."""
+        path = self.layout.workspace(ticket_id)
+        self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o755)
+        if not os.path.isdir(path) or os.path.islink(path):
+            raise FailedPrecondition("the ticket's workspace is not a directory")
+        return str(path)
+
     def prepare_workspace(self, ticket_id: str, disk_bytes: int = 0, *, new: bool = False) -> str:
         """The workspace dir (created if missing), owned by the sandbox uid so
         the sandbox can write it (host tools and host git run as root/owner).
@@ -101,13 +112,9 @@ class SandboxManager:
         into a loop-mounted image of that size; for an existing one only an
         image it already has is mounted again (its container binds the
         directory as it is)."""
+        self._workspace_folder(ticket_id)
         path = self.layout.workspace(ticket_id)
-        self.layout.workspaces_dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=0o755)
         st = os.lstat(path)
-        if not os.path.isdir(path) or os.path.islink(path):
-            raise FailedPrecondition("the ticket's workspace is not a directory")
         if disk_bytes and self.diskcap.mode == diskcap.MODE_MOUNT:
             try:
                 self.diskcap.ensure_mounted(ticket_id, path, disk_bytes, create=new)
@@ -152,15 +159,23 @@ class SandboxManager:
                 existing = await restart.bring_back(self.client, existing, self.egress_network)
                 self._cache[ticket_id] = existing
                 return existing
-            workspace = await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes, new=True)
+            # The folder exists before the container is made (the engine checks a bind's
+            # source then); its disk image and ownership (R34) are made while the engine
+            # creates the container, and are in place before it starts (and binds it).
+            workspace = await asyncio.to_thread(self._workspace_folder, ticket_id)
+            preparing = _PREPARE.submit(self.prepare_workspace, ticket_id, settings.disk_bytes, new=True)
             try:
                 loop = asyncio.get_running_loop()
 
                 def hook(cid: str) -> None:
                     if started is not None:
                         loop.call_soon_threadsafe(started, cid)
-                info, proxy_ip = await asyncio.to_thread(self._create_sync, settings, workspace, hook)
+                def prepared() -> None:     # its error (the checkout does not fit) stops the start
+                    preparing.result()
+                info, proxy_ip = await asyncio.to_thread(self._create_sync, settings, workspace, hook, prepared)
             except BaseException:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wrap_future(preparing)    # not left running under the cleanup
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
                 raise
@@ -181,8 +196,8 @@ class SandboxManager:
                      ",".join(settings.egress_private) or "none")
             return info
 
-    def _create_sync(self, s: SandboxSettings, workspace: str,
-                     started: Callable[[str], None]) -> tuple[SandboxInfo, str]:
+    def _create_sync(self, s: SandboxSettings, workspace: str, started: Callable[[str], None],
+                     before_start: Callable[[], None] = lambda: None) -> tuple[SandboxInfo, str]:
         """Create (and start) the containers (provision.py); returns the info
         and the proxy's address on its outside network ("" without egress)."""
         names = provision.Names(sandbox=self.container_name(s.ticket_id), proxy=self.proxy_name(s.ticket_id),
@@ -194,7 +209,7 @@ class SandboxManager:
             check_engine=self._check_engine_for_egress,
             # looked up here at each call: R31's check of the new bridge (tests replace it)
             check_network=lambda network: check_bridge_has_no_address(hardening.bridge_name(network)),
-            started=started)
+            started=started, before_start=before_start)
 
     # -- model relay (R32) -----------------------------------------------------
     def _check_relay_dir(self, ticket_id: str) -> None:
@@ -376,6 +391,8 @@ class SandboxManager:
         return out
 
 
+# Workspaces prepared (disk image, ownership) while the engine creates their containers.
+_PREPARE = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="afe-workspace")
 CHOWN_LIMITS = safefs.Limits("the sandbox's workspace ownership check")  # depth 256, 1,000,000 entries
 
 
