@@ -13,6 +13,10 @@ connection closed) every command on it fails as its `Exec` call would have
 (`PeerUnavailable`, or the status the broker set) and the next command opens
 a new stream. A broker without `Commands` (UNIMPLEMENTED) is remembered and
 `run` raises `Unsupported` before anything ran: the caller uses `Exec`.
+
+A command's events wait in a queue of its own until its caller reads them:
+at most what the command may print (its output cap) and its exit, as the
+broker caps each command's output.
 """
 
 from __future__ import annotations
