@@ -72,3 +72,30 @@ async def send_within(context: grpc.aio.ServicerContext, message: Any, timeout: 
         count()
     log.info("a server stream was dropped: its caller took in nothing for %g s", timeout)
     raise StreamDropped(text)
+
+
+# The closes `closed_with_call` started (referenced here until they finish).
+_closing: set[asyncio.Future[Any]] = set()
+
+
+def closed_with_call(context: grpc.aio.ServicerContext, stream: Any) -> Any:
+    """`stream` (a server stream's async generator), closed as soon as its call
+    ends: finished, cancelled, or its caller gone.
+
+    grpc.aio ends a cancelled call by cancelling the task that drives the
+    handler, and that reaches the handler's own code only while it awaits
+    something inside it. A handler suspended at a `yield` (its last item still
+    being written) would run its `finally` — kill its command, remove its
+    private copy — only when the garbage collector finds it. So when the call
+    is done and the generator is not running, it is closed here."""
+    loop = asyncio.get_running_loop()
+
+    def close() -> None:
+        if stream.ag_running:      # awaiting inside: the cancellation reaches it there
+            return
+        task = loop.create_task(stream.aclose())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+    context.add_done_callback(lambda _ctx: loop.call_soon_threadsafe(close))
+    return stream

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument
+from services.common.streamdrop import closed_with_call
 
 from .broker import Approval, CredentialCore
 from .forges import PullRequestInfo
@@ -48,7 +49,10 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         return pb.ReleaseWorkspaceResponse()
 
     # -- the workspace on another host (handover.py) --------------------------
-    async def CheckoutArchive(self, request, context):
+    def CheckoutArchive(self, request, context):
+        return closed_with_call(context, self._checkout_archive(request))
+
+    async def _checkout_archive(self, request):
         async with self.core.checkout_archive(request.ticket_id, request.workspace) as (r, chunks):
             yield pb.CheckoutArchiveOutput(prepared=pb.PrepareWorkspaceResponse(base_sha=r.base_sha, branch=r.branch))
             async for data in chunks:

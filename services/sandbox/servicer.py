@@ -12,6 +12,7 @@ from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
 from services.common.errors import InvalidArgument
 from services.common.metrics import SandboxMetrics
+from services.common.streamdrop import closed_with_call
 
 from . import commands
 from .denied_egress import denied_egress
@@ -117,7 +118,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         return pb.DeniedEgressResponse(hosts=[pb.DeniedHost(host=h, count=min(n, 2**31 - 1)) for h, n in hosts],
                                        truncated=truncated)
 
-    async def Exec(self, request, context):
+    def Exec(self, request, context):
+        return closed_with_call(context, self._exec(request))
+
+    async def _exec(self, request):
         outcome = "error"
         try:
             async for ev in self.runner.run_exec(request.ticket_id, list(request.argv), cwd=request.cwd,
@@ -136,11 +140,14 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         if self.metrics:
             self.metrics.execs.labels(outcome=outcome).inc()
 
-    async def Commands(self, request_iterator, context):
-        async for ev in commands.serve(self.runner, request_iterator, self.redact, self._count_exec):
-            yield ev
+    def Commands(self, request_iterator, context):
+        return closed_with_call(context, commands.serve(self.runner, request_iterator, self.redact,
+                                                        self._count_exec))
 
-    async def Process(self, request_iterator, context):
+    def Process(self, request_iterator, context):
+        return closed_with_call(context, self._process(request_iterator))
+
+    async def _process(self, request_iterator):
         it = request_iterator.__aiter__()
         try:
             first = await it.__anext__()
@@ -207,7 +214,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         return pb.MakeDirResponse()
 
     # -- the workspace across hosts (handover.py) -------------------------------
-    async def ReadWorkspace(self, request, context):
+    def ReadWorkspace(self, request, context):
+        return closed_with_call(context, self._read_workspace(request))
+
+    async def _read_workspace(self, request):
         chunks = self.sandboxes.handover.read(request.ticket_id, request.max_bytes)
         try:
             while (data := await asyncio.to_thread(next, chunks, None)) is not None:
