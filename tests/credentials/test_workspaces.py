@@ -94,3 +94,29 @@ async def test_snapshot_honours_gitignore_and_skips_special_files(local_origin, 
         assert truncated and len(diff.encode()) <= 40
     finally:
         await core.close()
+
+
+async def test_the_ticket_git_dir_is_made_in_few_git_calls_and_a_base_branch_is_one_name(local_origin, layout):
+    """The refs of a new ticket's git dir (resolved with one `cat-file`, written
+    with `init --initial-branch` and one `update-ref --stdin`): HEAD on the
+    ticket's branch, both at the base. A baseBranch holding a space is one name
+    that names nothing (never read as two), and the error says so."""
+    from services.common.errors import NotFound
+    from services.credentials.workspaces import branch_for
+
+    config = make_config(layout.data_dir.parent, local_workspace(local_origin),
+                         local_workspace(local_origin, name="spaced", base_branch="main HEAD"))
+    core = build_core(config, layout, {}, Redactor())
+    try:
+        r = await core.prepare_workspace("gd-1", "local")
+        gitdir = layout.gitdir("gd-1")
+        show = git_plain("--git-dir", str(gitdir), "for-each-ref", "--format=%(refname) %(objectname)")
+        assert sorted(show.stdout.decode().split("\n")[:-1]) == sorted(
+            [f"refs/afe/base {r.base_sha}", f"refs/heads/{branch_for('gd-1')} {r.base_sha}"])
+        head = git_plain("--git-dir", str(gitdir), "symbolic-ref", "HEAD").stdout.decode().strip()
+        assert head == f"refs/heads/{branch_for('gd-1')}"
+        # control: `main` alone resolves in the same mirror, so the refusal below is the space's
+        with pytest.raises(NotFound, match="branch 'main HEAD' does not exist"):
+            await core.prepare_workspace("gd-2", "spaced")
+    finally:
+        await core.close()
