@@ -19,7 +19,8 @@ from services.common.redact import Redactor
 from .automation_key import AutomationKeyFile
 from .brokers import CredentialsClient, SandboxClient
 from .engine import LEASE_S, Engine
-from .github_intake import GitHubIntake, Poller
+from .github_intake import GitHubIntake
+from .github_poll import Poller
 from .github_report import GitHubReporter
 from .hooks import register as register_hooks
 from .placement import BrokerSet

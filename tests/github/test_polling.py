@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.github_intake import Poller
+from services.scheduler.github_poll import Poller
 from services.scheduler.sqlite_store import SqliteStore
 
 from .conftest import example
