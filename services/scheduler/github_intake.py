@@ -36,6 +36,7 @@ from services.common.metrics import github_deliveries
 
 from .brokers import CredentialsClient
 from .followups import follow_up
+from .github_delivery import decode_payload, unclaimed_on_failure
 from .store import Store
 from .tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_TITLE_CHARS
 
@@ -93,16 +94,15 @@ class GitHubIntake:
             return self._count(Outcome("ignored", "unsubscribed_event"))
         if len(payload) > MAX_PAYLOAD:
             return self._count(Outcome("refused", "too_large"))
-        try:
-            data = json.loads(payload)
-        except (ValueError, UnicodeDecodeError):
-            data = None
-        if not isinstance(data, dict):
+        data = decode_payload(payload)
+        if data is None:
             return self._count(Outcome("refused", "bad_payload"))
-        if not self.store.claim_once(f"delivery:{delivery_id}", int(time.time() * 1000)):
+        key = f"delivery:{delivery_id}"
+        if not self.store.claim_once(key, int(time.time() * 1000)):
             log.info("github delivery %s (%s) seen before: ignored", delivery_id, event)
             return self._count(Outcome("duplicate", "duplicate"))
-        return self._count(await self._handle(event, data, delivery_id))
+        with unclaimed_on_failure(self.store, key, delivery_id, event):
+            return self._count(await self._handle(event, data, delivery_id))
 
     async def poll_event(self, ws: Workspace, e: Any) -> Outcome:
         """One event of ListRepoEvents, shaped like the webhook it stands for."""

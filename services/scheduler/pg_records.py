@@ -24,6 +24,9 @@ class PostgresRecords:
                                    "DO NOTHING", (key, at_ms))
         return cur.rowcount == 1
 
+    def release_once(self, key: str) -> None:
+        self._conn().execute("DELETE FROM github_once WHERE key=%s", (key,))
+
     def poll_cursor(self, workspace: str) -> tuple[str, str]:
         row = self._conn().execute("SELECT etag, last_event_id FROM github_poll_cursors WHERE workspace=%s",
                                    (workspace,)).fetchone()

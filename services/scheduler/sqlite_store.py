@@ -280,6 +280,9 @@ class SqliteStore(Store):
         cur = self.db.execute("INSERT OR IGNORE INTO github_once (key, at_ms) VALUES (?,?)", (key, at_ms))
         return cur.rowcount == 1
 
+    def release_once(self, key: str) -> None:
+        self.db.execute("DELETE FROM github_once WHERE key=?", (key,))
+
     def poll_cursor(self, workspace: str) -> tuple[str, str]:
         row = self.db.execute("SELECT etag, last_event_id FROM github_poll_cursors WHERE workspace=?",
                               (workspace,)).fetchone()

@@ -277,6 +277,11 @@ class Store(abc.ABC):
         return False when it was recorded before: what it guards happens once (R35)."""
 
     @abc.abstractmethod
+    def release_once(self, key: str) -> None:
+        """Forget a claimed `key`: its handling failed before it was done, so a
+        redelivery must be handled rather than refused as seen."""
+
+    @abc.abstractmethod
     def poll_cursor(self, workspace: str) -> tuple[str, str]:
         """(etag, newest event id seen) of the workspace's polling, ("", "") at first."""
 

@@ -1,0 +1,143 @@
+"""No event lost on odd bytes (R35): a correctly signed delivery whose JSON
+spells a lone surrogate (`\\ud800`) makes its ticket once, with U+FFFD in
+place of the surrogate; a redelivery is a duplicate; no text of the body
+reaches a log. And a delivery whose handling failed (503, "redeliver later")
+is not recorded as seen, so its redelivery is handled instead of being
+answered 409.
+
+Positive controls put back the old code path (json.loads as it was, the
+claim kept on failure) and show the event lost: 503, then 409 on the
+redelivery, and the issue's text in the scheduler's error log."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import uuid
+
+import pytest
+
+from services.scheduler import github_intake
+
+from .conftest import example
+
+pytestmark = pytest.mark.timeout(120)
+
+TITLE_MARK = "TitleMarkQ7"
+BODY_MARK = "BodyMarkZ3"
+
+
+def _odd_delivery(examples) -> tuple[bytes, str]:
+    """issues.labeled as GitHub sends it, with a lone surrogate escape in its title and body."""
+    e = example(examples, "issues", "labeled")
+    e["issue"]["title"] = f"{TITLE_MARK} broken"
+    e["issue"]["body"] = f"{BODY_MARK} steps"
+    text = json.dumps(e)
+    for mark in (TITLE_MARK, BODY_MARK):
+        text = text.replace(mark, mark + "\\ud800")
+    assert "\\ud800" in text
+    return text.encode(), e["sender"]["login"]
+
+
+def _old_decoding(payload: bytes):
+    """What deliver() did before: json.loads of the raw bytes, surrogates and all."""
+    try:
+        data = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _claim_kept(store, key, delivery_id, event):
+    """What deliver() did before on a failure: nothing (the claim stayed)."""
+    return contextlib.nullcontext()
+
+
+def _logs(stack, caplog) -> str:
+    return stack.gateway.logs() + caplog.text
+
+
+async def test_r35_a_lone_surrogate_in_a_signed_delivery_makes_one_ticket_and_logs_no_text(stack, examples,
+                                                                                           caplog):
+    caplog.set_level(logging.DEBUG)
+    body, sender = _odd_delivery(examples)
+    stack.github.permissions[sender] = "write"
+    delivery = str(uuid.uuid4())
+    status, doc = await stack.post("issues", body, delivery=delivery)
+    assert status == 202 and doc["outcome"] == "accepted" and doc["reason"] == "ok", doc
+    [ticket] = stack.tickets()
+    assert f"{TITLE_MARK}\ufffd broken" in ticket.title
+    assert ticket.body == f"{BODY_MARK}\ufffd steps"
+    assert ticket.inputs["issue"] == f"{BODY_MARK}\ufffd steps"
+    status, doc = await stack.post("issues", body, delivery=delivery)
+    assert status == 409 and doc["reason"] == "duplicate", doc
+    assert len(stack.tickets()) == 1
+    logs = _logs(stack, caplog)
+    assert delivery in logs                                  # the logs were read: they name the delivery
+    assert TITLE_MARK not in logs and BODY_MARK not in logs
+
+
+async def test_r35_positive_control_the_old_decoding_loses_the_event_and_logs_its_text(stack, examples, caplog,
+                                                                                      monkeypatch):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setattr(github_intake, "decode_payload", _old_decoding)
+    monkeypatch.setattr(github_intake, "unclaimed_on_failure", _claim_kept)
+    body, sender = _odd_delivery(examples)
+    stack.github.permissions[sender] = "write"
+    delivery = str(uuid.uuid4())
+    status, doc = await stack.post("issues", body, delivery=delivery)
+    assert status == 503 and "redeliver" in doc["message"], doc
+    status, doc = await stack.post("issues", body, delivery=delivery)
+    assert status == 409 and doc["reason"] == "duplicate", doc
+    assert stack.tickets() == []
+    assert BODY_MARK in caplog.text
+
+
+def _fail_once(monkeypatch, stack) -> list[str]:
+    """Ticket creation raises once, with the issue's text in the exception."""
+    intake = stack.scheduler.intake
+    create = intake._create
+    failures: list[str] = []
+
+    def flaky(tr, ws, event, action, data, issue, *rest):
+        if not failures:
+            failures.append(issue["title"])
+            raise RuntimeError(f"cannot file {issue['title']!r}")
+        return create(tr, ws, event, action, data, issue, *rest)
+    monkeypatch.setattr(intake, "_create", flaky)
+    return failures
+
+
+async def test_r35_a_delivery_whose_handling_failed_is_handled_on_redelivery(stack, examples, caplog,
+                                                                             monkeypatch):
+    caplog.set_level(logging.DEBUG)
+    failures = _fail_once(monkeypatch, stack)
+    payload = example(examples, "issues", "labeled")
+    payload["issue"]["title"] = f"{TITLE_MARK} fails once"
+    stack.github.permissions[payload["sender"]["login"]] = "write"
+    delivery = str(uuid.uuid4())
+    status, doc = await stack.post("issues", payload, delivery=delivery)
+    assert status == 503 and "redeliver" in doc["message"], doc
+    assert failures == [f"{TITLE_MARK} fails once"]
+    status, doc = await stack.post("issues", payload, delivery=delivery)
+    assert status == 202 and doc["reason"] == "ok", doc
+    assert len(stack.tickets()) == 1
+    status, doc = await stack.post("issues", payload, delivery=delivery)
+    assert status == 409, doc                                # handled now: a further replay is a duplicate
+    logs = _logs(stack, caplog)
+    assert f"github delivery {delivery} (issues) failed: RuntimeError at" in logs
+    assert TITLE_MARK not in logs
+
+
+async def test_r35_positive_control_a_failed_delivery_kept_as_seen_is_lost(stack, examples, monkeypatch):
+    monkeypatch.setattr(github_intake, "unclaimed_on_failure", _claim_kept)
+    _fail_once(monkeypatch, stack)
+    payload = example(examples, "issues", "labeled")
+    stack.github.permissions[payload["sender"]["login"]] = "write"
+    delivery = str(uuid.uuid4())
+    status, _ = await stack.post("issues", payload, delivery=delivery)
+    assert status == 503
+    status, doc = await stack.post("issues", payload, delivery=delivery)
+    assert status == 409 and doc["reason"] == "duplicate", doc
+    assert stack.tickets() == []
