@@ -2,6 +2,12 @@
 back-off on 5xx and rate limits honouring `Retry-After`, and errors turned
 into clear, redacted AfeErrors. Secrets travel only in the headers the
 caller passes (R14); nothing here logs a header.
+
+A server that names a time (`Retry-After`, GitHub's `X-RateLimit-Reset`)
+is never asked again before it: when that time is further off than the
+caller's `RetryPolicy.max_wait_s`, the answer goes back to the caller at
+once instead of being retried early (which only spends attempts and, on
+GitHub, risks the integration being blocked).
 """
 
 from __future__ import annotations
@@ -39,9 +45,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """How long one request may keep the caller waiting. A request can override
+    the client's policy (`HttpClient.request(retry=...)`)."""
+
     attempts: int = 4
-    backoff_s: float = 0.5          # first back-off; doubles each time
-    max_wait_s: float = 60.0        # cap on any single wait, Retry-After included
+    backoff_s: float = 0.5          # first back-off after a 5xx or a lost connection; doubles each time
+    max_wait_s: float = 60.0        # the longest single wait: a server asking for longer gets its answer returned
+    retry_limits: bool = True       # False: a rate-limit answer is returned at once (the caller schedules the next try)
 
 
 @dataclass(frozen=True)
@@ -71,11 +81,34 @@ def retry_after_s(headers: dict[str, str], now: float | None = None) -> float | 
     return None
 
 
-def _retryable(resp: Response) -> bool:
-    if resp.status >= 500 or resp.status == 429:
+def rate_limited(resp: Response) -> bool:
+    """A rate-limit answer: 429, or GitHub's 403 for a primary limit
+    (`X-RateLimit-Remaining: 0`) or a secondary one (`Retry-After`)."""
+    if resp.status == 429:
         return True
-    # GitHub's secondary and primary rate limits answer 403 with these headers.
     return resp.status == 403 and ("retry-after" in resp.headers or resp.headers.get("x-ratelimit-remaining") == "0")
+
+
+def _retryable(resp: Response) -> bool:
+    return resp.status >= 500 or rate_limited(resp)
+
+
+def next_wait(resp: Response | None, attempt: int, policy: RetryPolicy) -> float | None:
+    """Seconds to wait before attempt `attempt + 1`, or None: do not retry,
+    return `resp` (the server named a time beyond the caller's longest wait,
+    or the caller schedules rate limits itself)."""
+    if resp is None:
+        return min(_backoff(attempt, policy), policy.max_wait_s)
+    if rate_limited(resp) and not policy.retry_limits:
+        return None
+    asked = retry_after_s(resp.headers)
+    if asked is None:
+        return min(_backoff(attempt, policy), policy.max_wait_s)
+    return asked if asked <= policy.max_wait_s else None
+
+
+def _backoff(attempt: int, policy: RetryPolicy) -> float:
+    return policy.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
 
 
 def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:
@@ -133,13 +166,16 @@ class HttpClient:
             self._session = None
 
     async def request(self, method: str, url: str, *, headers: dict[str, str], json_body: Any = None,
-                      timeout_s: float = 60.0, what: str = "request") -> Response:
-        """Send with retries; returns the last response (even a failing one)."""
+                      timeout_s: float = 60.0, what: str = "request",
+                      retry: RetryPolicy | None = None) -> Response:
+        """Send with retries (`retry`, else the client's policy); returns the
+        last response (even a failing one)."""
+        policy = retry or self.retry
         session = self._get_session()
         hdrs = {"User-Agent": self.user_agent, **headers}
         last_exc: BaseException | None = None
         resp: Response | None = None
-        for attempt in range(1, self.retry.attempts + 1):
+        for attempt in range(1, policy.attempts + 1):
             resp = None
             try:
                 async with session.request(method, url, headers=hdrs, json=json_body,
@@ -161,15 +197,14 @@ class HttpClient:
                 last_exc = exc
             if resp is not None and not _retryable(resp):
                 return resp
-            if attempt == self.retry.attempts:
+            if attempt == policy.attempts:
                 break
-            wait = retry_after_s(resp.headers) if resp is not None else None
+            wait = next_wait(resp, attempt, policy)
             if wait is None:
-                wait = self.retry.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-            wait = min(wait, self.retry.max_wait_s)
+                break
             log.info("%s: %s; retrying in %.1fs (attempt %s of %s)", what,
                      f"HTTP {resp.status}" if resp is not None else type(last_exc).__name__,
-                     wait, attempt + 1, self.retry.attempts)
+                     wait, attempt + 1, policy.attempts)
             await asyncio.sleep(wait)
         if resp is not None:
             return resp
@@ -199,6 +234,8 @@ class HttpClient:
         msg = f"{what}: HTTP {resp.status}" + (f": {detail}" if detail else "")
         if resp.status == 401:
             return Unauthenticated(msg + (f"; {hint_auth}" if hint_auth else ""))
+        if rate_limited(resp):
+            return ResourceExhausted(msg + "; rate limited, " + _when_again(resp))
         if resp.status == 403:
             return PermissionDenied(msg + (f"; {hint_auth}" if hint_auth else ""))
         if resp.status == 404:
@@ -207,6 +244,13 @@ class HttpClient:
             return FailedPrecondition(msg)
         if resp.status in (400, 422):
             return InvalidArgument(msg)
-        if resp.status == 429:
-            return ResourceExhausted(msg + "; rate limited, try again later")
         return Unavailable(msg)
+
+
+def _when_again(resp: Response) -> str:
+    """When the server allows the next request, as it said (a 403 that is a
+    rate limit is not a missing permission: the token is fine)."""
+    wait = retry_after_s(resp.headers)
+    if wait is None:
+        return "try again later"
+    return f"the server allows the next request in {wait:.0f} s"
