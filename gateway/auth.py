@@ -5,9 +5,12 @@
   client address; a POST whose `Origin` is not ours is refused (login CSRF).
 - The /rpc handshake takes either `Authorization: Bearer <token>` (the CLI)
   or the cookie, and the cookie only with `Origin` equal to our origin.
-  Failed bearer tokens count against the same per-address limiter as failed
-  logins (R38): once it trips, /rpc and login answer 429 with Retry-After
-  for that address, even to the correct token (else the guessing would go on).
+- The token is checked first, in constant time; a valid one always passes
+  (R40). Failed bearer tokens and failed logins count against one
+  per-address limiter of the UI/CLI surface (webhook signatures have their
+  own, ratelimit.py): past its budget a wrong token gets 429 with
+  Retry-After instead of 401 (R38), and the right token from the same
+  address still gets in, so failing on purpose locks nobody out.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ import hmac
 import json
 import logging
 from dataclasses import dataclass
+from typing import NoReturn
 
 from aiohttp import web
 
 from . import cookies
 from .metrics import GatewayMetrics
-from .ratelimit import FailureLimiter
+from .ratelimit import FailureLimiter, retry_after_header
 from .site import Site
 from .tokens import TokenSource
 
@@ -95,15 +99,8 @@ class Authenticator:
                 raise Denied(401, "Authorization must be 'Bearer <token>'")
             if origin is not None and not self.site.origin_is_ours(origin):
                 raise Denied(403, "requests from another origin are refused")
-            client = self._client(request)
-            wait = self.limiter.retry_after(client)
-            if wait > 0:
-                raise Denied(429, "too many failed tokens or logins from this address; wait and try again",
-                             retry_after=int(wait) + 1)
             if not self.token_matches(value.strip()):
-                self.limiter.failed(client)
-                log.info("failed bearer token from %s", client)
-                raise Denied(401, "the bearer token is not valid (was it rotated?)")
+                self._bearer_failed(self._client(request))
             return Principal("cli", self.tokens.generation)
         if cookies.COOKIE_NAME not in request.cookies:
             raise Denied(401, "log in first, or send Authorization: Bearer <token>")
@@ -113,6 +110,14 @@ class Authenticator:
         if session is None:
             raise Denied(401, "the session is not valid (expired, or the token was rotated); log in again")
         return Principal("ui", self.tokens.generation, session)
+
+    def _bearer_failed(self, client: str) -> NoReturn:
+        wait = self.limiter.failed(client)
+        if wait > 0:
+            raise Denied(429, "too many failed tokens or logins from this address; check the token, "
+                              "wait and try again", retry_after=int(wait) + 1)
+        log.info("failed bearer token from %s", client)
+        raise Denied(401, "the bearer token is not valid (was it rotated?)")
 
     # -- HTTP handlers ----------------------------------------------------
     @staticmethod
@@ -124,14 +129,13 @@ class Authenticator:
             self.metrics.logins.labels("foreign_origin").inc()
             return _json_error(403, "login is only accepted from this server's own pages")
         client = self._client(request)
-        wait = self.limiter.retry_after(client)
-        if wait > 0:
-            self.metrics.logins.labels("rate_limited").inc()
-            return _json_error(429, "too many failed logins; wait and try again",
-                               headers={"Retry-After": str(int(wait) + 1)})
         token = await _read_token(request)
         if token is None or not self.token_matches(token):
-            self.limiter.failed(client)
+            wait = self.limiter.failed(client)
+            if wait > 0:
+                self.metrics.logins.labels("rate_limited").inc()
+                return _json_error(429, "too many failed logins from this address; check the token, wait "
+                                   "and try again", headers=retry_after_header(wait))
             self.metrics.logins.labels("failed").inc()
             log.info("failed login from %s", client)
             return _json_error(401, "that token is not valid")

@@ -8,13 +8,18 @@ A delivery is passed to the scheduler only when, in this order:
    webhook secret (held by the gateway only)                      -> else 401
 3. it is JSON (`application/json`)                                 -> else 415
 4. its `X-GitHub-Delivery` is a GUID                               -> else 400
-5. its `X-GitHub-Event` is subscribed (issues, issue_comment; `ping`
-   is answered here)                                               -> else 400
+5. its `X-GitHub-Event` is subscribed (issues, issue_comment,
+   pull_request_review, pull_request_review_comment; `ping` is answered
+   here)                                                           -> else 400
 The scheduler then claims the delivery id in its store: a replayed delivery
 is answered 409 and changes nothing. Every refusal is counted in
-afe_gateway_github_deliveries_total{outcome,reason}; a bad signature also
-counts as a failed credential for the client's address (R38), so guessing
-is rate limited. Nothing of a body is ever logged.
+afe_gateway_github_deliveries_total{outcome,reason}. A missing or wrong
+signature counts as a failed credential of the client's address in the
+webhook surface's own limiter (R38): past its budget the answer is 429 with
+Retry-After instead of 401. The signature is checked before the limiter is
+asked, so a correctly signed delivery is never refused for other senders'
+failures, nor for failed UI/CLI tokens (R40). Nothing of a body is ever
+logged.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from services.common.metrics import github_deliveries
 from services.common.secrets import SecretValue
 
 from .backend import SchedulerBackend
-from .ratelimit import FailureLimiter
+from .ratelimit import FailureLimiter, retry_after_header
 
 log = logging.getLogger(__name__)
 
@@ -78,28 +83,31 @@ class GitHubWebhook:
                 return None
             chunks.append(chunk)
 
-    async def handle(self, request: web.Request) -> web.Response:
+    def _bad_signature(self, request: web.Request, reason: str) -> web.Response:
+        """401, or 429 once the client's address is past the webhook surface's budget."""
         client = request.remote or "unknown"
-        wait = self.limiter.retry_after(client)
+        wait = self.limiter.failed(client)
         if wait > 0:
-            return self._answer(429, "refused", "rate_limited", "too many deliveries with a bad signature; "
-                                "try again later", headers={"Retry-After": str(int(wait) + 1)})
+            return self._answer(429, "refused", "rate_limited", "too many deliveries with a bad signature "
+                                "from this address; check the webhook's secret, then redeliver later",
+                                headers=retry_after_header(wait))
+        if reason == "no_signature":
+            return self._answer(401, "refused", "no_signature", "X-Hub-Signature-256 is missing or malformed; "
+                                "set the webhook's secret on GitHub")
+        log.info("github delivery refused: bad signature (delivery %s)",
+                 _safe_id(request.headers.get("X-GitHub-Delivery", "")))
+        return self._answer(401, "refused", "bad_signature", "the signature does not match; the webhook's "
+                            "secret on GitHub must equal the gateway's AFE_GITHUB_WEBHOOK_SECRET")
+
+    async def handle(self, request: web.Request) -> web.Response:
         body = await self._read(request)
         if body is None:
             return self._answer(413, "refused", "too_large", f"the body is over {MAX_BODY} bytes")
         presented = request.headers.get("X-Hub-Signature-256", "")
         m = SIGNATURE.match(presented.strip().lower())
-        if m is None:
-            self.limiter.failed(client)
-            return self._answer(401, "refused", "no_signature", "X-Hub-Signature-256 is missing or malformed; "
-                                "set the webhook's secret on GitHub")
         expected = hmac.new(self._secret.reveal().encode(), body, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, m.group(1)):
-            self.limiter.failed(client)
-            log.info("github delivery refused: bad signature (delivery %s)",
-                     _safe_id(request.headers.get("X-GitHub-Delivery", "")))
-            return self._answer(401, "refused", "bad_signature", "the signature does not match; the webhook's "
-                                "secret on GitHub must equal the gateway's AFE_GITHUB_WEBHOOK_SECRET")
+        if m is None or not hmac.compare_digest(expected, m.group(1)):
+            return self._bad_signature(request, "no_signature" if m is None else "bad_signature")
         if request.content_type != "application/json":
             return self._answer(415, "refused", "bad_content_type", "set the webhook's content type to "
                                 "application/json on GitHub")

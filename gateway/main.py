@@ -42,14 +42,25 @@ def _extra(p: argparse.ArgumentParser) -> None:
                    help="HOST:PORT for the UI and /rpc (port 0 picks a free one)")
     p.add_argument("--public-url", default=None,
                    help="the URL people open (its origin is the only one trusted); default http://<listen>")
-    p.add_argument("--max-failed-logins", type=int, default=10,
-                   help="failed logins and /rpc bearer tokens allowed per client address per minute")
+    p.add_argument("--max-failed-logins", type=_at_least_one, default=10, metavar="N",
+                   help="failed logins and /rpc bearer tokens per client address per minute before it gets "
+                        "429 (a valid token always passes)")
+    p.add_argument("--max-bad-webhook-signatures", type=_at_least_one, default=10, metavar="N",
+                   help="GitHub deliveries with a missing or wrong signature per client address per minute "
+                        "before it gets 429 (a correctly signed delivery always passes)")
     p.add_argument("--github-webhook-secret-env", default="AFE_GITHUB_WEBHOOK_SECRET", metavar="NAME",
                    help="environment variable holding the GitHub webhook secret; when it is set, "
                         "POST /hooks/github takes deliveries (docs/GITHUB.md)")
     p.add_argument("--token-file", default=None,
                    help="0600 file holding the UI token, used when AFE_UI_TOKEN is unset "
                         "(default <data>/ui-token)")
+
+
+def _at_least_one(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a count of failures; give 1 or more")
+    return n
 
 
 async def _main(argv: list[str] | None) -> None:
@@ -66,13 +77,15 @@ async def _main(argv: list[str] | None) -> None:
     token_file = Path(args.token_file) if args.token_file else ctx.layout.token_file
     fixed = env["AFE_UI_TOKEN"].reveal() if "AFE_UI_TOKEN" in env else None
     tokens = TokenSource(ctx.redactor, fixed=fixed, path=None if fixed else token_file)
-    limiter = FailureLimiter(max_failures=args.max_failed_logins)
-    auth = Authenticator(tokens, site, limiter, metrics=GatewayMetrics(ctx.registry))
+    # One limiter per surface (R40): failures on the webhook never count against the UI/CLI, nor back.
+    auth = Authenticator(tokens, site, FailureLimiter(max_failures=args.max_failed_logins),
+                         metrics=GatewayMetrics(ctx.registry))
     backend = SchedulerBackend(ctx.layout.socket("scheduler"), ctx.links.call.get("scheduler"))
     app = build_app(auth, backend, ctx.redactor)
     webhook_secret = env.get(args.github_webhook_secret_env)
     if webhook_secret is not None and webhook_secret.reveal():
-        app.router.add_post(hooks.PATH, hooks.GitHubWebhook(webhook_secret, backend, limiter,
+        webhook_limiter = FailureLimiter(max_failures=args.max_bad_webhook_signatures)
+        app.router.add_post(hooks.PATH, hooks.GitHubWebhook(webhook_secret, backend, webhook_limiter,
                                                             registry=ctx.registry).handle)
     app.middlewares.insert(0, metrics.http_metrics_middleware(ctx.registry))
     app.middlewares.insert(0, telemetry.aiohttp_middleware())

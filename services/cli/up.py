@@ -36,6 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="HOST:PORT the web UI listens on")
     p.add_argument("--public-url", default=None, metavar="URL", help="the URL users open (e.g. behind a TLS proxy)")
     p.add_argument("--max-running", type=int, default=None, metavar="N", help="tickets running at once (all workspaces)")
+    p.add_argument("--max-failed-logins", type=int, default=None, metavar="N",
+                   help="failed UI logins and CLI tokens per address and minute before the gateway answers "
+                        "429 (default 10; the right token always passes)")
+    p.add_argument("--max-bad-webhook-signatures", type=int, default=None, metavar="N",
+                   help="GitHub deliveries with a bad signature per address and minute before the gateway "
+                        "answers 429 (default 10; a correctly signed delivery always passes)")
     p.add_argument("--sandbox-pool-max", type=int, default=None, metavar="N",
                    help="warm sandboxes kept ready in all (each Workspace asks for its own with sandbox.pool; "
                    "default 8; 0 = none)")
@@ -103,10 +109,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.sandbox_broker and any(tls):
         raise SystemExit("afe up: --tls-cert/--tls-key/--tls-ca are for --sandbox-broker; give the brokers too, "
                          "or leave the TLS flags out")
+    for flag, count in (("--max-failed-logins", args.max_failed_logins),
+                        ("--max-bad-webhook-signatures", args.max_bad_webhook_signatures)):
+        if count is not None and count < 1:
+            raise SystemExit(f"afe up: {flag} {count} would refuse every failure at once; give 1 or more")
     tls_cert, tls_key, tls_ca = (Path(t).absolute() if t else None for t in tls)
     opts = Options(config_dir=config_dir, layout=layout, ops_host=args.ops_host, ops_names=ops_names,
                    ops_ports=parse_ops_ports(args.ops_port), listen=args.listen,
                    public_url=args.public_url, max_running=args.max_running,
+                   max_failed_logins=args.max_failed_logins,
+                   max_bad_webhook_signatures=args.max_bad_webhook_signatures,
                    ready_timeout=args.ready_timeout, check_images=not args.no_images,
                    log_level=os.environ.get("AFE_LOG_LEVEL"), instance=args.instance,
                    broker_recovery=args.broker_recovery, egress_network=args.egress_network,

@@ -61,6 +61,9 @@ class Options:
         s: DEFAULT_PORTS[f"{s}_ops"] for s in ORDER})
     listen: str = f"127.0.0.1:{DEFAULT_PORTS['gateway']}"
     public_url: str | None = None
+    # The gateway's budgets of failed credentials per address and minute (R40), when not its defaults.
+    max_failed_logins: int | None = None
+    max_bad_webhook_signatures: int | None = None
     max_running: int | None = None
     sandbox_pool_max: int | None = None   # the scheduler's --sandbox-pool-max (warm sandboxes in all)
     ready_timeout: float = 90.0
@@ -234,6 +237,10 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
             argv += ["--token-file", str(opts.layout.token_file), "--listen", opts.listen]
             if opts.public_url:
                 argv += ["--public-url", opts.public_url]
+            for flag, count in (("--max-failed-logins", opts.max_failed_logins),
+                                ("--max-bad-webhook-signatures", opts.max_bad_webhook_signatures)):
+                if count is not None:
+                    argv += [flag, str(count)]
         specs.append(ChildSpec(service, argv, child_env(service, config, environ), links[service]))
     return specs
 

@@ -12,8 +12,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from services.common import demo
+from services.common.layout import Layout
+from services.common.manifests import load_config
+from services.launcher.launch import Options, build_specs, make_links
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,6 +81,14 @@ def base_env(**extra: str) -> dict[str, str]:
     env["OTEL_SERVICE_NAME"] = "afe-foundation-test"
     env.update(extra)
     return env
+
+
+def launch_argv(base: Path, **options: Any) -> dict[str, list[str]]:
+    """Each process's argv as `afe up` with these launcher Options would start it (nothing runs)."""
+    cfg = make_config(base)
+    opts = Options(config_dir=cfg, layout=Layout(base / "d", base / "r"), check_images=False, **options)
+    links, _ = make_links()
+    return {s.service: s.argv for s in build_specs(opts, load_config(cfg), base_env(), links)}
 
 
 @dataclass

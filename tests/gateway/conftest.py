@@ -70,15 +70,17 @@ class GatewayProc:
 
 def start_gateway(layout: Layout, secret: bytes | None, *, token_file: Path | None = None,
                   public_url: str | None = None, extra: list[str] | None = None,
-                  env: dict[str, str] | None = None, config_dir: Path | None = None) -> GatewayProc:
-    """Start `python -m gateway.main` as the launcher would; wait for its ready line."""
+                  env: dict[str, str] | None = None, config_dir: Path | None = None,
+                  module: str = "gateway.main") -> GatewayProc:
+    """Start `python -m gateway.main` as the launcher would; wait for its ready line. `module`
+    names a stand-in that runs the gateway with an old code path (positive controls)."""
     port = free_port()
     token_file = token_file or layout.token_file
     links = LinkSecrets(call={"scheduler": secret} if secret else {})
     link_fd = pass_via_pipe(links.to_json())
     status_r, status_w = os.pipe()
     log_path = layout.data_dir.parent / f"gateway-{port}.log"
-    argv = [sys.executable, "-m", "gateway.main", "--config", str(config_dir or layout.data_dir),
+    argv = [sys.executable, "-m", module, "--config", str(config_dir or layout.data_dir),
             "--data", str(layout.data_dir), "--run", str(layout.run_dir),
             "--link-fd", str(link_fd), "--status-fd", str(status_w), "--ops-port", "0",
             "--listen", f"127.0.0.1:{port}", "--token-file", str(token_file), "--log-level", "DEBUG",

@@ -56,3 +56,19 @@ def test_failure_memory_is_bounded():
     for i in range(10):
         lim.failed(f"c{i}", now=i)
     assert len(lim._failures) == 3
+
+
+def test_failed_answers_the_wait_only_past_the_budget_and_keeps_the_latest_failures():
+    lim = FailureLimiter(max_failures=2, window=60)
+    assert lim.failed("a", now=0) == 0 and lim.failed("a", now=1) == 0    # within the budget: 401
+    assert lim.failed("a", now=2) == pytest.approx(59)                   # past it: 429, the window moved on
+    for t in range(3, 50):
+        lim.failed("a", now=t)
+    assert len(lim._failures["a"]) == 2                                  # memory per source stays bounded
+    assert lim.retry_after("a", now=50) == pytest.approx(58)             # the latest failures decide the wait
+    assert lim.retry_after("a", now=109.5) == 0
+
+
+def test_a_budget_below_one_is_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        FailureLimiter(max_failures=0)

@@ -162,7 +162,19 @@ def write_config(folder: Path, repo: str, base: str, *, label: str, assignee: st
 
 
 @pytest.fixture
-async def stack(examples, openapi):
+def gateway_flags() -> list[str]:
+    """More arguments of the gateway process (a test module may override this fixture)."""
+    return []
+
+
+@pytest.fixture
+def gateway_module() -> str:
+    """The gateway's module (a positive control may override it with an old code path)."""
+    return "gateway.main"
+
+
+@pytest.fixture
+async def stack(examples, openapi, gateway_flags, gateway_module):
     labeled = example(examples, "issues", "labeled")
     repo = labeled["repository"]["full_name"]
     assignee = example(examples, "issues", "assigned")["assignee"]["login"]
@@ -182,7 +194,8 @@ async def stack(examples, openapi):
             app = build_app(config, layout, link, redactor, registry=registry, recovery_interval=0)
             await app.server.start()   # engine not started
             gw = start_gateway(layout, link.serve["gateway"], config_dir=cfg_dir,
-                               env={"AFE_GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET})
+                               env={"AFE_GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET}, extra=gateway_flags,
+                               module=gateway_module)
             try:
                 async with aiohttp.ClientSession() as session:
                     yield Stack(gw, app, github, layout, link, registry, repo, session)
