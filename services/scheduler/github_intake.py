@@ -70,6 +70,11 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _label_matches(label: str, labels: tuple[str, ...]) -> bool:
+    """GitHub treats label names case-insensitively (`AFE` is the label `afe`), as it does logins."""
+    return label.lower() in {n.lower() for n in labels}
+
+
 class GitHubIntake:
     def __init__(self, config: Config, store: Store, engine: Any, credentials: CredentialsClient,
                  registry=None) -> None:
@@ -133,7 +138,7 @@ class GitHubIntake:
                 continue
             if event == "issues" and action == "labeled":
                 label = _text((data.get("label") or {}).get("name"))
-                hit = bool(label) and label in tr.labels
+                hit = bool(label) and _label_matches(label, tr.labels)
             elif event == "issues" and action == "assigned":
                 login = _text((data.get("assignee") or {}).get("login")).lower()
                 hit = bool(login) and login in {a.lower() for a in tr.assignees}
