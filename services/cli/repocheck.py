@@ -2,18 +2,27 @@
 the base branch? A local repository (a path or file:// URL) is looked at
 at once; an https:// one only with `--online` (`git ls-remote`, the token
 from the Workspace's tokenEnv given to git by the askpass helper, never in
-argv). Returns problem lines that say what to change."""
+argv). Git runs as the credential broker runs it: with `AFE_CA_FILE` as its
+CA bundle (a git server of a private CA) and the operator's proxy settings,
+so what `afe check --online` can read, `afe up` can clone. Returns problem
+lines that say what to change."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from services.common.childenv import proxy_env
 from services.common.config import Config, Workspace
 from services.common.errors import AfeError
 from services.common.redact import Redactor
+
+if TYPE_CHECKING:
+    from services.credentials.gitcmd import GitRunner
 
 
 def local_path(config: Config, ws: Workspace) -> Path | None:
@@ -63,24 +72,44 @@ async def _remote(ws: Workspace, runner, helper: Path, environ: Mapping[str, str
                            env=env, check=False, what="git ls-remote", timeout_s=60)
     if res.returncode != 0:
         err = runner.redactor.redact(res.err.strip().splitlines()[-1] if res.err.strip() else "")
+        hint = ("; if a private CA signed the server's certificate, set AFE_CA_FILE to its PEM bundle"
+                if "certificate" in err.lower() else "")
         return (f"{ws.source} Workspace {ws.name} repo: cannot read {ws.repo} ({err or 'git failed'}); check "
-                "the URL, the network and that the token in tokenEnv may read the repository")
+                f"the URL, the network and that the token in tokenEnv may read the repository{hint}")
     if not res.out.strip():
         return (f"{ws.source} Workspace {ws.name} baseBranch: {ws.repo} has no branch {ws.base_branch!r}; "
                 "set baseBranch to an existing branch")
     return None
 
 
+def git_runner(home: Path, environ: Mapping[str, str]) -> GitRunner:
+    """A GitRunner set up as the credential broker's (services/credentials/main.py):
+    AFE_CA_FILE as git's CA bundle, the operator's proxy variables."""
+    from services.credentials.gitcmd import GitRunner
+
+    ca = environ.get("AFE_CA_FILE")
+    return GitRunner(home, Redactor(), ca_file=Path(ca) if ca else None, proxies=proxy_env(environ), timeout_s=60)
+
+
+def _ca_problem(environ: Mapping[str, str]) -> str | None:
+    ca = environ.get("AFE_CA_FILE")
+    if ca and not os.path.isfile(ca):
+        return (f"AFE_CA_FILE={ca} is not a file: point it at the PEM bundle of the CA that signed your git "
+                "server's certificate, or unset it")
+    return None
+
+
 def check_repositories(config: Config, *, online: bool, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """(problems, notes) for every Workspace's repository."""
     from services.credentials.askpass import write_helper
-    from services.credentials.gitcmd import GitRunner
 
     async def go() -> tuple[list[str], list[str]]:
         problems: list[str] = []
         notes: list[str] = []
+        if online and (ca_problem := _ca_problem(environ)):
+            problems.append(ca_problem)
         with tempfile.TemporaryDirectory(prefix="afe-check-git-") as tmp:
-            runner = GitRunner(Path(tmp) / "home", Redactor(), timeout_s=60)
+            runner = git_runner(Path(tmp) / "home", environ)
             helper = write_helper(Path(tmp) / "askpass")
             for ws in sorted(config.workspaces.values(), key=lambda w: w.name):
                 if local_path(config, ws) is not None:
