@@ -110,7 +110,10 @@ class Guard(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no 
                 log.info("%s -> %s: %s", method, code.name, redact(msg))
             else:
                 code, msg = status_for(exc)
-                log.error("%s failed: %s", method, redact(repr(exc)), exc_info=exc)
+                # The type, not the repr: a UnicodeError's repr holds the whole text it failed on (an
+                # issue's body, a payload). The traceback below ends with str(exc), which names only
+                # the character and its position.
+                log.error("%s failed: %s", method, type(exc).__name__, exc_info=exc)
             await context.abort(code, redact(msg), ORIGIN)
 
         def wrap_unary(fn: UnaryBehaviour) -> UnaryBehaviour:
