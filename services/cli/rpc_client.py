@@ -54,8 +54,10 @@ class RpcClient:
                 heartbeat=30)
         except aiohttp.WSServerHandshakeError as exc:
             await self._session.close()
-            if exc.status in (401, 403):
-                raise CliError("the gateway refused the token (was it rotated? set AFE_TOKEN or check "
+            if exc.status in (401, 403, 429):
+                # 429: a wrong token from an address with many failures lately; a right one always passes.
+                busy = ", and many wrong tokens came from this address lately" if exc.status == 429 else ""
+                raise CliError(f"the gateway refused the token{busy} (was it rotated? set AFE_TOKEN or check "
                                "<data>/ui-token)", EXIT_CONNECT) from None
             raise CliError(f"the gateway refused the connection (HTTP {exc.status})", EXIT_CONNECT) from None
         except (aiohttp.ClientError, OSError) as exc:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.cli.rpc_client import EXIT_CONNECT, CliError, RpcClient
+
 from .conftest import start_gateway
 from .rpcutil import login, open_rpc
 
@@ -78,3 +80,15 @@ async def test_r40_failures_beyond_the_budget_are_not_logged_one_by_one(http, ga
     for i in range(20):
         assert (await open_rpc(http, gw, bearer=f"flood-{i}"))[0] == 429
     assert gw.logs().count("failed bearer token from") == BUDGET
+
+
+async def test_r40_the_cli_says_its_token_is_wrong_when_the_address_is_over_its_budget(http, gateway_r40):
+    gw = gateway_r40
+    await _use_up_the_budget(http, gw)
+    with pytest.raises(CliError) as refused:
+        async with RpcClient(gw.url, "wrong-token-from-the-cli"):
+            pass
+    assert "refused the token, and many wrong tokens came from this address" in str(refused.value)
+    assert refused.value.exit_code == EXIT_CONNECT
+    async with RpcClient(gw.url, gw.token) as client:           # the right token still gets in
+        assert client is not None
