@@ -13,6 +13,7 @@ tests/foundation/test_guard_logs.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -139,4 +140,41 @@ async def test_r35_positive_control_a_failed_delivery_kept_as_seen_is_lost(stack
     assert status == 503
     status, doc = await stack.post("issues", payload, delivery=delivery)
     assert status == 409 and doc["reason"] == "duplicate", doc
+    assert stack.tickets() == []
+
+
+
+async def _cancelled_then_redelivered(stack, examples, monkeypatch):
+    """The gateway gave up (its deadline passed, so it answered 503) while the scheduler
+    waited on the write-access check, and grpc cancelled the handler; then GitHub redelivers."""
+    intake = stack.scheduler.intake
+    asked, never = asyncio.Event(), asyncio.Event()
+    lookup = intake.credentials.repo_permission
+
+    async def stuck(workspace, login):
+        asked.set()
+        await never.wait()
+    monkeypatch.setattr(intake.credentials, "repo_permission", stuck)
+    payload = example(examples, "issues", "labeled")
+    stack.github.permissions[payload["sender"]["login"]] = "write"
+    body, delivery = json.dumps(payload).encode(), str(uuid.uuid4())
+    first = asyncio.ensure_future(intake.deliver(delivery, "issues", body))
+    await asked.wait()
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    monkeypatch.setattr(intake.credentials, "repo_permission", lookup)
+    return await intake.deliver(delivery, "issues", body)
+
+
+async def test_r35_a_delivery_cancelled_mid_way_is_handled_on_redelivery(stack, examples, monkeypatch):
+    again = await _cancelled_then_redelivered(stack, examples, monkeypatch)
+    assert (again.outcome, again.reason) == ("accepted", "ok")
+    assert len(stack.tickets()) == 1
+
+
+async def test_r35_positive_control_a_cancelled_delivery_kept_as_seen_is_lost(stack, examples, monkeypatch):
+    monkeypatch.setattr(github_intake, "unclaimed_on_failure", _claim_kept)
+    again = await _cancelled_then_redelivered(stack, examples, monkeypatch)
+    assert (again.outcome, again.reason) == ("duplicate", "duplicate")
     assert stack.tickets() == []
