@@ -38,6 +38,8 @@ FORGE_OPS = ("open_pr", "find_pr", "pr_status", "merge")
 FORGE_TYPES = ("github", "local")
 MODEL_PROVIDERS = ("openai", "anthropic", "gemini", "replay")
 EGRESS_MODES = ("none", "allowlist")
+STORE_RETRY_REASONS = ("connection_lost", "admin_shutdown", "starting_up", "serialization_failure", "deadlock",
+                       "busy", "locked")
 GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
               "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
               "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
@@ -112,6 +114,8 @@ class SchedulerMetrics:
     lease_renew_failures: Bounded  # counter {reason}: heartbeats that failed (error) or found a ticket gone (lost)
     pool_ready: Gauge             # warm sandboxes ready to be claimed (every workspace together)
     pool_wanted: Gauge            # what the pool aims to hold: the Workspaces' sandbox.pool, at most the cap
+    store_retries: Bounded        # counter {store, reason}: statements tried again after a lost or busy database
+    events_lost: Bounded          # counter {reason}: events that could not be stored (each is named on its ticket)
 
     def set_ticket_counts(self, counts: dict[str, int]) -> None:
         for state in TICKET_STATES:
@@ -187,6 +191,13 @@ def scheduler_metrics(registry: CollectorRegistry) -> SchedulerMetrics:
                                           "taken over (lost).", reason=("error", "lost")),
             pool_ready=Gauge("afe_sandbox_pool_ready", "Warm sandboxes ready to be claimed by a new ticket.",
                              registry=registry),
+            store_retries=_counter(registry, "afe_store_retries_total",
+                                   "Store statements tried again after the database was lost, restarting, "
+                                   "busy or asked for a retry.", store=("sqlite", "postgresql"),
+                                   reason=STORE_RETRY_REASONS),
+            events_lost=_counter(registry, "afe_events_lost_total",
+                                 "Ticket events that could not be stored; each ticket says how many in an "
+                                 "events.lost event.", reason=("store_unavailable", "store_error")),
             pool_wanted=Gauge("afe_sandbox_pool_wanted", "Warm sandboxes the pool aims to hold (the "
                               "Workspaces' sandbox.pool, at most --sandbox-pool-max).", registry=registry),
         )

@@ -26,14 +26,14 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from operator import itemgetter
 from time import time_ns
-from typing import cast
 
 import orjson
 
-from services.common.errors import FailedPrecondition, NotFound
+from services.common.errors import NotFound, Unavailable
 from services.common.redact import Redactor
 
-from .store import EventRecord, LeaseLost, Store
+from .event_writes import DROPPABLE, MAX_UNSTORED, EventWrites
+from .store import EventRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,6 @@ WATCH_BACKLOG = 256
 # A store shared by several schedulers (docs/SCALE.md): a watcher also reads
 # the store by seq this often, for the events another scheduler writes.
 WATCH_POLL_S = 0.25
-STORE_TRIES = 5          # batches re-numbered after another scheduler wrote the same ticket
 _SEP = "\x00"
 
 # JSON types only: dataclasses, datetimes and subclasses of str/int/dict/list
@@ -140,7 +139,7 @@ def _encode_slow(payload: object, strings: list[str]) -> str:
     return text
 
 
-class EventLog:
+class EventLog(EventWrites):
     def __init__(self, store: Store, redactor: Redactor) -> None:
         self.store = store
         self.redactor = redactor
@@ -149,6 +148,7 @@ class EventLog:
         self._strings: list[str] = []   # strings of buffered events whose JSON has escapes
         self._watchers: dict[str, set[_Inbox]] = {}
         self._flush_scheduled = False
+        self._init_writes()
 
     def next_seq(self, ticket_id: str) -> int:
         seq = self._seq.get(ticket_id)
@@ -183,6 +183,9 @@ class EventLog:
             text = None
         if text is None or "\\" in text or len(text) > MAX_STRING:
             text = _encode_slow(payload or {}, self._strings)
+        if self.unavailable_since is not None and type_ in DROPPABLE and (
+                len(self._unstored) + len(self._buffer) >= MAX_UNSTORED):
+            return self._lose(ticket_id, type_)
         try:
             seq = self._seq[ticket_id] + 1
         except KeyError:
@@ -195,60 +198,54 @@ class EventLog:
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             try:
-                asyncio.get_running_loop().call_later(FLUSH_DELAY_S, self.flush)
+                asyncio.get_running_loop().call_later(FLUSH_DELAY_S, self._flush_soon)
             except RuntimeError:
                 self.flush()
         return seq
 
-    def flush(self) -> None:
+    def _flush_soon(self) -> None:
+        """The group commit's timer: while the store does not answer, the
+        events join the kept ones without another try (the retry timer's)."""
+        self.flush(write=self.unavailable_since is None)
+
+    def flush(self, write: bool = True) -> None:
+        """Redact the buffered events and write them, after any earlier ones
+        the store did not take yet. Never raises for the store: events it
+        cannot take now are kept, in order with their seqs, and written again
+        later (`_retry_later`); only what it refuses for good is reported on
+        the ticket as lost (`_store_apart`)."""
         self._flush_scheduled = False
-        if not self._buffer:
+        if self._buffer:
+            batch, self._buffer = self._buffer, []
+            strings, self._strings = self._strings, []
+            joined = _SEP.join(map(_payload, batch))
+            if strings:
+                joined += _SEP + _SEP.join(strings)
+            if self.redactor.redact(joined) != joined:
+                redacted = self._redacted
+                batch = [ev if (text := redacted(ev[3])) is ev[3] else (ev[0], ev[1], ev[2], text, ev[4])
+                         for ev in batch]
+            if self._unstored:
+                self._unstored.extend(batch)
+                batch = self._unstored
+        elif self._unstored:
+            batch = self._unstored
+        else:
             return
-        batch, self._buffer = self._buffer, []
-        strings, self._strings = self._strings, []
-        joined = _SEP.join(map(_payload, batch))
-        if strings:
-            joined += _SEP + _SEP.join(strings)
-        if self.redactor.redact(joined) != joined:
-            redacted = self._redacted
-            batch = [ev if (text := redacted(ev[3])) is ev[3] else (ev[0], ev[1], ev[2], text, ev[4])
-                     for ev in batch]
-        batch = self._store(batch)
-        if self._watchers and batch:
-            self.delivered(batch)
-
-    def _store(self, batch: list[tuple[str, int, str, str, int]]) -> list[tuple[str, int, str, str, int]]:
-        """Write the batch; returns what was stored. On a shared store
-        (docs/SCALE.md) another scheduler may have written a ticket's events
-        meanwhile (an approval given through it): the batch is numbered
-        again after the stored seq. A ticket this scheduler lost to another
-        (`LeaseLost`, R37) has its events dropped, never written."""
-        for _ in range(STORE_TRIES):
-            try:
-                # Plain tuples in EventRecord's column order: SQLite binds them fastest.
-                self.store.append_events(cast(list[EventRecord], batch))
-                return batch
-            except LeaseLost as exc:
-                log.warning("events of ticket %s not written: %s", exc.ticket_id, exc.message)
-                self._seq.pop(exc.ticket_id, None)
-                batch = [ev for ev in batch if ev[0] != exc.ticket_id]
-                if not batch:
-                    return batch
-            except FailedPrecondition:
-                if not self.store.shared:
-                    raise
-                batch = self._renumber(batch)
-        self.store.append_events(cast(list[EventRecord], batch))
-        return batch
-
-    def _renumber(self, batch: list[tuple[str, int, str, str, int]]) -> list[tuple[str, int, str, str, int]]:
-        last = {tid: self.store.last_seq(tid) for tid in {ev[0] for ev in batch}}
-        out = []
-        for ev in batch:
-            last[ev[0]] += 1
-            out.append((ev[0], last[ev[0]], ev[2], ev[3], ev[4]))
-        self._seq.update(last)
-        return out
+        self._unstored = batch
+        if not write:
+            return
+        try:
+            stored = self._store(batch)
+        except Unavailable as exc:
+            self._unavailable(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - refused for good: said loudly, on the ticket too
+            stored = self._store_apart(batch, exc)
+        self._unstored = []
+        self._stored_again()
+        if self._watchers and stored:
+            self.delivered(stored)
 
     def delivered(self, batch: Sequence[tuple[str, int, str, str, int]]) -> None:
         """Hand stored events to live watchers (also used for events the store
@@ -278,7 +275,8 @@ class EventLog:
         already terminal or `follow` is false.
         """
         self.flush()
-        last = self.store.last_seq(ticket_id)
+        # Events kept in memory while the store does not answer count as written here.
+        last = max(self.store.last_seq(ticket_id), self._seq.get(ticket_id, 0))
         start = max(from_seq, 1)
         if start > last + 1:
             raise NotFound(f"event seq {from_seq} does not exist for ticket {ticket_id} "
@@ -299,9 +297,10 @@ class EventLog:
                         return
             if not follow:
                 return
-            if is_terminal():
+            if is_terminal() and not self.holds_unstored(ticket_id):
                 # The final event is appended in the same loop turn as the
-                # terminal state: flush and send what is left.
+                # terminal state: flush and send what is left. (Events still
+                # waiting for the store come through the queue once stored.)
                 self.flush()
                 for ev in self.store.events(ticket_id, sent + 1, 1_000_000):
                     yield ev

@@ -53,6 +53,9 @@ def connect_error(exc: psycopg.Error, where: str) -> Exception:
         return FailedPrecondition(
             f"AFE_DATABASE_URL: the user in the URL may not use {where}: grant it CONNECT, or use the "
             "database's owner")
+    if "the database system is" in fatal:
+        # starting up, shutting down, in recovery mode, not yet accepting connections: a restart
+        return Unavailable(f"AFE_DATABASE_URL: {where} is starting up or shutting down (a restart); try again")
     if fatal:
         return FailedPrecondition(
             f"AFE_DATABASE_URL: {where} refused the connection; its server's log says why")

@@ -53,6 +53,7 @@ from .store import (
     Store,
     TicketRecord,
 )
+from .store_retry import Retrier, pg_reason, retried_methods
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class PostgresStore(PostgresRecords, Store):
     def __init__(self, conninfo: str, where: str = "the PostgreSQL database") -> None:
         self._conninfo = conninfo
         self.where = where
+        self._retry = Retrier("postgresql", where, pg_reason, self._drop, self._broken)
         self.db = connect(conninfo, where)
         try:
             self._migrate()
@@ -116,7 +118,17 @@ class PostgresStore(PostgresRecords, Store):
         if self.db.broken or self.db.closed:
             log.warning("store: the connection to %s was lost; reconnecting", self.where)
             self.db = connect(self._conninfo, self.where)
+            log.info("store: connected to %s again", self.where)
         return self.db
+
+    def _broken(self) -> bool:
+        return bool(self.db.broken or self.db.closed)
+
+    def _drop(self, reason: str) -> None:
+        """Before a retry (store_retry.py): a connection the server ended is
+        closed here, so `_conn` opens a new one."""
+        if reason not in ("serialization_failure", "deadlock") or self._broken():
+            self.db.close()
 
     def close(self) -> None:
         self.db.close()
@@ -192,6 +204,18 @@ class PostgresStore(PostgresRecords, Store):
     # tickets
     def create_ticket(self, ticket: TicketRecord, nodes: list[NodeRunRecord],
                       first_events: list[EventRecord]) -> TicketRecord:
+        try:
+            return self._create_ticket(ticket, nodes, first_events)
+        except psycopg.errors.UniqueViolation:
+            # Run again after a lost connection (store_retry.py): the first try may have committed.
+            row = self._conn().execute("SELECT rowid FROM tickets WHERE id=%s", (ticket.id,)).fetchone()
+            if not self._retry.retried or row is None:
+                raise
+            ticket.rowid = int(row[0])
+            return ticket
+
+    def _create_ticket(self, ticket: TicketRecord, nodes: list[NodeRunRecord],
+                       first_events: list[EventRecord]) -> TicketRecord:
         db = self._conn()
         with db.transaction(), db.cursor() as cur:
             cur.execute(
@@ -344,3 +368,6 @@ class PostgresStore(PostgresRecords, Store):
         row = self._conn().execute("SELECT diff, truncated FROM ticket_diffs WHERE ticket_id=%s",
                               (ticket_id,)).fetchone()
         return (row[0], bool(row[1])) if row else None
+
+
+retried_methods(PostgresStore, Store)

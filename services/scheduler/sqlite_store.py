@@ -29,6 +29,7 @@ from .store import (
     Store,
     TicketRecord,
 )
+from .store_retry import Retrier, retried_methods, sqlite_reason
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 MIGRATIONS: list[str] = migrations.load("sqlite")
 SCHEMA_TABLE_SINCE = 2   # the version whose migration creates schema_version
 SCHEMA_VERSION = len(MIGRATIONS)
+BUSY_TIMEOUT_MS = 5000   # SQLite's own wait for another connection's lock, before store_retry.py's
 
 _TICKET_COLS = ("rowid, id, workspace, workflow, title, body, inputs_json, state, created_at_ms, "
                 "updated_at_ms, principal, error, tokens_used, awaiting_sha, torn_down, origin_json, reopened_at_ms")
@@ -68,7 +70,10 @@ class SqliteStore(Store):
             os.chmod(self.path, 0o600)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA busy_timeout=5000")
+        self.db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        # Past busy_timeout, a statement is tried again with a back-off (store_retry.py).
+        self._retry = Retrier("sqlite", f"the SQLite store {self.path.name}", sqlite_reason, self._end_transaction,
+                              lambda: False)
         self._migrate()
 
     def _migrate(self) -> None:
@@ -100,6 +105,10 @@ class SqliteStore(Store):
         except sqlite3.Error:
             return None
         return row[0] if row else None
+
+    def _end_transaction(self, reason: str) -> None:
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
 
     def close(self) -> None:
         self.db.close()
@@ -335,3 +344,6 @@ class SqliteStore(Store):
 
     def unplace_sandbox(self, ticket_id: str) -> None:
         self.db.execute("DELETE FROM sandbox_placements WHERE ticket_id=?", (ticket_id,))
+
+
+retried_methods(SqliteStore, Store)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +61,7 @@ class PgServer:
     bin_dir: Path
     root: Path          # temp folder: data/ and the socket
     port: int
+    opts: str = ""      # the server's -o options (a restart after kill -9 starts it with them again)
 
     @property
     def socket_dir(self) -> Path:
@@ -93,7 +96,11 @@ def _as_server_user(argv: list[str]) -> list[str]:
     return argv
 
 
-def start_server() -> PgServer:
+def start_server(durable: bool = False) -> PgServer:
+    """A new server. `durable`: what a commit acknowledged survives a crash
+    (fsync and synchronous commit on, as on an operator's server); the
+    default trades that for speed, which a test that crashes the server
+    cannot use."""
     bin_dir = find_bin_dir()
     assert bin_dir is not None, skip_reason()
     root = Path(tempfile.mkdtemp(prefix="afe-pg-", dir="/tmp"))
@@ -106,17 +113,75 @@ def start_server() -> PgServer:
                    check=True, capture_output=True, text=True)
     port = _free_port()
     opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=100 "
-            "-c shared_buffers=32MB")
+            "-c max_connections=100 -c shared_buffers=32MB")
+    if not durable:
+        opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     proc = subprocess.run(_as_server_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"),
                                            "-o", opts, "-w", "-t", "60", "start"]),
                           check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         log = (root / "log").read_text() if (root / "log").exists() else ""
         raise RuntimeError(f"the test PostgreSQL server did not start: {proc.stdout}{proc.stderr}\n{log}")
-    server = PgServer(bin_dir, root, port)
+    server = PgServer(bin_dir, root, port, opts)
     server.sql(f"CREATE ROLE {APP_USER} LOGIN PASSWORD '{APP_PASSWORD}'")
     return server
+
+
+def restart_server(server: PgServer, mode: str) -> None:
+    """Restart the server as an operator or a crash would: `pg_ctl restart -m
+    fast` (clients are told "terminating connection due to administrator
+    command"), `-m immediate` (no goodbye, crash recovery at start), or
+    `kill9` (SIGKILL of the postmaster, its backends left to notice, then a
+    start)."""
+    data = server.root / "data"
+    ctl = str(server.bin_dir / "pg_ctl")
+    if mode in ("fast", "immediate"):
+        proc = subprocess.run(_as_server_user([ctl, "-D", str(data), "-l", str(server.root / "log"), "-m", mode,
+                                               "-w", "-t", "60", "restart"]),
+                              check=False, capture_output=True, text=True)
+    elif mode == "kill9":
+        pid = int((data / "postmaster.pid").read_text().split()[0])
+        children = _children(pid)
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone([pid, *children])
+        # A postmaster that nobody reaped (no init here) still "exists" for the lock file's check.
+        (data / "postmaster.pid").unlink(missing_ok=True)
+        (server.root / f".s.PGSQL.{server.port}.lock").unlink(missing_ok=True)
+        proc = subprocess.run(_as_server_user([ctl, "-D", str(data), "-l", str(server.root / "log"), "-o",
+                                               server.opts, "-w", "-t", "60", "start"]),
+                              check=False, capture_output=True, text=True)
+    else:
+        raise ValueError(f"restart mode {mode!r}: fast, immediate or kill9")
+    if proc.returncode != 0:
+        log = (server.root / "log").read_text(errors="replace")[-4000:] if (server.root / "log").exists() else ""
+        raise RuntimeError(f"the test PostgreSQL server did not restart ({mode}): {proc.stdout}{proc.stderr}\n{log}")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def _wait_gone(pids: list[int], deadline_s: float = 30) -> None:
+    """Backends notice their postmaster's death and exit (so the shared memory
+    segment is free for a new postmaster)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        alive = [p for p in pids if _running(p)]
+        if not alive:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"PostgreSQL processes {pids} still run {deadline_s} s after the postmaster was killed")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def stop_server(server: PgServer) -> None:
