@@ -25,7 +25,8 @@ from services.common.redact import Redactor
 from . import handover
 from .fences import Fences
 from .forges import MERGE_METHODS, Forge, PullRequestInfo
-from .github import GitHubForge, RepoEvents
+from .github import GitHubForge
+from .github_events import RepoEvents
 from .models.base import Completion, ModelProvider, Msg, Tool
 from .relay import RelayHub, Usage
 from .reportmarks import STEP, load_key, mark
@@ -247,9 +248,9 @@ class CredentialCore:
         self._permissions[key] = (now + PERMISSION_TTL_S, value)
         return value
 
-    async def repo_events(self, workspace: str, etag: str) -> RepoEvents:
+    async def repo_events(self, workspace: str, etag: str, after_id: str = "") -> RepoEvents:
         ws, forge = self._github(workspace)
-        return await forge.repo_events(ws, etag)
+        return await forge.repo_events(ws, etag, after_id)
 
     # -- reporting back (docs/GITHUB.md, "Reporting back") -----------------------
     async def upsert_issue_comment(self, workspace: str, number: str, ticket_id: str, step: str,

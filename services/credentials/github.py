@@ -3,16 +3,15 @@ URL). The token travels only in the `Authorization` header (R14)."""
 
 from __future__ import annotations
 
-import json
-import time
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import replace
 
 from services.common.config import Workspace
 from services.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from services.common.secrets import SecretValue
 
 from .forges import Forge, PullRequestInfo
+from .github_events import EventPages, RepoEvents
 from .httpclient import HttpClient, Response
 from .reportmarks import carries, marked
 
@@ -141,33 +140,23 @@ class GitHubForge(Forge):
         value = resp.body.get("permission")
         return value if value in ("admin", "maintain", "write", "triage", "read", "none") else "none"
 
-    async def repo_events(self, ws: Workspace, etag: str) -> RepoEvents:
-        """One conditional GET of the repository's events (newest first)."""
-        headers = self._headers(ws)
-        if etag:
-            headers["If-None-Match"] = etag
-        resp = await self.http.request("GET", self._url(ws, "events", query={"per_page": "100"}), headers=headers,
-                                       timeout_s=self.timeout_s, what="GitHub repository events")
-        h = resp.headers
-        interval = _int(h.get("x-poll-interval"), 60)
-        remaining = _int(h.get("x-ratelimit-remaining"), -1)
-        reset_ms = 0
-        if remaining == 0 or resp.status in (403, 429):
-            reset_ms = _int(h.get("x-ratelimit-reset"), 0) * 1000 or int(time.time() * 1000) + 60_000
-        if resp.status == 304:
-            return RepoEvents(True, etag, [], interval, reset_ms, remaining)
-        if reset_ms and not resp.ok:
-            return RepoEvents(True, etag, [], interval, reset_ms, remaining)   # rate limited: wait
-        if not resp.ok or not isinstance(resp.body, list):
-            raise self._fail(ws, resp, "repository events")
-        events = []
-        for e in resp.body:
-            if isinstance(e, dict) and isinstance(e.get("payload"), dict):
-                events.append(RepoEvent(id=str(e.get("id", "")), type=str(e.get("type", "")),
-                                         actor_login=str((e.get("actor") or {}).get("login", "")),
-                                         payload_json=json.dumps(e["payload"]),
-                                         repo=str((e.get("repo") or {}).get("name", ""))))
-        return RepoEvents(False, h.get("etag", ""), events, interval, reset_ms, remaining)
+    async def repo_events(self, ws: Workspace, etag: str, after_id: str = "") -> RepoEvents:
+        """The repository's events newer than `after_id`, newest first (github_events.py)."""
+        once = replace(self.http.retry, retry_limits=False)   # the scheduler keeps the wait, across restarts
+
+        async def get(page: int, if_none_match: str) -> Response:
+            headers = self._headers(ws)
+            if if_none_match:
+                headers["If-None-Match"] = if_none_match
+            url = self._url(ws, "events", query={"per_page": "100", **({"page": str(page)} if page > 1 else {})})
+            return await self.http.request("GET", url, headers=headers, timeout_s=self.timeout_s,
+                                           what="GitHub repository events", retry=once)
+
+        def fail(resp: Response) -> Exception:
+            return self.http.error(resp, f"GitHub repository events for workspace {ws.name!r}",
+                                   hint_auth=f"check the token in {ws.token_env}: it needs Metadata: read")
+
+        return await EventPages(get, fail).read(etag, after_id)
 
     # -- reporting back (docs/GITHUB.md, "Reporting back") -------------------------
 
@@ -215,29 +204,3 @@ class GitHubForge(Forge):
 
     async def close(self) -> None:
         await self.http.close()
-
-
-@dataclass(frozen=True)
-class RepoEvent:
-    id: str
-    type: str
-    actor_login: str
-    payload_json: str
-    repo: str
-
-
-@dataclass(frozen=True)
-class RepoEvents:
-    not_modified: bool
-    etag: str
-    events: list[RepoEvent]
-    poll_interval_s: int
-    rate_limit_reset_ms: int
-    rate_limit_remaining: int
-
-
-def _int(value: str | None, default: int) -> int:
-    try:
-        return int(value) if value is not None else default
-    except ValueError:
-        return default

@@ -138,10 +138,11 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
                                             can_write=permission in ("admin", "maintain", "write"))
 
     async def ListRepoEvents(self, request, context):
-        r = await self.core.repo_events(request.workspace, request.etag)
+        r = await self.core.repo_events(request.workspace, request.etag, request.after_id)
         return pb.ListRepoEventsResponse(
             not_modified=r.not_modified, etag=r.etag, poll_interval_s=r.poll_interval_s,
             rate_limit_reset_ms=r.rate_limit_reset_ms, rate_limit_remaining=r.rate_limit_remaining,
+            rate_limited=r.rate_limited, retry_after_s=r.retry_after_s, complete=r.complete,
             events=[pb.RepoEvent(id=e.id, type=e.type, actor_login=e.actor_login, payload_json=e.payload_json,
                                  repo=e.repo) for e in r.events])
 

@@ -345,10 +345,10 @@ class CredentialsClient:
             return await self.stub.GetRepoPermission(
                 cpb.GetRepoPermissionRequest(workspace=workspace, username=username), timeout=SHORT)
 
-    async def repo_events(self, workspace: str, etag: str) -> cpb.ListRepoEventsResponse:
+    async def repo_events(self, workspace: str, etag: str, after_id: str = "") -> cpb.ListRepoEventsResponse:
         async with rpc_errors(CREDENTIALS, "polling GitHub events"):
-            return await self.stub.ListRepoEvents(cpb.ListRepoEventsRequest(workspace=workspace, etag=etag),
-                                                  timeout=LONG)
+            return await self.stub.ListRepoEvents(
+                cpb.ListRepoEventsRequest(workspace=workspace, etag=etag, after_id=after_id), timeout=LONG)
 
     async def comment(self, workspace: str, number: str, body: str) -> str:
         async with rpc_errors(CREDENTIALS, "a GitHub comment"):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.config import Config, Trigger, Workspace
-from services.common.errors import AfeError
+from services.common.errors import AfeError, DeadlineExceeded, ResourceExhausted, Unavailable
 from services.common.metrics import github_deliveries
 
 from .brokers import CredentialsClient
@@ -49,6 +49,9 @@ REFUSAL_COMMENT = ("Thanks for the request. Only people with write access to thi
                    "with afe, so nothing was started. A maintainer can start it for you.")
 POLL_INTERVAL_S = 60.0          # at least this, and at least GitHub's X-Poll-Interval
 POLL_ERROR_BACKOFF_S = 300.0
+# A write-access check failing with these (GitHub's rate limit, the broker or GitHub away) fails the
+# delivery instead of refusing it: its claim is released, so the next poll or a redelivery handles it.
+TRY_AGAIN: tuple[type[AfeError], ...] = (ResourceExhausted, Unavailable, DeadlineExceeded)
 EVENT_TYPES = {"IssuesEvent": "issues", "IssueCommentEvent": "issue_comment"}
 
 
@@ -122,9 +125,11 @@ class GitHubIntake:
             return self._count(Outcome("refused", "bad_payload"))
         data["repository"] = {"full_name": e.repo or ws.forge.repo}
         data["sender"] = {"login": e.actor_login, "type": "Bot" if e.actor_login.endswith("[bot]") else "User"}
-        if not self.store.claim_once(f"poll:{ws.forge.repo.lower()}:{e.id}", int(time.time() * 1000)):
+        key = f"poll:{ws.forge.repo.lower()}:{e.id}"
+        if not self.store.claim_once(key, int(time.time() * 1000)):
             return self._count(Outcome("duplicate", "duplicate"))
-        return self._count(await self._handle(event, data, f"poll:{e.id}"))
+        with unclaimed_on_failure(self.store, key, f"poll:{e.id}", event):   # the next poll tries it again
+            return self._count(await self._handle(event, data, f"poll:{e.id}"))
 
     # -- matching ---------------------------------------------------------------
 
@@ -261,6 +266,8 @@ class GitHubIntake:
         try:
             perm = await self.credentials.repo_permission(ws.name, login)
         except AfeError as exc:
+            if isinstance(exc, TRY_AGAIN):
+                raise
             log.warning("%s: write access of the sender could not be checked, so nothing was started: %s",
                         where, exc)
             return Outcome("refused", "permission_unknown")

@@ -8,7 +8,6 @@ Positive control: the client's old wait rule (the named time capped at
 
 from __future__ import annotations
 
-import random
 import time
 
 import pytest
@@ -16,8 +15,9 @@ import pytest
 from services.common.errors import ResourceExhausted
 from services.common.redact import Redactor
 from services.credentials import httpclient
-from services.credentials.httpclient import HttpClient, Response, RetryPolicy, retry_after_s
+from services.credentials.httpclient import HttpClient, Response, RetryPolicy
 from tests.support.fakes.github import FakeGitHub
+from tests.support.retry_rules import capped_next_wait
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,14 +44,6 @@ CASES = [
 ]
 
 
-def _old_next_wait(resp: Response | None, attempt: int, policy: RetryPolicy) -> float | None:
-    """The rule before the fix: wait what the server named, capped at max_wait_s, and try again."""
-    wait = retry_after_s(resp.headers) if resp is not None else None
-    if wait is None:
-        wait = policy.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-    return min(wait, policy.max_wait_s)
-
-
 async def _once(status: int, headers: dict[str, str], policy: RetryPolicy) -> tuple[int, int, Response, HttpClient]:
     async with FakeGitHub(TOKEN) as gh:
         gh.fail_next(status, '{"message": "API rate limit exceeded for user ID 1."}', headers)
@@ -75,7 +67,7 @@ async def test_no_request_before_the_time_the_server_named(case, status, headers
                          [c[:4] for c in CASES[:3]], ids=[c[0] for c in CASES[:3]])
 async def test_positive_control_the_old_rule_asks_again_before_the_named_time(monkeypatch, case, status, headers,
                                                                              policy):
-    monkeypatch.setattr(httpclient, "next_wait", _old_next_wait)
+    monkeypatch.setattr(httpclient, "next_wait", capped_next_wait)
     seen, got, _, _ = await _once(status, headers(), policy)
     assert (seen, got) == (2, 200), case      # asked again 50 ms later, the named time minutes away
 

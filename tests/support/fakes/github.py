@@ -1,6 +1,9 @@
 """A GitHub-REST-compatible fake: pulls (list/create/get/merge), issue
 comments (create, list, edit), commit statuses, collaborator permissions and repository events (ETag, X-Poll-Interval,
-rate-limit headers), with the Authorization header checked. Given an `OpenApi`
+pages with a Link header), with the Authorization header checked. Rate limits as GitHub documents them
+("Rate limits for the REST API"): every answer carries X-RateLimit-*; with `rate_remaining` at 0 a call gets
+403 "API rate limit exceeded" with X-RateLimit-Remaining: 0 and the reset time; `secondary_limit(...)` answers
+403 (or 429) "You have exceeded a secondary rate limit", with Retry-After when given. Given an `OpenApi`
 (tests/support/fakes/openapi.py), every request is checked against GitHub's
 REST description and the undocumented ones are listed in `undocumented`. `branches` maps a branch
 name to its head SHA (tests set it, e.g. after a push); merging records the
@@ -11,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -28,6 +32,8 @@ class FakeGitHub(FakeServer):
         self.events: list[dict] = []              # repository events, newest first (GitHub's order)
         self.poll_interval = 60
         self.rate_remaining = 4999
+        self.rate_reset = int(time.time()) + 3600          # X-RateLimit-Reset, UTC epoch seconds
+        self.secondary: tuple[int, dict[str, str]] | None = None   # a secondary limit in force: status, headers
         self.token = token
         self.repo = repo
         self.branches: dict[str, str] = {}
@@ -67,8 +73,27 @@ class FakeGitHub(FakeServer):
         return await handler(request)
 
     def _rate_headers(self) -> dict[str, str]:
-        return {"X-RateLimit-Limit": "5000", "X-RateLimit-Remaining": str(self.rate_remaining),
-                "X-RateLimit-Reset": "1700000000", "X-RateLimit-Resource": "core"}
+        return {"X-RateLimit-Limit": "5000", "X-RateLimit-Remaining": str(max(0, self.rate_remaining)),
+                "X-RateLimit-Reset": str(self.rate_reset), "X-RateLimit-Resource": "core"}
+
+    def secondary_limit(self, retry_after: int | None, status: int = 403) -> None:
+        """Refuse every call as a secondary rate limit until `secondary = None`."""
+        self.secondary = (status, {"Retry-After": str(retry_after)} if retry_after is not None else {})
+
+    def _limited(self) -> web.Response | None:
+        if self.secondary is not None:
+            status, headers = self.secondary
+            return web.json_response(
+                {"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try "
+                            "again.", "documentation_url": "https://docs.github.com/rest/using-the-rest-api/"
+                            "rate-limits-for-the-rest-api#about-secondary-rate-limits"},
+                status=status, headers={**self._rate_headers(), **headers})
+        if self.rate_remaining <= 0:
+            return web.json_response(
+                {"message": "API rate limit exceeded for user ID 1.", "documentation_url": "https://docs.github.com/"
+                            "rest/overview/rate-limits-for-the-rest-api#about-primary-rate-limits"},
+                status=403, headers=self._rate_headers())
+        return None
 
     def events_etag(self) -> str:
         return 'W/"' + hashlib.sha1(json.dumps(self.events, sort_keys=True).encode()).hexdigest() + '"'
@@ -91,14 +116,19 @@ class FakeGitHub(FakeServer):
         if request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers=headers)
         self.rate_remaining -= 1
-        return web.json_response(self.events, headers=headers)
+        headers["X-RateLimit-Remaining"] = str(max(0, self.rate_remaining))
+        per_page = min(100, int(request.query.get("per_page", "30")))
+        page = max(1, int(request.query.get("page", "1")))
+        if page * per_page < len(self.events):
+            headers["Link"] = f'<{self.url}/repos/{self.repo}/events?per_page={per_page}&page={page + 1}>; rel="next"'
+        return web.json_response(self.events[(page - 1) * per_page:page * per_page], headers=headers)
 
     def _check(self, request: web.Request) -> web.Response | None:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response({"message": "Bad credentials"}, status=401)
         if f"{request.match_info['owner']}/{request.match_info['name']}" != self.repo:
             return web.json_response({"message": "Not Found"}, status=404)
-        return None
+        return self._limited()
 
     def _view(self, pr: dict) -> dict:
         head_sha = pr["merged_head"] if pr["merged"] else self.branches.get(pr["head"], "")

@@ -1052,18 +1052,26 @@ class ListRepoEventsRequest(_message.Message):
 
     WORKSPACE_FIELD_NUMBER: _builtins.int
     ETAG_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
     workspace: _builtins.str
     etag: _builtins.str
     """from the last response; "" = unconditional"""
+    after_id: _builtins.str
+    """The newest event id already handled: the broker reads further pages
+    (GitHub keeps the last 300 events, 100 a page) until one holds it or an
+    older event, so a burst of more than a page is not cut. "" = the first
+    page only (the first poll, which only sets the cursor).
+    """
     def __init__(
         self,
         *,
         workspace: _builtins.str = ...,
         etag: _builtins.str = ...,
+        after_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["etag", b"etag", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "etag", b"etag", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1114,15 +1122,32 @@ class ListRepoEventsResponse(_message.Message):
     POLL_INTERVAL_S_FIELD_NUMBER: _builtins.int
     RATE_LIMIT_RESET_MS_FIELD_NUMBER: _builtins.int
     RATE_LIMIT_REMAINING_FIELD_NUMBER: _builtins.int
+    RATE_LIMITED_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_S_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
     not_modified: _builtins.bool
     """304: nothing new, and it did not count against the rate limit"""
     etag: _builtins.str
     poll_interval_s: _builtins.int
     """X-Poll-Interval: the least time to wait before the next poll"""
     rate_limit_reset_ms: _builtins.int
-    """when X-RateLimit-Remaining was 0 (or a secondary limit hit): wait until then"""
+    """X-RateLimit-Reset when X-RateLimit-Remaining was 0 (a 200 too): no request before; else 0"""
     rate_limit_remaining: _builtins.int
     """-1 when GitHub did not say"""
+    rate_limited: _builtins.bool
+    """A rate-limit answer (429, or 403 with X-RateLimit-Remaining: 0, Retry-After
+    or a "rate limit" message): no events; the caller keeps its cursor and
+    waits as rate_limit_reset_ms and retry_after_s say. Also set when a later
+    page was refused: `events` then holds the pages read before it.
+    """
+    retry_after_s: _builtins.int
+    """Retry-After of a limit (GitHub's secondary limits), or 60 for a limit that
+    named no time (GitHub asks for at least a minute then); 0 otherwise.
+    """
+    complete: _builtins.bool
+    """True when the events reach after_id (or an older one), or GitHub has no
+    more pages: nothing newer than after_id is missing from `events`.
+    """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___RepoEvent]:
         """newest first, as GitHub lists them"""
@@ -1136,10 +1161,13 @@ class ListRepoEventsResponse(_message.Message):
         poll_interval_s: _builtins.int = ...,
         rate_limit_reset_ms: _builtins.int = ...,
         rate_limit_remaining: _builtins.int = ...,
+        rate_limited: _builtins.bool = ...,
+        retry_after_s: _builtins.int = ...,
+        complete: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["etag", b"etag", "events", b"events", "not_modified", b"not_modified", "poll_interval_s", b"poll_interval_s", "rate_limit_remaining", b"rate_limit_remaining", "rate_limit_reset_ms", b"rate_limit_reset_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "etag", b"etag", "events", b"events", "not_modified", b"not_modified", "poll_interval_s", b"poll_interval_s", "rate_limit_remaining", b"rate_limit_remaining", "rate_limit_reset_ms", b"rate_limit_reset_ms", "rate_limited", b"rate_limited", "retry_after_s", b"retry_after_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
