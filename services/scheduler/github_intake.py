@@ -23,7 +23,6 @@ What holds here:
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -117,11 +116,8 @@ class GitHubIntake:
         event = EVENT_TYPES.get(e.type)
         if event is None:
             return Outcome("ignored", "unsubscribed_event")      # not counted: most repository events
-        try:
-            data = json.loads(e.payload_json)
-        except ValueError:
-            return self._count(Outcome("refused", "bad_payload"))
-        if not isinstance(data, dict):
+        data = decode_payload(e.payload_json.encode())     # lone surrogate escapes become U+FFFD here too
+        if data is None:
             return self._count(Outcome("refused", "bad_payload"))
         data["repository"] = {"full_name": e.repo or ws.forge.repo}
         data["sender"] = {"login": e.actor_login, "type": "Bot" if e.actor_login.endswith("[bot]") else "User"}

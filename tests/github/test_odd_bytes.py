@@ -21,6 +21,7 @@ import uuid
 
 import pytest
 
+from services.common.errors import AfeError
 from services.scheduler import github_intake
 
 from .conftest import example
@@ -177,4 +178,37 @@ async def test_r35_positive_control_a_cancelled_delivery_kept_as_seen_is_lost(st
     monkeypatch.setattr(github_intake, "unclaimed_on_failure", _claim_kept)
     again = await _cancelled_then_redelivered(stack, examples, monkeypatch)
     assert (again.outcome, again.reason) == ("duplicate", "duplicate")
+    assert stack.tickets() == []
+
+
+async def _poll_odd_event(stack, examples) -> None:
+    """Polling (services/scheduler/github_poll.py): a new labelled-issue event whose
+    title and body hold a lone surrogate, as GitHub's events API would escape it."""
+    from services.scheduler.github_poll import Poller
+
+    from .test_polling import _event
+
+    stack.github.permissions[example(examples, "issues", "labeled")["sender"]["login"]] = "write"
+    ws = stack.scheduler.engine.config.workspaces["hello"]
+    poller = Poller(stack.scheduler.intake, interval_s=1)
+    stack.github.events = [_event(1, examples)]
+    await poller.poll_once(ws)                                 # the first poll only sets the cursor
+    odd = _event(2, examples)
+    odd["payload"]["issue"]["title"] = f"{TITLE_MARK}\ud800 polled"
+    odd["payload"]["issue"]["body"] = f"{BODY_MARK}\ud800 polled"
+    stack.github.events.insert(0, odd)
+    await poller.poll_once(ws)
+
+
+async def test_r35_a_polled_event_with_a_lone_surrogate_makes_its_ticket(stack, examples):
+    await _poll_odd_event(stack, examples)
+    [ticket] = stack.tickets()
+    assert f"{TITLE_MARK}\ufffd polled" in ticket.title and ticket.body == f"{BODY_MARK}\ufffd polled"
+
+
+async def test_r35_positive_control_the_old_decoding_makes_no_ticket_from_the_polled_event(stack, examples,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(github_intake, "decode_payload", _old_decoding)
+    with contextlib.suppress(UnicodeEncodeError, AfeError):    # the old path failed inside ticket creation
+        await _poll_odd_event(stack, examples)
     assert stack.tickets() == []
