@@ -77,6 +77,22 @@ def pg_server():
 
 
 @pytest.fixture
+def durable_pg():
+    """A PostgreSQL server of this test's own, durable (fsync and synchronous
+    commit on), for tests that restart or crash it."""
+    from tests.support import postgres
+
+    reason = postgres.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    server = postgres.start_server(durable=True)
+    try:
+        yield server
+    finally:
+        postgres.stop_server(server)
+
+
+@pytest.fixture
 def pg_url(pg_server) -> str:
     """AFE_DATABASE_URL of a new empty database on the test server (password login over TCP)."""
     name = pg_server.fresh_database()

@@ -81,7 +81,8 @@ async def amain(argv: list[str] | None = None) -> int:
                     owner=args.scheduler_id, lease_s=max(1.0, args.lease_seconds))
 
     async def store_ready() -> bool:
-        return app.store.ping()
+        # Not ready while events wait in memory for the store (event_writes.py), even if it answers a ping.
+        return app.engine.events.unavailable_since is None and app.store.ping()
 
     async def sandbox_ready() -> bool:
         if brokers is not None:   # ready while one broker answers (placement.py)

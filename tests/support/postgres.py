@@ -157,6 +157,20 @@ def restart_server(server: PgServer, mode: str) -> None:
         raise RuntimeError(f"the test PostgreSQL server did not restart ({mode}): {proc.stdout}{proc.stderr}\n{log}")
 
 
+def stop_only(server: PgServer) -> None:
+    """Stop the server (an outage); `start_again` ends it."""
+    subprocess.run(_as_server_user([str(server.bin_dir / "pg_ctl"), "-D", str(server.root / "data"), "-m", "fast",
+                                    "-w", "stop"]), check=True, capture_output=True)
+
+
+def start_again(server: PgServer) -> None:
+    proc = subprocess.run(_as_server_user([str(server.bin_dir / "pg_ctl"), "-D", str(server.root / "data"), "-l",
+                                           str(server.root / "log"), "-o", server.opts, "-w", "-t", "60", "start"]),
+                          check=False, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the test PostgreSQL server did not start again: {proc.stdout}{proc.stderr}")
+
+
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
