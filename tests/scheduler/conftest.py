@@ -4,6 +4,7 @@ small waits over the real gRPC API."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.demo import make_repo
+from services.common.layout import Layout
 from services.common.states import TicketState
 
 WORKSPACE = """\
@@ -85,3 +87,16 @@ def forge_records(data_dir: Path, ticket_id: str) -> list[dict]:
         if rec.get("head") == f"afe/{ticket_id}":
             out.append(rec)
     return out
+
+
+async def second_scheduler(sys_, root: Path):
+    """Another scheduler process on the same database and brokers as `sys_`
+    (a tests.support.system.System; its own socket and data folder, its log
+    at root/b/scheduler.log)."""
+    layout = Layout(root / "b" / "data", root / "b" / "run")
+    layout.ensure()
+    for service in ("sandbox", "credentials"):
+        layout.socket(service).symlink_to(sys_.layout.socket(service))
+    other = dataclasses.replace(sys_, layout=layout, proc=None, app=None, channel=None, stub=None)
+    await other.start_scheduler()
+    return other

@@ -5,11 +5,9 @@ over from writing or performing a side effect (R37)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -26,13 +24,14 @@ from services.scheduler.store import (
     TicketRecord,
 )
 from tests.support.postgres import open_store_url
-from tests.support.system import System, afe_system
+from tests.support.system import afe_system
 
 from .conftest import (
     all_events,
     forge_records,
     git,
     payload,
+    second_scheduler,
     state_name,
     wait_for_event,
     wait_for_state,
@@ -173,17 +172,6 @@ nodes:
 LEASE_S = 3
 
 
-async def _second_scheduler(sys_: System, root: Path) -> System:
-    """Another scheduler process on the same database and brokers (its own socket and data folder)."""
-    layout = Layout(root / "b" / "data", root / "b" / "run")   # its log: root/b/scheduler.log
-    layout.ensure()
-    for service in ("sandbox", "credentials"):
-        layout.socket(service).symlink_to(sys_.layout.socket(service))
-    other = dataclasses.replace(sys_, layout=layout, proc=None, app=None, channel=None, stub=None)
-    await other.start_scheduler()
-    return other
-
-
 @pytest.mark.docker
 @pytest.mark.timeout(300)
 async def test_two_schedulers_one_killed_mid_node_the_other_finishes_with_one_pr(short_tmp, pg_url):
@@ -194,7 +182,7 @@ async def test_two_schedulers_one_killed_mid_node_the_other_finishes_with_one_pr
     async with afe_system(cfg, layout, subprocess=True, database_url=pg_url,
                           scheduler_args=["--lease-seconds", str(LEASE_S)]) as a:
         t = await a.stub.CreateTicket(pb.CreateTicketRequest(workflow="slow-fix", title="notes", principal="tester"))
-        b = await _second_scheduler(a, short_tmp)     # started after: the first one claimed the ticket
+        b = await second_scheduler(a, short_tmp)     # started after: the first one claimed the ticket
         try:
             # A watcher on the other scheduler sees the events the first one writes, live.
             await wait_for_event(b.stub, t.id, lambda e: e.type == "node.output"
@@ -236,7 +224,7 @@ async def test_r37_a_scheduler_paused_past_its_lease_writes_and_pushes_nothing_w
     async with afe_system(cfg, layout, subprocess=True, database_url=pg_url,
                           scheduler_args=["--lease-seconds", str(LEASE_S)]) as a:
         t = await a.stub.CreateTicket(pb.CreateTicketRequest(workflow="slow-fix", title="notes", principal="tester"))
-        b = await _second_scheduler(a, short_tmp)
+        b = await second_scheduler(a, short_tmp)
         try:
             await wait_for_event(b.stub, t.id, lambda e: e.type == "node.output"
                                  and "edit-started" in payload(e)["text"])
