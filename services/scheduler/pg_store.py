@@ -134,10 +134,16 @@ class PostgresStore(PostgresRecords, Store):
         self.db.close()
 
     def ping(self) -> bool:
-        try:
-            return _one(self._conn().execute("SELECT 1").fetchone())[0] == 1
-        except (psycopg.Error, Unavailable, FailedPrecondition):
-            return False
+        """Whether the database answers now. A connection the server ended
+        (a restart) is replaced once, so the first probe after a restart
+        does not report the old connection's end."""
+        for _ in range(2):
+            try:
+                return _one(self._conn().execute("SELECT 1").fetchone())[0] == 1
+            except (psycopg.Error, Unavailable, FailedPrecondition):
+                if not self._broken():
+                    return False
+        return False
 
     # leases (docs/SCALE.md)
     def _check(self, db: psycopg.Connection | psycopg.Cursor, ticket_id: str, fence: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -74,6 +75,41 @@ async def test_r29_postgresql_url_is_used_and_never_repeated(short_tmp, pg_url):
     assert not layout.store_file.exists()
     log = sys_.log_path.read_text()
     assert "scheduler ready" in log and password not in log and pg_url not in log
+
+
+def _readyz(port: int) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_readyz_names_the_store_while_postgresql_is_down_and_the_scheduler_goes_on_after(short_tmp, durable_pg):
+    from tests.support import postgres
+
+    url = durable_pg.app_url(durable_pg.fresh_database())
+    cfg = write_config(short_tmp, WORKFLOW)
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    async with afe_system(cfg, layout, subprocess=True, database_url=url) as sys_:
+        port = sys_.ready["ops_port"]
+        assert await asyncio.to_thread(_readyz, port) == (200, {"status": "ok"})
+        await asyncio.to_thread(postgres.stop_only, durable_pg)
+        try:
+            status, body = await asyncio.to_thread(_readyz, port)
+            assert status == 503 and body["failing"] == ["store"]          # named, without its error text
+        finally:
+            await asyncio.to_thread(postgres.start_again, durable_pg)
+        assert await asyncio.to_thread(_readyz, port) == (200, {"status": "ok"})
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="quick", title="after the outage"))
+        for _ in range(200):
+            t = await sys_.stub.GetTicket(pb.GetTicketRequest(id=t.id))
+            if t.state == pb.TICKET_STATE_SUCCEEDED:
+                break
+            await asyncio.sleep(0.1)
+        assert t.state == pb.TICKET_STATE_SUCCEEDED, t.error
+    log = sys_.log_path.read_text()
+    assert urllib.parse.urlsplit(url).password not in log
 
 
 async def test_r29_unreachable_postgresql_stops_the_scheduler_with_what_to_change(short_tmp):
