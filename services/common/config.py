@@ -36,6 +36,9 @@ class SandboxConfig:
     egress_private: tuple[str, ...] = ()
     # warm sandboxes kept ready per profile of this workspace (services/scheduler/pool.py)
     pool: int = 0
+    # the OCI runtime: runc (namespaces, the host's kernel) or gvisor (runsc: a
+    # user-space kernel; egress then goes through a Unix socket, docs/SECURITY.md)
+    runtime: str = "runc"
 
 
 @dataclass(frozen=True)

@@ -119,15 +119,17 @@ def check_private(entries: list[str] | tuple[str, ...], egress: list[str] | tupl
 
 
 def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = (),
-               private: list[str] | tuple[str, ...] = ()) -> str:
+               private: list[str] | tuple[str, ...] = (), loopback_only: bool = False) -> str:
     """The proxy's configuration. `allow_private` is the broker's exemption
     (tests, doctor); `private` the ticket's operator-allowed private entries
-    (host names and subnets, see `check_private`)."""
+    (host names and subnets, see `check_private`); `loopback_only`: squid
+    listens on its container's loopback alone (egress_socket.py: the socket
+    is the only way in)."""
     private_names, private_cidrs = check_private(list(private), names)
     names = check_egress_names(names)
     exempt = check_cidrs(allow_private)
     lines = [
-        f"http_port {PROXY_PORT}",
+        f"http_port 127.0.0.1:{PROXY_PORT}" if loopback_only else f"http_port {PROXY_PORT}",
         "icp_port 0",
         "htcp_port 0",
         "snmp_port 0",

@@ -17,6 +17,7 @@ from services.common.layout import SANDBOX_GID, SANDBOX_UID
 from services.common.relayenv import RELAY_MOUNT
 
 from .egress import PROXY_PORT
+from .egress_socket import EGRESS_MOUNT, proxy_command
 
 WORKSPACE = "/workspace"
 PROXY_ALIAS = "afe-proxy"   # the proxy's name on a ticket's internal network
@@ -35,6 +36,9 @@ LABEL_INSTANCE = "afe.instance"
 LABEL_ENV = "afe.env"          # comma-separated NAMES (never values) a Process may receive
 LABEL_DISK = "afe.disk"        # the workspace's disk cap in bytes (R34), for a restarted broker
 LABEL_RELAY = "afe.relay"      # "1": the ticket's model relay folder is mounted (R32)
+LABEL_RUNTIME = "afe.runtime"  # runc | gvisor
+LABEL_EGRESS = "afe.egress"    # "socket": egress through the ticket's proxy socket, no interface (egress_socket.py)
+RUNTIMES = ("runc", "gvisor")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class SandboxSettings:
     egress_private: tuple[str, ...] = ()   # operator-allowed private names/CIDRs (egress.check_private)
     env_names: tuple[str, ...] = ()
     relay: bool = False                           # mount the ticket's model relay folder (R32)
+    runtime: str = "runc"                         # runc | gvisor (the engine's runsc)
     extra: dict = field(default_factory=dict)
 
 
@@ -109,19 +114,29 @@ def ticket_network_kwargs(*, name: str, instance: str, ticket_id: str) -> dict:
 
 def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, workspace: str,
                           network: str | None, env: dict[str, str], ipv6: bool = True,
-                          relay_dir: str | None = None) -> dict:
+                          relay_dir: str | None = None, egress_dir: str | None = None,
+                          runtime_name: str | None = None) -> dict:
     """R5 network none unless egress; R6 caps/no-new-privileges/limits; R7
     non-root; R8 read-only root, /workspace the only writable bind, no
     socket; R9 no environment but what the caller passes (non-secret proxy
     variables); R31 IPv6 off in an egress sandbox (`ipv6`: the kernel has
     IPv6 at all, else there is nothing to turn off and the sysctl does not
     exist); R32 the ticket's relay folder (`relay_dir`) read-only at
-    /run/afe-relay."""
+    /run/afe-relay. Egress without an interface (`egress_dir`, the ticket's
+    proxy socket folder) is mounted read-only at /run/afe-egress, and the
+    sandbox stays on no network. `runtime_name`: the engine's runtime for
+    gVisor (runc when None)."""
     lab = labels(instance, s.ticket_id, "sandbox")
     lab[LABEL_ENV] = ",".join(s.env_names)
     lab[LABEL_DISK] = str(s.disk_bytes)
+    lab[LABEL_RUNTIME] = s.runtime
+    mounts = []
     if relay_dir:
         lab[LABEL_RELAY] = "1"
+        mounts.append(Mount(target=RELAY_MOUNT, source=relay_dir, type="bind", read_only=True))
+    if egress_dir:
+        lab[LABEL_EGRESS] = "socket"
+        mounts.append(Mount(target=EGRESS_MOUNT, source=egress_dir, type="bind", read_only=True))
     return dict(
         image=s.image,
         command=["sleep", "infinity"],
@@ -137,7 +152,7 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
         privileged=False,
         read_only=True,
         tmpfs={"/tmp": TMPFS_TMP},
-        mounts=[Mount(target=RELAY_MOUNT, source=relay_dir, type="bind", read_only=True)] if relay_dir else [],
+        mounts=mounts,
         volumes={workspace: {"bind": WORKSPACE, "mode": "rw"}},
         nano_cpus=int(s.cpus * 1e9),
         mem_limit=s.memory_bytes,
@@ -155,18 +170,22 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
         stdin_open=False,
         tty=False,
         detach=True,
+        **({"runtime": runtime_name} if runtime_name else {}),
     )
 
 
 def proxy_create_kwargs(*, ticket_id: str, name: str, instance: str, outside_network: str,
-                        conf: str, image: str = DEFAULT_PROXY_IMAGE) -> dict:
+                        conf: str, image: str = DEFAULT_PROXY_IMAGE, egress_dir: str | None = None) -> dict:
     """The squid proxy is hardened too: no capabilities, read-only root, its
     config passed in the environment (it is not secret: only host names) and
-    written to a tmpfs by the entrypoint, so no host path is mounted."""
+    written to a tmpfs by the entrypoint, so no host path is mounted but, for
+    egress without an interface, the ticket's socket folder (`egress_dir`,
+    egress_socket.py), where its main process serves squid's socket."""
+    command = proxy_command() if egress_dir else [
+        "sh", "-c", 'printf "%s" "$AFE_SQUID_CONF" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf']
     return dict(  # noqa: C408 - reads like the docker run flags it mirrors
         image=image,
-        command=["sh", "-c", ('printf "%s" "$AFE_SQUID_CONF" > /tmp/squid.conf && '
-                              'exec squid -N -f /tmp/squid.conf')],
+        command=command,
         entrypoint=[],
         name=name,
         user="proxy",
@@ -181,6 +200,7 @@ def proxy_create_kwargs(*, ticket_id: str, name: str, instance: str, outside_net
                "/var/run/squid": "size=1m,nosuid,nodev,uid=13,gid=13",
                "/var/spool/squid": "size=1m,nosuid,nodev,uid=13,gid=13",
                "/var/log/squid": "size=16m,nosuid,nodev,uid=13,gid=13"},
+        mounts=[Mount(target=EGRESS_MOUNT, source=egress_dir, type="bind")] if egress_dir else [],
         nano_cpus=int(0.5 * 1e9),
         mem_limit=256 * 1024 ** 2,
         pids_limit=128,

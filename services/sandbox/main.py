@@ -29,6 +29,11 @@ def _extra(p: argparse.ArgumentParser) -> None:
                    help="value of the afe.instance label on every object this broker creates")
     p.add_argument("--egress-network", default="bridge",
                    help="the egress proxies' outside network (default: Docker's bridge)")
+    p.add_argument("--gvisor-runtime", default="runsc", metavar="NAME",
+                   help="the engine's runtime a `sandbox.runtime: gvisor` sandbox runs on (default: runsc)")
+    p.add_argument("--egress-transport", choices=("network", "socket"), default="network",
+                   help="how a runc sandbox reaches its egress proxy: the ticket's internal network (default) "
+                   "or a Unix socket with no network interface (gVisor sandboxes always use the socket)")
     p.add_argument("--allow-private", action="append", default=[], metavar="CIDR",
                    help="tests/doctor only: let proxies reach this private subnet")
     p.add_argument("--listen", default="", metavar="HOST:PORT",
@@ -64,6 +69,7 @@ async def amain(argv: list[str] | None = None) -> int:
             links = LinkSecrets(serve={"scheduler": secret}, call=dict(ctx.links.call))
         app = build_app(ctx.layout, links, ctx.redactor, instance=args.instance, listen=args.listen, tls=tls,
                         egress_network=args.egress_network, allow_private=args.allow_private,
+                        gvisor_runtime=args.gvisor_runtime, egress_transport=args.egress_transport,
                         env_values=env_values, interceptors=grpc_server_interceptors(), registry=ctx.registry)
     except AfeError as exc:
         log.error("sandbox broker: %s", ctx.redactor.redact(str(exc)))

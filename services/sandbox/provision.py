@@ -21,7 +21,7 @@ import docker.errors
 
 from services.common.errors import FailedPrecondition, Unavailable
 
-from . import hardening
+from . import egress_socket, hardening
 from .egress import squid_conf
 from .hardening import SandboxSettings
 from .sandbox_info import SandboxInfo
@@ -43,7 +43,8 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
                       relay_dir: str | None, check_engine: Callable[[], None],
                       check_network: Callable[[str], None],
                       started: Callable[[str], None] = lambda _cid: None,
-                      before_start: Callable[[], None] = lambda: None) -> tuple[SandboxInfo, str]:
+                      before_start: Callable[[], None] = lambda: None, egress_dir: str | None = None,
+                      runtime_name: str | None = None) -> tuple[SandboxInfo, str]:
     """Create (and start) the containers; returns the info and the
     proxy's address on its outside network ("" without egress).
     `check_engine` runs before the ticket's network is made, `check_network`
@@ -51,7 +52,9 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
     create and its start (the workspace folder must exist at create, its
     content and disk image only at start, when the engine binds it);
     `started(container id)` as soon as the sandbox runs, while its proxy may
-    still be starting."""
+    still be starting. With `egress_dir` (egress_socket.py) no ticket network
+    is made: the proxy sits on its outside network alone and serves the
+    socket folder, which the sandbox (on no network) has mounted."""
     ticket_id = s.ticket_id
     network = ""
     proxy_id = ""
@@ -60,7 +63,19 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
     starting: concurrent.futures.Future | None = None
     network_made = threading.Event()
     try:
-        if s.egress:
+        if s.egress and egress_dir:
+            conf = squid_conf(list(s.egress), allow_private, s.egress_private, loopback_only=True)
+            proxy_kw = hardening.proxy_create_kwargs(
+                ticket_id=ticket_id, name=names.proxy, instance=instance, outside_network=egress_network,
+                conf=conf, image=proxy_image, egress_dir=egress_dir)
+
+            def start_socket_proxy() -> tuple[str, str]:
+                proxy = client.containers.create(**proxy_kw)
+                proxy.start()
+                return proxy.id, ""
+            starting = _STARTER.submit(start_socket_proxy)
+            env.update(egress_socket.sandbox_proxy_env())
+        elif s.egress:
             network = names.network
             conf = squid_conf(list(s.egress), allow_private, s.egress_private)
             proxy_kw = hardening.proxy_create_kwargs(
@@ -90,7 +105,7 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
         kw = hardening.sandbox_create_kwargs(
             s, name=names.sandbox, instance=instance,
             workspace=workspace, network=network or None, env=env, ipv6=os.path.exists(_IPV6_PROC),
-            relay_dir=relay_dir)
+            relay_dir=relay_dir, egress_dir=egress_dir if s.egress else None, runtime_name=runtime_name)
         kw.pop("detach", None)
         c = client.containers.create(**kw)
         before_start()
@@ -109,5 +124,6 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
                 starting.result()
     info = SandboxInfo(ticket_id=ticket_id, container_id=c.id, state="running", image=s.image,
                        network=network, proxy_container_id=proxy_id,
-                       created_at_ms=int(time.time() * 1000), env_names=s.env_names, relay=s.relay)
+                       created_at_ms=int(time.time() * 1000), env_names=s.env_names, relay=s.relay,
+                       runtime=s.runtime, egress_socket=bool(s.egress and egress_dir))
     return info, proxy_ip

@@ -1,4 +1,6 @@
-"""The model relay's forwarder inside a sandbox (R32).
+"""Forwarders inside a sandbox from its own loopback to a Unix socket the
+broker mounted: the model relay's (R32) and, for a sandbox without a network
+interface, the egress proxy's (egress_socket.py).
 
 The credential broker serves the ticket's relay on a Unix socket; the
 sandbox broker mounts that socket's folder read-only at `RELAY_MOUNT`. Agents
@@ -6,7 +8,8 @@ speak HTTP over TCP to a base URL, so this small program, started by the
 sandbox broker in the sandbox as the sandbox user, listens on the sandbox's
 own loopback (`127.0.0.1:RELAY_PORT`, which exists even with `--network
 none`) and copies each connection to the socket, byte for byte, in both
-directions (no buffering: streamed answers pass as they come).
+directions (no buffering: streamed answers pass as they come). The egress
+forwarder is the same program on `EGRESS_PORT`, to the proxy's socket.
 
 It binds first and then detaches, so the exec that starts it returns once
 it listens; a second start finds the port taken and exits 0 (idempotent).
@@ -21,23 +24,9 @@ from services.common.relayenv import RELAY_MOUNT, RELAY_PORT, RELAY_SOCKET
 
 NO_PYTHON = 127     # the exec's exit code when the image has no python3
 
-SOURCE = f"""
-import errno, os, socket, sys, threading
-SOCK = {RELAY_MOUNT + "/" + RELAY_SOCKET!r}
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind(("127.0.0.1", {RELAY_PORT}))
-except OSError as e:
-    sys.exit(0 if e.errno == errno.EADDRINUSE else 2)
-s.listen(128)
-if os.fork():
-    os._exit(0)
-os.setsid()
-null = os.open("/dev/null", os.O_RDWR)
-for fd in (0, 1, 2):
-    os.dup2(null, fd)
-
+# One direction of a connection, copied as it comes; the other side is told
+# when this one ends. Shared with the proxy's socket server (egress_socket.py).
+PIPE = """
 def pipe(a, b):
     try:
         while True:
@@ -51,7 +40,26 @@ def pipe(a, b):
         b.shutdown(socket.SHUT_WR)
     except OSError:
         pass
+"""
 
+TEMPLATE = """
+import errno, os, socket, sys, threading
+SOCK = {sock!r}
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", {port}))
+except OSError as e:
+    sys.exit(0 if e.errno == errno.EADDRINUSE else 2)
+s.listen(128)
+if os.fork():
+    os._exit(0)
+os.setsid()
+null = os.open("/dev/null", os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+
+{pipe}
 def serve(c):
     u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -77,21 +85,32 @@ while True:
 """
 
 
-def argv() -> list[str]:
-    return ["python3", "-c", SOURCE]
 
 
-def start(client: docker.DockerClient, container_id: str) -> None:
-    """Run the relay forwarder in the sandbox, as the sandbox user; it
-    returns once it listens (or finds one listening already)."""
-    e = client.api.exec_create(container_id, argv(), workdir="/", environment={},
+def source(port: int, sock: str) -> str:
+    """The forwarder's program: 127.0.0.1:`port` to the Unix socket `sock`."""
+    return TEMPLATE.format(port=int(port), sock=sock, pipe=PIPE)
+
+
+SOURCE = source(RELAY_PORT, f"{RELAY_MOUNT}/{RELAY_SOCKET}")   # the model relay's (R32)
+
+
+def argv(program: str = SOURCE) -> list[str]:
+    return ["python3", "-c", program]
+
+
+def start(client: docker.DockerClient, container_id: str, program: str = SOURCE,
+          what: str = "the model relay's forwarder (R32)") -> None:
+    """Run a forwarder (the relay's by default) in the sandbox, as the
+    sandbox user; it returns once it listens (or finds one listening already)."""
+    e = client.api.exec_create(container_id, argv(program), workdir="/", environment={},
                                     stdout=True, stderr=True)
     out = client.api.exec_start(e["Id"])
     code = client.api.exec_inspect(e["Id"]).get("ExitCode")
     if code == 0:
         return
     if code in (NO_PYTHON, 126):
-        raise FailedPrecondition("the sandbox image has no python3, which runs the model relay's forwarder "
-                                 "(R32); use an image built on afe/sandbox")
+        raise FailedPrecondition(f"the sandbox image has no python3, which runs {what}; use an image built "
+                                 "on afe/sandbox")
     text = out.decode("utf-8", "replace")[-300:] if isinstance(out, bytes) else ""
-    raise Unavailable(f"the model relay's forwarder did not start in the sandbox (exit {code}): {text}")
+    raise Unavailable(f"{what} did not start in the sandbox (exit {code}): {text}")

@@ -1,7 +1,8 @@
 """An existing sandbox brought back by an idempotent create, after the
 Docker engine or the host restarted: the egress proxy first (the sandbox's
 only way out must be up before the sandbox runs again), then the sandbox
-container, then its model relay forwarder (relayforward.py).
+container, then its forwarders (relayforward.py): the egress socket's
+(egress_socket.py) and the model relay's.
 """
 
 from __future__ import annotations
@@ -11,22 +12,35 @@ from dataclasses import replace
 
 import docker
 
-from . import egress_proxy, relayforward
+from services.common.layout import Layout
+
+from . import egress_proxy, egress_socket, relayforward
 from .sandbox_info import SandboxInfo
 
 
-async def bring_back(client: docker.DockerClient, existing: SandboxInfo, egress_network: str) -> SandboxInfo:
+async def bring_back(client: docker.DockerClient, existing: SandboxInfo, egress_network: str,
+                     layout: Layout) -> SandboxInfo:
     """Start what of `existing` is stopped; returns its info as it now is."""
     proxy_id = existing.proxy_container_id
     if proxy_id:
         # after an engine restart the proxy is stopped too: bring it back first
         attrs = await asyncio.to_thread(client.api.inspect_container, proxy_id)
         if not attrs["State"].get("Running"):
+            if existing.egress_socket:
+                await asyncio.to_thread(egress_socket.make_egress_dir, layout, existing.ticket_id)
             await asyncio.to_thread(client.api.start, proxy_id)
-            await egress_proxy.wait_proxy(client, proxy_id, egress_network)
+            if existing.egress_socket:
+                def running() -> bool:
+                    return bool(client.api.inspect_container(proxy_id)["State"].get("Running"))
+                await egress_socket.wait_socket(layout, existing.ticket_id, running)
+            else:
+                await egress_proxy.wait_proxy(client, proxy_id, egress_network)
     if existing.state == "exited":
         await asyncio.to_thread(client.api.start, existing.container_id)
         existing = replace(existing, state="running")
+    if existing.egress_socket and existing.state == "running":
+        await asyncio.to_thread(relayforward.start, client, existing.container_id,
+                                egress_socket.SANDBOX_FORWARDER, "the egress proxy's forwarder")
     if existing.relay and existing.state == "running":
         await asyncio.to_thread(relayforward.start, client, existing.container_id)
     return existing

@@ -34,6 +34,8 @@ class SandboxInfo:
     env_names: tuple[str, ...] = ()
     disk_bytes: int = 0          # the workspace's disk cap (label afe.disk; 0 = unknown)
     relay: bool = False          # the ticket's model relay folder is mounted (label afe.relay, R32)
+    runtime: str = "runc"        # runc | gvisor (label afe.runtime)
+    egress_socket: bool = False  # egress through the proxy's socket, no interface (label afe.egress)
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,13 @@ def info_from_summary(c: dict, proxy: dict | None) -> SandboxInfo:
     env = tuple(n for n in c["Labels"].get(LABEL_ENV, "").split(",") if n)
     disk = c["Labels"].get(hardening.LABEL_DISK, "")
     relay = c["Labels"].get(LABEL_RELAY) == "1"
+    runtime = c["Labels"].get(hardening.LABEL_RUNTIME) or "runc"
     return SandboxInfo(ticket_id=c["Labels"][LABEL_TICKET], container_id=c["Id"], state=state,
                        image=c.get("Image", ""), network=network,
                        proxy_container_id=proxy["Id"] if proxy else "",
                        created_at_ms=int(c.get("Created", 0)) * 1000, env_names=env,
-                       disk_bytes=int(disk) if disk.isdigit() else 0, relay=relay)
+                       disk_bytes=int(disk) if disk.isdigit() else 0, relay=relay, runtime=runtime,
+                       egress_socket=c["Labels"].get(hardening.LABEL_EGRESS) == "socket")
 
 
 def find_sandbox(client: docker.DockerClient, filters: dict) -> SandboxInfo | None:

@@ -16,24 +16,34 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import re
-import stat
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import docker
 import docker.errors
 
-from services.common import safefs
 from services.common.config import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
 
-from . import cleanup, diskcap, egress_proxy, hardening, provision, relayforward, restart, sandbox_info
+from . import (
+    checks,
+    cleanup,
+    diskcap,
+    egress_proxy,
+    egress_socket,
+    hardening,
+    provision,
+    relayforward,
+    restart,
+    sandbox_info,
+)
+from .checks import GVISOR_RUNTIME, check_bridge_has_no_address, chown_tree
 from .egress import check_cidrs, check_egress_names, check_private
 from .egress_proxy import bridge_ipv4
 from .handover import Handover
-from .hardening import LABEL_INSTANCE, LABEL_ROLE, LABEL_TICKET, SandboxSettings
+from .hardening import LABEL_INSTANCE, LABEL_ROLE, LABEL_TICKET, RUNTIMES, SandboxSettings
+from .sandbox_env import ENV_NAME_RE, SandboxEnv
 from .sandbox_info import INSTANCE_RE, ReconcileResult, SandboxInfo, check_instance
 
 __all__ = ["INSTANCE_RE", "ReconcileResult", "SandboxInfo", "SandboxManager", "bridge_ipv4",
@@ -41,14 +51,19 @@ __all__ = ["INSTANCE_RE", "ReconcileResult", "SandboxInfo", "SandboxManager", "b
 
 log = logging.getLogger(__name__)
 
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
-
-class SandboxManager:
+class SandboxManager(SandboxEnv):
     def __init__(self, layout: Layout, *, instance: str = "default", egress_network: str = "bridge",
                  allow_private: Iterable[str] = (), env_values: dict | None = None,
                  proxy_image: str = DEFAULT_PROXY_IMAGE, client: docker.DockerClient | None = None,
-                 disk_mode: str | None = None) -> None:
+                 disk_mode: str | None = None, gvisor_runtime: str = GVISOR_RUNTIME,
+                 egress_transport: str = "network") -> None:
+        """`gvisor_runtime`: the engine's name of the runtime a `gvisor`
+        sandbox runs on; `egress_transport`: how a runc sandbox reaches its
+        proxy (`network`: the ticket's internal network, or `socket`:
+        egress_socket.py; a gVisor sandbox always uses the socket)."""
+        if egress_transport not in egress_socket.TRANSPORTS:
+            raise InvalidArgument(f"egress transport {egress_transport!r}: network or socket")
         self.layout = layout
         self.instance = check_instance(instance)
         self.egress_network = egress_network
@@ -65,6 +80,9 @@ class SandboxManager:
         self._watches: dict[str, asyncio.Task] = {}
         self._exceeded: dict[str, str] = {}
         self._engine_ok = False
+        self.gvisor_runtime = gvisor_runtime
+        self.egress_transport = egress_transport
+        self._runtimes_ok: set[str] = set()
 
     # -- names ---------------------------------------------------------------
     def _prefix(self) -> str:
@@ -138,17 +156,20 @@ class SandboxManager:
         egress = tuple(check_egress_names(list(settings.egress)))
         names, cidrs = check_private(list(settings.egress_private), list(egress))
         for n in settings.env_names:
-            if not _ENV_NAME_RE.match(n):
+            if not ENV_NAME_RE.match(n):
                 raise InvalidArgument(f"environment variable name {n[:64]!r} is not valid")
         settings = replace(settings, egress=egress, egress_private=(*names, *cidrs),
                            env_names=tuple(sorted(set(settings.env_names))),
                            disk_bytes=diskcap.resolve_disk(settings.disk_bytes))
+        if settings.runtime not in RUNTIMES:
+            raise InvalidArgument(f"sandbox runtime {settings.runtime!r}: runc or gvisor")
         async with self._lock(ticket_id):
             if ticket_id in self._exceeded:
                 raise FailedPrecondition(self._exceeded[ticket_id])
+            await self._check_runtime(settings.runtime)       # before any Docker object is made
             existing = await asyncio.to_thread(self._find, ticket_id)
             if settings.relay:
-                self._check_relay_dir(ticket_id)
+                checks.check_relay_dir(self.layout, ticket_id)
                 if existing is not None and not existing.relay:
                     raise FailedPrecondition(
                         f"the sandbox of {ticket_id} was made without the model relay; cancel the ticket and "
@@ -156,7 +177,7 @@ class SandboxManager:
             if existing is not None:
                 await asyncio.to_thread(self.prepare_workspace, ticket_id, settings.disk_bytes)
                 await self._ensure_cap(ticket_id, settings.disk_bytes, existing.container_id)
-                existing = await restart.bring_back(self.client, existing, self.egress_network)
+                existing = await restart.bring_back(self.client, existing, self.egress_network, self.layout)
                 self._cache[ticket_id] = existing
                 return existing
             # The folder exists before the container is made (the engine checks a bind's
@@ -179,22 +200,44 @@ class SandboxManager:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
                 raise
-            if info.proxy_container_id:
-                await egress_proxy.wait_proxy(self.client, info.proxy_container_id, self.egress_network,
-                                              proxy_ip)
             info = replace(info, disk_bytes=settings.disk_bytes)
-            if settings.relay:
-                try:
-                    await asyncio.to_thread(relayforward.start, self.client, info.container_id)
-                except BaseException:
-                    with contextlib.suppress(Exception):
-                        await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
-                    raise
+            try:
+                await self._start_ways_out(info, proxy_ip)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(cleanup.remove_objects, self.client, self._filters(ticket_id))
+                raise
             await self._ensure_cap(ticket_id, settings.disk_bytes, info.container_id)
             self._cache[ticket_id] = info
-            log.info("sandbox created for %s (egress: %s; private: %s)", ticket_id, ",".join(egress) or "none",
+            log.info("sandbox created for %s (runtime: %s; egress: %s%s; private: %s)", ticket_id, settings.runtime,
+                     ",".join(egress) or "none", " through its socket" if info.egress_socket else "",
                      ",".join(settings.egress_private) or "none")
             return info
+
+    async def _start_ways_out(self, info: SandboxInfo, proxy_ip: str) -> None:
+        """Wait for the egress proxy, then start the sandbox's forwarders: the
+        proxy socket's (egress_socket.py) and the model relay's (R32)."""
+        if info.egress_socket:
+            def running() -> bool:
+                return bool(self.client.api.inspect_container(info.proxy_container_id)["State"].get("Running"))
+            await egress_socket.wait_socket(self.layout, info.ticket_id, running)
+            await asyncio.to_thread(relayforward.start, self.client, info.container_id,
+                                    egress_socket.SANDBOX_FORWARDER, "the egress proxy's forwarder")
+        elif info.proxy_container_id:
+            await egress_proxy.wait_proxy(self.client, info.proxy_container_id, self.egress_network, proxy_ip)
+        if info.relay:
+            await asyncio.to_thread(relayforward.start, self.client, info.container_id)
+
+    async def _check_runtime(self, runtime: str) -> None:
+        """A gVisor sandbox needs the engine's runtime; checked before anything
+        is made (the answer is kept once it is yes)."""
+        if runtime == "runc" or runtime in self._runtimes_ok:
+            return
+        await asyncio.to_thread(checks.check_runtime, self.client, self.gvisor_runtime)
+        self._runtimes_ok.add(runtime)
+
+    def _socket_egress(self, s: SandboxSettings) -> bool:
+        return bool(s.egress) and (s.runtime == "gvisor" or self.egress_transport == "socket")
 
     def _create_sync(self, s: SandboxSettings, workspace: str, started: Callable[[str], None],
                      before_start: Callable[[], None] = lambda: None) -> tuple[SandboxInfo, str]:
@@ -202,6 +245,7 @@ class SandboxManager:
         and the proxy's address on its outside network ("" without egress)."""
         names = provision.Names(sandbox=self.container_name(s.ticket_id), proxy=self.proxy_name(s.ticket_id),
                                 network=self.network_name(s.ticket_id))
+        egress_dir = egress_socket.make_egress_dir(self.layout, s.ticket_id) if self._socket_egress(s) else None
         return provision.create_containers(
             self.client, s, workspace, names, instance=self.instance, egress_network=self.egress_network,
             allow_private=self.allow_private, proxy_image=self.proxy_image,
@@ -209,36 +253,13 @@ class SandboxManager:
             check_engine=self._check_engine_for_egress,
             # looked up here at each call: R31's check of the new bridge (tests replace it)
             check_network=lambda network: check_bridge_has_no_address(hardening.bridge_name(network)),
-            started=started, before_start=before_start)
-
-    # -- model relay (R32) -----------------------------------------------------
-    def _check_relay_dir(self, ticket_id: str) -> None:
-        """The folder mounted is the one the layout names for this ticket,
-        never a path from a caller, and it must be a real directory (not a
-        link that would mount some other host folder)."""
-        d = self.layout.relay_dir(ticket_id)
-        try:
-            st = os.lstat(d)
-        except FileNotFoundError:
-            raise FailedPrecondition(
-                f"the model relay of {ticket_id} is not open: the scheduler opens it at the credential broker "
-                "(OpenRelay) before it creates the sandbox") from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise FailedPrecondition(f"{d} is not a directory; remove it and run the ticket again")
+            started=started, before_start=before_start, egress_dir=egress_dir,
+            runtime_name=self.gvisor_runtime if s.runtime == "gvisor" else None)
 
     def _check_engine_for_egress(self) -> None:
-        """R31 needs a bridge without a host address (`inhibit_ipv4`), which
-        Docker 20.10 introduced; an older engine would ignore the option and
-        give the bridge an address every sandbox could reach."""
-        if self._engine_ok:
-            return
-        version = str(self.client.version().get("Version", ""))
-        m = re.match(r"^(\d+)\.(\d+)", version)
-        if not m or (int(m[1]), int(m[2])) < (20, 10):
-            raise FailedPrecondition(
-                f"egress sandboxes need Docker 20.10 or newer (this engine is {version or 'unknown'}): "
-                "upgrade Docker, or run the ticket without sandbox.egress")
-        self._engine_ok = True
+        if not self._engine_ok:
+            checks.check_engine_for_egress(self.client)
+            self._engine_ok = True
 
     def _find(self, ticket_id: str) -> SandboxInfo | None:
         return sandbox_info.find_sandbox(self.client, self._filters(ticket_id))
@@ -314,6 +335,7 @@ class SandboxManager:
             await asyncio.to_thread(self.diskcap.release, ticket_id, self.layout.workspace(ticket_id))
             # a workspace that came over the network (WriteWorkspace) has no credential broker here to remove it
             await asyncio.to_thread(self.handover.remove, ticket_id)
+            await asyncio.to_thread(egress_socket.remove_egress_dir, self.layout, ticket_id)
         self._locks.pop(ticket_id, None)
         log.info("sandbox of %s destroyed (%d objects)", ticket_id, n)
         return n
@@ -331,6 +353,7 @@ class SandboxManager:
             # R34: disk images and mounts of dead tickets (also after a broker restart)
             tickets.update(self.diskcap.reconcile(live, self.layout.workspace))
             tickets.update(self.handover.reconcile(live))
+            tickets.update(egress_socket.reconcile(self.layout, live))
             return ReconcileResult(tuple(sorted(tickets)), nc, nn)
         for t in [t for t in self._watches if t not in live]:
             self._stop_watch(t)
@@ -356,62 +379,6 @@ class SandboxManager:
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from exc
         self._cache[ticket_id] = replace(info, state="paused" if frozen else "running")
 
-    def env_for(self, info: SandboxInfo, names: Iterable[str]) -> list[str]:
-        """KEY=value entries for an exec: only declared names, values from the
-        broker's own environment (never an argv)."""
-        out = []
-        for n in names:
-            if n not in info.env_names:
-                raise InvalidArgument(f"environment variable {n[:64]} was not declared for this sandbox")
-            v = self.env_values.get(n)
-            if v is None:
-                raise FailedPrecondition(f"environment variable {n} is not set for the sandbox broker")
-            out.append(f"{n}={v.reveal() if hasattr(v, 'reveal') else v}")
-        return out
-
-    def literal_env_for(self, info: SandboxInfo, entries: Iterable[str]) -> list[str]:
-        """NAME=value entries the caller gives literally (the relay's base URL
-        and placeholder capability, fixed tool settings). None may name a
-        declared variable or one this broker holds: those come only from the
-        broker's own environment, by name (R9)."""
-        out, total = [], 0
-        for e in entries:
-            name, sep, value = e.partition("=")
-            if not sep or not _ENV_NAME_RE.match(name):
-                raise InvalidArgument(f"environment entry {e[:64]!r} is not NAME=value")
-            if name in info.env_names or name in self.env_values:
-                raise InvalidArgument(f"environment variable {name} is passed by name only (R9); "
-                                      "it cannot also be given a value")
-            if "\x00" in value:
-                raise InvalidArgument(f"environment variable {name}: the value contains a NUL byte")
-            total += len(e)
-            if total > 64 * 1024:
-                raise InvalidArgument("literal environment entries must total under 64 KiB")
-            out.append(e)
-        return out
-
 
 # Workspaces prepared (disk image, ownership) while the engine creates their containers.
 _PREPARE = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="afe-workspace")
-CHOWN_LIMITS = safefs.Limits("the sandbox's workspace ownership check")  # depth 256, 1,000,000 entries
-
-
-def check_bridge_has_no_address(name: str) -> None:
-    """R31, checked at every egress sandbox's creation: the ticket's bridge
-    must not give the host an address on it (where the broker can see it)."""
-    addr = bridge_ipv4(name)
-    if addr:
-        raise FailedPrecondition(
-            f"Docker gave the ticket network's bridge {name} the host address {addr}, so the sandbox could "
-            "reach the host: this engine ignores com.docker.network.bridge.inhibit_ipv4; upgrade Docker "
-            "(20.10 or newer)")
-    if addr is None:
-        log.debug("bridge %s is not visible from the broker's network namespace; not checked", name)
-
-
-def chown_tree(root: str, uid: int, gid: int) -> int:
-    """Give every entry of a tree to uid:gid without following any symlink:
-    `safefs.chown_tree`, the one fix-up both brokers use (iterative, bounded by
-    `CHOWN_LIMITS`, fchownat(AT_SYMLINK_NOFOLLOW) from the parent's fd; R34).
-    Returns the count changed."""
-    return safefs.chown_tree(root, uid, gid, CHOWN_LIMITS)

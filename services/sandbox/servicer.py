@@ -29,7 +29,7 @@ _TYPES = {"regular": pb.REGULAR, "directory": pb.DIRECTORY, "symlink": pb.SYMLIN
 def _sandbox(i: SandboxInfo) -> pb.Sandbox:
     return pb.Sandbox(ticket_id=i.ticket_id, container_id=i.container_id, state=i.state, image=i.image,
                       network=i.network, proxy_container_id=i.proxy_container_id,
-                      created_at_ms=i.created_at_ms)
+                      created_at_ms=i.created_at_ms, runtime=i.runtime)
 
 
 def _name(name: str) -> str:
@@ -68,7 +68,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                    cpus=cpus, memory_bytes=mem, pids=pids, egress=tuple(spec.egress),
                                    egress_private=tuple(spec.egress_private),
                                    disk_bytes=spec.limits.disk_bytes,
-                                   env_names=tuple(spec.env_names), relay=spec.relay)
+                                   env_names=tuple(spec.env_names), relay=spec.relay,
+                                   runtime=spec.runtime or "runc")
         t0 = time.monotonic()
         # The command supervisor starts as soon as the sandbox runs (while its
         # proxy may still be starting), so the first command does not wait for it.

@@ -28,6 +28,7 @@ MERGE_METHODS = ("merge", "squash", "rebase")
 MIN_MEMORY = 6 * 1024 * 1024   # Docker's own minimum
 MIN_DISK = 16 * 1024 * 1024    # smallest workspace disk cap (R34): a filesystem and a checkout must fit
 MAX_DISK = 16 * 1024 ** 4
+RUNTIMES = ("runc", "gvisor")   # sandbox.runtime
 MAX_POOL = 16                  # warm sandboxes per profile of a workspace (sandbox.pool)
 # Never allowed by sandbox.egressPrivate (mirrors services/sandbox/egress.py NEVER_RANGES).
 _NEVER_NETS = tuple(ipaddress.ip_network(r) for r in (
@@ -68,6 +69,9 @@ class SandboxManifest(BaseModel):
         "or private CIDR subnets (R11)")
     pool: int = Field(0, ge=0, le=MAX_POOL, description="warm sandboxes kept ready for this workspace's "
                       "tickets, per sandbox profile (0 = none); `afe up --sandbox-pool-max` caps the total")
+    runtime: Literal["runc", "gvisor"] = Field(
+        "runc", description="the container runtime: runc (the host's kernel, namespaces and seccomp) or gvisor "
+        "(runsc, a user-space kernel between the sandbox and the host; the engine must have it registered)")
 
 
 class AuthorManifest(BaseModel):
@@ -167,8 +171,10 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
         if pool > MAX_POOL:
             doc.error("sandbox.pool", f"{pool} is above the maximum of {MAX_POOL}; lower it")
             pool = 0
+        runtime = doc.choice(sd, "runtime", "sandbox.runtime", RUNTIMES, "runc")
         sandbox = SandboxConfig(image=image, limits=limits, egress=egress,
-                                egress_private=_egress_private(loader, doc, sd, egress), pool=pool)
+                                egress_private=_egress_private(loader, doc, sd, egress), pool=pool,
+                                runtime=runtime)
     author = Author()
     ad = doc.mapping(d, "author", "author")
     if ad is not None:

@@ -50,7 +50,7 @@ def sandbox_spec(config: Config, workflow: Workflow, workspace: Workspace) -> sp
         limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids,
                           disk_bytes=sb.limits.disk_bytes),
         egress=list(sb.egress), egress_private=list(sb.egress_private), env_names=sorted(env_names),
-        relay=bool(relay_models(config, workflow)))
+        relay=bool(relay_models(config, workflow)), runtime=sb.runtime if sb.runtime != "runc" else "")
 
 
 def relay_models(config: Config, workflow: Workflow) -> list[str]:

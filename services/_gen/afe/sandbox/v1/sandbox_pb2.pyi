@@ -205,6 +205,7 @@ class SandboxSpec(_message.Message):
     ENV_NAMES_FIELD_NUMBER: _builtins.int
     RELAY_FIELD_NUMBER: _builtins.int
     EGRESS_PRIVATE_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
     image: _builtins.str
     """"" = default sandbox image"""
     relay: _builtins.bool
@@ -212,6 +213,12 @@ class SandboxSpec(_message.Message):
     for this ticket (<run>/relay/<ticket_id>, never a path from the caller)
     read-only at /run/afe-relay and run the forwarder on the sandbox's own
     127.0.0.1:7480.
+    """
+    runtime: _builtins.str
+    """The OCI runtime: "" or "runc" (namespaces on the host's kernel), or
+    "gvisor" (the engine's runsc runtime, a user-space kernel). A gVisor
+    sandbox has no network interface: its egress reaches the ticket's proxy
+    through a Unix socket (egress_socket.py).
     """
     @_builtins.property
     def limits(self) -> Global___Limits: ...
@@ -243,10 +250,11 @@ class SandboxSpec(_message.Message):
         env_names: _abc.Iterable[_builtins.str] | None = ...,
         relay: _builtins.bool = ...,
         egress_private: _abc.Iterable[_builtins.str] | None = ...,
+        runtime: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_private", b"egress_private", "env_names", b"env_names", "image", b"image", "limits", b"limits", "relay", b"relay"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_private", b"egress_private", "env_names", b"env_names", "image", b"image", "limits", b"limits", "relay", b"relay", "runtime", b"runtime"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -286,6 +294,7 @@ class Sandbox(_message.Message):
     NETWORK_FIELD_NUMBER: _builtins.int
     PROXY_CONTAINER_ID_FIELD_NUMBER: _builtins.int
     CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     container_id: _builtins.str
     state: _builtins.str
@@ -295,6 +304,8 @@ class Sandbox(_message.Message):
     """"" without egress"""
     proxy_container_id: _builtins.str
     created_at_ms: _builtins.int
+    runtime: _builtins.str
+    """runc | gvisor"""
     def __init__(
         self,
         *,
@@ -305,10 +316,11 @@ class Sandbox(_message.Message):
         network: _builtins.str = ...,
         proxy_container_id: _builtins.str = ...,
         created_at_ms: _builtins.int = ...,
+        runtime: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_id", b"container_id", "created_at_ms", b"created_at_ms", "image", b"image", "network", b"network", "proxy_container_id", b"proxy_container_id", "state", b"state", "ticket_id", b"ticket_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_id", b"container_id", "created_at_ms", b"created_at_ms", "image", b"image", "network", b"network", "proxy_container_id", b"proxy_container_id", "runtime", b"runtime", "state", b"state", "ticket_id", b"ticket_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
