@@ -10,6 +10,7 @@ Modules, one concept each:
   askpass.py     the GIT_ASKPASS helper answering only the expected origin
   workspaces.py  mirror cache, prepare (spare checkouts, scratch .git), commit,
                  diff, push, release
+  continuation.py  where a retried ticket resumes (kept state), update-branch
   snapshot.py    walking the sandbox-written workspace with dir fds + O_NOFOLLOW
   forges.py      the forge interface; github.py (REST), localforge.py (bare repo)
   httpclient.py  retries, Retry-After, redacted errors for the HTTP APIs

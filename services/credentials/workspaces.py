@@ -11,7 +11,8 @@ the initial checkout: commits are built from a safe walk of the workspace
 (`snapshot.py`, `capture.py`) into the ticket's private git dir. The sandbox
 can therefore never touch a config, hook, attribute file, object or ref that
 host git uses. The checkout itself is in `checkout.py`, spare checkouts in
-`spares.py`; remotes and the mirror in `mirrors.py`.
+`spares.py`; remotes and the mirror in `mirrors.py`; where a ticket continues
+from across retries (its kept state, update-branch) in `continuation.py`.
 """
 
 from __future__ import annotations
@@ -25,16 +26,12 @@ from pathlib import Path
 from services.common import layout as layout_mod
 from services.common import safefs
 from services.common.config import Workspace
-from services.common.errors import (
-    AfeError,
-    FailedPrecondition,
-    Internal,
-    NotFound,
-)
-from services.common.layout import Layout, check_ticket_id
+from services.common.errors import AfeError, FailedPrecondition, Internal
+from services.common.layout import Layout
 from services.common.secrets import SecretValue
 
-from . import capture, checkout
+from . import capture, checkout, continuation
+from .continuation import KEPT_REF, author_env, branch_for
 from .gitcmd import GitFailed, GitRunner
 from .mirrors import Mirrors
 from .spares import Spares
@@ -42,11 +39,8 @@ from .spares import Spares
 log = logging.getLogger(__name__)
 
 DEFAULT_DIFF_BYTES = 1024 * 1024
-KEPT_REF = "refs/afe/kept/"     # + ticket id, in the mirror: a released workspace's last state
 
-
-def branch_for(ticket_id: str) -> str:
-    return f"afe/{check_ticket_id(ticket_id)}"
+__all__ = ["DEFAULT_DIFF_BYTES", "KEPT_REF", "Committed", "Prepared", "WorkspaceGit", "branch_for"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +108,7 @@ class WorkspaceGit:
                         await self._populate(gitdir, into, head, gitdir / "afe-checkout.index")
                     return Prepared(base, branch)
             mirror = await self.mirrors.update(ws)
-            head, checkout, base = await self._resume_point(mirror, ticket_id, ws)
+            head, checkout, base = await continuation.resume_point(self, mirror, ticket_id, ws)
             await asyncio.to_thread(_remove_tree, gitdir)
             self.layout.gitdirs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             # HEAD on the ticket's branch from the start; both refs in one update
@@ -149,121 +143,9 @@ class WorkspaceGit:
                  for r, line in zip(asked, lines, strict=True)}
         return [found.get(r) for r in revs]
 
-    async def _resume_point(self, mirror: Path, ticket_id: str, ws: Workspace) -> tuple[str, str, str]:
-        """(branch head, commit to check out, base) of a ticket's workspace.
-
-        A new ticket starts at the base branch's head. A ticket that ran
-        before (a retry, Engine.reopen) continues on its own branch: the
-        pushed `afe/<ticket>` when the remote has it (it may hold an
-        update-branch merge), else the branch it had when its workspace was
-        released; the checkout is the kept workspace (uncommitted work
-        included) when it sits on that head. The base is where the branch
-        forked from the base branch now."""
-        branch = branch_for(ticket_id)
-        kept_ref = f"{KEPT_REF}{ticket_id}"
-        base, kept, kept_head, pushed = await self._revs(mirror, [
-            f"refs/heads/{ws.base_branch}^{{commit}}", f"{kept_ref}^{{commit}}", f"{kept_ref}^1",
-            f"refs/heads/{branch}^{{commit}}"])
-        if base is None:
-            raise NotFound(f"workspace {ws.name!r}: branch {ws.base_branch!r} does not exist in "
-                           f"{self.mirrors.remote(ws).url}; check the Workspace's baseBranch")
-        if not kept:
-            kept_head = None
-        head = pushed or kept_head
-        if head is None:
-            return base, base, base
-        fork = await self.git.run(["merge-base", "--end-of-options", head, base], git_dir=mirror, check=False,
-                                  what="git merge-base")
-        fork_sha = fork.out.strip() if fork.returncode == 0 and fork.out.strip() else base
-        checkout = kept if kept and kept_head == head else head
-        log.info("ticket %s continues on %s at %s", ticket_id, branch, head[:12])
-        return head, checkout, fork_sha
-
-    async def _keep(self, ws: Workspace, ticket_id: str, work: Path | None = None) -> None:
-        """Before the workspace goes: its last state (a commit of the safe
-        snapshot on top of the branch head) under `refs/afe/kept/<ticket>` in
-        the mirror, which only the host reads. A retry starts from it."""
-        gitdir = self.layout.gitdir(ticket_id)
-        work = work or self.layout.workspace(ticket_id)
-        if not (gitdir / "afe-ready").exists() or not work.is_dir():
-            return
-        if not any(os.scandir(work)):
-            # A prepared workspace is never empty (checkout, scratch .git): an
-            # empty one lost its content (a disk-capped workspace whose image
-            # went first). Keeping it would make a retry start from nothing.
-            log.warning("ticket %s: its workspace is empty; nothing kept for a retry", ticket_id)
-            return
-        head = await self._rev(gitdir, f"refs/heads/{branch_for(ticket_id)}")
-        if head is None:
-            return
-        tree = (await self.snapshot_tree(ticket_id, work)).tree
-        env = {"GIT_AUTHOR_NAME": ws.author.name, "GIT_AUTHOR_EMAIL": ws.author.email,
-               "GIT_COMMITTER_NAME": ws.author.name, "GIT_COMMITTER_EMAIL": ws.author.email}
-        res = await self.git.run(["commit-tree", "-p", head, "-F", "-", tree], git_dir=gitdir, env=env,
-                                 stdin=f"afe: workspace of ticket {ticket_id} when it ended\n".encode(),
-                                 what="git commit-tree (keep)")
-        sha = res.out.strip()
-        # The objects the mirror lacks (everything past the base it lent), copied as a pack: no transport.
-        lent = await self._rev(gitdir, "refs/afe/base")
-        objects = await self.git.run(["rev-list", "--objects", "--end-of-options", sha,
-                                      *([f"^{lent}"] if lent else [])], git_dir=gitdir, what="git rev-list (keep)")
-        pack = await self.git.run(["pack-objects", "-q", "--stdout"], git_dir=gitdir, stdin=objects.stdout,
-                                  what="git pack-objects (keep)")
-        mirror = self.mirrors.path(ws)
-        async with self._lock(str(mirror)):
-            await self.git.run(["unpack-objects", "-q"], git_dir=mirror, stdin=pack.stdout,
-                               what="git unpack-objects (keep)")
-            await self.git.run(["update-ref", "--end-of-options", f"{KEPT_REF}{ticket_id}", sha], git_dir=mirror,
-                               what="git update-ref (keep)")
-
-    # -- update branch ---------------------------------------------------------
     async def update_branch(self, ws: Workspace, ticket_id: str) -> tuple[str, bool, list[str]]:
-        """Merge the base branch into the ticket's pushed branch, on the host,
-        and push the merge. Returns (new head, changed, conflicting paths);
-        with conflicts nothing is pushed."""
-        branch = branch_for(ticket_id)
-        remote = self.mirrors.remote(ws)
-        async with self._lock("ticket:" + ticket_id):
-            mirror = await self.mirrors.update(ws)
-            head = await self._rev(mirror, f"refs/heads/{branch}^{{commit}}")
-            if head is None:
-                raise FailedPrecondition(f"ticket {ticket_id} has no pushed branch {branch}; retry the ticket "
-                                         "so it opens its pull request first")
-            base = await self._rev(mirror, f"refs/heads/{ws.base_branch}^{{commit}}")
-            if base is None:
-                raise NotFound(f"workspace {ws.name!r}: branch {ws.base_branch!r} does not exist")
-            up = await self.git.run(["merge-base", "--is-ancestor", "--end-of-options", base, head],
-                                    git_dir=mirror, check=False, what="git merge-base")
-            if up.returncode == 0:
-                return head, False, []
-            res = await self.git.run(["merge-tree", "--write-tree", "--name-only", "--no-messages", "-z",
-                                      "--end-of-options", head, base], git_dir=mirror, check=False, what="git merge-tree")
-            parts = [p.decode("utf-8", "replace") for p in res.stdout.split(b"\0")]
-            if res.returncode == 1:
-                files: list[str] = []
-                for p in parts[1:]:
-                    if not p:
-                        break          # the end of the conflicted files
-                    files.append(p)
-                return head, False, sorted(set(files))
-            if res.returncode != 0:
-                raise FailedPrecondition(f"cannot merge {ws.base_branch} into {branch}: {res.err.strip()[:300]}")
-            tree = parts[0].strip()
-            env = {"GIT_AUTHOR_NAME": ws.author.name, "GIT_AUTHOR_EMAIL": ws.author.email,
-                   "GIT_COMMITTER_NAME": ws.author.name, "GIT_COMMITTER_EMAIL": ws.author.email}
-            msg = f"Merge {ws.base_branch} into {branch}\n\nafe ticket {ticket_id}: update branch\n"
-            out = await self.git.run(["commit-tree", "-p", head, "-p", base, "-F", "-", tree], git_dir=mirror,
-                                     env=env, stdin=msg.encode(), what="git commit-tree")
-            sha = out.out.strip()
-            # --force-with-lease: a branch that moved meanwhile is never overwritten.
-            await self.mirrors.remote_git(ws, remote, ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
-                                                f"--force-with-lease=refs/heads/{branch}:{head}",
-                                                "--end-of-options", remote.url,
-                                                f"{sha}:refs/heads/{branch}"], mirror, "git push to")
-            await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", sha, head],
-                               git_dir=mirror, what="git update-ref")
-            log.info("updated %s of ticket %s with %s: %s", branch, ticket_id, ws.base_branch, sha[:12])
-            return sha, True, []
+        """Merge the base branch into the ticket's pushed branch (continuation.py)."""
+        return await continuation.update_branch(self, ws, ticket_id)
 
     async def _populate(self, git_dir: Path, target: Path, sha: str, index: Path) -> None:
         """Check `sha` out into the new folder `target` and hand it to the sandbox user."""
@@ -313,10 +195,7 @@ class WorkspaceGit:
             parent_tree = await self._rev(gitdir, f"{parent}^{{tree}}")
             if parent_tree == tree:
                 return Committed(parent, False, 0, repos)
-            env = {
-                "GIT_AUTHOR_NAME": ws.author.name, "GIT_AUTHOR_EMAIL": ws.author.email,
-                "GIT_COMMITTER_NAME": ws.author.name, "GIT_COMMITTER_EMAIL": ws.author.email,
-            }
+            env = author_env(ws)
             msg = (message.strip() or f"afe: changes for ticket {ticket_id}") + "\n"
             res = await self.git.run(["commit-tree", "-p", parent, "-F", "-", tree], git_dir=gitdir,
                                      env=env, stdin=msg.encode(), what="git commit-tree")
@@ -368,11 +247,11 @@ class WorkspaceGit:
     async def release(self, ticket_id: str, ws: Workspace | None = None, work: Path | None = None) -> None:
         """Remove the ticket's git dir and workspace; with `ws`, keep the
         workspace's (or `work`'s, see snapshot_tree) last state in the mirror
-        first (`_keep`, for a retry)."""
+        first (`continuation.keep`, for a retry)."""
         async with self._lock("ticket:" + ticket_id):
             if ws is not None:
                 try:
-                    await self._keep(ws, ticket_id, work)
+                    await continuation.keep(self, ws, ticket_id, work)
                 except (GitFailed, AfeError, OSError) as exc:
                     log.warning("ticket %s: could not keep its workspace for a retry: %s", ticket_id, exc)
             await asyncio.to_thread(_remove_workspace, self.layout.workspace(ticket_id))
