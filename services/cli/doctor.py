@@ -3,8 +3,10 @@
 Checks the Docker engine and the images, then starts a probe sandbox (no
 network), a probe egress sandbox with its squid proxy, and a local target
 HTTP server container on a probe network of its own (never a public host),
-and proves each of R5-R12 and R31 live. One PASS/FAIL line per rule with the
-evidence; exit status 1 on any FAIL; everything it created is removed.
+and proves each of R5-R12 and R31 live. It lists the engine's OCI runtimes
+and, when gVisor's is one, runs the checks of a sandbox without egress again
+on gVisor (doctor_gvisor.py). One PASS/FAIL line per rule with the evidence;
+exit status 1 on any FAIL; everything it created is removed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from pathlib import Path
 
 from services.common.layout import SANDBOX_UID, Layout
 
+from .doctor_gvisor import engine_runtimes, gvisor_checks
 from .hostprobe import HostListener, host_addresses, reached
+from .isolation import isolation_checks, run_exec, run_py
 from .probescripts import CONNECT, DIRECT, FETCH, FORK, LISTENER, PROBE, TARGET_SERVER
 
 # Older imports name these here; they live in probescripts.py and hostprobe.py.
@@ -47,21 +51,26 @@ class Report:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="prove the sandbox isolation rules live on this machine",
                        description="Check the Docker engine and images, then start probe containers and prove "
-                       "R5-R12 and R31 (one PASS/FAIL line per rule). Exit status 1 on any FAIL.")
+                       "R5-R12 and R31 (one PASS/FAIL line per rule), on gVisor too when the engine has it. "
+                       "Exit status 1 on any FAIL.")
     p.add_argument("--no-build", action="store_true", help="do not build missing images")
     p.add_argument("--egress-network", default="bridge", metavar="NAME",
                    help="the network `afe up --egress-network` gives the egress proxies (default: bridge)")
     p.add_argument("--config", default=None, metavar="DIR",
                    help="manifest folder whose private egress entries to show (default: ./afe.d when it exists)")
+    p.add_argument("--gvisor-runtime", default="runsc", metavar="NAME",
+                   help="the engine's runtime name for gVisor, as given to the sandbox broker (default: runsc)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(doctor(build=not args.no_build, egress_network=args.egress_network, config_dir=args.config))
+    return asyncio.run(doctor(build=not args.no_build, egress_network=args.egress_network, config_dir=args.config,
+                              gvisor_runtime=args.gvisor_runtime))
 
 
-def _egress_settings(report: Report, client, network: str, config_dir: str | None) -> None:
-    """The egress network exists, and which private destinations the manifests allow."""
+def _egress_settings(report: Report, client, network: str, config_dir: str | None):
+    """The egress network exists, and which private destinations the manifests
+    allow. Returns the manifests' Config (None when there is none to read)."""
     from services.common.errors import ConfigError
     from services.common.manifests import load_config
     from services.launcher.launch import egress_lines
@@ -76,32 +85,18 @@ def _egress_settings(report: Report, client, network: str, config_dir: str | Non
     if directory is None:
         print("info private egress: no --config and no ./afe.d; none configured (every private address is "
               "refused)")
-        return
+        return None
     try:
         config = load_config(directory)
     except ConfigError as exc:
         report.add("private egress", False, str(exc).splitlines()[0] + "; run `afe check`")
-        return
+        return None
     print("info " + egress_lines(config, network)[1].strip(), flush=True)
+    return config
 
 
-async def _exec(runner, ticket: str, argv: list[str], timeout_ms: int = 30000) -> tuple[int, str]:
-    from services.sandbox.execs import Exit
-    out: list[bytes] = []
-    code = -1
-    async for ev in runner.run_exec(ticket, argv, timeout_ms=timeout_ms):
-        if isinstance(ev, Exit):
-            code = ev.code
-        else:
-            out.append(ev.data)
-    return code, b"".join(out).decode("utf-8", "replace").strip()
-
-
-async def _py(runner, ticket: str, script: str, *args: str) -> str:
-    return (await _exec(runner, ticket, ["python3", "-c", script, *args]))[1]
-
-
-async def doctor(build: bool = True, egress_network: str = "bridge", config_dir: str | None = None) -> int:
+async def doctor(build: bool = True, egress_network: str = "bridge", config_dir: str | None = None,
+                 gvisor_runtime: str = "runsc") -> int:
     import docker
 
     from services.common.errors import AfeError
@@ -127,7 +122,8 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
     except AfeError as exc:
         report.add("images", False, str(exc).splitlines()[0])
         return 1
-    _egress_settings(report, client, egress_network, config_dir)
+    config = _egress_settings(report, client, egress_network, config_dir)
+    gvisor = engine_runtimes(report, client, gvisor_runtime, config)
 
     instance = "doctor-" + secrets.token_hex(4)
     tmp = Path(tempfile.mkdtemp(prefix="afe-doctor-", dir="/tmp"))
@@ -147,7 +143,8 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
             await asyncio.sleep(0.1)
         target.reload()
         tip = target.attrs["NetworkSettings"]["Networks"][net.name]["IPAddress"]
-        await _probe(report, client, tmp, instance, net.name, subnet, tname, tip)
+        await _probe(report, client, tmp, instance, net.name, subnet, tname, tip,
+                     gvisor_runtime if gvisor else None)
     except Exception as exc:  # noqa: BLE001 - the probe itself broke: a FAIL, with what broke
         report.add("probe", False, f"could not run the probes: {type(exc).__name__}: {str(exc)[:300]}")
     finally:
@@ -173,8 +170,9 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
 
 
 async def _probe(report: Report, client, tmp: Path, instance: str, network: str, subnet: str,
-                 tname: str, tip: str) -> None:
-    from services.sandbox.execs import Exit, Runner
+                 tname: str, tip: str, gvisor_runtime: str | None) -> None:
+    """`gvisor_runtime`: the engine's gVisor runtime, or None to check runc only."""
+    from services.sandbox.execs import Runner
     from services.sandbox.hardening import SandboxSettings
     from services.sandbox.sandboxes import SandboxManager
 
@@ -184,11 +182,12 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
     if os.geteuid() != 0:
         # Without root the broker cannot give the probe workspaces to the
         # sandbox uid; open them up instead (they are throwaway).
-        for t in ("doctor-plain", "doctor-egress"):
+        for t in ("doctor-plain", "doctor-egress", "doctor-gvisor"):
             layout.workspace(t).mkdir(parents=True, exist_ok=True)
             os.chmod(layout.workspace(t), 0o777)
     mgr = SandboxManager(layout, instance=instance, egress_network=network, allow_private=[subnet],
-                         env_values={"AFE_DOCTOR_PROBE": probe_value}, client=client)
+                         env_values={"AFE_DOCTOR_PROBE": probe_value}, client=client,
+                         **({"gvisor_runtime": gvisor_runtime} if gvisor_runtime else {}))
     runner = Runner(mgr)
     t0 = time.monotonic()
     plain_settings = SandboxSettings(ticket_id="doctor-plain", pids=64, memory_bytes=64 * 1024 ** 2,
@@ -197,91 +196,30 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
     # claimed by the ticket given that id, whose own create finds it. Every probe below runs on it.
     pooled = await mgr.create(plain_settings)
     plain = await mgr.create(plain_settings)
-    attrs = client.api.inspect_container(plain.container_id)
-    hc = attrs["HostConfig"]
-    label = attrs["Config"]["Labels"].get("afe.ticket")
+    label = client.api.inspect_container(plain.container_id)["Config"]["Labels"].get("afe.ticket")
     report.add("pool: the probes below run on a claimed warm sandbox",
                plain.container_id == pooled.container_id and label == "doctor-plain",
                f"made ahead as container {pooled.container_id[:12]}, claimed {plain.container_id[:12]}; "
                f"afe.ticket={label} (R12: the label of the ticket it serves, from birth)")
 
-    # R4: commands run inside the container, not on the host.
-    _, hostname = await _exec(runner, "doctor-plain", ["hostname"])
-    report.add("R4 commands run in the sandbox", hostname == "sandbox",
-               f"exec ran in container {plain.container_id[:12]} (hostname={hostname})")
-
-    _, ifaces = await _exec(runner, "doctor-plain", ["ls", "/sys/class/net"])
-    report.add("R5 no network by default", hc["NetworkMode"] == "none" and ifaces.split() == ["lo"],
-               f"NetworkMode={hc['NetworkMode']}, interfaces={ifaces.split()}")
-
-    _, status = await _exec(runner, "doctor-plain", ["grep", "-E", "^(CapEff|NoNewPrivs)", "/proc/self/status"])
-    fork = await _py(runner, "doctor-plain", FORK)
-    memcode, _ = await _exec(runner, "doctor-plain",
-                             ["python3", "-c", "b = bytearray(256 * 1024 * 1024); print(len(b))"])
-    ok6 = (hc["CapDrop"] == ["ALL"] and not hc.get("CapAdd") and "no-new-privileges" in hc["SecurityOpt"]
-           and not hc["Privileged"] and "CapEff:\t0000000000000000" in status and "NoNewPrivs:\t1" in status
-           and hc["NanoCpus"] > 0 and hc["Memory"] > 0 and hc["PidsLimit"] > 0
-           and fork.endswith("EAGAIN") and memcode == 137)
-    report.add("R6 caps dropped, no-new-privileges, limits", ok6,
-               f"CapDrop={hc['CapDrop']}, {status.replace(chr(9), ' ').replace(chr(10), ', ')}, "
-               f"cpus={hc['NanoCpus'] / 1e9}, memory={hc['Memory']}, pids={hc['PidsLimit']}; "
-               f"fork probe: {fork} ; 256 MiB allocation exit={memcode}")
-
-    _, uid = await _exec(runner, "doctor-plain", ["id", "-u"])
-    report.add("R7 non-root user", uid == str(SANDBOX_UID) and attrs["Config"]["User"].split(":")[0] != "0",
-               f"User={attrs['Config']['User']}, id -u={uid}")
-
-    rootw, _ = await _exec(runner, "doctor-plain", ["touch", "/doctor-probe"])
-    wsw, _ = await _exec(runner, "doctor-plain", ["touch", "/workspace/.doctor-probe"])
-    find_socket = ("find / -xdev -name 'docker.sock' 2>/dev/null; "
-                   "ls /var/run/docker.sock /run/docker.sock 2>/dev/null")
-    _, socks = await _exec(runner, "doctor-plain", ["bash", "-c", find_socket])
-    binds = [m["Destination"] for m in attrs["Mounts"] if m["Type"] == "bind"]
-    ok8 = attrs["HostConfig"]["ReadonlyRootfs"] and rootw != 0 and wsw == 0 and binds == ["/workspace"] \
-        and not socks
-    report.add("R8 /workspace the only writable mount, no Docker socket", ok8,
-               f"ReadonlyRootfs={hc['ReadonlyRootfs']}, write / exit={rootw}, write /workspace exit={wsw}, "
-               f"binds={binds}, docker.sock found: {socks or 'none'}")
-
-    # R34: which disk cap holds; with a loop-mounted image, writing past 32m gives ENOSPC.
-    if mgr.diskcap.mode == "mount":
-        fill, fout = await _exec(runner, "doctor-plain", [
-            "bash", "-c", ("dd if=/dev/zero of=/workspace/.doctor-fill bs=1M count=48 2>&1; "
-                           "r=$?; rm -f /workspace/.doctor-fill; exit $r")])
-        report.add("R34 workspace disk cap", fill != 0 and "No space left" in fout,
-                   f"mount mode ({mgr.diskcap.why}); writing 48 MiB under a 32m cap -> exit {fill}, "
-                   f"{'ENOSPC' if 'No space left' in fout else 'no ENOSPC'}")
-    else:
-        report.add("R34 workspace disk cap", True,
-                   f"watchdog mode ({mgr.diskcap.why}): usage measured every second, the sandbox is "
-                   "stopped past the cap (overshoot: about one second of writes)")
-
-    env = [e.split("=", 1)[0] for e in attrs["Config"]["Env"]]
-    _, seen_exec = await _exec(runner, "doctor-plain", ["printenv", "AFE_DOCTOR_PROBE"])
-    proc = await runner.start_process("doctor-plain", ["printenv", "AFE_DOCTOR_PROBE"],
-                                      env_names=["AFE_DOCTOR_PROBE"])
-    proc.close_stdin()
-    seen_proc = b"".join([ev.data async for ev in proc.output() if not isinstance(ev, Exit)]).decode().strip()
-    ok9 = (set(env) <= {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE"} and probe_value not in repr(attrs)
-           and seen_exec == "" and seen_proc == probe_value)
-    report.add("R9 no environment but declared names, passed by name", ok9,
-               f"container env names={sorted(env)}; declared value absent from inspect; plain exec sees "
-               f"{'it' if seen_exec else 'nothing'}; a process given the name sees "
-               f"{'it' if seen_proc == probe_value else 'nothing'}")
+    runc = await isolation_checks(report, client, runner, mgr, "doctor-plain", plain.container_id, probe_value)
+    if gvisor_runtime:
+        await gvisor_checks(report, client, runner, mgr, probe_value, runc)
 
     eg = await mgr.create(SandboxSettings(ticket_id="doctor-egress", egress=(tname, "localhost")))
-    allowed = await _py(runner, "doctor-egress", FETCH, f"http://{tname}/")
-    other = await _py(runner, "doctor-egress", FETCH, f"http://other-{instance}.invalid/")
+    allowed = await run_py(runner, "doctor-egress", FETCH, f"http://{tname}/")
+    other = await run_py(runner, "doctor-egress", FETCH, f"http://other-{instance}.invalid/")
+    plain_mode = client.api.inspect_container(plain.container_id)["HostConfig"]["NetworkMode"]
     report.add("R10 egress is an allowlist", allowed == "TARGET-OK" and other.startswith("HTTP 403")
-               and hc["NetworkMode"] == "none",
+               and plain_mode == "none",
                f"no-egress sandbox NetworkMode=none; allowed name -> {allowed}; unlisted name -> {other}")
 
-    literal = await _py(runner, "doctor-egress", FETCH, f"http://{tip}/")
-    loop = await _py(runner, "doctor-egress", FETCH, "http://localhost/")
-    port = await _py(runner, "doctor-egress", CONNECT, f"{tname}:8080")
-    tls = await _py(runner, "doctor-egress", CONNECT, f"{tname}:443")
-    direct = await _py(runner, "doctor-egress", DIRECT, tip, "80")
-    _, dns = await _exec(runner, "doctor-egress", ["bash", "-c", f"getent hosts {tname} || echo FAILED"])
+    literal = await run_py(runner, "doctor-egress", FETCH, f"http://{tip}/")
+    loop = await run_py(runner, "doctor-egress", FETCH, "http://localhost/")
+    port = await run_py(runner, "doctor-egress", CONNECT, f"{tname}:8080")
+    tls = await run_py(runner, "doctor-egress", CONNECT, f"{tname}:443")
+    direct = await run_py(runner, "doctor-egress", DIRECT, tip, "80")
+    _, dns = await run_exec(runner, "doctor-egress", ["bash", "-c", f"getent hosts {tname} || echo FAILED"])
     eattrs = client.api.inspect_container(eg.container_id)
     ok11 = (literal == "HTTP 403" and loop == "HTTP 403" and "403" in port and "200" in tls
             and direct.startswith("ERR") and dns == "FAILED"
@@ -321,7 +259,7 @@ async def _probe_r31(report: Report, client, runner, eg, instance: str, network:
         hosts = host_addresses()
         targets = list(dict.fromkeys([*hosts, *([gw] if gw else []), *others]))
         port = str(listener.port)
-        raw = await _py(runner, eg.ticket_id, PROBE, sbx, port, *targets)
+        raw = await run_py(runner, eg.ticket_id, PROBE, sbx, port, *targets)
         out = await asyncio.to_thread(
             client.containers.run, images.SANDBOX_IMAGE, ["python3", "-c", PROBE, ctl, port, *targets],
             network=network, user=f"{SANDBOX_UID}:{SANDBOX_GID}", cap_drop=["ALL"], remove=True,

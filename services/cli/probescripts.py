@@ -1,6 +1,7 @@
 """The Python scripts `afe doctor` runs inside its probe containers (and, for
 LISTENER, on this host): a target HTTP server, fetches through the egress
-proxy, direct connections, a fork bomb bounded by the pids limit, and the
+proxy, direct connections, a fork bomb bounded by the pids limit, what the
+sandbox's kernel reports (interfaces, no_new_privs), and the
 R31 probe of every host address. Each is passed to `python -c` as text."""
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ s = socket.create_connection((host, int(port)), timeout=10)
 s.sendall(b"CONNECT " + sys.argv[1].encode() + b" HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
 print(s.recv(200).split(b"\\r\\n")[0].decode())
 """
+
+# The network interfaces the sandbox sees, from /proc/net/dev (gVisor has no /sys/class/net).
+INTERFACES = """print(" ".join(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]))"""
+
+# The no_new_privs bit as the kernel (Linux or gVisor's) reports it: prctl(PR_GET_NO_NEW_PRIVS).
+NO_NEW_PRIVS = """import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))"""
 
 FORK = """import os, signal
 pids, err = [], "none"
