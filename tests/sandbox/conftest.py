@@ -174,11 +174,37 @@ def stub(broker):
         ch.close()
 
 
+RUNTIMES = ("runc", "gvisor")
+
+
+def gvisor_missing(client: docker.DockerClient) -> str | None:
+    """Why gVisor sandboxes cannot run on this engine, or None."""
+    if "runsc" not in (client.info().get("Runtimes") or {}):
+        return ("the Docker engine has no `runsc` runtime (gVisor): .ci/run installs and registers it "
+                "(scripts/ensure_runsc.sh); see the README")
+    return None
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def runtime(request, docker_client) -> str:
+    """Each sandbox attack test runs under both runtimes (runc, and gVisor's
+    runsc when the engine has it)."""
+    if request.param == "gvisor" and (why := gvisor_missing(docker_client)):
+        pytest.skip(why)
+    return request.param
+
+
+def spec_runtime(runtime: str) -> str:
+    """SandboxSpec.runtime for a runtime name ("" is runc)."""
+    return "" if runtime == "runc" else runtime
+
+
 @pytest.fixture(scope="module")
-def plain_sandbox(stub, broker):
-    """A sandbox without egress, shared by a module's tests."""
+def plain_sandbox(stub, broker, runtime):
+    """A sandbox without egress, shared by a module's tests (under each runtime)."""
     ticket = "plain-" + new_instance("m")
-    stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(env_names=["AGENT_KEY"])))
+    stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(
+        env_names=["AGENT_KEY"], runtime=spec_runtime(runtime))))
     try:
         yield ticket
     finally:

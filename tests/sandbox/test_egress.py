@@ -10,7 +10,7 @@ import ipaddress
 import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
-from tests.sandbox.conftest import run
+from tests.sandbox.conftest import run, spec_runtime
 from tests.support.sandbox_broker import new_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
@@ -44,10 +44,12 @@ EOF"""
 
 
 @pytest.fixture(scope="module")
-def egress(stub, target_net, docker_client):
+def egress(stub, target_net, docker_client, runtime):
+    """An egress sandbox under each runtime: runc on the ticket's internal
+    network, gVisor with no interface at all (its proxy through a socket)."""
     ticket = "egress-" + new_instance("a")
     sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(
-        egress=[target_net["name"], "localhost"])))
+        egress=[target_net["name"], "localhost"], runtime=spec_runtime(runtime))))
     proxy = docker_client.containers.get(sb.proxy_container_id)
     try:
         yield ticket, sb, proxy
@@ -123,43 +125,59 @@ def test_r11_dns_from_the_sandbox_resolves_nothing(stub, egress, target_net):
     assert in_proxy(proxy, probe).endswith("RESOLVED")  # positive control
 
 
-def test_r10_r12_network_proxy_and_sandbox_are_labelled(egress, docker_client, broker):
+def test_r10_r12_network_proxy_and_sandbox_are_labelled(egress, docker_client, broker, runtime):
     ticket, sb, proxy = egress
     inst = broker.instance
     sandbox = docker_client.containers.get(sb.container_id)
-    assert sandbox.attrs["HostConfig"]["NetworkMode"] == sb.network
-    net = docker_client.networks.get(sb.network)
-    assert net.attrs["Internal"] is True
-    for labels, role in ((sandbox.labels, "sandbox"), (proxy.labels, "proxy"), (net.attrs["Labels"], "network")):
+    owned = [(sandbox.labels, "sandbox"), (proxy.labels, "proxy")]
+    if runtime == "runc":
+        assert sandbox.attrs["HostConfig"]["NetworkMode"] == sb.network
+        net = docker_client.networks.get(sb.network)
+        assert net.attrs["Internal"] is True
+        owned.append((net.attrs["Labels"], "network"))
+    else:   # no interface: the proxy's socket folder, read-only, is the way out
+        assert sandbox.attrs["HostConfig"]["NetworkMode"] == "none" and sb.network == ""
+        assert sandbox.attrs["HostConfig"]["Runtime"] == "runsc"
+        assert sandbox.labels["afe.runtime"] == "gvisor" and sandbox.labels["afe.egress"] == "socket"
+        mounts = {m["Destination"]: m for m in sandbox.attrs["Mounts"]}
+        assert mounts["/run/afe-egress"]["RW"] is False
+    for labels, role in owned:
         assert labels["afe.ticket"] == ticket and labels["afe.instance"] == inst and labels["afe.role"] == role
     assert proxy.attrs["HostConfig"]["CapDrop"] == ["ALL"] and proxy.attrs["HostConfig"]["ReadonlyRootfs"]
 
 
-def test_r11_ticket_a_cannot_reach_ticket_b(stub, egress, docker_client, broker):
+def test_r11_ticket_a_cannot_reach_ticket_b(stub, egress, docker_client, broker, runtime):
     ticket_a, sb_a, proxy_a = egress
     ticket_b = "egress-" + new_instance("b")
-    sb_b = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket_b, spec=pb.SandboxSpec(egress=["x.invalid"])))
+    sb_b = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket_b, spec=pb.SandboxSpec(
+        egress=["x.invalid"], runtime=spec_runtime(runtime))))
     try:
         proxy_b = docker_client.containers.get(sb_b.proxy_container_id)
         ips_b = [n["IPAddress"] for n in proxy_b.attrs["NetworkSettings"]["Networks"].values()]
-        sandbox_b_ip = docker_client.containers.get(sb_b.container_id).attrs["NetworkSettings"]["Networks"][
-            sb_b.network]["IPAddress"]
-        for ip in [*ips_b, sandbox_b_ip]:
+        nets_b = docker_client.containers.get(sb_b.container_id).attrs["NetworkSettings"]["Networks"]
+        sandbox_b_ips = [n["IPAddress"] for n in nets_b.values() if n.get("IPAddress")]
+        assert runtime == "runc" or sandbox_b_ips == []              # gVisor: B has no address at all
+        for ip in [*ips_b, *sandbox_b_ips]:
             port = 3128 if ip in ips_b else 22
             assert run(stub, ticket_a, DIRECT.format(ip=ip, port=port)).stdout.strip().startswith(b"ERR"), ip
-        own = proxy_a.attrs["NetworkSettings"]["Networks"][sb_a.network]["IPAddress"]
+        if runtime == "runc":
+            own = proxy_a.attrs["NetworkSettings"]["Networks"][sb_a.network]["IPAddress"]
+        else:
+            own = "127.0.0.1"     # A's forwarder to its own proxy's socket
         assert run(stub, ticket_a, DIRECT.format(ip=own, port=3128)).stdout.strip() == b"CONNECTED"  # control
     finally:
         removed = stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket_b)).removed
-    assert removed == 3
+    assert removed == (3 if runtime == "runc" else 2)      # sandbox, proxy (and the ticket's network)
     flt = {"label": [f"afe.ticket={ticket_b}", f"afe.instance={broker.instance}"]}
     assert docker_client.containers.list(all=True, filters=flt) == []
     assert docker_client.networks.list(filters=flt) == []
 
 
-def test_r11_proxy_listens_only_on_its_port_and_caches_nothing(egress):
+def test_r11_proxy_listens_only_on_its_port_and_caches_nothing(egress, runtime):
     _, _, proxy = egress
     listening = in_proxy(proxy, "ss -Hlnt | awk '{print $4}'").split()
-    assert [a for a in listening if not a.startswith("127.0.0.11:")] == ["0.0.0.0:3128"]
+    # gVisor's sandbox reaches it through its socket: squid listens on the proxy's loopback alone
+    assert [a for a in listening if not a.startswith("127.0.0.11:")] == \
+        (["0.0.0.0:3128"] if runtime == "runc" else ["127.0.0.1:3128"])
     conf = proxy.attrs["Config"]["Env"]
     assert any("cache deny all" in e for e in conf) and not any("cache_dir" in e for e in conf)
