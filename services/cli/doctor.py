@@ -25,9 +25,10 @@ from pathlib import Path
 
 from services.common.layout import SANDBOX_UID, Layout
 
-from .doctor_gvisor import engine_runtimes, gvisor_checks
+from .doctor_gvisor import engine_runtimes, gvisor_checks, gvisor_egress_checks
+from .egresschecks import egress_checks
 from .hostprobe import HostListener, host_addresses, reached
-from .isolation import isolation_checks, run_exec, run_py
+from .isolation import isolation_checks, run_py
 from .probescripts import CONNECT, DIRECT, FETCH, FORK, LISTENER, PROBE, TARGET_SERVER
 
 # Older imports name these here; they live in probescripts.py and hostprobe.py.
@@ -182,7 +183,7 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
     if os.geteuid() != 0:
         # Without root the broker cannot give the probe workspaces to the
         # sandbox uid; open them up instead (they are throwaway).
-        for t in ("doctor-plain", "doctor-egress", "doctor-gvisor"):
+        for t in ("doctor-plain", "doctor-egress", "doctor-gvisor", "doctor-gvisor-egress"):
             layout.workspace(t).mkdir(parents=True, exist_ok=True)
             os.chmod(layout.workspace(t), 0o777)
     mgr = SandboxManager(layout, instance=instance, egress_network=network, allow_private=[subnet],
@@ -207,27 +208,10 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
         await gvisor_checks(report, client, runner, mgr, probe_value, runc)
 
     eg = await mgr.create(SandboxSettings(ticket_id="doctor-egress", egress=(tname, "localhost")))
-    allowed = await run_py(runner, "doctor-egress", FETCH, f"http://{tname}/")
-    other = await run_py(runner, "doctor-egress", FETCH, f"http://other-{instance}.invalid/")
     plain_mode = client.api.inspect_container(plain.container_id)["HostConfig"]["NetworkMode"]
-    report.add("R10 egress is an allowlist", allowed == "TARGET-OK" and other.startswith("HTTP 403")
-               and plain_mode == "none",
-               f"no-egress sandbox NetworkMode=none; allowed name -> {allowed}; unlisted name -> {other}")
-
-    literal = await run_py(runner, "doctor-egress", FETCH, f"http://{tip}/")
-    loop = await run_py(runner, "doctor-egress", FETCH, "http://localhost/")
-    port = await run_py(runner, "doctor-egress", CONNECT, f"{tname}:8080")
-    tls = await run_py(runner, "doctor-egress", CONNECT, f"{tname}:443")
-    direct = await run_py(runner, "doctor-egress", DIRECT, tip, "80")
-    _, dns = await run_exec(runner, "doctor-egress", ["bash", "-c", f"getent hosts {tname} || echo FAILED"])
-    eattrs = client.api.inspect_container(eg.container_id)
-    ok11 = (literal == "HTTP 403" and loop == "HTTP 403" and "403" in port and "200" in tls
-            and direct.startswith("ERR") and dns == "FAILED"
-            and eattrs["HostConfig"]["NetworkMode"] == eg.network
-            and client.api.inspect_network(eg.network)["Internal"])
-    report.add("R11 only listed hosts via the proxy, no bypass", ok11,
-               f"internal network {eg.network}; IP literal -> {literal}; name resolving to loopback -> {loop}; "
-               f"CONNECT :8080 -> {port}; CONNECT :443 -> {tls}; direct TCP -> {direct}; DNS -> {dns}")
+    await egress_checks(report, client, runner, eg, instance, tname, tip, plain_mode)
+    if gvisor_runtime:
+        await gvisor_egress_checks(report, client, runner, mgr, instance, tname, tip, plain_mode)
 
     await _probe_r31(report, client, runner, eg, instance, network, tip)
 

@@ -1,6 +1,7 @@
 """`afe doctor` and gVisor: the OCI runtimes the engine has, whether gVisor's
 `runsc` is one of them (with the steps to add it when it is not), and, when
-it is, the isolation checks of isolation.py again on a gVisor sandbox.
+it is, the isolation checks of isolation.py and egresschecks.py again on
+gVisor sandboxes.
 
 The gVisor sandbox is made by the sandbox broker's own code, with the
 settings a `sandbox.runtime: gvisor` Workspace gives, so the doctor checks
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .egresschecks import egress_checks
 from .isolation import Seen, isolation_checks
 
 if TYPE_CHECKING:
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 RUNSC = "/usr/bin/runsc"
 RUNTIME_ARGS = ("--network=none", "--host-uds=open")
 GVISOR_TICKET = "doctor-gvisor"
+GVISOR_EGRESS_TICKET = "doctor-gvisor-egress"
 
 
 def install_steps(runtime: str) -> list[str]:
@@ -84,3 +87,17 @@ async def gvisor_checks(report: Report, client, runner, mgr, probe_value: str, r
                       " (not the host's: the control did not hold)"))
     finally:
         await mgr.destroy(GVISOR_TICKET)
+
+
+async def gvisor_egress_checks(report: Report, client, runner, mgr, instance: str, tname: str, tip: str,
+                               plain_mode: str) -> None:
+    """R10 and R11 on a gVisor egress sandbox: no interface, its ticket's
+    proxy through the socket, the same allowlist and refusals as on runc."""
+    from services.sandbox.hardening import SandboxSettings
+
+    eg = await mgr.create(SandboxSettings(ticket_id=GVISOR_EGRESS_TICKET, runtime="gvisor",
+                                          egress=(tname, "localhost")))
+    try:
+        await egress_checks(report, client, runner, eg, instance, tname, tip, plain_mode, tag=" [gVisor]")
+    finally:
+        await mgr.destroy(GVISOR_EGRESS_TICKET)

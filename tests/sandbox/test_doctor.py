@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = ("R4", "R5", "R6", "R7", "R8", "R9", "R10", "R11", "R12", "R31")
-GVISOR_RULES = ("R4", "R5", "R6", "R7", "R8", "R34", "R9")
+GVISOR_RULES = ("R4", "R5", "R6", "R7", "R8", "R34", "R9", "R10", "R11")
 
 
 def _has_runsc() -> bool:
