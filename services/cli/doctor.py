@@ -268,4 +268,4 @@ async def _probe_r31(report: Report, client, runner, eg, instance: str, network:
 
 
 if __name__ == "__main__":
-    sys.exit(run(argparse.Namespace(no_build=False)))
+    sys.exit(run(argparse.Namespace(no_build=False, egress_network="bridge", config=None, gvisor_runtime="runsc")))

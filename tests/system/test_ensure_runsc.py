@@ -136,6 +136,29 @@ def test_registers_runsc_with_a_running_engine_once_and_keeps_its_pid_and_other_
     assert own_engine.pidfile.read_text().strip() == pid and own_engine.proc.poll() is None
 
 
+def test_a_runtime_that_never_appears_fails_with_the_dockerd_log(own_engine):
+    """The reload reaches something that is not this engine (a pidfile naming
+    a process of the test's own): the engine never lists runsc, and the
+    script fails after its bounded wait, showing the log it was given."""
+    if not Path("/usr/bin/runsc").exists():
+        pytest.skip("gVisor's runsc is not installed (.ci/run installs it: apt-get install runsc)")
+    stand_in = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        pidfile = own_engine.root / "other.pid"
+        pidfile.write_text(str(stand_in.pid))
+        log = own_engine.root / "other.log"
+        log.write_text("a line of the dockerd log\n")
+        env = {**own_engine.env(), "AFE_DOCKERD_PIDFILE": str(pidfile), "AFE_DOCKERD_LOG": str(log),
+               "AFE_RUNSC_WAIT_S": "2"}
+        r = _run("bash", str(SCRIPT), env=env)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "did not list runsc within 2 s after the reload" in r.stdout and "a line of the dockerd log" in r.stdout
+        assert "runsc" not in _runtimes(own_engine.host)
+    finally:
+        stand_in.kill()
+        stand_in.wait(timeout=10)
+
+
 def test_before_start_writes_the_entry_once_keeping_other_keys(tmp_path):
     if not Path("/usr/bin/runsc").exists():
         pytest.skip("gVisor's runsc is not installed (.ci/run installs it: apt-get install runsc)")
