@@ -81,9 +81,13 @@ async def isolation_checks(report: Report, client, runner, mgr, ticket: str, con
                                     ["python3", "-c", "b = bytearray(256 * 1024 * 1024); print(len(b))"])
         ok6 = ok6 and fork.endswith("EAGAIN") and memcode == 137
         limits = f"fork probe: {fork} ; 256 MiB allocation exit={memcode}"
+    # The host tasks the engine counts against the pids limit between commands: a few on runc (init,
+    # sleep, the broker's command supervisor), dozens on gVisor (its kernel's own threads and helpers).
+    tasks = (client.api.stats(container_id, stream=False, one_shot=True).get("pids_stats") or {}).get("current")
     report.add(f"R6 caps dropped, no-new-privileges, limits{tag}", ok6,
                f"CapDrop={hc['CapDrop']}, {status.replace(chr(9), ' ')}, no_new_privs={nnp}, "
-               f"cpus={hc['NanoCpus'] / 1e9}, memory={hc['Memory']}, pids={hc['PidsLimit']}; {limits}")
+               f"cpus={hc['NanoCpus'] / 1e9}, memory={hc['Memory']}, pids={hc['PidsLimit']} "
+               f"({tasks if tasks is not None else '?'} in use between commands); {limits}")
 
     _, uid = await run_exec(runner, ticket, ["id", "-u"])
     report.add(f"R7 non-root user{tag}", uid == str(SANDBOX_UID) and attrs["Config"]["User"].split(":")[0] != "0",
