@@ -58,6 +58,11 @@ def workdir(cwd: str) -> str:
     return WORKSPACE + "/" + "/".join(split_relative(cwd))
 
 
+# A gVisor exec starts by saying its pid in gVisor's kernel (InnerPidExec).
+PID_WORD = b"afe-exec-pid"
+SAY_PID = ["/bin/sh", "-c", f'echo "{PID_WORD.decode()} $$"; exec "$@"', "sh"]
+
+
 def check_argv(argv: list[str]) -> list[str]:
     if not argv or not argv[0]:
         raise InvalidArgument("argv must name a program (use [\"bash\", \"-lc\", CMD] for a shell)")
@@ -100,6 +105,55 @@ class _Exec:
         return await self.runner.api.exit_code(self.exec_id)
 
 
+class InnerPidExec(_Exec):
+    """A `docker exec` in a gVisor sandbox. The engine's pid of such an exec
+    is the host's `runsc exec`, not the command, which lives in gVisor's
+    kernel: killing that pid's group leaves the command running. So the
+    command is started by `SAY_PID` (its first stdout line is its own pid,
+    taken off the output here; every exec is a session leader there) and is
+    killed from inside, by its process group."""
+
+    def __init__(self, runner: Runner, exec_id: str, stream: ExecStream, container_id: str) -> None:
+        super().__init__(runner, exec_id, stream)
+        self.container_id = container_id
+        self.pid = 0                  # >0 once said, -1 when it never was
+        self._head = b""              # stdout before the pid line ended
+        self._said = asyncio.Event()
+
+    async def frame(self) -> tuple[int, bytes] | None:
+        while True:
+            frame = await self.stream.frame()
+            if frame is None or self.pid or frame[0] != STDOUT:
+                if frame is None:
+                    self._said.set()
+                return frame
+            self._head += frame[1]
+            line, sep, rest = self._head.partition(b"\n")
+            if not sep:
+                if len(self._head) > 64:          # not our line: pass it on as it came
+                    self.pid, data, self._head = -1, self._head, b""
+                    return STDOUT, data
+                continue
+            self._head = b""
+            word, _, number = line.partition(b" ")
+            self.pid = int(number) if word == PID_WORD and number.isdigit() else -1
+            self._said.set()
+            if self.pid < 0:
+                rest = line + sep + rest
+            if rest:
+                return STDOUT, rest
+
+    async def kill(self) -> None:
+        if not self.pid:              # started a moment ago: its pid line is on its way
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    await self._said.wait()
+        if self.pid > 0:
+            await self.runner.kill_inside(self.container_id, self.pid)
+        else:
+            await super().kill()
+
+
 Handle = _Exec | SupervisedCommand
 
 
@@ -120,13 +174,19 @@ class Runner:
         if info.state == "paused":
             raise FailedPrecondition(f"the sandbox of {ticket_id} is not running (frozen or stopped)")
         try:
-            link = await self.supervisors.link(info.container_id)
+            # gVisor lets a process open a non-dumpable process's /proc/PID/fd (runc refuses), so the
+            # supervisor's private stream would be open to the sandbox there (R4): one exec per command.
+            link = None if info.runtime == "gvisor" else await self.supervisors.link(info.container_id)
             if link is not None:
                 self._containers[ticket_id] = info.container_id
                 try:
                     return await link.open(argv, wd, env, stdin)
                 except SupervisorDown:
                     pass                  # it stopped before the command started: one exec instead
+            if info.runtime == "gvisor":
+                exec_id = await self.api.exec_create(info.container_id, [*SAY_PID, *argv], workdir=wd, env=env,
+                                                     stdin=stdin)
+                return InnerPidExec(self, exec_id, await self.api.exec_start(exec_id), info.container_id)
             exec_id = await self.api.exec_create(info.container_id, argv, workdir=wd, env=env, stdin=stdin)
             return _Exec(self, exec_id, await self.api.exec_start(exec_id))
         except NotFound:
@@ -142,6 +202,8 @@ class Runner:
         """Start the ticket's command supervisor ahead of its first command."""
         with contextlib.suppress(Exception):
             info = await self.sandboxes.get(ticket_id)
+            if info.runtime == "gvisor":
+                return
             self._containers[ticket_id] = info.container_id
             await self.supervisors.warm(info.container_id)
 
@@ -190,6 +252,16 @@ class Runner:
                 while await s.frame() is not None:
                     pass
                 s.close()
+
+    async def kill_inside(self, container_id: str, pid: int) -> None:
+        """SIGKILL the process group `pid` of the sandbox, from inside, as the sandbox user."""
+        with contextlib.suppress(Exception):
+            kid = await self.api.exec_create(container_id, ["kill", "-KILL", "--", f"-{int(pid)}"],
+                                             workdir="/", env=[], stdin=False)
+            s = await self.api.exec_start(kid)
+            while await s.frame() is not None:
+                pass
+            s.close()
 
     async def run_exec(self, ticket_id: str, argv: list[str], *, cwd: str = "", timeout_ms: int = 0,
                        output_cap: int = 0, stdin: bytes = b"") -> AsyncIterator[Output | Exit]:

@@ -75,7 +75,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         # proxy may still be starting), so the first command does not wait for it.
         try:
             info = await self.sandboxes.create(
-                settings, started=lambda cid: self._warm(self.runner.warm_container(request.ticket_id, cid)))
+                settings, started=None if settings.runtime == "gvisor" else
+                lambda cid: self._warm(self.runner.warm_container(request.ticket_id, cid)))
         except BaseException:
             self.runner.release(request.ticket_id)
             raise

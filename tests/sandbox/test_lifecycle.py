@@ -19,7 +19,7 @@ from services.common.layout import SANDBOX_UID, Layout
 from services.common.links import LinkSecrets, new_secret, pass_via_pipe
 from services.sandbox.diskcap import DiskCaps
 from services.sandbox.files import FileTools
-from tests.sandbox.conftest import run, sync_stub
+from tests.sandbox.conftest import run, spec_runtime, sync_stub
 from tests.support.sandbox_broker import new_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
@@ -85,17 +85,21 @@ def test_workspace_files_written_by_sandbox_are_usable_by_host_tools_and_git(stu
     subprocess.run([*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"], check=True, env=env)
 
 
-def test_reconcile_removes_only_dead_tickets_of_its_own_instance(stub, broker, docker_client):
+def test_reconcile_removes_only_dead_tickets_of_its_own_instance(stub, broker, docker_client, runtime):
     live, dead = "live-" + new_instance("r"), "dead-" + new_instance("r")
     other = docker_client.containers.run("afe/sandbox:latest", ["sleep", "infinity"], detach=True,
                                          labels={"afe.ticket": dead, "afe.instance": broker.instance + "x",
                                                  "afe.role": "sandbox"})
     try:
         stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=live))
-        stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=dead, spec=pb.SandboxSpec(egress=["x.invalid"])))
+        stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=dead, spec=pb.SandboxSpec(
+            egress=["x.invalid"], runtime=spec_runtime(runtime))))
+        egress_dir = broker.layout.run_dir / "egress" / dead
+        assert egress_dir.is_dir() == (runtime == "gvisor")       # the proxy's socket folder (gVisor)
         keep = [s.ticket_id for s in stub.ListSandboxes(pb.ListSandboxesRequest()).sandboxes if s.ticket_id != dead]
         r = stub.Reconcile(pb.ReconcileRequest(live_tickets=keep))
-        assert list(r.removed_tickets) == [dead] and r.removed_containers == 2 and r.removed_networks == 1
+        assert list(r.removed_tickets) == [dead] and r.removed_containers == 2
+        assert r.removed_networks == (1 if runtime == "runc" else 0) and not egress_dir.exists()
         names = [s.ticket_id for s in stub.ListSandboxes(pb.ListSandboxesRequest()).sandboxes]
         assert live in names and dead not in names
         other.reload()

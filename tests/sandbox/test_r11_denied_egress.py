@@ -9,7 +9,7 @@ import time
 import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
-from tests.sandbox.conftest import run
+from tests.sandbox.conftest import run, spec_runtime
 from tests.sandbox.test_egress import CONNECT, FETCH
 from tests.support.sandbox_broker import new_instance
 
@@ -27,11 +27,12 @@ def denied(stub, ticket: str, expect: str, count: int) -> pb.DeniedEgressRespons
     return r
 
 
-def test_r11_denied_egress_lists_the_refused_host_names(stub, target_net, docker_client):
+def test_r11_denied_egress_lists_the_refused_host_names(stub, target_net, docker_client, runtime):
     ticket = "denied-" + new_instance("a")
     name = target_net["name"]
     other = "other-" + name                      # the same server under a name not on the allowlist
-    sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(egress=[name])))
+    sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(egress=[name],
+                                                                                   runtime=spec_runtime(runtime))))
     try:
         assert stub.DeniedEgress(pb.DeniedEgressRequest(ticket_id=ticket), timeout=30).hosts == []
         # control: the allowed name is reachable, so a refusal below is the allowlist's doing

@@ -26,7 +26,7 @@ from services.sandbox import diskcap
 from services.sandbox.execs import Exit, Runner
 from services.sandbox.hardening import SandboxSettings
 from services.sandbox.sandboxes import SandboxManager
-from tests.sandbox.conftest import run
+from tests.sandbox.conftest import run, spec_runtime
 from tests.support.sandbox_broker import new_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
@@ -51,17 +51,17 @@ def _host_bytes(path) -> int:
     return st.st_blocks * 512
 
 
-def _spec(disk: int = 0) -> pb.SandboxSpec:
-    return pb.SandboxSpec(limits=pb.Limits(disk_bytes=disk))
+def _spec(disk: int = 0, runtime: str = "runc") -> pb.SandboxSpec:
+    return pb.SandboxSpec(limits=pb.Limits(disk_bytes=disk), runtime=spec_runtime(runtime))
 
 
 @needs_mount
-def test_r34_write_past_the_disk_cap_gets_enospc_and_other_tickets_keep_working(stub, broker):
+def test_r34_write_past_the_disk_cap_gets_enospc_and_other_tickets_keep_working(stub, broker, runtime):
     layout = broker.layout
     capped, other = "cap-" + new_instance("c"), "free-" + new_instance("f")
     try:
-        stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=capped, spec=_spec(64 * MIB)))
-        stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=other, spec=_spec()))   # default: 10g
+        stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=capped, spec=_spec(64 * MIB, runtime)))
+        stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=other, spec=_spec(0, runtime)))   # default: 10g
         ws = layout.workspace(capped)
         assert _mounted(ws) and diskcap.DiskCaps(layout.workspaces_dir, diskcap.MODE_MOUNT).image_path(
             capped).exists()

@@ -47,6 +47,7 @@ def container_of(stub, ticket) -> str:
 
 @pytest.fixture
 def sandbox(stub):
+    """A runc sandbox: gVisor sandboxes run no supervisor (see the last test)."""
     ticket = "sup-" + new_instance("s")
     stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(env_names=["AGENT_KEY"])))
     try:
@@ -171,7 +172,19 @@ def test_r4_no_sandbox_process_holds_the_supervisors_stream(stub, sandbox, docke
     assert not stream & seen, f"the supervisor's stream is open to the sandbox: {stream & seen}"
 
 
-def test_a_sandbox_that_kills_its_supervisor_fails_only_its_own_command(stub, sandbox, plain_sandbox):
+@pytest.fixture
+def plain_runc(stub):
+    """Another ticket's runc sandbox (with a supervisor of its own)."""
+    ticket = "sup-other-" + new_instance("s")
+    stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket))
+    try:
+        yield ticket
+    finally:
+        stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
+
+
+def test_a_sandbox_that_kills_its_supervisor_fails_only_its_own_command(stub, sandbox, plain_runc):
+    plain_sandbox = plain_runc
     first = supervisor_pid(stub, sandbox)
     other = supervisor_pid(stub, plain_sandbox)
     # another ticket's command, running while this sandbox kills its supervisor
@@ -466,3 +479,40 @@ def test_a_short_commands_start_and_exit_share_one_write(stub, sandbox):
     apart, _ = asyncio.run(_started_and_exit_writes(container, held.replace("HOLD_STARTED_S = 0.002",
                                                                               "HOLD_STARTED_S = 0"), 10))
     assert apart <= 2, apart
+
+
+# A process that makes itself non-dumpable, as the supervisor does, holding a pipe
+# on its stdin and stdout; a second process of the same user then tries its fds.
+OPEN_NON_DUMPABLE = """python3 - <<'EOF'
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.dup2(r, 0); os.dup2(w, 1)
+    libc.prctl(4, 0, 0, 0, 0)
+    time.sleep(30); os._exit(0)
+time.sleep(0.3)
+for fd in (0, 1):
+    try:
+        os.close(os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY if fd else os.O_RDONLY)); print("opened", fd)
+    except OSError as e:
+        print("refused", fd, e.errno)
+os.kill(pid, 9)
+EOF"""
+
+
+def test_r4_gvisor_sandboxes_run_each_command_by_exec_as_gvisor_opens_a_non_dumpable_processes_fds(
+        stub, plain_sandbox, runtime):
+    """The supervisor's stream is private only because the kernel refuses
+    /proc/PID/fd of a non-dumpable process. runc's (the host's) kernel does;
+    gVisor's (this release) does not, so a gVisor sandbox runs each command by
+    its own exec and has no supervisor whose frames a process could forge."""
+    r = run(stub, plain_sandbox, OPEN_NON_DUMPABLE).stdout.decode()
+    parent = run(stub, plain_sandbox, ["bash", "-c", PARENT]).stdout.decode()
+    if runtime == "runc":
+        assert r.split() == ["refused", "0", "13", "refused", "1", "13"]
+        assert supervisor.MARKER in parent                 # supervised
+    else:
+        assert r.split() == ["opened", "0", "opened", "1"]    # the attack works on gVisor's kernel...
+        assert supervisor.MARKER not in parent             # ...so there is no supervisor to attack
