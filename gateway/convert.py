@@ -82,6 +82,7 @@ def ticket(t: pb.Ticket, origin: str = "") -> dict:
         "awaiting_sha": t.awaiting_sha,
         "origin": _origin(t.origin) if t.HasField("origin") else None,
         "usage": {"tokens": t.tokens_used},
+        "sandbox_runtime": t.sandbox_runtime,
     }
 
 

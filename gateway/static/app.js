@@ -211,6 +211,10 @@ function eventLine(e) {
     case "node.feedback": return { cls: "sys", text: `${node}failed; round ${p.round} of ${p.max}: its output goes back to ${p.to}` };
     case "node.feedback_spent": return { cls: "sys", text: `${node}failed after ${p.rounds} rounds back to ${p.to}` };
     case "branch.conflict": return { cls: "sys", text: `updating the branch conflicts in: ${(p.paths || []).join(", ")}` };
+    case "github.joined": return { cls: "sys", text: `GitHub ${p.event} by ${p.author} joined this ticket (${p.delivery})` };
+    case "followup.received": return { cls: "sys", text: `follow-up (${p.source}) by ${p.author}${p.path ? " on " + p.path + " line " + p.line : ""}: ${({followup: "re-runs with it shortly", gathered: "gathered into the coming re-run", queued: "queued for the next re-run"})[p.taken] || p.taken}` };
+    case "followup.refused": return { cls: "sys", text: `follow-up (${p.source}) by ${p.author} refused: ${p.reason}` };
+    case "followup.dropped": return { cls: "sys", text: `${p.count} follow-up(s) dropped: ${p.reason}` };
     case "merge.done": return { cls: "sys", text: `${node}merged ${String(p.merge_sha || p.sha || "").slice(0, 12)}` };
     default: {
       const rest = Object.keys(p).length ? " " + JSON.stringify(p) : "";
@@ -377,7 +381,7 @@ async function showTicket(id) {
     state.textContent = ticket.state.replace("_", " ");
     state.dataset.state = ticket.state;
     state.className = `badge state-${ticket.state}`;
-    meta.textContent = `${ticket.id} · workspace ${ticket.workspace} · workflow ${ticket.workflow} · created ${when(ticket.created_at_ms)}`;
+    meta.textContent = `${ticket.id} · workspace ${ticket.workspace} · workflow ${ticket.workflow}${ticket.sandbox_runtime ? " · sandbox " + ticket.sandbox_runtime : ""} · created ${when(ticket.created_at_ms)}`;
     err.hidden = !ticket.error;
     err.textContent = ticket.error || "";
     body.textContent = ticket.body || "(no body)";

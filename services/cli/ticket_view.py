@@ -25,7 +25,8 @@ def _node_line(n: dict, now_ms: int) -> str:
 def _print_ticket(t: dict) -> None:
     now = int(time.time() * 1000)
     print(f"{t['id']}  {t['state']}  {t['title']}")
-    print(f"  workspace {t['workspace']}, workflow {t['workflow']}, last event {t['last_seq']}")
+    runtime = f", sandbox runtime {t['sandbox_runtime']}" if t.get("sandbox_runtime") else ""
+    print(f"  workspace {t['workspace']}, workflow {t['workflow']}{runtime}, last event {t['last_seq']}")
     if t.get("error"):
         print(f"  error: {t['error']}")
     print("nodes:")

@@ -38,13 +38,13 @@ def _node_state(word: str) -> pb.NodeState.ValueType:
         return pb.NODE_STATE_UNSPECIFIED
 
 
-def ticket_pb(v: TicketView) -> pb.Ticket:
+def ticket_pb(v: TicketView, sandbox_runtime: str = "") -> pb.Ticket:
     t = v.ticket
     msg = pb.Ticket(
         id=t.id, workspace=t.workspace, workflow=t.workflow, title=t.title, body=t.body, inputs=t.inputs,
         state=_ticket_state(t.state), created_at_ms=t.created_at_ms,
         updated_at_ms=t.updated_at_ms, error=t.error, last_seq=v.last_seq, awaiting_sha=t.awaiting_sha,
-        tokens_used=t.tokens_used)
+        tokens_used=t.tokens_used, sandbox_runtime=sandbox_runtime)
     for n in v.nodes:
         msg.nodes.append(pb.NodeRun(id=n.node_id, kind=n.kind, state=_node_state(n.state),
                                     needs=list(n.needs), attempt=n.attempt, started_at_ms=n.started_at_ms,
@@ -80,10 +80,14 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self.engine = engine
         self.watch_send_timeout = watch_send_timeout
 
+    def _pb(self, v: TicketView) -> pb.Ticket:
+        ws = self.engine.config.workspaces.get(v.ticket.workspace)
+        return ticket_pb(v, ws.sandbox.runtime if ws is not None else "")
+
     async def CreateTicket(self, request: pb.CreateTicketRequest, context) -> pb.Ticket:
         v = self.engine.create_ticket(request.workspace, request.workflow, request.title, request.body,
                                       dict(request.inputs), request.principal)
-        return ticket_pb(v)
+        return self._pb(v)
 
     async def ListTickets(self, request: pb.ListTicketsRequest, context) -> pb.ListTicketsResponse:
         states = []
@@ -94,22 +98,22 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                                       + ", ".join(f"TICKET_STATE_{t.name}" for t in TicketState))
             states.append(state.value)
         views, token = self.engine.list_tickets(states, request.workspace, request.page_size, request.page_token)
-        return pb.ListTicketsResponse(tickets=[ticket_pb(v) for v in views], next_page_token=token)
+        return pb.ListTicketsResponse(tickets=[self._pb(v) for v in views], next_page_token=token)
 
     async def GetTicket(self, request: pb.GetTicketRequest, context) -> pb.Ticket:
-        return ticket_pb(self.engine.view(request.id))
+        return self._pb(self.engine.view(request.id))
 
     async def GetPullRequest(self, request: pb.GetPullRequestRequest, context) -> pb.Ticket:
-        return ticket_pb(self.engine.pull_request(request.workspace, request.number))
+        return self._pb(self.engine.pull_request(request.workspace, request.number))
 
     async def CancelTicket(self, request: pb.CancelTicketRequest, context) -> pb.Ticket:
-        return ticket_pb(await self.engine.cancel(request.id, request.principal))
+        return self._pb(await self.engine.cancel(request.id, request.principal))
 
     async def ApproveTicket(self, request: pb.ApproveTicketRequest, context) -> pb.Ticket:
-        return ticket_pb(await self.engine.approve(request.id, request.principal, request.sha))
+        return self._pb(await self.engine.approve(request.id, request.principal, request.sha))
 
     async def RejectTicket(self, request: pb.RejectTicketRequest, context) -> pb.Ticket:
-        return ticket_pb(await self.engine.reject(request.id, request.principal, request.reason))
+        return self._pb(await self.engine.reject(request.id, request.principal, request.reason))
 
     async def WatchTicket(self, request: pb.WatchTicketRequest, context):
         # aclosing: a dropped watch (send_within raises) leaves the engine's watcher set at once.
@@ -125,13 +129,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def FollowUpTicket(self, request: pb.FollowUpTicketRequest, context) -> pb.Ticket:
         view = await follow_up(self.engine, request.id, request.instruction, principal=request.principal)
-        return ticket_pb(view)
+        return self._pb(view)
 
     async def RetryTicket(self, request: pb.RetryTicketRequest, context) -> pb.Ticket:
-        return ticket_pb(await self.engine.retry(request.id, request.from_node, request.principal))
+        return self._pb(await self.engine.retry(request.id, request.from_node, request.principal))
 
     async def UpdateTicketBranch(self, request: pb.UpdateTicketBranchRequest, context) -> pb.Ticket:
-        return ticket_pb(await self.engine.update_branch(request.id, request.principal))
+        return self._pb(await self.engine.update_branch(request.id, request.principal))
 
     async def ListWorkflows(self, request, context) -> pb.ListWorkflowsResponse:
         out = []

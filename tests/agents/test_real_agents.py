@@ -58,7 +58,7 @@ baseBranch: main
 forge: {type: local}
 sandbox:
   limits: {cpus: 1, memory: 1g, pids: 256}
----
+%(sandbox_extra)s---
 kind: Model
 name: %(model)s
 provider: %(provider)s
@@ -185,9 +185,17 @@ def _environs(inside: str) -> dict[str, dict[str, str]]:
     return {f"{pid} {cmdlines.get(pid, '')}": env for pid, env in procs.items()}
 
 
-@pytest.mark.parametrize("preset", ["claude-code", "codex", "opencode", "gemini"])
+# claude-code@gvisor: the same ticket in a gVisor sandbox (sandbox.runtime: gvisor) with an egress
+# allowlist, so its proxy is reached through its socket (no network interface) next to the relay's.
+GVISOR_SANDBOX = "  runtime: gvisor\n  egress: [registry.npmjs.org]\n"
+
+
+@pytest.mark.parametrize("preset", ["claude-code", "codex", "opencode", "gemini", "claude-code@gvisor"])
 async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_no_key_in_the_sandbox(
         short_tmp, preset):
+    preset, _, runtime = preset.partition("@")
+    if runtime == "gvisor" and "runsc" not in (docker.from_env().info().get("Runtimes") or {}):
+        pytest.skip("the Docker engine has no `runsc` runtime (gVisor); .ci/run registers it (see the README)")
     model_name, provider, model_id, key_prefix, key_var, server_cls = CASES[preset]
     await asyncio.to_thread(build_agent_image, preset, lambda _m: None)
     key = key_prefix + secrets.token_urlsafe(36)
@@ -202,7 +210,8 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
     async with server:
         (cfg / "afe.yaml").write_text(CONFIG % {"model": model_name, "provider": provider, "model_id": model_id,
                                                 "url": server.url + ("/v1" if provider == "openai" else ""),
-                                                "preset": preset})
+                                                "preset": preset,
+                                                "sandbox_extra": GVISOR_SANDBOX if runtime else ""})
         # `afe up`: the four real processes; the key is in the launcher's environment only
         afe = start_afe(short_tmp, base_env(REAL_AGENT_MODEL_KEY=key))
         try:
@@ -273,6 +282,12 @@ async def test_r32_real_agent_fixes_the_bug_runs_the_tests_and_opens_a_pr_with_n
     # The sandbox, looked at while the agent ran: no real key anywhere.
     assert any(seen["labels"].get("afe.ticket") == t.id and seen["inside"] for seen in looked.values()), \
         "the ticket's sandbox was not inspected while the agent ran"
+    if runtime == "gvisor":    # it ran in gVisor, its egress through the proxy's socket
+        assert t.sandbox_runtime == "gvisor"     # and the ticket says so (ticket show, the UI)
+        sandbox = next(json.loads(seen["inspect"]) for seen in looked.values()
+                       if seen["labels"].get("afe.role") == "sandbox")
+        assert sandbox["HostConfig"]["Runtime"] == "runsc" and sandbox["HostConfig"]["NetworkMode"] == "none"
+        assert sandbox["Config"]["Labels"]["afe.egress"] == "socket"
     agents = {}
     for name, seen in looked.items():
         assert key not in seen["inspect"], f"the real key is in `docker inspect {name}`"

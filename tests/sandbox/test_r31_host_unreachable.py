@@ -24,7 +24,7 @@ from services.common.layout import SANDBOX_GID, SANDBOX_UID
 from services.sandbox import hardening
 from services.sandbox.images import SANDBOX_IMAGE
 from services.sandbox.sandboxes import bridge_ipv4, check_bridge_has_no_address
-from tests.sandbox.conftest import run
+from tests.sandbox.conftest import gvisor_missing, run
 from tests.support.sandbox_broker import new_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
@@ -209,3 +209,32 @@ def test_r31_egress_sandbox_cannot_reach_another_ticket(stub, tickets, docker_cl
     assert tok not in log
     own_res = probe_in_sandbox(stub, sa.ticket_id, tok, 3128, [own])
     assert own_res[own]["tcp"] == "CONNECTED"
+
+
+def test_r31_gvisor_egress_sandbox_has_no_interface_and_reaches_no_host_address(
+        stub, listener, docker_client, test_instance):
+    """A gVisor egress sandbox has no network interface at all (its proxy is a
+    socket away, egress_socket.py): no host address, v4 or v6, answers it.
+    Positive control: the same probe from a plain container on the default
+    bridge reaches the host."""
+    if why := gvisor_missing(docker_client):
+        pytest.skip(why)
+    ticket = "r31g-" + new_instance("g")
+    sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(
+        egress=["x.invalid"], runtime="gvisor")))
+    try:
+        assert sb.network == ""
+        attrs = docker_client.api.inspect_container(sb.container_id)
+        assert attrs["HostConfig"]["NetworkMode"] == "none" and attrs["HostConfig"]["Runtime"] == "runsc"
+        hosts = host_addresses()
+        targets = [*hosts, gateway(docker_client, "bridge")]
+        tok = "gsbx-" + new_instance("t")
+        res = probe_in_sandbox(stub, ticket, tok, listener.port, targets)
+        ctl = "gctl-" + new_instance("t")
+        cres = probe_from_new_container(docker_client, test_instance, ctl, listener.port, targets, network="bridge")
+        v4 = [a for a in hosts if ":" not in a and a in set(host_addresses())]
+        assert set(reached(cres, listener.wait_for(ctl, 2 * len(v4))))      # positive control
+        assert reached(res, listener.received(tok)) == [], res
+        assert all(r["icmp"] != "REPLY" and r["tcp"] != "CONNECTED" for r in res.values())
+    finally:
+        stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))

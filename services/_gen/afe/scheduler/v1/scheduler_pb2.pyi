@@ -570,6 +570,7 @@ class Ticket(_message.Message):
     AWAITING_SHA_FIELD_NUMBER: _builtins.int
     ORIGIN_FIELD_NUMBER: _builtins.int
     TOKENS_USED_FIELD_NUMBER: _builtins.int
+    SANDBOX_RUNTIME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     workspace: _builtins.str
     workflow: _builtins.str
@@ -584,6 +585,8 @@ class Ticket(_message.Message):
     """SHA a waiting merge would merge, shown to the approver."""
     tokens_used: _builtins.int
     """Model tokens the ticket used (its nodes' and agents' calls), kept after it ended."""
+    sandbox_runtime: _builtins.str
+    """The sandbox runtime of the ticket's Workspace (sandbox.runtime): runc | gvisor."""
     @_builtins.property
     def inputs(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -618,10 +621,11 @@ class Ticket(_message.Message):
         awaiting_sha: _builtins.str = ...,
         origin: Global___TicketOrigin | None = ...,
         tokens_used: _builtins.int = ...,
+        sandbox_runtime: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "origin", b"origin", "pr", b"pr"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "awaiting_sha", b"awaiting_sha", "body", b"body", "created_at_ms", b"created_at_ms", "error", b"error", "id", b"id", "inputs", b"inputs", "last_seq", b"last_seq", "nodes", b"nodes", "origin", b"origin", "pr", b"pr", "state", b"state", "title", b"title", "tokens_used", b"tokens_used", "updated_at_ms", b"updated_at_ms", "workflow", b"workflow", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "awaiting_sha", b"awaiting_sha", "body", b"body", "created_at_ms", b"created_at_ms", "error", b"error", "id", b"id", "inputs", b"inputs", "last_seq", b"last_seq", "nodes", b"nodes", "origin", b"origin", "pr", b"pr", "sandbox_runtime", b"sandbox_runtime", "state", b"state", "title", b"title", "tokens_used", b"tokens_used", "updated_at_ms", b"updated_at_ms", "workflow", b"workflow", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
