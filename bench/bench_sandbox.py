@@ -54,8 +54,10 @@ nodes:
 class _Broker:
     """The real broker process (`python -m services.sandbox.main`), as in production."""
 
-    def __init__(self, root: Path, instance: str, *, egress_network: str, allow_private: str) -> None:
+    def __init__(self, root: Path, instance: str, *, egress_network: str, allow_private: str,
+                 extra: tuple[str, ...] = ()) -> None:
         self.root = root
+        self.extra = extra
         self.layout = Layout(root / "data", root / "run")
         self.instance = instance
         self.egress_network = egress_network
@@ -73,7 +75,7 @@ class _Broker:
              "--data", str(self.layout.data_dir), "--run", str(self.layout.run_dir), "--link-fd", str(link_fd),
              "--status-fd", str(status_w), "--ops-port", "0", "--instance", self.instance,
              "--egress-network", self.egress_network, "--allow-private", self.allow_private,
-             "--log-level", "WARNING"],
+             "--log-level", "WARNING", *self.extra],
             cwd=REPO, env={"PATH": os.environ["PATH"], "HOME": str(self.root)}, pass_fds=(link_fd, status_w))
         os.close(link_fd)
         os.close(status_w)
@@ -105,9 +107,10 @@ def _exec(stub, ticket: str, argv: list[str]) -> int:
 
 
 @contextlib.contextmanager
-def bench_broker() -> Iterator[tuple[_Broker, docker.DockerClient, Path]]:
+def bench_broker(extra: tuple[str, ...] = ()) -> Iterator[tuple[_Broker, docker.DockerClient, Path]]:
     """A real sandbox broker with an egress network and a temp root of its
-    own (the images built first); network and root are removed afterwards."""
+    own (the images built first); network and root are removed afterwards.
+    `extra`: more flags of the broker (--egress-transport socket)."""
     ensure_images(progress=lambda _m: None)
     client = docker.from_env()
     instance = "bench" + secrets.token_hex(4)
@@ -116,7 +119,7 @@ def bench_broker() -> Iterator[tuple[_Broker, docker.DockerClient, Path]]:
     net.reload()
     subnet = net.attrs["IPAM"]["Config"][0]["Subnet"]
     try:
-        with _Broker(root, instance, egress_network=net.name, allow_private=subnet) as b:
+        with _Broker(root, instance, egress_network=net.name, allow_private=subnet, extra=extra) as b:
             yield b, client, root
     finally:
         net.remove()

@@ -52,6 +52,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the Docker network the egress proxies join to reach the allowed hosts (default: "
                    "bridge); pick the one that routes to an internal mirror a Workspace lists in "
                    "sandbox.egressPrivate")
+    p.add_argument("--gvisor-runtime", default="runsc", metavar="NAME",
+                   help="the engine's runtime a Workspace with sandbox.runtime: gvisor runs on (default: runsc)")
+    p.add_argument("--egress-transport", choices=("network", "socket"), default="network",
+                   help="how a runc sandbox reaches its egress proxy: the ticket's internal network (default) or "
+                   "a Unix socket with no network interface (gVisor sandboxes always use the socket)")
     p.add_argument("--sandbox-broker", action="append", default=[], metavar="NAME=HOST:PORT[,capacity=N]",
                    help="a sandbox broker on another host, passed to the scheduler (docs/SCALE.md); repeatable. "
                    "With any, the scheduler places sandboxes only there, reached with mutual TLS; needs "
@@ -122,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
                    ready_timeout=args.ready_timeout, check_images=not args.no_images,
                    log_level=os.environ.get("AFE_LOG_LEVEL"), instance=args.instance,
                    broker_recovery=args.broker_recovery, egress_network=args.egress_network,
+                   gvisor_runtime=args.gvisor_runtime, egress_transport=args.egress_transport,
                    sandbox_pool_max=args.sandbox_pool_max, sandbox_brokers=tuple(args.sandbox_broker),
                    tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
     logging.getLogger(__name__).debug("launching with %s", config_dir)

@@ -71,6 +71,8 @@ class Options:
     log_level: str | None = None
     instance: str | None = None      # the sandbox broker's afe.instance label (Docker objects it owns)
     egress_network: str = "bridge"   # the Docker network the egress proxies join (--egress-network)
+    gvisor_runtime: str = "runsc"    # the engine's runtime of sandbox.runtime: gvisor (--gvisor-runtime)
+    egress_transport: str = "network"   # how a runc sandbox reaches its proxy (--egress-transport)
     broker_recovery: float | None = None   # the scheduler's --broker-recovery (tests turn it off)
     # Sandbox brokers on other hosts (docs/SCALE.md): the scheduler's --sandbox-broker values and its
     # mutual-TLS files (--tls-cert/--tls-key/--tls-ca), passed through as given.
@@ -217,6 +219,10 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
             argv += ["--instance", opts.instance]
         if service == "sandbox" and opts.egress_network != "bridge":
             argv += ["--egress-network", opts.egress_network]
+        if service == "sandbox" and opts.gvisor_runtime != "runsc":
+            argv += ["--gvisor-runtime", opts.gvisor_runtime]
+        if service == "sandbox" and opts.egress_transport != "network":
+            argv += ["--egress-transport", opts.egress_transport]
         if service == "scheduler" and opts.max_running is not None:
             argv += ["--max-running", str(opts.max_running)]
         if service == "scheduler" and opts.sandbox_pool_max is not None:

@@ -118,6 +118,19 @@ def check_private(entries: list[str] | tuple[str, ...], egress: list[str] | tupl
     return check_egress_names(names), list(dict.fromkeys(cidrs))
 
 
+# The sandbox's own loopback is never proxied: the model relay's forwarder
+# listens there (R32), and nothing else is on it (the sandbox's loopback is
+# its own, in every runtime and transport).
+SANDBOX_NO_PROXY = "localhost,127.0.0.1,::1"
+
+
+def proxy_env(host: str, port: int = PROXY_PORT) -> dict[str, str]:
+    """The environment that sends a sandbox's HTTP(S) through its proxy."""
+    url = f"http://{host}:{port}"
+    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
+            "NO_PROXY": SANDBOX_NO_PROXY, "no_proxy": SANDBOX_NO_PROXY}
+
+
 def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = (),
                private: list[str] | tuple[str, ...] = (), loopback_only: bool = False) -> str:
     """The proxy's configuration. `allow_private` is the broker's exemption

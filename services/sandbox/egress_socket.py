@@ -31,7 +31,7 @@ from services.common.errors import Unavailable
 from services.common.layout import Layout, check_ticket_id
 
 from . import relayforward
-from .egress import PROXY_PORT
+from .egress import PROXY_PORT, proxy_env
 
 EGRESS_MOUNT = "/run/afe-egress"     # the ticket's egress folder, in the sandbox (read-only) and the proxy
 EGRESS_SOCKET = "proxy.sock"
@@ -130,9 +130,7 @@ def reconcile(layout: Layout, live: set[str]) -> set[str]:
 
 
 def sandbox_proxy_env() -> dict[str, str]:
-    url = f"http://127.0.0.1:{EGRESS_PORT}"
-    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
-            "NO_PROXY": "", "no_proxy": ""}
+    return proxy_env("127.0.0.1", EGRESS_PORT)
 
 
 def proxy_command() -> list[str]:

@@ -16,7 +16,7 @@ from services.common.errors import InvalidArgument
 from services.common.layout import SANDBOX_GID, SANDBOX_UID
 from services.common.relayenv import RELAY_MOUNT
 
-from .egress import PROXY_PORT
+from . import egress
 from .egress_socket import EGRESS_MOUNT, proxy_command
 
 WORKSPACE = "/workspace"
@@ -77,9 +77,7 @@ def labels(instance: str, ticket_id: str, role: str) -> dict[str, str]:
 
 
 def proxy_env(proxy_host: str) -> dict[str, str]:
-    url = f"http://{proxy_host}:{PROXY_PORT}"
-    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
-            "NO_PROXY": "", "no_proxy": ""}
+    return egress.proxy_env(proxy_host)
 
 
 # R31: a ticket's network is a bridge with no host address (inhibit_ipv4), so

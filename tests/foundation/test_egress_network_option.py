@@ -72,3 +72,14 @@ def test_cli_accepts_egress_network():
         r = subprocess.run([sys.executable, "-m", "services.cli.main", cmd, "--help"], cwd=ROOT, capture_output=True,
                            text=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
         assert r.returncode == 0 and "--egress-network NAME" in r.stdout, r.stderr
+
+
+def test_gvisor_runtime_and_egress_transport_go_to_the_sandbox_broker_only(tmp_path):
+    argv = argv_of(tmp_path, gvisor_runtime="gvisor-nightly", egress_transport="socket")
+    sandbox = argv["sandbox"]
+    assert sandbox[sandbox.index("--gvisor-runtime") + 1] == "gvisor-nightly"
+    assert sandbox[sandbox.index("--egress-transport") + 1] == "socket"
+    assert all("--gvisor-runtime" not in a and "--egress-transport" not in a
+               for s, a in argv.items() if s != "sandbox")
+    # the defaults (runsc, the ticket network) add no flag
+    assert all("--gvisor-runtime" not in a and "--egress-transport" not in a for a in argv_of(tmp_path / "d").values())

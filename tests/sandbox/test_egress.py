@@ -105,8 +105,12 @@ def test_r11_plain_http_only_to_80_and_443(stub, egress, target_net):
 
 def test_r11_name_resolving_to_loopback_is_refused(stub, egress, target_net):
     ticket, _, _ = egress
-    # "localhost" IS on the allowlist, but resolves to 127.0.0.1
-    assert run(stub, ticket, FETCH.format(url="http://localhost/")).stdout.strip() == b"HTTP 403"
+    # "localhost" IS on the allowlist, but resolves to 127.0.0.1: asked of the proxy, it refuses
+    via_proxy = FETCH.format(url="http://localhost/").replace("python3 -", "env NO_PROXY= no_proxy= python3 -")
+    assert run(stub, ticket, via_proxy).stdout.strip() == b"HTTP 403"
+    # (the sandbox's own loopback is not proxied, NO_PROXY: the model relay's forwarder listens there;
+    # nothing serves port 80 on it)
+    assert run(stub, ticket, FETCH.format(url="http://localhost/")).stdout.strip() == b"ERR URLError"
     # control: the (private) target passes only because its subnet is exempted for the test
     assert run(stub, ticket, FETCH.format(url=f"http://{target_net['name']}/")).stdout.strip() == b"TARGET-OK"
 
