@@ -97,13 +97,8 @@ class Engine(Leases, Approvals, Reopen, Records):
         self.credentials = credentials
         self.redactor = redactor
         self.max_running = max(1, max_running)
-        self.events = EventLog(store, redactor)
         self.metrics = scheduler_metrics(registry) if registry is not None else None
-        if self.metrics is not None:
-            self.events.lost_metric = self.metrics.events_lost
-            retrier = getattr(store, "_retry", None)
-            if retrier is not None:
-                retrier.metric = self.metrics.store_retries
+        self.events = EventLog(store, redactor, self.metrics)
         self.usage = usage_metrics(registry, config.models) if registry is not None else None
         self.transitions = Transitions(store, self.events, self.metrics)
         self.broker_retry_s = BROKER_RETRY_S   # how long runs wait for a broker that went away (R37)

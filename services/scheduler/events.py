@@ -26,6 +26,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from operator import itemgetter
 from time import time_ns
+from typing import Any
 
 import orjson
 
@@ -34,6 +35,7 @@ from services.common.redact import Redactor
 
 from .event_writes import DROPPABLE, MAX_UNSTORED, EventWrites
 from .store import EventRecord, Store
+from .store_retry import count_outages
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +142,9 @@ def _encode_slow(payload: object, strings: list[str]) -> str:
 
 
 class EventLog(EventWrites):
-    def __init__(self, store: Store, redactor: Redactor) -> None:
+    def __init__(self, store: Store, redactor: Redactor, metrics: Any = None) -> None:
+        """`metrics`: the scheduler's (metrics.SchedulerMetrics), to count the
+        store's retries and the events it could not take."""
         self.store = store
         self.redactor = redactor
         self._seq: dict[str, int] = {}
@@ -149,6 +153,8 @@ class EventLog(EventWrites):
         self._watchers: dict[str, set[_Inbox]] = {}
         self._flush_scheduled = False
         self._init_writes()
+        if metrics is not None:
+            count_outages(store, self, metrics)
 
     def next_seq(self, ticket_id: str) -> int:
         seq = self._seq.get(ticket_id)

@@ -141,6 +141,15 @@ class Retrier:
                 getattr(fn, "__name__", "a statement"), delay)
 
 
+def count_outages(store: Any, events: Any, metrics: Any) -> None:
+    """Point the store's retries and the event log's losses at the scheduler's
+    metrics (metrics.SchedulerMetrics)."""
+    events.lost_metric = metrics.events_lost
+    retrier = getattr(store, "_retry", None)
+    if retrier is not None:
+        retrier.metric = metrics.store_retries
+
+
 def retried_methods(cls: type, base: type) -> type:
     """Wrap each public method `cls` has of `base` (the Store interface) so it
     runs under the instance's `_retry` (a Retrier)."""
