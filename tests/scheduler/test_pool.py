@@ -170,3 +170,32 @@ async def test_r12_broker_restart_reconcile_keeps_the_pool_and_removes_a_dead_sc
 
 async def _without(sys_, tid: str) -> bool:
     return tid not in await _sandboxes(sys_)
+
+
+async def test_r12_a_gvisor_pool_hands_its_warm_sandbox_to_the_ticket(short_tmp):
+    """sandbox.runtime: gvisor with an egress allowlist and a pool of one: the
+    warm sandbox is a gVisor one (no network interface, its proxy through its
+    socket), the ticket takes it and runs in it, and it goes with the ticket."""
+    if "runsc" not in (docker.from_env().info().get("Runtimes") or {}):
+        pytest.skip("the Docker engine has no `runsc` runtime (gVisor); .ci/run registers it (see the README)")
+    cfg = write_config(short_tmp, WORKFLOWS,
+                       sandbox_extra="  pool: 1\n  runtime: gvisor\n  egress: [registry.npmjs.org]\n")
+    layout = Layout(short_tmp / "data", short_tmp / "run")
+    async with afe_system(cfg, layout) as sys_:
+        await asyncio.wait_for(sys_.app.engine.pool.filled.wait(), 120)
+        (reserved, container), = (await _sandboxes(sys_)).items()
+        hc = docker.from_env().api.inspect_container(container)["HostConfig"]
+        assert hc["Runtime"] == "runsc" and hc["NetworkMode"] == "none"
+        t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="hello", title="warm gvisor"))
+        assert t.id == reserved and _label(container) == t.id and t.sandbox_runtime == "gvisor"
+        t = await wait_for_state(sys_.stub, t.id, {"succeeded", "failed"})
+        assert state_name(t) == "succeeded", t.error
+        assert "hello from /workspace" in next(n for n in t.nodes if n.id == "hello").output
+
+        def gone() -> bool:
+            try:
+                docker.from_env().api.inspect_container(container)
+            except docker.errors.NotFound:
+                return True
+            return False
+        await _until(lambda: asyncio.sleep(0, gone()), "the claimed gVisor sandbox to go")
