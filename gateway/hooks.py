@@ -133,7 +133,9 @@ class GitHubWebhook:
                                 "redeliver later")
         reason = result["reason"] if result["reason"] in _REASONS else "bad_payload"
         outcome = result["outcome"] if result["outcome"] in STATUS else "refused"
-        return self._answer(STATUS[outcome], outcome, reason, _MESSAGES.get(reason, reason),
+        # A delivery that joined a live ticket is a new delivery, taken: 202, not a replay's 409.
+        status = 202 if reason == "joined" else STATUS[outcome]
+        return self._answer(status, outcome, reason, _MESSAGES.get(reason, reason),
                             {"tickets": result["ticket_ids"]})
 
 
@@ -153,6 +155,10 @@ _MESSAGES = {
     "bad_delivery_id": "X-GitHub-Delivery is malformed",
     "followup": "a follow-up of the pull request's ticket started",
     "not_afe_pull_request": "afe did not open this pull request (or it is not a review asking for changes)",
-    "busy": "the pull request's ticket is running or merged; nothing was started",
+    "busy": "the pull request's ticket cannot be re-opened (its pull request is merged, or its workflow is gone); "
+            "nothing was started",
+    "joined": "this work has a live ticket already; the event was added to it",
+    "gathered": "added to the follow-up of the pull request's ticket that is about to run",
+    "queued": "the pull request's ticket is running; this follow-up runs once it waits for approval or ends",
 }
 _REASONS = set(_MESSAGES)

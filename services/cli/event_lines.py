@@ -115,6 +115,17 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
         return f"{at} ticket re-opened ({p.get('reason', '')}) by {p.get('principal', '?')}{again}"
     if typ == "branch.conflict":
         return f"{at} updating the branch conflicts in: {', '.join(p.get('paths') or [])}"
+    if typ == "github.joined":     # another event for the same issue and Trigger (docs/GITHUB.md)
+        return f"{at} GitHub {p.get('event', '')} by {p.get('author', '')} joined this ticket ({p.get('delivery', '')})"
+    if typ in ("followup.received", "followup.refused"):
+        where = f" on {p['path']} line {p.get('line', 0)}" if p.get("path") else ""
+        what = {"followup": "re-runs with it shortly", "gathered": "gathered into the coming re-run",
+                "queued": "queued for the next re-run"}.get(p.get("taken", ""), "")
+        if typ == "followup.refused":
+            what = f"refused: {p.get('reason', '')}"
+        return f"{at} follow-up ({p.get('source', '')}) by {p.get('author', '')}{where}: {what}"
+    if typ == "followup.dropped":
+        return f"{at} {p.get('count', 0)} follow-up(s) dropped: {p.get('reason', '')}"
     if typ == "agent.permission":
         what = p.get("title") or p.get("kind") or p.get("tool") or "a tool"
         return f"{at} {node:<16} agent asked permission for {what}: {p.get('outcome') or p.get('decision') or ''}".rstrip()

@@ -327,6 +327,8 @@ GITHUB_REASONS = (
     "bad_content_type", "bad_payload", "rate_limited", "scheduler_unavailable", "duplicate", "no_trigger",
     "bot", "pull_request", "no_write_access", "permission_unknown", "invalid_ticket",
     "followup", "not_afe_pull_request", "busy",
+    # one ticket per piece of work, and follow-ups gathered or queued (docs/GITHUB.md)
+    "joined", "gathered", "queued",
 )
 
 

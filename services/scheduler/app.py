@@ -19,6 +19,7 @@ from services.common.redact import Redactor
 from .automation_key import AutomationKeyFile
 from .brokers import CredentialsClient, SandboxClient
 from .engine import LEASE_S, Engine
+from .followups import SETTLE_S
 from .github_intake import GitHubIntake
 from .github_poll import Poller
 from .github_report import GitHubReporter
@@ -49,6 +50,8 @@ class SchedulerApp:
             self.automation_key.start()
         await self.server.start()
         await self.engine.start()
+        if self.intake is not None:
+            self.intake.start()
         if self.poller is not None:
             self.poller.start()
         if self.reporter is not None:
@@ -59,6 +62,8 @@ class SchedulerApp:
             await self.automation_key.stop()
         if self.poller is not None:
             await self.poller.stop()
+        if self.intake is not None:
+            await self.intake.stop()
         if self.reporter is not None:
             await self.reporter.stop()
         await self.server.stop(grace)
@@ -75,7 +80,7 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
               watch_send_timeout: float = WATCH_SEND_TIMEOUT_S, store: Store | None = None,
               pool_cap: int = DEFAULT_POOL_CAP, public_url: str = "",
               sandboxes: BrokerSet | None = None, owner: str = "",
-              lease_s: float = LEASE_S) -> SchedulerApp:
+              lease_s: float = LEASE_S, github_settle_s: float = SETTLE_S) -> SchedulerApp:
     """`store` (already open, e.g. PostgreSQL from AFE_DATABASE_URL) wins over
     `store_path` (a SQLite file, default `<data>/afe.db`). `public_url`: the UI's
     address, for the ticket links afe writes on GitHub (github_report.py). `owner`, `lease_s`:
@@ -92,7 +97,7 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
                     registry=engine_registry,
                     recovery_interval=recovery_interval, pool_dir=layout.data_dir / "pool", pool_cap=pool_cap,
                     owner=owner, lease_s=lease_s)
-    intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry)
+    intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry, settle_s=github_settle_s)
     reporter = GitHubReporter(config, store, credentials, public_url)
     engine.transitions.listeners.append(reporter.changed)
     # The keys of the scheduler's callers; services/common/callers.py says which service each may call.

@@ -14,6 +14,17 @@ What holds here:
   through the credential broker (`GET .../collaborators/{u}/permission`,
   cached there briefly); anyone else gets no ticket, at most one polite
   comment per issue and person, and a counted refusal. Bots are ignored.
+- One ticket per piece of work: while the ticket a Trigger started for an
+  issue is live, a further event of that Trigger for that issue (another
+  delivery of the same label, `labeled` again, the assignment that came with
+  the label) joins it: an event on the ticket names the delivery, the
+  outcome is `duplicate`/`joined`. The claim of (repository, issue, Trigger)
+  is one row in the store, taken atomically (`Store.claim_work`), so this
+  holds for webhooks and polling and across schedulers on one PostgreSQL; it
+  is taken over once its ticket has ended, or never got one (a crash).
+- Follow-ups on afe's pull requests are stored first and re-open the ticket
+  together (followups.FollowUpQueue): a review and its inline comments are
+  one re-run; what comes while the ticket runs is queued for the next one.
 - Untrusted text stays data (R36): the Trigger fixes the workspace and the
   workflow; issue and comment text only ever become the ticket's title,
   body and the inputs the Trigger maps, each marked untrusted in the
@@ -23,9 +34,11 @@ What holds here:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,9 +47,9 @@ from services.common.errors import AfeError, DeadlineExceeded, ResourceExhausted
 from services.common.metrics import github_deliveries
 
 from .brokers import CredentialsClient
-from .followups import follow_up
+from .followups import SETTLE_S, FollowUpQueue
 from .github_delivery import decode_payload, unclaimed_on_failure
-from .store import Store
+from .store import TERMINAL, Store, WorkClaim
 from .tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_TITLE_CHARS
 
 log = logging.getLogger(__name__)
@@ -52,11 +65,19 @@ POLL_ERROR_BACKOFF_S = 300.0
 # delivery instead of refusing it: its claim is released, so the next poll or a redelivery handles it.
 TRY_AGAIN: tuple[type[AfeError], ...] = (ResourceExhausted, Unavailable, DeadlineExceeded)
 EVENT_TYPES = {"IssuesEvent": "issues", "IssueCommentEvent": "issue_comment"}
+# A work claim without a ticket this long was left by a creator that crashed: the next event takes it over.
+# Creating a ticket takes milliseconds; this leaves room for the store's own retries.
+CLAIM_GRACE_MS = 120_000
+# How long an event waits for the ticket another scheduler is creating for the same work before it
+# fails (the delivery is answered "redeliver later", a polled event is tried again by the next poll).
+JOIN_WAIT_S = 5.0
+JOINED_EVENT = "github.joined"
 
 
 @dataclass
 class Outcome:
     outcome: str                 # accepted | ignored | duplicate | refused (metrics.GITHUB_OUTCOMES)
+    # duplicate: a delivery seen before (`duplicate`) or work that has a live ticket already (`joined`)
     reason: str                  # metrics.GITHUB_REASONS
     ticket_ids: list[str] = field(default_factory=list)
 
@@ -79,12 +100,24 @@ def _label_matches(label: str, labels: tuple[str, ...]) -> bool:
 
 class GitHubIntake:
     def __init__(self, config: Config, store: Store, engine: Any, credentials: CredentialsClient,
-                 registry=None) -> None:
+                 registry=None, *, settle_s: float = SETTLE_S) -> None:
         self.config = config
         self.store = store
         self.engine = engine            # Engine.create_ticket (kept loose: the engine imports nothing of us)
         self.credentials = credentials
         self.metrics = github_deliveries(registry, "scheduler") if registry is not None else None
+        # Review iteration: follow-ups gathered for `settle_s`, queued while their ticket runs.
+        self.followups = (FollowUpQueue(engine, settle_s=settle_s, reply=self._reply_on_pr)
+                          if engine is not None else None)
+
+    def start(self) -> None:
+        """Owed re-opens of a scheduler that stopped with follow-ups pending."""
+        if self.followups is not None:
+            self.followups.start()
+
+    async def stop(self) -> None:
+        if self.followups is not None:
+            await self.followups.close()
 
     def _count(self, o: Outcome) -> Outcome:
         if self.metrics is not None:
@@ -185,13 +218,66 @@ class GitHubIntake:
                 await self._refusal_comment(ws, issue["number"], login)
             return refused
         created: list[str] = []
+        joined: list[str] = []
         for tr, tws in matches:
-            tid = self._create(tr, tws, event, action, data, issue, login, delivery)
+            started, tid = await self._start_or_join(tr, tws, event, action, data, issue, login, delivery)
             if tid:
-                created.append(tid)
-        if not created:
-            return Outcome("refused", "invalid_ticket")
-        return Outcome("accepted", "ok", created)
+                (created if started else joined).append(tid)
+        if created:
+            return Outcome("accepted", "ok", created + joined)
+        if joined:
+            return Outcome("duplicate", "joined", joined)
+        return Outcome("refused", "invalid_ticket")
+
+    # -- one ticket per piece of work --------------------------------------------
+
+    async def _start_or_join(self, tr: Trigger, ws: Workspace, event: str, action: str, data: dict, issue: dict,
+                             login: str, delivery: str) -> tuple[bool, str | None]:
+        """(True, the new ticket) when this event starts the Trigger's work on the
+        issue, (False, its live ticket) when it joins it, (True, None) when the
+        ticket could not be created. The claim is taken before the ticket is
+        created and given up if that fails, so nothing but a crash leaves a
+        claim without a ticket, and such a claim is taken over after
+        CLAIM_GRACE_MS."""
+        key = (ws.forge.repo.lower(), int(issue["number"]), tr.name)
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while True:
+            held: WorkClaim | None = self.store.claim_work(*key, token, int(time.time() * 1000), CLAIM_GRACE_MS)
+            if held is not None and held.claim == token:
+                try:
+                    tid = self._create(tr, ws, event, action, data, issue, login, delivery)
+                except BaseException:
+                    self.store.release_work(*key, token)
+                    raise
+                if tid is None:
+                    self.store.release_work(*key, token)
+                elif not self.store.set_work_ticket(*key, token, tid):
+                    log.warning("github %s.%s (delivery %s): the claim of issue #%s for Trigger %s was taken over "
+                                "while ticket %s was created (over %s s)", event, action, delivery, key[1], tr.name,
+                                tid, CLAIM_GRACE_MS // 1000)
+                return True, tid
+            live = self.store.get_ticket(held.ticket_id) if held is not None and held.ticket_id else None
+            if live is not None and live.state in TERMINAL:
+                continue          # it ended this moment: the next claim takes the work over
+            if held is not None and live is not None:
+                self._joined(held.ticket_id, tr, event, action, data, login, delivery)
+                return False, held.ticket_id
+            # Another scheduler is creating the ticket this very moment (or the row went away, or names
+            # a ticket the store does not have: taken over once CLAIM_GRACE_MS has passed): wait for it.
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the ticket of issue #{key[1]} (Trigger {tr.name}) is being created by another "
+                                  "scheduler; deliver the event again later")
+            await asyncio.sleep(0.05)
+
+    def _joined(self, ticket_id: str, tr: Trigger, event: str, action: str, data: dict, login: str,
+                delivery: str) -> None:
+        url = _text((data.get("comment") or {}).get("html_url")) or _text((data.get("issue") or {}).get("html_url"))
+        self.engine.events.append(ticket_id, JOINED_EVENT, {
+            "delivery": delivery, "event": f"{event}.{action}", "author": login, "trigger": tr.name, "url": url})
+        self.engine.events.flush()
+        log.info("github %s.%s (delivery %s): joined ticket %s of Trigger %s (it is live)", event, action,
+                 delivery, ticket_id, tr.name)
 
     # -- iteration on afe's pull requests (docs/GITHUB.md, "Iteration") ----------
 
@@ -245,15 +331,37 @@ class GitHubIntake:
         if refused is not None:
             return refused
         url = _text((data.get("comment") or data.get("review") or {}).get("html_url"))
+        if event == "pull_request_review":
+            review_id = (data.get("review") or {}).get("id")
+        else:
+            review_id = (data.get("comment") or {}).get("pull_request_review_id")
+        return await self._follow_up(tid, text, login=login, source=source, path=path, line=line, url=url,
+                                     delivery=delivery, review_id=review_id if isinstance(review_id, int) else 0,
+                                     what=f"github {event}.{action} (delivery {delivery})")
+
+    async def _follow_up(self, tid: str, text: str, *, login: str, source: str, path: str, line: int, url: str,
+                         delivery: str, review_id: int, what: str) -> Outcome:
+        """Hand a writer's request to the ticket's follow-ups (followups.FollowUpQueue):
+        gathered into the coming re-run, or queued for the next one; refused
+        only when the ticket can never run again (an event on it says so)."""
+        if self.followups is None:      # no engine (an intake that only records deliveries)
+            return Outcome("ignored", "not_afe_pull_request")
         try:
-            await follow_up(self.engine, tid, text, principal=f"github:{login}", author=login, source=source,
-                            path=path, line=line, url=url)
+            how = self.followups.submit(tid, text, principal=f"github:{login}", author=login, source=source,
+                                        path=path, line=line, url=url, delivery=delivery, review_id=review_id)
         except AfeError as exc:
-            log.info("github %s.%s (delivery %s): no follow-up of ticket %s: %s", event, action, delivery, tid,
-                     exc.message)
-            return Outcome("ignored", "busy")
-        log.info("github %s.%s (delivery %s): follow-up of ticket %s by %s", event, action, delivery, tid, login)
-        return Outcome("accepted", "followup", [tid])
+            log.info("%s: no follow-up of ticket %s: %s", what, tid, exc.message)
+            return Outcome("ignored", "busy", [tid])
+        log.info("%s: follow-up of ticket %s by %s: %s", what, tid, login, how)
+        return Outcome("accepted", how, [tid])
+
+    async def _reply_on_pr(self, ticket_id: str, text: str) -> None:
+        """A comment on the ticket's pull request (what happened to follow-ups it was sent)."""
+        t = self.store.get_ticket(ticket_id)
+        pr = self.store.get_pr(ticket_id)
+        if t is None or pr is None or t.workspace not in self.config.workspaces:
+            return
+        await self.credentials.comment(t.workspace, pr.number, text)
 
     async def _unless_writer(self, ws: Workspace, login: str, where: str, who: str,
                              consequence: str) -> Outcome | None:

@@ -30,6 +30,7 @@ from services.common.telemetry import grpc_server_interceptors, setup_tracing, s
 from .app import build_app
 from .database_url import open_store, read_database_url
 from .engine import LEASE_S
+from .followups import SETTLE_S
 from .placement import add_flags as add_placement_flags
 from .placement import from_flags as brokers_from_flags
 from .pool import DEFAULT_CAP
@@ -55,6 +56,10 @@ def _extra(p: argparse.ArgumentParser) -> None:
     p.add_argument("--public-url", default="", metavar="URL",
                    help="the URL users open the UI at (the gateway's --public-url); ticket links in the "
                    "comments and commit statuses afe writes on GitHub start with it (none without it)")
+    p.add_argument("--github-settle-seconds", type=float, default=SETTLE_S, metavar="SECONDS",
+                   help=f"how long a follow-up from a pull request waits for more of the same review (its "
+                   f"inline comments) before the ticket re-runs with all of them (default {SETTLE_S:g}; "
+                   "docs/GITHUB.md)")
     add_placement_flags(p)
 
 
@@ -78,7 +83,8 @@ async def amain(argv: list[str] | None = None) -> int:
                     max_running=args.max_running, registry=ctx.registry,
                     interceptors=grpc_server_interceptors(), recovery_interval=args.broker_recovery,
                     pool_cap=max(0, args.sandbox_pool_max), public_url=args.public_url, sandboxes=brokers,
-                    owner=args.scheduler_id, lease_s=max(1.0, args.lease_seconds))
+                    owner=args.scheduler_id, lease_s=max(1.0, args.lease_seconds),
+                    github_settle_s=max(0.0, args.github_settle_seconds))
 
     async def store_ready() -> bool:
         # Not ready while events wait in memory for the store (event_writes.py), even if it answers a ping.

@@ -1,5 +1,5 @@
 """The PostgreSQL store's records of GitHub intake (delivery ids seen once,
-poll cursors, the ticket of a PR), follow-ups, reports back to GitHub and
+poll cursors, the ticket of a PR, the one live ticket of an issue), follow-ups, reports back to GitHub and
 sandbox placements: rows with no lease of their own, so written without a
 fence check. Mixed into `PostgresStore` (pg_store.py), which owns the
 connection.
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import psycopg
 
-from .store import FollowUpRecord
+from .store import CLAIM_WORK, FOLLOWUP_COLS, TERMINAL_STATES, FollowUpRecord, WorkClaim
+
+NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"   # the database's clock (as pg_store.py)
 
 
 class PostgresRecords:
@@ -45,18 +47,60 @@ class PostgresRecords:
             "ORDER BY t.created_at_ms DESC LIMIT 1", (workspace, number)).fetchone()
         return row[0] if row else None
 
+    # one ticket per piece of work (github_intake.py)
+    def claim_work(self, repo: str, number: int, trigger: str, claim: str, at_ms: int,
+                   grace_ms: int) -> WorkClaim | None:
+        # Autocommit: the upsert is atomic on its own (a concurrent claimer's INSERT waits for this
+        # one's row, then finds it); the read after it says who holds the claim now. A retry after a
+        # commit the lost connection cut finds this caller's own token.
+        key = (repo, number, trigger)
+        db = self._conn()
+        db.execute(CLAIM_WORK.format(now=NOW_MS), (*key, claim, grace_ms, *TERMINAL_STATES))
+        row = db.execute("SELECT claim, ticket_id, claimed_at_ms FROM github_work WHERE repo=%s AND number=%s "
+                         "AND trigger_name=%s", key).fetchone()
+        return WorkClaim(*row) if row else None
+
+    def set_work_ticket(self, repo: str, number: int, trigger: str, claim: str, ticket_id: str) -> bool:
+        cur = self._conn().execute("UPDATE github_work SET ticket_id=%s WHERE repo=%s AND number=%s AND "
+                                   "trigger_name=%s AND claim=%s", (ticket_id, repo, number, trigger, claim))
+        return cur.rowcount == 1
+
+    def release_work(self, repo: str, number: int, trigger: str, claim: str) -> None:
+        self._conn().execute("DELETE FROM github_work WHERE repo=%s AND number=%s AND trigger_name=%s AND "
+                             "claim=%s", (repo, number, trigger, claim))
+
     # follow-ups and reports
     def add_followup(self, rec: FollowUpRecord) -> None:
         self._conn().execute(
-            "INSERT INTO ticket_followups (ticket_id, at_ms, author, source, text, path, line, url) "
-            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
-            (rec.ticket_id, rec.at_ms, rec.author, rec.source, rec.text, rec.path, rec.line, rec.url))
+            "INSERT INTO ticket_followups (ticket_id, at_ms, author, source, text, path, line, url, state) "
+            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+            (rec.ticket_id, rec.at_ms, rec.author, rec.source, rec.text, rec.path, rec.line, rec.url, rec.state))
 
     def followups(self, ticket_id: str, since_ms: int) -> list[FollowUpRecord]:
         rows = self._conn().execute(
-            "SELECT ticket_id, at_ms, author, source, text, path, line, url FROM ticket_followups "
-            "WHERE ticket_id=%s AND at_ms>=%s ORDER BY id", (ticket_id, since_ms)).fetchall()
+            f"SELECT {FOLLOWUP_COLS} FROM ticket_followups "
+            "WHERE ticket_id=%s AND at_ms>=%s AND state='given' ORDER BY id", (ticket_id, since_ms)).fetchall()
         return [FollowUpRecord(*r) for r in rows]
+
+    def pending_followups(self, ticket_id: str) -> list[FollowUpRecord]:
+        rows = self._conn().execute(f"SELECT {FOLLOWUP_COLS} FROM ticket_followups WHERE ticket_id=%s AND "
+                                    "state='pending' ORDER BY id", (ticket_id,)).fetchall()
+        return [FollowUpRecord(*r) for r in rows]
+
+    def give_followups(self, ticket_id: str, at_ms: int) -> int:
+        cur = self._conn().execute("UPDATE ticket_followups SET state='given', at_ms=%s WHERE ticket_id=%s AND "
+                                   "state='pending'", (at_ms, ticket_id))
+        return cur.rowcount
+
+    def drop_followups(self, ticket_id: str) -> list[FollowUpRecord]:
+        rows = self._conn().execute(f"UPDATE ticket_followups SET state='dropped' WHERE ticket_id=%s AND "
+                                    f"state='pending' RETURNING id, {FOLLOWUP_COLS}", (ticket_id,)).fetchall()
+        return [FollowUpRecord(*r[1:]) for r in sorted(rows)]
+
+    def tickets_with_pending_followups(self) -> list[str]:
+        rows = self._conn().execute("SELECT ticket_id, MIN(id) FROM ticket_followups WHERE state='pending' "
+                                    "GROUP BY ticket_id ORDER BY 2").fetchall()
+        return [r[0] for r in rows]
 
     def report(self, ticket_id: str, step: str) -> tuple[str, str] | None:
         row = self._conn().execute("SELECT comment_id, digest FROM github_reports WHERE ticket_id=%s AND step=%s",

@@ -19,8 +19,11 @@ from services.common.errors import FailedPrecondition
 
 from . import migrations
 from .store import (
+    CLAIM_WORK,
+    FOLLOWUP_COLS,
     LIVE,
     TERMINAL,
+    TERMINAL_STATES,
     ApprovalRecord,
     EventRecord,
     FollowUpRecord,
@@ -28,6 +31,7 @@ from .store import (
     PullRequestRecord,
     Store,
     TicketRecord,
+    WorkClaim,
 )
 from .store_retry import Retrier, retried_methods, sqlite_reason
 
@@ -309,18 +313,63 @@ class SqliteStore(Store):
             "ORDER BY t.created_at_ms DESC LIMIT 1", (workspace, number)).fetchone()
         return row[0] if row else None
 
+    # one ticket per piece of work (github_intake.py)
+    def claim_work(self, repo: str, number: int, trigger: str, claim: str, at_ms: int,
+                   grace_ms: int) -> WorkClaim | None:
+        key = (repo, number, trigger)
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute(CLAIM_WORK.format(now="%s").replace("%s", "?"),
+                            (*key, claim, at_ms, at_ms, grace_ms, *TERMINAL_STATES))
+            row = self.db.execute("SELECT claim, ticket_id, claimed_at_ms FROM github_work WHERE repo=? AND "
+                                  "number=? AND trigger_name=?", key).fetchone()
+            self.db.execute("COMMIT")
+        except BaseException:
+            self._end_transaction("")
+            raise
+        return WorkClaim(*row) if row else None
+
+    def set_work_ticket(self, repo: str, number: int, trigger: str, claim: str, ticket_id: str) -> bool:
+        cur = self.db.execute("UPDATE github_work SET ticket_id=? WHERE repo=? AND number=? AND trigger_name=? "
+                              "AND claim=?", (ticket_id, repo, number, trigger, claim))
+        return cur.rowcount == 1
+
+    def release_work(self, repo: str, number: int, trigger: str, claim: str) -> None:
+        self.db.execute("DELETE FROM github_work WHERE repo=? AND number=? AND trigger_name=? AND claim=?",
+                        (repo, number, trigger, claim))
+
     # follow-ups and reports
     def add_followup(self, rec: FollowUpRecord) -> None:
         self.db.execute(
-            "INSERT INTO ticket_followups (ticket_id, at_ms, author, source, text, path, line, url) "
-            "VALUES (?,?,?,?,?,?,?,?)",
-            (rec.ticket_id, rec.at_ms, rec.author, rec.source, rec.text, rec.path, rec.line, rec.url))
+            "INSERT INTO ticket_followups (ticket_id, at_ms, author, source, text, path, line, url, state) "
+            "VALUES (?,?,?,?,?,?,?,?,?)",
+            (rec.ticket_id, rec.at_ms, rec.author, rec.source, rec.text, rec.path, rec.line, rec.url, rec.state))
 
     def followups(self, ticket_id: str, since_ms: int) -> list[FollowUpRecord]:
         rows = self.db.execute(
-            "SELECT ticket_id, at_ms, author, source, text, path, line, url FROM ticket_followups "
-            "WHERE ticket_id=? AND at_ms>=? ORDER BY id", (ticket_id, since_ms)).fetchall()
+            f"SELECT {FOLLOWUP_COLS} FROM ticket_followups "
+            "WHERE ticket_id=? AND at_ms>=? AND state='given' ORDER BY id", (ticket_id, since_ms)).fetchall()
         return [FollowUpRecord(*r) for r in rows]
+
+    def pending_followups(self, ticket_id: str) -> list[FollowUpRecord]:
+        rows = self.db.execute(f"SELECT {FOLLOWUP_COLS} FROM ticket_followups WHERE ticket_id=? AND "
+                               "state='pending' ORDER BY id", (ticket_id,)).fetchall()
+        return [FollowUpRecord(*r) for r in rows]
+
+    def give_followups(self, ticket_id: str, at_ms: int) -> int:
+        cur = self.db.execute("UPDATE ticket_followups SET state='given', at_ms=? WHERE ticket_id=? AND "
+                              "state='pending'", (at_ms, ticket_id))
+        return cur.rowcount
+
+    def drop_followups(self, ticket_id: str) -> list[FollowUpRecord]:
+        rows = self.db.execute(f"UPDATE ticket_followups SET state='dropped' WHERE ticket_id=? AND "
+                               f"state='pending' RETURNING id, {FOLLOWUP_COLS}", (ticket_id,)).fetchall()
+        return [FollowUpRecord(*r[1:]) for r in sorted(rows)]
+
+    def tickets_with_pending_followups(self) -> list[str]:
+        rows = self.db.execute("SELECT ticket_id, MIN(id) FROM ticket_followups WHERE state='pending' "
+                               "GROUP BY ticket_id ORDER BY 2").fetchall()
+        return [r[0] for r in rows]
 
     def report(self, ticket_id: str, step: str) -> tuple[str, str] | None:
         row = self.db.execute("SELECT comment_id, digest FROM github_reports WHERE ticket_id=? AND step=?",

@@ -122,6 +122,44 @@ class FollowUpRecord:
     path: str = ""           # a review comment's file
     line: int = 0            # and line
     url: str = ""
+    # given: an instruction of the re-run that started at `at_ms` (`followups`); pending: received,
+    # waiting for the ticket's next re-open (followups.FollowUpQueue); dropped: that re-open was refused
+    state: str = "given"
+
+
+FOLLOWUP_GIVEN, FOLLOWUP_PENDING, FOLLOWUP_DROPPED = "given", "pending", "dropped"
+
+
+@dataclass
+class WorkClaim:
+    """The claim of (repository, issue number, Trigger) on its one live ticket
+    (`Store.claim_work`): `claim` is the claimer's token, `ticket_id` empty
+    while that ticket is being created."""
+
+    claim: str
+    ticket_id: str
+    claimed_at_ms: int
+
+
+# The statements both stores run (PostgreSQL's placeholders; SQLite's store swaps them for `?`).
+FOLLOWUP_COLS = "ticket_id, at_ms, author, source, text, path, line, url, state"
+# Insert the claim, or take over one that blocks nothing any more: its ticket has ended, or it has
+# had no (stored) ticket for longer than the grace period (its creator crashed, the ticket is gone).
+# One statement, on the primary key: of two concurrent claimers one inserts, the other sees its row
+# (and joins its ticket). A ticket that does not exist counts only after the grace period because
+# PostgreSQL checks the conflicting row at its newest version but reads `tickets` in the statement's
+# snapshot: a claimer whose statement began just before the holder's ticket was committed sees the
+# holder's ticket id but not the ticket (test_github_work_store.py has that interleaving).
+# `{now}`: the store's clock (PostgreSQL: the database's, so the hosts' clocks do not matter).
+# Parameters: repo, number, trigger, claim, [now,] [now,] grace_ms, then the TERMINAL states.
+CLAIM_WORK = (
+    "INSERT INTO github_work (repo, number, trigger_name, claim, ticket_id, claimed_at_ms) "
+    "VALUES (%s,%s,%s,%s,'',{now}) ON CONFLICT (repo, number, trigger_name) DO UPDATE SET "
+    "claim=excluded.claim, ticket_id='', claimed_at_ms=excluded.claimed_at_ms "
+    "WHERE (github_work.claimed_at_ms<{now}-%s AND NOT EXISTS (SELECT 1 FROM tickets t "
+    "WHERE t.id=github_work.ticket_id)) OR EXISTS (SELECT 1 FROM tickets t WHERE t.id=github_work.ticket_id "
+    "AND t.state IN (" + ",".join(["%s"] * len(TERMINAL)) + "))")
+TERMINAL_STATES = tuple(sorted(TERMINAL))
 
 
 class LeaseLost(FailedPrecondition):
@@ -292,13 +330,55 @@ class Store(abc.ABC):
         """The ticket whose pull request in `workspace` is `number`, if afe opened it."""
         raise NotImplementedError
 
+    # One ticket per piece of work (github_intake.py, docs/GITHUB.md "One ticket per issue")
+    @abc.abstractmethod
+    def claim_work(self, repo: str, number: int, trigger: str, claim: str, at_ms: int,
+                   grace_ms: int) -> WorkClaim | None:
+        """Claim (repo, number, trigger) for a ticket about to be created, in one
+        atomic statement (INSERT ... ON CONFLICT on the table's primary key): the
+        row is inserted when there is none, and replaced when its ticket has
+        ended, or when it has had no stored ticket for more than `grace_ms`
+        (its creator crashed, or the ticket is gone). `at_ms`: now, on the caller's clock
+        (a store shared by several hosts uses its own clock instead). Returns the claim as stored
+        afterwards: `claim` equal to the argument means this caller holds it;
+        another token means another delivery or scheduler does (join its
+        ticket); None: the row went away meanwhile (try again)."""
+
+    @abc.abstractmethod
+    def set_work_ticket(self, repo: str, number: int, trigger: str, claim: str, ticket_id: str) -> bool:
+        """Record the ticket of this caller's claim; False when the claim is no longer its own."""
+
+    @abc.abstractmethod
+    def release_work(self, repo: str, number: int, trigger: str, claim: str) -> None:
+        """Give up this caller's claim (its ticket could not be created), so the next event may start one."""
+
     # follow-ups and reports (followups.py, github_report.py)
     def add_followup(self, rec: FollowUpRecord) -> None:
+        """Store `rec` (in its `state`: given, or pending for the ticket's next re-open)."""
         raise NotImplementedError
 
     def followups(self, ticket_id: str, since_ms: int) -> list[FollowUpRecord]:
-        """The ticket's follow-ups recorded at or after `since_ms`, oldest first."""
+        """The ticket's follow-ups given to a re-run at or after `since_ms`, oldest first."""
         raise NotImplementedError
+
+    @abc.abstractmethod
+    def pending_followups(self, ticket_id: str) -> list[FollowUpRecord]:
+        """The ticket's follow-ups waiting for its next re-open, oldest first."""
+
+    @abc.abstractmethod
+    def give_followups(self, ticket_id: str, at_ms: int) -> int:
+        """Give every pending follow-up of the ticket to the re-run that started at
+        `at_ms` (state given, at_ms); returns how many. One statement: a follow-up
+        is given to one re-run only, also with several schedulers."""
+
+    @abc.abstractmethod
+    def drop_followups(self, ticket_id: str) -> list[FollowUpRecord]:
+        """Mark the ticket's pending follow-ups dropped (it cannot be re-opened any
+        more); returns the ones this call dropped."""
+
+    @abc.abstractmethod
+    def tickets_with_pending_followups(self) -> list[str]:
+        """Tickets that have follow-ups waiting (after a restart: their re-open is still owed)."""
 
     def report(self, ticket_id: str, step: str) -> tuple[str, str] | None:
         """(comment id, digest) of the report `step` of the ticket, as last recorded."""

@@ -25,6 +25,15 @@ EVENTS = [
     ("node.resumed", {"node": "fix", "was": "running"}, "resumed (was running)"),
     ("ticket.resumed", {}, "ticket resumed"),
     ("approval.stale", {"node": "merge", "approved_sha": "d" * 40, "head_sha": "e" * 40}, "approve again"),
+    ("github.joined", {"delivery": "d-2", "event": "issues.assigned", "author": "octo", "trigger": "t", "url": ""},
+     "issues.assigned by octo joined this ticket (d-2)"),
+    ("followup.received", {"source": "github:review_comment", "author": "octo", "path": "a.py", "line": 3,
+                           "url": "", "delivery": "d", "review_id": 1, "taken": "queued", "waiting": 1},
+     "by octo on a.py line 3: queued for the next re-run"),
+    ("followup.refused", {"source": "github:review", "author": "octo", "reason": "its pull request 2 is merged"},
+     "refused: its pull request 2 is merged"),
+    ("followup.dropped", {"count": 2, "reason": "its pull request 2 is merged", "followups": []},
+     "2 follow-up(s) dropped"),
 ]
 
 

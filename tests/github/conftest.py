@@ -168,13 +168,20 @@ def gateway_flags() -> list[str]:
 
 
 @pytest.fixture
+def settle_s() -> float:
+    """The scheduler's settle window for follow-ups (--github-settle-seconds, its default); a test may
+    override it. Deliveries a test sends back to back come well within it, even on a busy machine."""
+    return 2.0
+
+
+@pytest.fixture
 def gateway_module() -> str:
     """The gateway's module (a positive control may override it with an old code path)."""
     return "gateway.main"
 
 
 @pytest.fixture
-async def stack(examples, openapi, gateway_flags, gateway_module):
+async def stack(examples, openapi, gateway_flags, gateway_module, settle_s):
     labeled = example(examples, "issues", "labeled")
     repo = labeled["repository"]["full_name"]
     assignee = example(examples, "issues", "assigned")["assignee"]["login"]
@@ -191,7 +198,8 @@ async def stack(examples, openapi, gateway_flags, gateway_module):
                                      socket_path=layout.socket("credentials")) as (_, cb_secret):
             link = LinkSecrets(serve={"gateway": new_secret(), "automation": new_secret()},
                                call={"credentials": cb_secret})
-            app = build_app(config, layout, link, redactor, registry=registry, recovery_interval=0)
+            app = build_app(config, layout, link, redactor, registry=registry, recovery_interval=0,
+                            github_settle_s=settle_s)
             await app.server.start()   # engine not started
             gw = start_gateway(layout, link.serve["gateway"], config_dir=cfg_dir,
                                env={"AFE_GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET}, extra=gateway_flags,
@@ -201,6 +209,7 @@ async def stack(examples, openapi, gateway_flags, gateway_module):
                     yield Stack(gw, app, github, layout, link, registry, repo, session)
             finally:
                 gw.stop()
+                await app.intake.stop()
                 await app.server.stop(0)
                 await app.credentials.close()
                 await app.sandbox.close()

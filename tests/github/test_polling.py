@@ -24,9 +24,12 @@ from .old_intake import old_behaviour
 pytestmark = pytest.mark.timeout(120)
 
 
-def _event(n: int, examples, kind: str = "labeled") -> dict:
-    """A repository event (GET /repos/{o}/{r}/events) made from GitHub's webhook example."""
+def _event(n: int, examples, kind: str = "labeled", number: int | None = None) -> dict:
+    """A repository event (GET /repos/{o}/{r}/events) made from GitHub's webhook example
+    (of another issue than the example's with `number`)."""
     e = example(examples, "issues", kind)
+    if number is not None:
+        e["issue"]["number"] = number
     payload = {k: e[k] for k in ("action", "issue", "label", "assignee") if k in e}
     return {"id": str(1000 + n), "type": "IssuesEvent", "actor": {"login": e["sender"]["login"]},
             "repo": {"name": e["repository"]["full_name"]}, "payload": payload, "public": True,
@@ -90,7 +93,7 @@ async def test_polling_starts_from_now_uses_etags_and_keeps_its_cursor_across_re
         assert reopened.poll_cursor("hello")[1] == "1002"
     finally:
         reopened.close()
-    stack.github.events.insert(0, _event(3, examples, "assigned"))
+    stack.github.events.insert(0, _event(3, examples, "assigned", number=3))    # issue #1 has a live ticket
     outcomes, _ = await poller.poll_once(ws)
     assert [o.outcome for o in outcomes] == ["accepted"] and len(stack.tickets()) == 2
     # The same events again (e.g. a changed ETag but nothing new): nothing happens.

@@ -17,6 +17,7 @@ from services._gen.afe.scheduler.v1 import hooks_pb2, hooks_pb2_grpc
 from services.common import grpcutil
 from services.scheduler.github_intake import REFUSAL_COMMENT, GitHubIntake
 from services.scheduler.sqlite_store import SqliteStore
+from services.scheduler.store import CANCELLED
 
 from .conftest import example
 
@@ -35,6 +36,8 @@ async def test_r35_signed_example_deliveries_create_tickets_with_untrusted_origi
     cases = [("issues", example(examples, "issues", "labeled")),
              ("issues", example(examples, "issues", "assigned")),
              ("issue_comment", _comment(examples, "/afe fix it please"))]
+    for i, (_, payload) in enumerate(cases[1:], start=2):
+        payload["issue"]["number"] = i       # three issues: one issue's events join its one ticket (test_one_ticket)
     for event, payload in cases:
         status, doc = await stack.post(event, payload)
         assert status == 202 and doc["outcome"] == "accepted", (event, doc)
@@ -124,7 +127,13 @@ async def test_r35_a_replayed_delivery_changes_nothing(stack, examples):
         assert (status, doc["outcome"]) == (409, "duplicate")
     assert len(stack.tickets()) == 1
     assert await stack.metric("duplicate", "duplicate") == 3
-    # Positive control: a new delivery of the same event is a new delivery.
+    # Positive control: a new delivery of the same event is a new delivery, handled: it joins the
+    # issue's live ticket (test_one_ticket.py), and once that ticket has ended it starts a new one.
+    status, doc = await stack.post("issues", payload)
+    assert (status, doc["outcome"], doc["reason"], doc["tickets"]) == (202, "duplicate", "joined", doc["tickets"])
+    [first] = stack.tickets()
+    assert doc["tickets"] == [first.id]
+    stack.scheduler.store.update_ticket(first.id, state=CANCELLED, torn_down=True)
     status, doc = await stack.post("issues", payload)
     assert (status, doc["outcome"]) == (202, "accepted")
     assert len(stack.tickets()) == 2
@@ -231,7 +240,9 @@ async def test_r36_issue_text_that_tries_to_inject_stays_data(stack, examples, t
     labeled["issue"]["body"] = text
     status, doc = await stack.post("issues", labeled)
     assert (status, doc["outcome"]) == (202, "accepted")
-    status, doc = await stack.post("issue_comment", _comment(examples, "/afe " + text))
+    comment = _comment(examples, "/afe " + text)
+    comment["issue"]["number"] = 2          # another issue: its own ticket (issue #1's would join the first)
+    status, doc = await stack.post("issue_comment", comment)
     assert (status, doc["outcome"]) == (202, "accepted")
     for t in stack.tickets():
         # The Trigger, never the text, chose what runs: same workflow, workspace, egress, approval.
