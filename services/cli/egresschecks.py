@@ -29,7 +29,9 @@ async def egress_checks(report: Report, client, runner, eg, instance: str, tname
                f"no-egress sandbox NetworkMode={plain_mode}; allowed name -> {allowed}; unlisted name -> {other}")
 
     literal = await run_py(runner, ticket, FETCH, f"http://{tip}/")
-    loop = await run_py(runner, ticket, FETCH, "http://localhost/")
+    # asked of the proxy (the sandbox's own loopback is not proxied, NO_PROXY): it must refuse
+    _, loop = await run_exec(runner, ticket, ["env", "NO_PROXY=", "no_proxy=", "python3", "-c", FETCH,
+                                              "http://localhost/"])
     port = await run_py(runner, ticket, CONNECT, f"{tname}:8080")
     tls = await run_py(runner, ticket, CONNECT, f"{tname}:443")
     direct = await run_py(runner, ticket, DIRECT, tip, "80")
