@@ -78,7 +78,9 @@ def sandbox(stub, docker_client, egress: list[str], private: list[str]):
 
 
 def fetch(stub, ticket: str, host: str) -> bytes:
-    return run(stub, ticket, FETCH.format(url=f"http://{host}/")).stdout.strip()
+    """Through the proxy, whatever the host (the sandbox's own loopback is otherwise not proxied)."""
+    script = FETCH.format(url=f"http://{host}/").replace("python3 -", "env NO_PROXY= no_proxy= python3 -")
+    return run(stub, ticket, script).stdout.strip()
 
 
 @pytest.mark.docker
