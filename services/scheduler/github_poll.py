@@ -10,35 +10,26 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from services.common.config import Workspace
 from services.common.errors import AfeError
 
 from .github_intake import POLL_ERROR_BACKOFF_S, POLL_INTERVAL_S, GitHubIntake, Outcome
+from .store import PollCursor
 
 log = logging.getLogger(__name__)
 
 NOTHING_SEEN = "0"      # the cursor of a listing that held no event: every later event is new
 
 
-@dataclass(frozen=True)
-class PollCursor:
-    """Where the polling of a workspace's GitHub events stands."""
-
-    etag: str = ""              # of the last listing: the next request is conditional
-    last_event_id: str = ""     # newest event handled; "" = never listed (the first listing only sets it),
-                                # "0" = listed, no event yet (every event is new)
-    next_poll_ms: int = 0       # no request before (X-Poll-Interval, a rate limit, a back-off); 0 = at once
-
-
 class Poller:
     """The polling mode: for each workspace with a `poll: true` Trigger, one
     conditional request at a time (ETag; a 304 costs no rate limit). The
-    cursor (ETag, newest event id) is stored; the earliest next request is
-    kept with it: never sooner than `interval_s` or GitHub's X-Poll-Interval,
-    and after a rate limit not before X-RateLimit-Reset or Retry-After. The first listing of a workspace only sets the cursor: polling
+    earliest next request is stored with the cursor (ETag, newest event id):
+    never sooner than `interval_s` or GitHub's X-Poll-Interval, and after a
+    rate limit not before X-RateLimit-Reset or Retry-After, also across a
+    restart. The first listing of a workspace only sets the cursor: polling
     starts from now, never from GitHub's 90 days of history."""
 
     def __init__(self, intake: GitHubIntake, interval_s: float = POLL_INTERVAL_S,
@@ -47,7 +38,6 @@ class Poller:
         self.interval_s = interval_s
         self.clock = clock
         self._task: asyncio.Task | None = None
-        self._next_ms: dict[str, int] = {}     # the earliest next poll per workspace (this process only)
 
     def workspaces(self) -> list[Workspace]:
         cfg = self.intake.config
@@ -58,13 +48,11 @@ class Poller:
         return int(self.clock() * 1000)
 
     def cursor(self, workspace: str) -> PollCursor:
-        """Where the polling of `workspace` stands: ETag and event id as stored, the next poll in memory."""
-        etag, last = self.intake.store.poll_cursor(workspace)
-        return PollCursor(etag, last, self._next_ms.get(workspace, 0))
+        """Where the polling of `workspace` stands, as stored."""
+        return self.intake.store.poll_cursor(workspace)
 
     def _save(self, workspace: str, cursor: PollCursor, now_ms: int) -> None:
-        self.intake.store.put_poll_cursor(workspace, cursor.etag, cursor.last_event_id, now_ms)
-        self._next_ms[workspace] = cursor.next_poll_ms
+        self.intake.store.put_poll_cursor(workspace, cursor, now_ms)
 
     async def poll_once(self, ws: Workspace) -> tuple[list[Outcome], float]:
         """One poll of `ws`: (outcomes of the new events, seconds to wait before the next)."""

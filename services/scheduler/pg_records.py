@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import psycopg
 
-from .store import CLAIM_WORK, FOLLOWUP_COLS, TERMINAL_STATES, FollowUpRecord, WorkClaim
+from .store import CLAIM_WORK, FOLLOWUP_COLS, TERMINAL_STATES, FollowUpRecord, PollCursor, WorkClaim
 
 NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"   # the database's clock (as pg_store.py)
 
@@ -29,17 +29,18 @@ class PostgresRecords:
     def release_once(self, key: str) -> None:
         self._conn().execute("DELETE FROM github_once WHERE key=%s", (key,))
 
-    def poll_cursor(self, workspace: str) -> tuple[str, str]:
-        row = self._conn().execute("SELECT etag, last_event_id FROM github_poll_cursors WHERE workspace=%s",
-                                   (workspace,)).fetchone()
-        return (row[0], row[1]) if row else ("", "")
+    def poll_cursor(self, workspace: str) -> PollCursor:
+        row = self._conn().execute("SELECT etag, last_event_id, next_poll_ms FROM github_poll_cursors "
+                                   "WHERE workspace=%s", (workspace,)).fetchone()
+        return PollCursor(row[0], row[1], row[2]) if row else PollCursor()
 
-    def put_poll_cursor(self, workspace: str, etag: str, last_event_id: str, at_ms: int) -> None:
+    def put_poll_cursor(self, workspace: str, cursor: PollCursor, at_ms: int) -> None:
         self._conn().execute(
-            "INSERT INTO github_poll_cursors (workspace, etag, last_event_id, updated_at_ms) "
-            "VALUES (%s,%s,%s,%s) ON CONFLICT (workspace) DO UPDATE SET etag=excluded.etag, "
-            "last_event_id=excluded.last_event_id, updated_at_ms=excluded.updated_at_ms",
-            (workspace, etag, last_event_id, at_ms))
+            "INSERT INTO github_poll_cursors (workspace, etag, last_event_id, next_poll_ms, updated_at_ms) "
+            "VALUES (%s,%s,%s,%s,%s) ON CONFLICT (workspace) DO UPDATE SET etag=excluded.etag, "
+            "last_event_id=excluded.last_event_id, next_poll_ms=excluded.next_poll_ms, "
+            "updated_at_ms=excluded.updated_at_ms",
+            (workspace, cursor.etag, cursor.last_event_id, cursor.next_poll_ms, at_ms))
 
     def ticket_for_pr(self, workspace: str, number: str) -> str | None:
         row = self._conn().execute(

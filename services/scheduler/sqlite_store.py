@@ -28,6 +28,7 @@ from .store import (
     EventRecord,
     FollowUpRecord,
     NodeRunRecord,
+    PollCursor,
     PullRequestRecord,
     Store,
     TicketRecord,
@@ -75,7 +76,6 @@ class SqliteStore(Store):
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        # Past busy_timeout, a statement is tried again with a back-off (store_retry.py).
         self._retry = Retrier("sqlite", f"the SQLite store {self.path.name}", sqlite_reason, self._end_transaction,
                               lambda: False)
         self._migrate()
@@ -296,16 +296,18 @@ class SqliteStore(Store):
     def release_once(self, key: str) -> None:
         self.db.execute("DELETE FROM github_once WHERE key=?", (key,))
 
-    def poll_cursor(self, workspace: str) -> tuple[str, str]:
-        row = self.db.execute("SELECT etag, last_event_id FROM github_poll_cursors WHERE workspace=?",
+    def poll_cursor(self, workspace: str) -> PollCursor:
+        row = self.db.execute("SELECT etag, last_event_id, next_poll_ms FROM github_poll_cursors WHERE workspace=?",
                               (workspace,)).fetchone()
-        return (row[0], row[1]) if row else ("", "")
+        return PollCursor(row[0], row[1], row[2]) if row else PollCursor()
 
-    def put_poll_cursor(self, workspace: str, etag: str, last_event_id: str, at_ms: int) -> None:
+    def put_poll_cursor(self, workspace: str, cursor: PollCursor, at_ms: int) -> None:
         self.db.execute(
-            "INSERT INTO github_poll_cursors (workspace, etag, last_event_id, updated_at_ms) VALUES (?,?,?,?) "
-            "ON CONFLICT(workspace) DO UPDATE SET etag=excluded.etag, last_event_id=excluded.last_event_id, "
-            "updated_at_ms=excluded.updated_at_ms", (workspace, etag, last_event_id, at_ms))
+            "INSERT INTO github_poll_cursors (workspace, etag, last_event_id, next_poll_ms, updated_at_ms) "
+            "VALUES (?,?,?,?,?) ON CONFLICT(workspace) DO UPDATE SET etag=excluded.etag, "
+            "last_event_id=excluded.last_event_id, next_poll_ms=excluded.next_poll_ms, "
+            "updated_at_ms=excluded.updated_at_ms",
+            (workspace, cursor.etag, cursor.last_event_id, cursor.next_poll_ms, at_ms))
 
     def ticket_for_pr(self, workspace: str, number: str) -> str | None:
         row = self.db.execute(

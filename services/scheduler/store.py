@@ -16,6 +16,8 @@ from services.common import states
 from services.common.errors import FailedPrecondition
 from services.common.states import NodeState, TicketState
 
+from .github_records import PollCursor, WorkClaim
+
 # States are stored as the words of services/common/states.py (plain text, as since the first schema).
 QUEUED = TicketState.QUEUED.value
 RUNNING = TicketState.RUNNING.value
@@ -128,17 +130,6 @@ class FollowUpRecord:
 
 
 FOLLOWUP_GIVEN, FOLLOWUP_PENDING, FOLLOWUP_DROPPED = "given", "pending", "dropped"
-
-
-@dataclass
-class WorkClaim:
-    """The claim of (repository, issue number, Trigger) on its one live ticket
-    (`Store.claim_work`): `claim` is the claimer's token, `ticket_id` empty
-    while that ticket is being created."""
-
-    claim: str
-    ticket_id: str
-    claimed_at_ms: int
 
 
 # The statements both stores run (PostgreSQL's placeholders; SQLite's store swaps them for `?`).
@@ -320,11 +311,11 @@ class Store(abc.ABC):
         redelivery must be handled rather than refused as seen."""
 
     @abc.abstractmethod
-    def poll_cursor(self, workspace: str) -> tuple[str, str]:
-        """(etag, newest event id seen) of the workspace's polling, ("", "") at first."""
+    def poll_cursor(self, workspace: str) -> PollCursor:
+        """Where the workspace's polling stands; PollCursor() before its first listing."""
 
     @abc.abstractmethod
-    def put_poll_cursor(self, workspace: str, etag: str, last_event_id: str, at_ms: int) -> None: ...
+    def put_poll_cursor(self, workspace: str, cursor: PollCursor, at_ms: int) -> None: ...
 
     def ticket_for_pr(self, workspace: str, number: str) -> str | None:
         """The ticket whose pull request in `workspace` is `number`, if afe opened it."""

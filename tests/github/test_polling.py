@@ -2,7 +2,7 @@
 the credential broker, a stored cursor, the same Trigger path as webhooks.
 Polling loses nothing: not the first event after an empty first poll, not a
 burst longer than a page; and it asks GitHub no sooner than GitHub allows
-(X-Poll-Interval, X-RateLimit-Reset, Retry-After).
+(X-Poll-Interval, X-RateLimit-Reset, Retry-After), also after a restart.
 Each of these has its positive control: the old behaviour restored shows
 the event lost or the request sent early."""
 
@@ -90,7 +90,7 @@ async def test_polling_starts_from_now_uses_etags_and_keeps_its_cursor_across_re
     path = stack.scheduler.store.path
     reopened = SqliteStore(path)
     try:
-        assert reopened.poll_cursor("hello")[1] == "1002"
+        assert reopened.poll_cursor("hello").last_event_id == "1002"
     finally:
         reopened.close()
     stack.github.events.insert(0, _event(3, examples, "assigned", number=3))    # issue #1 has a live ticket
@@ -138,6 +138,29 @@ async def test_a_primary_rate_limit_is_asked_once_and_waited_out(stack, examples
     gh.rate_remaining = 5000
     assert await poller.poll_due() == ["hello"]
     assert len(stack.tickets()) == 1                           # the event that came while limited
+
+
+@pytest.mark.parametrize("forget", [False, True], ids=["fixed", "positive-control-store-without-next-poll"])
+async def test_a_restarted_poller_does_not_ask_before_the_stored_time(stack, examples, monkeypatch, forget):
+    ws, clock, poller = _setup(stack, examples, monkeypatch)
+    gh, intake = stack.github, stack.scheduler.intake
+    await poller.poll_once(ws)
+    gh.secondary_limit(600)
+    await poller.poll_once(ws)
+    # The scheduler restarts: its store opened again from the file, a new poller.
+    reopened = SqliteStore(stack.scheduler.store.path)
+    try:
+        assert reopened.poll_cursor("hello").next_poll_ms == int(clock.t * 1000) + 600_000
+        if forget:      # the store before migration 0008 kept no next poll
+            read = reopened.poll_cursor
+            monkeypatch.setattr(reopened, "poll_cursor", lambda w: dataclasses.replace(read(w), next_poll_ms=0))
+        monkeypatch.setattr(intake, "store", reopened)
+        before = _asked(gh)
+        polled = await Poller(intake, interval_s=1, clock=clock).poll_due()
+        assert (polled, _asked(gh) - before) == ((["hello"], 1) if forget else ([], 0))
+    finally:
+        monkeypatch.undo()
+        reopened.close()
 
 
 @pytest.mark.parametrize("old", ["", "refused", "claim-kept"],

@@ -12,6 +12,7 @@ import time
 import psycopg
 import pytest
 
+from services.scheduler import pg_records
 from services.scheduler.store import (
     CANCELLED,
     FOLLOWUP_PENDING,
@@ -21,7 +22,6 @@ from services.scheduler.store import (
     FollowUpRecord,
     TicketRecord,
 )
-from services.scheduler import pg_records
 from tests.support.postgres import open_store_url
 
 pytestmark = pytest.mark.timeout(120)
