@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
 
+from services.common import safefs
 from services.common.errors import Unavailable
 from services.common.layout import Layout, check_ticket_id
 
@@ -114,7 +114,7 @@ def make_egress_dir(layout: Layout, ticket_id: str) -> str:
 
 
 def remove_egress_dir(layout: Layout, ticket_id: str) -> None:
-    shutil.rmtree(egress_dir(layout, ticket_id), ignore_errors=True)
+    safefs.remove_tree(egress_dir(layout, ticket_id))
 
 
 def reconcile(layout: Layout, live: set[str]) -> set[str]:
@@ -124,7 +124,7 @@ def reconcile(layout: Layout, live: set[str]) -> set[str]:
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(root):
             if entry.name not in live and entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                safefs.remove_tree(entry.path)
                 gone.add(entry.name)
     return gone
 

@@ -107,7 +107,7 @@ class Retrier:
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._depth:
             return fn(*args, **kwargs)
-        start = time.monotonic()
+        start = 0.0                     # taken at the first failure: nothing extra on the common path
         self.retried = 0
         while True:
             self._depth += 1
@@ -120,6 +120,7 @@ class Retrier:
                 if reason is None:
                     raise
                 delay = BACKOFF_S[min(self.retried, len(BACKOFF_S) - 1)]
+                start = start or time.monotonic()
                 spent = time.monotonic() - start
                 if spent + delay > self.budget_s:
                     raise StoreUnavailable(
