@@ -2,8 +2,9 @@
 
 - `before_request(ctx, node, sha, pr)`: right before the approval of `sha`
   is asked — the clean-room verification of that head (R41,
-  verification.py) and the signed record of the run (R42, run_record.py).
-  Returns what the `approval.requested` event carries of them.
+  verification.py), then the signed record of the run (R42, run_record.py),
+  which includes the verification's result. Returns what the
+  `approval.requested` event carries of them.
 - `after_decision(ctx, node, appr)`: a person approved or rejected `appr.sha`:
   the record is signed again with the decision (R42).
 - `check_mergeable(ctx, node, sha)`: right before `builtin:merge` merges
@@ -20,16 +21,24 @@ from services.common.config import Node
 
 from ...store import ApprovalRecord, PullRequestRecord
 from ..context import RunContext
+from . import run_record, verification
 
 
 async def before_request(ctx: RunContext, node: Node, sha: str, pr: PullRequestRecord | None) -> dict[str, Any]:
     """What the approval request of `sha` carries (merged into `approval.requested`)."""
-    return {}
+    gate: dict[str, Any] = {}
+    verified = await verification.verify_head(ctx, node, sha, pr)
+    if verified is not None:
+        gate["verification"] = verified
+    record = await run_record.sign_request(ctx, node, sha, pr, verified)
+    if record is not None:
+        gate["record"] = record
+    return gate
 
 
 async def after_decision(ctx: RunContext, node: Node, appr: ApprovalRecord) -> None:
-    return None
+    await run_record.sign_decision(ctx, node, appr)
 
 
 def check_mergeable(ctx: RunContext, node: Node, sha: str) -> None:
-    return None
+    verification.check_mergeable(ctx, node, sha)
