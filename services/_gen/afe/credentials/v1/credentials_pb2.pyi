@@ -1304,3 +1304,71 @@ class SetCommitStatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetCommitStatusResponse: _TypeAlias = SetCommitStatusResponse  # noqa: Y015
+
+@_typing.final
+class PrepareVerificationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    SHA_FIELD_NUMBER: _builtins.int
+    BASE_PATHS_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    workspace: _builtins.str
+    sha: _builtins.str
+    """the head to verify: 40 hex digits"""
+    @_builtins.property
+    def base_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """relative paths taken from the base branch"""
+
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        sha: _builtins.str = ...,
+        base_paths: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_paths", b"base_paths", "sha", b"sha", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareVerificationRequest: _TypeAlias = PrepareVerificationRequest  # noqa: Y015
+
+@_typing.final
+class PrepareVerificationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA_FIELD_NUMBER: _builtins.int
+    BASE_SHA_FIELD_NUMBER: _builtins.int
+    TREE_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    WORKSPACE_TICKET_FIELD_NUMBER: _builtins.int
+    sha: _builtins.str
+    """the head checked out"""
+    base_sha: _builtins.str
+    """the base branch's tip the base_paths came from"""
+    tree: _builtins.str
+    """the tree checked out"""
+    commit: _builtins.str
+    """the commit checked out (sha itself without base_paths)"""
+    workspace_ticket: _builtins.str
+    """the sandbox id whose workspace it is: <ticket_id>-verify"""
+    def __init__(
+        self,
+        *,
+        sha: _builtins.str = ...,
+        base_sha: _builtins.str = ...,
+        tree: _builtins.str = ...,
+        commit: _builtins.str = ...,
+        workspace_ticket: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_sha", b"base_sha", "commit", b"commit", "sha", b"sha", "tree", b"tree", "workspace_ticket", b"workspace_ticket"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareVerificationResponse: _TypeAlias = PrepareVerificationResponse  # noqa: Y015

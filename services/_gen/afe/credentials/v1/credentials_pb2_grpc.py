@@ -144,6 +144,16 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseArchiveInput.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
                 _registered_method=True)
+        self.PrepareVerification = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/PrepareVerification',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareVerificationRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareVerificationResponse.FromString,
+                _registered_method=True)
+        self.ReleaseVerification = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/ReleaseVerification',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
+                _registered_method=True)
 
 
 class CredentialBrokerServicer:
@@ -324,6 +334,27 @@ class CredentialBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareVerification(self, request, context):
+        """Clean-room verification (R41, docs/GUIDE.md "Verification before
+        merge"): commit `sha` (fetched into the mirror when the ticket's git dir
+        lacks it) checked out into a NEW folder <data>/workspaces/<ticket_id>-verify
+        (any old one removed first), each of `base_paths` replaced by the base
+        branch's version (its tip in the mirror, fetched now; files the head
+        added under it removed), handed to the sandbox user. Repeating it makes
+        the same checkout again. The broker runs no network side effect
+        towards the forge here, so it is not fenced.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseVerification(self, request, context):
+        """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CredentialBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -435,6 +466,16 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
             'ReleaseArchive': grpc.stream_unary_rpc_method_handler(
                     servicer.ReleaseArchive,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseArchiveInput.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.SerializeToString,
+            ),
+            'PrepareVerification': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareVerification,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareVerificationRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareVerificationResponse.SerializeToString,
+            ),
+            'ReleaseVerification': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseVerification,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.SerializeToString,
             ),
     }
@@ -1031,6 +1072,60 @@ class CredentialBroker:
             target,
             '/afe.credentials.v1.CredentialBroker/ReleaseArchive',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseArchiveInput.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareVerification(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/PrepareVerification',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareVerificationRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareVerificationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseVerification(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/ReleaseVerification',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
             options,
             channel_credentials,

@@ -111,6 +111,18 @@ class CredentialBrokerStub:
     """
     DiffArchive: _grpc.StreamUnaryMultiCallable[_credentials_pb2.DiffArchiveInput, _credentials_pb2.DiffResponse]
     ReleaseArchive: _grpc.StreamUnaryMultiCallable[_credentials_pb2.ReleaseArchiveInput, _credentials_pb2.ReleaseWorkspaceResponse]
+    PrepareVerification: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.PrepareVerificationRequest, _credentials_pb2.PrepareVerificationResponse]
+    """Clean-room verification (R41, docs/GUIDE.md "Verification before
+    merge"): commit `sha` (fetched into the mirror when the ticket's git dir
+    lacks it) checked out into a NEW folder <data>/workspaces/<ticket_id>-verify
+    (any old one removed first), each of `base_paths` replaced by the base
+    branch's version (its tip in the mirror, fetched now; files the head
+    added under it removed), handed to the sandbox user. Repeating it makes
+    the same checkout again. The broker runs no network side effect
+    towards the forge here, so it is not fenced.
+    """
+    ReleaseVerification: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.ReleaseWorkspaceRequest, _credentials_pb2.ReleaseWorkspaceResponse]
+    """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent."""
 
 @_typing.type_check_only
 class CredentialBrokerAsyncStub(CredentialBrokerStub):
@@ -191,6 +203,18 @@ class CredentialBrokerAsyncStub(CredentialBrokerStub):
     """
     DiffArchive: _aio.StreamUnaryMultiCallable[_credentials_pb2.DiffArchiveInput, _credentials_pb2.DiffResponse]  # type: ignore[assignment]
     ReleaseArchive: _aio.StreamUnaryMultiCallable[_credentials_pb2.ReleaseArchiveInput, _credentials_pb2.ReleaseWorkspaceResponse]  # type: ignore[assignment]
+    PrepareVerification: _aio.UnaryUnaryMultiCallable[_credentials_pb2.PrepareVerificationRequest, _credentials_pb2.PrepareVerificationResponse]  # type: ignore[assignment]
+    """Clean-room verification (R41, docs/GUIDE.md "Verification before
+    merge"): commit `sha` (fetched into the mirror when the ticket's git dir
+    lacks it) checked out into a NEW folder <data>/workspaces/<ticket_id>-verify
+    (any old one removed first), each of `base_paths` replaced by the base
+    branch's version (its tip in the mirror, fetched now; files the head
+    added under it removed), handed to the sandbox user. Repeating it makes
+    the same checkout again. The broker runs no network side effect
+    towards the forge here, so it is not fenced.
+    """
+    ReleaseVerification: _aio.UnaryUnaryMultiCallable[_credentials_pb2.ReleaseWorkspaceRequest, _credentials_pb2.ReleaseWorkspaceResponse]  # type: ignore[assignment]
+    """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent."""
 
 class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -400,5 +424,29 @@ class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_credentials_pb2.ReleaseArchiveInput],
         context: _ServicerContext,
     ) -> _typing.Union[_credentials_pb2.ReleaseWorkspaceResponse, _abc.Awaitable[_credentials_pb2.ReleaseWorkspaceResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PrepareVerification(
+        self,
+        request: _credentials_pb2.PrepareVerificationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.PrepareVerificationResponse, _abc.Awaitable[_credentials_pb2.PrepareVerificationResponse]]:
+        """Clean-room verification (R41, docs/GUIDE.md "Verification before
+        merge"): commit `sha` (fetched into the mirror when the ticket's git dir
+        lacks it) checked out into a NEW folder <data>/workspaces/<ticket_id>-verify
+        (any old one removed first), each of `base_paths` replaced by the base
+        branch's version (its tip in the mirror, fetched now; files the head
+        added under it removed), handed to the sandbox user. Repeating it makes
+        the same checkout again. The broker runs no network side effect
+        towards the forge here, so it is not fenced.
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseVerification(
+        self,
+        request: _credentials_pb2.ReleaseWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.ReleaseWorkspaceResponse, _abc.Awaitable[_credentials_pb2.ReleaseWorkspaceResponse]]:
+        """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent."""
 
 def add_CredentialBrokerServicer_to_server(servicer: CredentialBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
