@@ -141,6 +141,7 @@ class Workflow:
     input_defaults: tuple[tuple[str, str], ...] = ()   # (name, value) of the optional inputs
     max_tokens: int = 0                    # per-ticket token budget; 0 = none
     source: str = ""
+    ci_rounds: int = 0                     # on_ci_failure.max: CI follow-up rounds at most; 0 = none
 
     @property
     def required_inputs(self) -> tuple[str, ...]:

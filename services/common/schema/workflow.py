@@ -42,6 +42,13 @@ class OnFailure(BaseModel):
     max: int = Field(3, ge=1, le=20, description="rounds at most; then the node fails")
 
 
+class OnCiFailure(BaseModel):
+    """Failing CI on the head of afe's pull request (GitHub) becomes a follow-up
+    of the ticket (docs/GITHUB.md, "Failing CI"), for this many rounds at most."""
+    model_config = _STRICT
+    max: int = Field(3, ge=1, le=20, description="CI rounds at most; then a comment asks a person to look")
+
+
 class _NodeBase(BaseModel):
     model_config = _STRICT
     id: NodeId
@@ -111,6 +118,7 @@ class WorkflowManifest(BaseModel):
         default_factory=list, description="inputs of a ticket: a NAME (required) or {name, default} (optional)")
     maxTokens: int = Field(0, ge=0, description="token budget of a ticket; 0 = none")
     nodes: list[RunNode | ModelNode | AgentNode | BuiltinNode] = Field(min_length=1)
+    on_ci_failure: OnCiFailure | None = Field(None, description="iterate on failing CI of the pull request")
 
 
 def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> None:
@@ -118,6 +126,7 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
     workspace = doc.text(d, "workspace", "workspace", None)
     inputs, defaults = _inputs(doc, d)
     max_tokens = doc.integer(d, "maxTokens", "maxTokens", 0, minimum=0)
+    ci_rounds = _on_ci_failure(doc, d)
     raw_nodes = d.get("nodes")
     nodes: list[Node] = []
     if raw_nodes is not None and not isinstance(raw_nodes, list):
@@ -138,8 +147,26 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
             nodes.append(node)
     if doc.named and name is not None and "nodes" in d:
         loader.workflows[name] = Workflow(name=name, nodes=tuple(nodes), workspace=workspace, inputs=inputs,
-                                        input_defaults=defaults, max_tokens=max_tokens, source=doc.where)
+                                        input_defaults=defaults, max_tokens=max_tokens, source=doc.where,
+                                        ci_rounds=ci_rounds)
         loader._raw_nodes[name] = raw_nodes if isinstance(raw_nodes, list) else []
+
+
+def _on_ci_failure(doc: Doc, d: Mapping[str, Any]) -> int:
+    """`on_ci_failure: {max: N}`: CI follow-up rounds at most (default 3); 0 without it."""
+    if "on_ci_failure" not in d:
+        return 0
+    ci = d.get("on_ci_failure")
+    if not isinstance(ci, dict):
+        doc.error("on_ci_failure", "must be a mapping: on_ci_failure: {max: 3} ({} for 3 rounds); remove it "
+                  "to start no follow-up on failing CI")
+        return 0
+    doc.fields(ci, "on_ci_failure", fields_of(OnCiFailure))
+    rounds = doc.integer(ci, "max", "on_ci_failure.max", 3, minimum=1)
+    if rounds > 20:
+        doc.error("on_ci_failure.max", "at most 20 rounds; lower it")
+        return 0
+    return rounds
 
 
 def _inputs(doc: Doc, d: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
