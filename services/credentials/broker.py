@@ -22,7 +22,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.common.layout import check_ticket_id
 from services.common.redact import Redactor
 
-from . import handover
+from . import handover, verifycheckout
 from .fences import Fences
 from .forges import MERGE_METHODS, Forge, PullRequestInfo
 from .github import GitHubForge
@@ -30,6 +30,7 @@ from .github_events import RepoEvents
 from .models.base import Completion, ModelProvider, Msg, Tool
 from .relay import RelayHub, Usage
 from .reportmarks import STEP, load_key, mark
+from .signing import Signer
 from .workspaces import Committed, Prepared, WorkspaceGit, branch_for
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ class MergeOutcome:
 class CredentialCore:
     def __init__(self, config: Config, git: WorkspaceGit, forges: dict[str, Forge],
                  providers: dict[str, ModelProvider], redactor: Redactor, relay: RelayHub | None = None,
-                 report_key_file: Path | None = None, fences: Fences | None = None) -> None:
+                 report_key_file: Path | None = None, fences: Fences | None = None,
+                 signer: Signer | None = None) -> None:
         self.config = config
+        self.signer = signer                          # signing.py: the run records' key (R42)
         self.fences = fences if fences is not None else Fences(None)   # R37: the highest fence per ticket
         self.relay = relay
         self.git = git
@@ -122,7 +125,17 @@ class CredentialCore:
         check_ticket_id(ticket_id)
         await self.close_relay(ticket_id)
         await self.git.release(ticket_id, self.config.workspaces.get(workspace))
+        await verifycheckout.release(self.git, ticket_id)
         self.fences.forget(ticket_id)
+
+    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str,
+                                   base_paths: list[str]) -> verifycheckout.Verification:
+        """The clean-room checkout of `sha` at <data>/workspaces/<ticket>-verify (R41, verifycheckout.py)."""
+        check_ticket_id(ticket_id)
+        return await verifycheckout.prepare(self.git, self.workspace(workspace), ticket_id, sha, base_paths)
+
+    async def release_verification(self, ticket_id: str) -> None:
+        await verifycheckout.release(self.git, check_ticket_id(ticket_id))
 
     # -- the workspace on another host (handover.py) --------------------------
     @contextlib.asynccontextmanager
@@ -319,6 +332,20 @@ class CredentialCore:
     async def close_relay(self, ticket_id: str) -> None:
         if self.relay is not None:
             await self.relay.close(ticket_id)
+
+    # -- the run record (R42, signing.py) ------------------------------------
+    def signing_key(self) -> tuple[str, str, bytes]:
+        """(public key PEM, keyid, raw public key): never the private key."""
+        if self.signer is None:
+            raise FailedPrecondition("this credential broker has no signing key")
+        k = self.signer.key
+        return k.public_pem, k.keyid, k.raw_public
+
+    async def sign_statement(self, ticket_id: str, statement: bytes) -> str:
+        check_ticket_id(ticket_id)
+        if self.signer is None:
+            raise FailedPrecondition("this credential broker has no signing key")
+        return await self.signer.sign(ticket_id, statement)
 
     async def close(self) -> None:
         if self.relay is not None:

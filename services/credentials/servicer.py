@@ -4,6 +4,7 @@ grpcutil.create_server's, the same for every afe service."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
@@ -157,6 +158,26 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
                                           request.description, request.target_url,
                                           ticket_id=request.ticket_id, fence=request.fence)
         return pb.SetCommitStatusResponse()
+
+    async def PrepareVerification(self, request, context):
+        v = await self.core.prepare_verification(request.ticket_id, request.workspace, request.sha,
+                                                 list(request.base_paths))
+        return pb.PrepareVerificationResponse(sha=v.sha, base_sha=v.base_sha, tree=v.tree, commit=v.commit,
+                                              workspace_ticket=v.workspace_ticket)
+
+    async def ReleaseVerification(self, request, context):
+        await self.core.release_verification(request.ticket_id)
+        return pb.ReleaseWorkspaceResponse()
+
+    # -- the run record (R42, signing.py) ---------------------------------------
+    async def SigningKey(self, request, context):
+        pem, keyid, raw = self.core.signing_key()
+        return pb.SigningKeyResponse(public_key_pem=pem, public_key_raw_b64=base64.b64encode(raw).decode(),
+                                     keyid=keyid)
+
+    async def SignStatement(self, request, context):
+        return pb.SignStatementResponse(envelope=await self.core.sign_statement(request.ticket_id,
+                                                                                request.statement))
 
 
 async def _archive_input(request_iterator, rpc: str):
