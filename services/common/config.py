@@ -133,6 +133,15 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Verify:
+    """`verify:` of a Workflow (R41): commands run on the head a person is asked to
+    approve, in a fresh sandbox of a fresh checkout, `base_paths` taken from the base branch."""
+    run: tuple[str, ...]                   # templated like a run: node (values as $1.., R36)
+    base_paths: tuple[str, ...] = ()       # relative paths taken from the base branch's tip
+    timeout_s: float = 900.0               # per command
+
+
+@dataclass(frozen=True)
 class Workflow:
     name: str
     nodes: tuple[Node, ...]
@@ -142,6 +151,7 @@ class Workflow:
     max_tokens: int = 0                    # per-ticket token budget; 0 = none
     source: str = ""
     ci_rounds: int = 0                     # on_ci_failure.max: CI follow-up rounds at most; 0 = none
+    verify: Verify | None = None           # clean-room verification before the approval (R41)
 
     @property
     def required_inputs(self) -> tuple[str, ...]:
