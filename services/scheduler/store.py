@@ -16,6 +16,7 @@ from services.common import states
 from services.common.errors import FailedPrecondition
 from services.common.states import NodeState, TicketState
 
+from .ci_records import CiRecords
 from .github_records import PollCursor, WorkClaim
 
 # States are stored as the words of services/common/states.py (plain text, as since the first schema).
@@ -174,7 +175,7 @@ class Lease:
     cancel_by: str = ""
 
 
-class Store(abc.ABC):
+class Store(CiRecords, abc.ABC):
     """Durable state. Every method commits before it returns.
 
     Leases (docs/SCALE.md): a store that several schedulers share (`shared`)

@@ -1,0 +1,58 @@
+"""The store side of failing CI on afe's pull requests (ci_records.py,
+docs/GITHUB.md "Failing CI"), on SQLite and PostgreSQL: one claim per
+(ticket, head), safe to run again; rows in their settle window are found
+after a restart; the heads polling looks at."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.ci_records import GATHERING, ROUND
+from services.scheduler.store import FAILED, SUCCEEDED, WAITING_APPROVAL, PullRequestRecord, TicketRecord
+from tests.support.postgres import open_store_url
+
+pytestmark = pytest.mark.timeout(120)
+
+SHA, OLD = "b" * 40, "a" * 40
+
+
+@pytest.fixture
+def store(store_url, tmp_path):
+    s = open_store_url(store_url, tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _ticket(store, tid: str, state: str, sha: str, pr_state: str = "open") -> None:
+    store.create_ticket(TicketRecord(tid, "ws", "fix", "t", "b", {}, state, 1, 1), [], [])
+    store.put_pr(PullRequestRecord(tid, tid[-1], "", f"afe/{tid}", "main", sha, pr_state))
+
+
+def test_one_claim_per_ticket_and_head(store):
+    _ticket(store, "t-1", WAITING_APPROVAL, SHA)
+    assert store.claim_ci_failure("t-1", SHA, "A", 10)
+    assert not store.claim_ci_failure("t-1", SHA, "B", 11)      # a second delivery of the same failure
+    assert store.claim_ci_failure("t-1", SHA, "A", 10)          # the claimer's own retry: still its claim
+    assert store.claim_ci_failure("t-1", OLD, "C", 12)          # another head is another round
+    assert [r.state for r in store.ci_gathering()] == [GATHERING, GATHERING]
+    store.put_ci_failure("t-1", SHA, {"claim": "A", "state": ROUND, "round": 1, "checks": [{"name": "ci"}]})
+    rows = store.ci_failures("t-1")
+    assert [(r.sha, r.state) for r in rows] == [(SHA, ROUND), (OLD, GATHERING)]
+    assert store.ci_failure("t-1", SHA).doc["checks"] == [{"name": "ci"}]
+    assert [r.sha for r in store.ci_gathering()] == [OLD]
+    assert store.ci_failure("t-2", SHA) is None
+
+
+def test_ticket_for_head_and_the_heads_polling_watches(store):
+    _ticket(store, "t-1", WAITING_APPROVAL, SHA)
+    _ticket(store, "t-2", FAILED, OLD)
+    _ticket(store, "t-3", SUCCEEDED, "c" * 40, pr_state="merged")
+    assert store.ticket_for_head("ws", SHA) == "t-1"
+    assert store.ticket_for_head("other", SHA) is None
+    assert store.ticket_for_head("ws", "d" * 40) is None
+    watched = store.ci_watch((WAITING_APPROVAL, FAILED, SUCCEEDED), 0)
+    assert [(w.ticket_id, w.head_sha, w.number) for w in watched] == [("t-1", SHA, "1"), ("t-2", OLD, "2")]
+    assert store.ci_watch((WAITING_APPROVAL,), 0)[0].workflow == "fix"
+    assert store.ci_watch((WAITING_APPROVAL,), 10**15) == []
