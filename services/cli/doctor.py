@@ -20,12 +20,12 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.layout import SANDBOX_UID, Layout
 
 from .doctor_gvisor import engine_runtimes, gvisor_checks, gvisor_egress_checks
+from .doctor_report import Report
 from .egresschecks import egress_checks
 from .hostprobe import HostListener, host_addresses, reached
 from .isolation import isolation_checks, run_py
@@ -34,19 +34,6 @@ from .probescripts import CONNECT, DIRECT, FETCH, FORK, LISTENER, PROBE, TARGET_
 # Older imports name these here; they live in probescripts.py and hostprobe.py.
 __all__ = ["CONNECT", "DIRECT", "FETCH", "FORK", "LISTENER", "PROBE", "TARGET_SERVER", "HostListener",
            "Report", "add_parser", "doctor", "host_addresses", "reached", "run"]
-
-
-@dataclass
-class Report:
-    lines: list[tuple[str, bool, str]] = field(default_factory=list)
-
-    def add(self, rule: str, ok: bool, evidence: str) -> None:
-        self.lines.append((rule, ok, evidence))
-        print(f"{'PASS' if ok else 'FAIL'} {rule}: {evidence}", flush=True)
-
-    @property
-    def failed(self) -> bool:
-        return any(not ok for _, ok, _ in self.lines)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

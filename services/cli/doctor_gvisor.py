@@ -22,7 +22,7 @@ from .isolation import Seen, isolation_checks
 if TYPE_CHECKING:
     from services.common.config import Config
 
-    from .doctor import Report
+    from .doctor_report import Report
 
 RUNSC = "/usr/bin/runsc"
 RUNTIME_ARGS = ("--network=none", "--host-uds=open")

@@ -13,7 +13,7 @@ from .isolation import run_exec, run_py
 from .probescripts import CONNECT, DIRECT, FETCH
 
 if TYPE_CHECKING:
-    from .doctor import Report
+    from .doctor_report import Report
 
 
 async def egress_checks(report: Report, client, runner, eg, instance: str, tname: str, tip: str,

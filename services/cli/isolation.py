@@ -21,7 +21,7 @@ from services.common.layout import SANDBOX_UID
 from .probescripts import FORK, INTERFACES, NO_NEW_PRIVS
 
 if TYPE_CHECKING:
-    from .doctor import Report
+    from .doctor_report import Report
 
 
 @dataclass(frozen=True)

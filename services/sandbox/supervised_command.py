@@ -5,17 +5,27 @@ the stdin window that bound what either side buffers for it."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .dockerapi import STDERR
-
-if TYPE_CHECKING:
-    from .supervisor import Link
 
 WINDOW = 256 * 1024            # as in supervise_main.py: output credit per command
 IN_WINDOW = 256 * 1024         # as in supervise_main.py: stdin sent but not yet taken, per command
 MAX_SEND = 64 * 1024
 STOPPED = "[afe: the sandbox's command supervisor stopped ({why}); the command was killed]\n"
+
+
+class Link(Protocol):
+    """What a command needs of its supervisor's link (supervisor.Link): frames
+    out, output credit back, and the kill of its process group."""
+
+    def send_nowait(self, kind: bytes, cid: int, payload: bytes = b"") -> None: ...
+
+    async def send(self, kind: bytes, cid: int, payload: bytes = b"") -> None: ...
+
+    def credit(self, cmd: SupervisedCommand, n: int) -> None: ...
+
+    async def kill(self, cmd: SupervisedCommand) -> None: ...
 
 
 class SupervisedCommand:
