@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from services.common.config import Workspace
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.common.schema.verify import MAX_BASE_PATHS, base_path_problem
 
 from .continuation import author_env
 from .workspaces import _remove_workspace
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SUFFIX = "-verify"
-MAX_BASE_PATHS = 50
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}   # a path is a path, never a glob or a magic pathspec
 
@@ -72,24 +72,6 @@ def check_base_paths(paths: list[str] | tuple[str, ...]) -> list[str]:
         if p not in out:
             out.append(p)
     return out
-
-
-def base_path_problem(raw: object) -> str:
-    """Why `raw` is no base path ("" when it is one); shared with the manifest check."""
-    if not isinstance(raw, str) or not raw.strip():
-        return "is empty; name a folder or file of the repository, e.g. tests/"
-    if not raw.isprintable() or "\\" in raw:
-        return "holds a control character or a backslash; use a plain relative path like tests/"
-    if raw.startswith("/"):
-        return "is absolute; use a path relative to the repository root, e.g. tests/"
-    parts = PurePosixPath(raw).parts
-    if ".." in parts:
-        return "contains '..'; use a path inside the repository, e.g. tests/"
-    if not parts or parts == (".",):
-        return "names the whole repository; name the folders to take from the base branch, e.g. tests/"
-    if parts[0] == ".git":
-        return "names git's own folder; name a folder of the repository's files"
-    return ""
 
 
 async def prepare(wg: WorkspaceGit, ws: Workspace, ticket_id: str, sha: str,

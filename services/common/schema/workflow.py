@@ -15,10 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from ..config import BUILTINS, NODE_TOOLS, Node, Workflow
 from .document import Doc
 from .text import INPUT_RE, INPUT_WHAT, NAME_RE, NODE_ID_RE, fields_of, show
+from .verify import VerifyDecl, load_verify
 from .workspace import MERGE_METHODS
 
 if TYPE_CHECKING:
-    from .loader import Loader
+    from .collected import Collected as Loader
 
 # ACP tool-call kinds an agent node may deny.
 PERMISSION_KINDS = ("read", "edit", "delete", "move", "search", "execute", "think", "fetch",
@@ -119,6 +120,7 @@ class WorkflowManifest(BaseModel):
     maxTokens: int = Field(0, ge=0, description="token budget of a ticket; 0 = none")
     nodes: list[RunNode | ModelNode | AgentNode | BuiltinNode] = Field(min_length=1)
     on_ci_failure: OnCiFailure | None = Field(None, description="iterate on failing CI of the pull request")
+    verify: VerifyDecl | None = Field(None, description="clean-room verification of the head before merge (R41)")
 
 
 def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> None:
@@ -127,6 +129,7 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
     inputs, defaults = _inputs(doc, d)
     max_tokens = doc.integer(d, "maxTokens", "maxTokens", 0, minimum=0)
     ci_rounds = _on_ci_failure(doc, d)
+    verify = load_verify(doc, d)
     raw_nodes = d.get("nodes")
     nodes: list[Node] = []
     if raw_nodes is not None and not isinstance(raw_nodes, list):
@@ -148,7 +151,7 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
     if doc.named and name is not None and "nodes" in d:
         loader.workflows[name] = Workflow(name=name, nodes=tuple(nodes), workspace=workspace, inputs=inputs,
                                         input_defaults=defaults, max_tokens=max_tokens, source=doc.where,
-                                        ci_rounds=ci_rounds)
+                                        ci_rounds=ci_rounds, verify=verify)
         loader._raw_nodes[name] = raw_nodes if isinstance(raw_nodes, list) else []
 
 
