@@ -20,7 +20,7 @@ from .document import Doc
 from .text import ENV_NAME_RE, NAME_RE, fields_of
 
 if TYPE_CHECKING:
-    from .loader import Loader
+    from .collected import Collected as Loader
 
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_RE.pattern)]
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]

@@ -27,13 +27,14 @@ from typing import Any
 
 import yaml
 
-from ..config import Agent, Config, Model, Node, Trigger, Workflow, Workspace
+from ..config import Config, Node, Workflow
 from ..errors import ConfigError, InvalidArgument
 from ..presets import PRESETS
 from ..redact import secret_kind
 from ..relayenv import DEFAULT_RELAY_ENV, RELAY_PROVIDERS
 from ..templates import check as check_template
 from . import agent, model, trigger, workflow, workspace
+from .collected import Collected
 from .document import Doc
 from .text import KINDS, NAME_RE, NAME_WHAT, show
 
@@ -45,17 +46,11 @@ LOADERS: dict[str, Callable[[Loader, Doc, Mapping[str, Any], str | None], None]]
 }
 
 
-class Loader:
+class Loader(Collected):
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
+        super().__init__(directory)
         self.errors: list[str] = []
-        self.workspaces: dict[str, Workspace] = {}
-        self.models: dict[str, Model] = {}
-        self.agents: dict[str, Agent] = {}
-        self.workflows: dict[str, Workflow] = {}
-        self.triggers: dict[str, Trigger] = {}
         self.seen: dict[tuple[str, str], str] = {}
-        self._raw_nodes: dict[str, list[Any]] = {}
 
     # -- secrets ------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from .document import Doc, check_api_url
 from .text import ENV_NAME_RE, NAME_RE
 
 if TYPE_CHECKING:
-    from .loader import Loader
+    from .collected import Collected as Loader
 
 PROVIDERS = ("openai", "anthropic", "gemini", "replay")
 DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com",

@@ -16,7 +16,7 @@ from .document import Doc
 from .text import COMMAND_RE, GITHUB_LOGIN_RE, INPUT_RE, NAME_RE, fields_of, show
 
 if TYPE_CHECKING:
-    from .loader import Loader
+    from .collected import Collected as Loader
 
 _STRICT = ConfigDict(extra="forbid", populate_by_name=True)
 

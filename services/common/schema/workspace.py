@@ -21,7 +21,7 @@ from .document import Doc, check_api_url
 from .text import EGRESS_RE, ENV_NAME_RE, GITHUB_REPO_RE, NAME_RE, fields_of, parse_memory, show
 
 if TYPE_CHECKING:
-    from .loader import Loader
+    from .collected import Collected as Loader
 
 FORGES = ("github", "local")
 MERGE_METHODS = ("merge", "squash", "rebase")
