@@ -21,7 +21,7 @@ from services.common.errors import FailedPrecondition, NotFound
 from services.common.layout import check_ticket_id
 
 if TYPE_CHECKING:
-    from .workspaces import WorkspaceGit
+    from .gitwork import GitWork as WorkspaceGit
 
 log = logging.getLogger(__name__)
 
