@@ -27,6 +27,7 @@ from services.common.grpcutil import TlsFiles, open_channel, open_remote_channel
 
 from .commandstream import CommandStream, Unsupported
 from .store import LeaseLost
+from .verify_client import VerificationCalls
 
 CREDENTIALS = "the credential broker"
 SANDBOX = "the sandbox broker"
@@ -82,6 +83,9 @@ class CredentialBroker(Protocol):
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse: ...
     async def push(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.PushResponse: ...
     async def release(self, ticket_id: str, workspace: str) -> None: ...
+    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str,
+                                   base_paths: list[str]) -> cpb.PrepareVerificationResponse: ...
+    async def release_verification(self, ticket_id: str, workspace: str) -> None: ...
     async def update_branch(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.UpdateBranchResponse: ...
     async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
                       fence: int = 0) -> cpb.PullRequest: ...
@@ -228,7 +232,7 @@ class SandboxClient:
             return await self.stub.WriteWorkspace(inputs(), timeout=LONG)
 
 
-class CredentialsClient:
+class CredentialsClient(VerificationCalls):
     def __init__(self, socket_path: str, secret: bytes | None) -> None:
         self.channel = open_channel(socket_path, secret)
         self.stub = cgrpc.CredentialBrokerStub(self.channel)

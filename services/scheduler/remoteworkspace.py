@@ -78,6 +78,14 @@ class RemoteWorkspaces:
         ws = self.config.workspaces.get(workspace)
         return ws.sandbox.limits.disk_bytes if ws is not None else 0
 
+    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str,
+                                   base_paths: list[str]) -> cpb.PrepareVerificationResponse:
+        """Refused: the clean-room checkout (R41) is laid on the credential broker's host only."""
+        raise FailedPrecondition(
+            f"ticket {ticket_id}: the workflow's verify: (clean-room verification, R41) needs the sandbox "
+            "broker on the credential broker's host; start afe without --sandbox-broker, or remove verify: "
+            "from the workflow")
+
     async def prepare(self, ticket_id: str, workspace: str) -> cpb.PrepareWorkspaceResponse:
         holder = await self.brokers.place(ticket_id)
         async with self.credentials.checkout_archive(ticket_id, workspace) as (prepared, chunks):

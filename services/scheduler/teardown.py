@@ -1,7 +1,8 @@
 """Teardown and sandbox recovery (R12): what is left of a ticket in the
 brokers goes away, even across broker crashes.
 
-- `teardown(t)`: DestroySandbox + ReleaseWorkspace; a ticket whose teardown
+- `teardown(t)`: ReleaseWorkspace + DestroySandbox (also of `<ticket>-verify`,
+  the clean-room verification's, R41); a ticket whose teardown
   failed keeps `torn_down` false in the store.
 - `reconcile()`: the sandbox broker removes every sandbox, proxy and network
   whose ticket is not live; creates are held meanwhile.
@@ -22,6 +23,7 @@ from services.common.errors import AfeError, NotFound
 
 from .brokers import CredentialBroker, SandboxBroker
 from .store import LIVE, Store, TicketRecord
+from .verify_client import verify_id
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +62,14 @@ class Teardowns:
         except AfeError as exc:
             ok = False
             log.warning("ticket %s: could not release its workspace: %s", t.id, exc)
-        try:
-            await self.sandbox.destroy(t.id)
-        except AfeError as exc:
-            ok = False
-            log.warning("ticket %s: could not remove its sandbox: %s", t.id, exc)
+        for sid in (t.id, verify_id(t.id)):     # its own sandbox and its verification's (R41)
+            try:
+                await self.sandbox.destroy(sid)
+            except NotFound:
+                pass
+            except AfeError as exc:
+                ok = False
+                log.warning("ticket %s: could not remove its sandbox %s: %s", t.id, sid, exc)
         return ok
 
     async def teardown_only(self, t: TicketRecord) -> bool:
@@ -80,7 +85,9 @@ class Teardowns:
         cannot miss a sandbox made during the call."""
         try:
             async with self.sandbox.creates_held():
-                live = [t.id for t in self.store.tickets_in_states(LIVE)] + sorted(self.reserved())
+                tickets = [t.id for t in self.store.tickets_in_states(LIVE)]
+                # a live ticket's verification sandbox (R41) is live too: reconcile never kills a running one
+                live = tickets + [verify_id(t) for t in tickets] + sorted(self.reserved())
                 r = await self.sandbox.reconcile(live)
         except AfeError as exc:
             log.warning("could not reconcile sandboxes (retried when the sandbox broker answers): %s", exc)
