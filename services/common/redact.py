@@ -188,6 +188,11 @@ class Redactor:
     def count(self) -> int:
         return len(self._values)
 
+    def holds(self, text: str) -> bool:
+        """Does `text` contain a registered secret value (in one of its registered forms)?"""
+        values, _ = self._compiled
+        return any(v in text for v in values)
+
     def redact(self, text: str) -> str:
         if not text:
             return text

@@ -22,6 +22,7 @@ from .models.anthropic import AnthropicProvider
 from .models.openai import OpenAIProvider
 from .models.replay import ReplayProvider
 from .relay import RelayHub
+from .signing import Signer, SigningKey
 from .workspaces import WorkspaceGit
 
 
@@ -54,4 +55,5 @@ def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], 
     }
     relay = RelayHub(config, layout, secrets, redactor, state_dir=own / "relay", ca_file=ca_file, proxies=proxies)
     return CredentialCore(config, git, forges, providers, redactor, relay, report_key_file=own / "report.key",
-                          fences=Fences(own / "fences.json"))
+                          fences=Fences(own / "fences.json"),
+                          signer=Signer(SigningKey(own / "signing"), git, redactor))

@@ -1372,3 +1372,89 @@ class PrepareVerificationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PrepareVerificationResponse: _TypeAlias = PrepareVerificationResponse  # noqa: Y015
+
+@_typing.final
+class SigningKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SigningKeyRequest: _TypeAlias = SigningKeyRequest  # noqa: Y015
+
+@_typing.final
+class SigningKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLIC_KEY_PEM_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_RAW_B64_FIELD_NUMBER: _builtins.int
+    KEYID_FIELD_NUMBER: _builtins.int
+    public_key_pem: _builtins.str
+    """SubjectPublicKeyInfo PEM"""
+    public_key_raw_b64: _builtins.str
+    """the raw 32-byte Ed25519 public key, base64"""
+    keyid: _builtins.str
+    """lowercase hex SHA-256 of the raw public key"""
+    def __init__(
+        self,
+        *,
+        public_key_pem: _builtins.str = ...,
+        public_key_raw_b64: _builtins.str = ...,
+        keyid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keyid", b"keyid", "public_key_pem", b"public_key_pem", "public_key_raw_b64", b"public_key_raw_b64"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SigningKeyResponse: _TypeAlias = SigningKeyResponse  # noqa: Y015
+
+@_typing.final
+class SignStatementRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    STATEMENT_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    statement: _builtins.bytes
+    """the Statement's JSON (UTF-8), signed as is"""
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        statement: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["statement", b"statement", "ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignStatementRequest: _TypeAlias = SignStatementRequest  # noqa: Y015
+
+@_typing.final
+class SignStatementResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVELOPE_FIELD_NUMBER: _builtins.int
+    envelope: _builtins.str
+    """DSSE envelope JSON: {payload, payloadType, signatures: [{keyid, sig}]}"""
+    def __init__(
+        self,
+        *,
+        envelope: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignStatementResponse: _TypeAlias = SignStatementResponse  # noqa: Y015

@@ -154,6 +154,16 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
                 _registered_method=True)
+        self.SigningKey = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/SigningKey',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SigningKeyRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SigningKeyResponse.FromString,
+                _registered_method=True)
+        self.SignStatement = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/SignStatement',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementResponse.FromString,
+                _registered_method=True)
 
 
 class CredentialBrokerServicer:
@@ -355,6 +365,24 @@ class CredentialBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SigningKey(self, request, context):
+        """The run record (R42, docs/GUIDE.md "The run record"). The public half of
+        the broker's Ed25519 signing key; the private half never leaves it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SignStatement(self, request, context):
+        """Sign an in-toto Statement v1 of afe's run-record predicate type as a DSSE
+        envelope. Refused (INVALID_ARGUMENT) unless its one subject is a
+        gitCommit of the ticket's branch in the ticket's git dir, and
+        (FAILED_PRECONDITION) when it holds a secret the broker holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CredentialBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -477,6 +505,16 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.ReleaseVerification,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.SerializeToString,
+            ),
+            'SigningKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.SigningKey,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SigningKeyRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SigningKeyResponse.SerializeToString,
+            ),
+            'SignStatement': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignStatement,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1127,6 +1165,60 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/ReleaseVerification',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SigningKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/SigningKey',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.SigningKeyRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.SigningKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignStatement(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/SignStatement',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -123,6 +123,16 @@ class CredentialBrokerStub:
     """
     ReleaseVerification: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.ReleaseWorkspaceRequest, _credentials_pb2.ReleaseWorkspaceResponse]
     """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent."""
+    SigningKey: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.SigningKeyRequest, _credentials_pb2.SigningKeyResponse]
+    """The run record (R42, docs/GUIDE.md "The run record"). The public half of
+    the broker's Ed25519 signing key; the private half never leaves it.
+    """
+    SignStatement: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.SignStatementRequest, _credentials_pb2.SignStatementResponse]
+    """Sign an in-toto Statement v1 of afe's run-record predicate type as a DSSE
+    envelope. Refused (INVALID_ARGUMENT) unless its one subject is a
+    gitCommit of the ticket's branch in the ticket's git dir, and
+    (FAILED_PRECONDITION) when it holds a secret the broker holds.
+    """
 
 @_typing.type_check_only
 class CredentialBrokerAsyncStub(CredentialBrokerStub):
@@ -215,6 +225,16 @@ class CredentialBrokerAsyncStub(CredentialBrokerStub):
     """
     ReleaseVerification: _aio.UnaryUnaryMultiCallable[_credentials_pb2.ReleaseWorkspaceRequest, _credentials_pb2.ReleaseWorkspaceResponse]  # type: ignore[assignment]
     """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent."""
+    SigningKey: _aio.UnaryUnaryMultiCallable[_credentials_pb2.SigningKeyRequest, _credentials_pb2.SigningKeyResponse]  # type: ignore[assignment]
+    """The run record (R42, docs/GUIDE.md "The run record"). The public half of
+    the broker's Ed25519 signing key; the private half never leaves it.
+    """
+    SignStatement: _aio.UnaryUnaryMultiCallable[_credentials_pb2.SignStatementRequest, _credentials_pb2.SignStatementResponse]  # type: ignore[assignment]
+    """Sign an in-toto Statement v1 of afe's run-record predicate type as a DSSE
+    envelope. Refused (INVALID_ARGUMENT) unless its one subject is a
+    gitCommit of the ticket's branch in the ticket's git dir, and
+    (FAILED_PRECONDITION) when it holds a secret the broker holds.
+    """
 
 class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -448,5 +468,27 @@ class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_credentials_pb2.ReleaseWorkspaceResponse, _abc.Awaitable[_credentials_pb2.ReleaseWorkspaceResponse]]:
         """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent."""
+
+    @_abc_1.abstractmethod
+    def SigningKey(
+        self,
+        request: _credentials_pb2.SigningKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.SigningKeyResponse, _abc.Awaitable[_credentials_pb2.SigningKeyResponse]]:
+        """The run record (R42, docs/GUIDE.md "The run record"). The public half of
+        the broker's Ed25519 signing key; the private half never leaves it.
+        """
+
+    @_abc_1.abstractmethod
+    def SignStatement(
+        self,
+        request: _credentials_pb2.SignStatementRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.SignStatementResponse, _abc.Awaitable[_credentials_pb2.SignStatementResponse]]:
+        """Sign an in-toto Statement v1 of afe's run-record predicate type as a DSSE
+        envelope. Refused (INVALID_ARGUMENT) unless its one subject is a
+        gitCommit of the ticket's branch in the ticket's git dir, and
+        (FAILED_PRECONDITION) when it holds a secret the broker holds.
+        """
 
 def add_CredentialBrokerServicer_to_server(servicer: CredentialBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
