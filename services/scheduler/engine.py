@@ -116,7 +116,7 @@ class Engine(Leases, Approvals, Reopen, Records):
         # boot id (it restarted) means reconcile now; failed teardowns are retried
         # with back-off until done (R12). 0 turns both off (tests' positive control).
         self.recovery_interval = recovery_interval
-        self.teardowns = Teardowns(store, sandbox, credentials, recovery_interval, self._finishing.__contains__)
+        self.teardowns = Teardowns(store, sandbox, credentials, recovery_interval, self._finishing.__contains__, config)
         # Warm sandboxes (pool.py): `pool_dir` None = none; their reserved ids are live for reconcile.
         self.pool = SandboxPool(config, sandbox, credentials, pool_dir, cap=pool_cap,
                                 is_ticket=lambda tid: store.get_ticket(tid) is not None)

@@ -32,7 +32,7 @@ from typing import Any
 from services.common.config import Config
 from services.common.errors import AfeError
 
-from . import egress_report
+from . import egress_report, verify_report
 from .store import (
     CANCELLED,
     FAILED,
@@ -200,6 +200,7 @@ class GitHubReporter:
                                 f"(workflow `{t.workflow}`).")
         if pr is not None and re.fullmatch(r"[0-9a-f]{40}", pr.head_sha or ""):
             await self._status(t, pr.head_sha)
+            await verify_report.status(self.store, self.credentials, t, pr.head_sha, self.link(t.id), self._fence(t.id))
         if t.state in TERMINAL and (issue or pr is not None):
             await self._comment(t, issue or pr.number, FINAL, self.final_body(t))   # type: ignore[union-attr]
 

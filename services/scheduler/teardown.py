@@ -19,6 +19,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from services.common.config import Config
 from services.common.errors import AfeError, NotFound
 
 from .brokers import CredentialBroker, SandboxBroker
@@ -34,12 +35,13 @@ FINAL_TEARDOWN_S = 3.0        # what a stopping scheduler spends on teardowns st
 
 class Teardowns:
     def __init__(self, store: Store, sandbox: SandboxBroker, credentials: CredentialBroker, interval: float,
-                 finishing: Callable[[str], bool]) -> None:
+                 finishing: Callable[[str], bool], config: Config | None = None) -> None:
         self.store = store
         self.sandbox = sandbox
         self.credentials = credentials
         self.interval = interval
         self.finishing = finishing            # a ticket still recording its end (its own teardown runs)
+        self.config = config                  # which workflows verify (R41): their `<ticket>-verify` sandbox goes too
         self._broker_boot: str | None = None
         self.reserved: Callable[[], set[str]] = set   # reserved ids of warm sandboxes (pool.py): live too
         self._wake = asyncio.Event()
@@ -62,7 +64,7 @@ class Teardowns:
         except AfeError as exc:
             ok = False
             log.warning("ticket %s: could not release its workspace: %s", t.id, exc)
-        for sid in (t.id, verify_id(t.id)):     # its own sandbox and its verification's (R41)
+        for sid in (t.id, *self._verify_ids(t)):     # its own sandbox and its verification's (R41)
             try:
                 await self.sandbox.destroy(sid)
             except NotFound:
@@ -71,6 +73,10 @@ class Teardowns:
                 ok = False
                 log.warning("ticket %s: could not remove its sandbox %s: %s", t.id, sid, exc)
         return ok
+
+    def _verify_ids(self, t: TicketRecord) -> tuple[str, ...]:
+        wf = self.config.workflows.get(t.workflow) if self.config is not None else None
+        return (verify_id(t.id),) if wf is None or wf.verify is not None else ()
 
     async def teardown_only(self, t: TicketRecord) -> bool:
         if await self.teardown(t):

@@ -1,0 +1,52 @@
+"""How a head's clean-room verification (R41) is shown outside the ticket:
+one line for people (the merge refusal, the CLI) and, on a github forge, a
+commit status `afe/verify` on the head (success / failure), set through the
+credential broker's SetCommitStatus (fenced, R37) and recorded like the
+ticket's own status (github_report.py), so it is set once per result. The
+local forge has no statuses: its reviewers see the result on the approval
+(UI, `afe ticket show/watch`)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from .store import Store, TicketRecord
+
+CONTEXT = "afe/verify"
+STEP = "verify"
+
+
+def failure_line(result: dict[str, Any]) -> str:
+    """"verification failed: `CMD` exited 1 (tests/ from main)" — or passed."""
+    paths = result.get("base_paths") or []
+    where = f" ({', '.join(paths)} from {result.get('base_branch') or 'the base branch'})" if paths else ""
+    commands = result.get("commands") or []
+    if result.get("passed"):
+        return f"verification passed: {len(commands)} command{'s' if len(commands) != 1 else ''}{where}"
+    failed = next((c for c in commands if c.get("exit_code") != 0 or c.get("timed_out")), None)
+    if failed is None:
+        return "verification did not run" + where
+    how = "timed out" if failed.get("timed_out") else f"exited {failed.get('exit_code')}"
+    return f"verification failed: `{code(str(failed.get('command') or ''))}` {how}{where}"
+
+
+def code(text: str, limit: int = 200) -> str:
+    """`text` fit for inline code: no backtick, no line break, bounded."""
+    return "".join(ch for ch in text[:limit] if ch not in "`\r\n")
+
+
+async def status(store: Store, credentials: Any, t: TicketRecord, sha: str, link: str, fence: int) -> None:
+    """Set `afe/verify` on `sha` from its stored verification (nothing when there is none)."""
+    rec = store.verification(t.id, sha)
+    if rec is None:
+        return
+    state = "success" if rec.passed else "failure"
+    description = failure_line(rec.result).replace("`", "")
+    digest = hashlib.sha256(f"{sha} {state} {description}".encode()).hexdigest()[:32]
+    known = store.report(t.id, STEP)
+    if known is not None and known[1] == digest:
+        return
+    await credentials.set_status(t.workspace, sha, state, CONTEXT, description, link, t.id, fence)
+    store.put_report(t.id, STEP, sha, digest, int(time.time() * 1000))
