@@ -96,6 +96,8 @@ class CredentialBroker(Protocol):
     async def relay_usage(self, ticket_id: str) -> cpb.RelayUsageResponse: ...
     async def complete(self, model: str, messages: list[cpb.Message], tools: list[cpb.ToolSpec],
                        max_tokens: int, ticket_id: str, timeout: float) -> cpb.CompleteResponse: ...
+    async def sign_statement(self, ticket_id: str, statement: bytes) -> str: ...
+    async def signing_key(self) -> cpb.SigningKeyResponse: ...
 
 
 class SandboxClient:
@@ -374,3 +376,14 @@ class CredentialsClient(VerificationCalls):
             await self.stub.SetCommitStatus(cpb.SetCommitStatusRequest(
                 workspace=workspace, sha=sha, state=state, context=context, description=description,
                 target_url=target_url, ticket_id=ticket_id, fence=fence), timeout=SHORT)
+
+    # The run record (R42, executor/nodes/run_record.py): signed by the broker's key.
+    async def sign_statement(self, ticket_id: str, statement: bytes) -> str:
+        async with rpc_errors(CREDENTIALS, "signing the run record"):
+            r = await self.stub.SignStatement(cpb.SignStatementRequest(ticket_id=ticket_id, statement=statement),
+                                              timeout=SHORT)
+        return r.envelope
+
+    async def signing_key(self) -> cpb.SigningKeyResponse:
+        async with rpc_errors(CREDENTIALS, "reading the signing key"):
+            return await self.stub.SigningKey(cpb.SigningKeyRequest(), timeout=SHORT)

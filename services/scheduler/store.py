@@ -18,6 +18,7 @@ from services.common.states import NodeState, TicketState
 
 from .ci_records import CiRecords
 from .github_records import PollCursor, WorkClaim
+from .run_records import RunRecord, RunRecords  # noqa: F401  (re-exported)
 from .verification_records import VerificationRecord, VerificationRecords  # noqa: F401  (re-exported)
 
 # States are stored as the words of services/common/states.py (plain text, as since the first schema).
@@ -176,7 +177,7 @@ class Lease:
     cancel_by: str = ""
 
 
-class Store(CiRecords, VerificationRecords, abc.ABC):
+class Store(CiRecords, RunRecords, VerificationRecords, abc.ABC):
     """Durable state. Every method commits before it returns.
 
     Leases (docs/SCALE.md): a store that several schedulers share (`shared`)

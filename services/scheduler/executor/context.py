@@ -11,6 +11,7 @@ never as shell code (R36); it never reaches tools, egress or config.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -109,6 +110,9 @@ class RunContext:
         if feedback:   # an on_failure round (TicketRun): a later node's failure, sandbox-made text (R36)
             text += ("\n\nA later step failed after your previous attempt; fix the cause. Its output:\n"
                      + quoting.quote(feedback, source="the failing step's output in the sandbox"))
+        data = text.encode("utf-8", "surrogatepass")   # its digest goes into the run record (R42)
+        self.emit("node.prompt_digest", {"node": node.id, "sha256": hashlib.sha256(data).hexdigest(),
+                                         "bytes": len(data)})
         return text
 
     def _node_ancestors(self, node_id: str) -> set[str]:

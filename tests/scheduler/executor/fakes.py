@@ -18,12 +18,17 @@ separated by `;`:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
+from services.common import attestation
 from services.common.errors import NotFound, PeerUnavailable
 from services.scheduler.brokers import CredentialBroker, SandboxBroker
 
@@ -189,6 +194,25 @@ class FakeCredentials:
                        max_tokens: int, ticket_id: str, timeout: float) -> cpb.CompleteResponse:
         self._call("complete")
         return cpb.CompleteResponse(message=cpb.Message(role="assistant", content="done"))
+
+    # The run record (R42): signed with a key of the fake's own, as the broker's signing.py does.
+    _signing = Ed25519PrivateKey.generate()
+
+    async def sign_statement(self, ticket_id: str, statement: bytes) -> str:
+        self._call("sign_statement")
+        raw = self._signing.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        sig = self._signing.sign(attestation.pae(attestation.PAYLOAD_TYPE, statement))
+        return attestation.canonical({"payload": base64.b64encode(statement).decode(),
+                                      "payloadType": attestation.PAYLOAD_TYPE,
+                                      "signatures": [{"keyid": attestation.keyid_of(raw),
+                                                      "sig": base64.b64encode(sig).decode()}]}).decode()
+
+    async def signing_key(self) -> cpb.SigningKeyResponse:
+        pub = self._signing.public_key()
+        raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        pem = pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return cpb.SigningKeyResponse(public_key_pem=pem.decode(), public_key_raw_b64=base64.b64encode(raw).decode(),
+                                      keyid=attestation.keyid_of(raw))
 
 
 if TYPE_CHECKING:   # mypy checks that the fakes implement the Protocols

@@ -216,12 +216,12 @@ async def test_a_builtin_step_waits_for_the_credential_broker_to_come_back(harne
     await h.until(tid, (WAITING_APPROVAL,))
     assert h.credentials.calls[:3] == ["prepare"] * 3
     h.credentials.away = 1          # the commit step meets a broker that went away
-    # (nothing is pending now; the next step, merge's lookup, retries once approved)
+    # (nothing is pending now; the next step, signing the decision's run record (R42), retries once approved)
     await h.engine.approve(tid, "bob", "")
     t = await h.until(tid)
     assert t.state == SUCCEEDED, t.error
     retry = h.events(tid, "broker.retry")
-    assert len(retry) == 1 and retry[0][1]["step"] == "merge"
+    assert len(retry) == 1 and retry[0][1]["step"] == "sign"
     assert len(h.events(tid, "broker.recovered")) == 1
 
 

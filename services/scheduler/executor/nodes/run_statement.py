@@ -1,0 +1,176 @@
+"""The in-toto Statement v1 of a ticket's run for one head (R42): built from
+the config, the store and the ticket's events; signed by the credential
+broker (run_record.py). Predicate type `attestation.PREDICATE_TYPE`
+(docs/GUIDE.md "The run record" lists its fields).
+
+No secret goes in (the relay capability and tokens never reach the store
+or events; the broker refuses a statement holding one it knows). Untrusted
+text (the ticket's title and body, follow-ups, sandbox output, paths the
+agent chose) goes in only as SHA-256 digests; names from the manifests and
+host names the egress proxy logged go in as JSON strings, and the whole
+statement is ASCII-only canonical JSON (every other character escaped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from services.common import attestation, presets
+from services.common.config import Config, Workflow, Workspace
+
+from ...store import ApprovalRecord, PullRequestRecord, Store, TicketRecord
+
+EVENTS_SCANNED = 50_000        # a ticket's events read for the record, at most
+_EXIT = re.compile(r"exited with code (-?\d+)")
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def subject_name(ws: Workspace, ticket_id: str) -> str:
+    repo = ws.forge.repo if ws.forge.type == "github" and ws.forge.repo else f"afe-workspace/{ws.name}"
+    return f"git+{repo}@afe/{ticket_id}"
+
+
+def statement(config: Config, store: Store, t: TicketRecord, sha: str, *, pr: PullRequestRecord | None,
+              verification: dict[str, Any] | None, denied: dict[str, Any] | None,
+              decision: ApprovalRecord | None = None) -> dict[str, Any]:
+    wf = config.workflows[t.workflow]
+    ws = config.workspaces[t.workspace]
+    events = _events(store, t.id)
+    predicate: dict[str, Any] = {
+        "kind": "decision" if decision is not None else "request",
+        "ticket": {"id": t.id, "workspace": t.workspace, "principal": t.principal,
+                   "title_sha256": digest(t.title), "body_sha256": digest(t.body),
+                   "followups_sha256": [digest(f.text) for f in store.followups(t.id, 0)],
+                   "created_at_ms": t.created_at_ms},
+        "repository": {"forge": ws.forge.type, "repo": ws.forge.repo, "base_branch": ws.base_branch,
+                       "branch": f"afe/{t.id}", "pull_request": pr.number if pr else "",
+                       "pull_request_url": pr.url if pr else ""},
+        "workflow": _workflow(store, t, wf),
+        "agents": _agents(config, wf),
+        "models": _models(config, wf),
+        "prompts": [{"node": p.get("node", ""), "sha256": p.get("sha256", ""), "bytes": p.get("bytes", 0)}
+                    for p in _payloads(events, "node.prompt_digest")],
+        "egress": _egress(ws, denied),
+        "usage": _usage(events),
+        "commands": _commands(store, t, wf, events),
+        "verification": verification,
+    }
+    if decision is not None:
+        predicate["decision"] = {"principal": decision.principal, "granted": decision.granted,
+                                 "sha": decision.sha, "at_ms": decision.at_ms,
+                                 "reason_sha256": digest(decision.reason) if decision.reason else ""}
+    return {"_type": attestation.STATEMENT_TYPE,
+            "subject": [{"name": subject_name(ws, t.id), "digest": {"gitCommit": sha}}],
+            "predicateType": attestation.PREDICATE_TYPE, "predicate": predicate}
+
+
+def _events(store: Store, ticket_id: str) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    seq = 1
+    while len(out) < EVENTS_SCANNED:
+        batch = store.events(ticket_id, seq, limit=1000)
+        if not batch:
+            break
+        for ev in batch:
+            try:
+                payload = json.loads(ev.payload_json)
+            except ValueError:
+                continue
+            out.append((ev.type, payload if isinstance(payload, dict) else {}))
+        seq = batch[-1].seq + 1
+    return out
+
+
+def _payloads(events: list[tuple[str, dict[str, Any]]], type_: str) -> list[dict[str, Any]]:
+    return [p for t, p in events if t == type_]
+
+
+def _workflow(store: Store, t: TicketRecord, wf: Workflow) -> dict[str, Any]:
+    runs = {r.node_id: r for r in store.node_runs(t.id)}
+    nodes = []
+    for n in wf.nodes:
+        r = runs.get(n.id)
+        node: dict[str, Any] = {"id": n.id, "kind": n.kind, "needs": list(n.needs),
+                                "state": r.state if r else "", "attempts": r.attempt if r else 0,
+                                "rounds": r.rounds if r else 0}
+        if n.kind == "builtin":
+            node["uses"] = n.uses or ""
+        if n.model:
+            node["model"] = n.model
+        if n.agent:
+            node["agent"] = n.agent
+        nodes.append(node)
+    return {"name": wf.name, "nodes": nodes, "max_tokens": wf.max_tokens}
+
+
+def _agents(config: Config, wf: Workflow) -> list[dict[str, Any]]:
+    out = []
+    for name in sorted({n.agent for n in wf.nodes if n.kind == "agent" and n.agent}):
+        a = config.agents.get(name)
+        if a is None:
+            continue
+        p = presets.PRESETS.get(a.preset or "")
+        out.append({"name": a.name, "preset": a.preset or "", "version": p.version if p else "",
+                    "package": p.package if p else "", "image": a.image or "", "model": a.model or ""})
+    return out
+
+
+def _models(config: Config, wf: Workflow) -> list[dict[str, Any]]:
+    names = {n.model for n in wf.nodes if n.kind == "model" and n.model}
+    names |= {config.agents[n.agent].model or "" for n in wf.nodes
+              if n.kind == "agent" and n.agent in config.agents}
+    out = []
+    for name in sorted(x for x in names if x):
+        m = config.models.get(name)
+        if m is not None:
+            out.append({"name": m.name, "provider": m.provider, "model": m.model})
+    return out
+
+
+def _egress(ws: Workspace, denied: dict[str, Any] | None) -> dict[str, Any]:
+    """The declared allow-list (the proxy counts no allowed requests) and the refused hosts with counts."""
+    hosts = [{"host": str(h.get("host", "")), "count": int(h.get("count", 0) or 0)}
+             for h in (denied or {}).get("hosts") or [] if isinstance(h, dict)]
+    return {"allowed": sorted(ws.sandbox.egress), "allowed_private": sorted(ws.sandbox.egress_private),
+            "allowed_counts": "not recorded", "denied": hosts,
+            "denied_truncated": bool((denied or {}).get("truncated"))}
+
+
+def _usage(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    per: dict[str, dict[str, Any]] = {}
+    for p in _payloads(events, "model.usage"):
+        m = per.setdefault(str(p.get("model", "")), {"model": str(p.get("model", "")), "input_tokens": 0,
+                                                     "output_tokens": 0, "cost_usd": 0.0, "calls": 0})
+        m["input_tokens"] += int(p.get("input_tokens", 0) or 0)
+        m["output_tokens"] += int(p.get("output_tokens", 0) or 0)
+        m["cost_usd"] = round(m["cost_usd"] + float(p.get("cost_usd", 0) or 0), 6)
+        m["calls"] += 1
+    models = [per[k] for k in sorted(per)]
+    return {"models": models, "total_tokens": sum(m["input_tokens"] + m["output_tokens"] for m in models),
+            "cost_usd": round(sum(m["cost_usd"] for m in models), 6)}
+
+
+def _commands(store: Store, t: TicketRecord, wf: Workflow,
+              events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The `run:` nodes' commands (the manifest's template) with each finished try's exit code."""
+    runs = [n for n in wf.nodes if n.kind == "run"]
+    out = []
+    for n in runs:
+        codes: list[int | None] = []
+        for p in _payloads(events, "node.finished"):
+            if p.get("node") != n.id:
+                continue
+            if p.get("state") == "succeeded":
+                codes.append(0)
+            elif p.get("state") == "failed":
+                m = _EXIT.search(str(p.get("error", "")))
+                codes.append(int(m.group(1)) if m else None)
+        out.append({"node": n.id, "command": n.run or "", "command_sha256": digest(n.run or ""),
+                    "exit_codes": codes})
+    return out
