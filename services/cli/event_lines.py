@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.common import cost
+from services.common.verification import failure_line
 
 
 def _fmt_secs(ms: int) -> str:
@@ -54,7 +55,8 @@ def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str |
     if typ == "pr.opened":
         return f"{at} pull request opened {p.get('url') or p.get('number') or ''}".rstrip()
     if typ == "approval.requested":
-        return f"{at} waiting for approval of {p.get('sha', '')}".rstrip()
+        verified = f" ({failure_line(p['verification'])})" if isinstance(p.get("verification"), dict) else ""
+        return f"{at} waiting for approval of {p.get('sha', '')}{verified}".rstrip()
     if typ in ("approval.granted", "approval.rejected"):
         word = "approved" if typ == "approval.granted" else "rejected"
         return f"{at} {word} by {p.get('principal', '?')}" + (f": {p['reason']}" if p.get("reason") else "")
@@ -62,6 +64,8 @@ def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str |
         return f"{at} merged {p.get('merge_sha') or p.get('sha') or ''}".rstrip()
     if typ == "ticket.finished":
         return f"{at} ticket {p.get('state')}" + (f": {p['error']}" if p.get("error") else "")
+    if typ == "verification.output" and not verbose:
+        return None
     return _describe_more(typ, p, at, node)
 
 
@@ -141,6 +145,14 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
     if typ == "approval.stale":
         return (f"{at} approval of {str(p.get('approved_sha', ''))[:12]} is stale: the head is now "
                 f"{str(p.get('head_sha', ''))[:12]}; approve again")
+    if typ == "verification.started":
+        paths = f", {', '.join(p['base_paths'])} from the base branch" if p.get("base_paths") else ""
+        return (f"{at} {node:<16} verifying {str(p.get('sha', ''))[:12]} in a fresh sandbox "
+                f"({len(p.get('commands') or [])} command(s){paths})")
+    if typ == "verification.output":
+        return "\n".join(f"{'':>10} {'verify':<16} | {ln}" for ln in str(p.get("text") or "").rstrip("\n").split("\n"))
+    if typ == "verification.finished":
+        return f"{at} {node:<16} {failure_line(p)} on {str(p.get('sha', ''))[:12]}"
     if typ == "commit.warning":
         return f"{at} {node:<16} warning: {p.get('message') or p.get('kind', '')}"
     return None

@@ -6,6 +6,7 @@ import time
 
 from services.common import cost
 from services.common.states import TicketState
+from services.common.verification import code, failure_line
 
 from .event_lines import _fmt_secs
 
@@ -89,3 +90,16 @@ def _print_test_output(t: dict) -> None:
             print(f"    {ln}".rstrip())
     if not runs:
         print("test output: (none)")
+
+
+def _print_verification(events: list[dict]) -> None:
+    """The clean-room verification (R41) of each head, newest last (from the ticket's events)."""
+    for e in events:
+        if e.get("type") != "verification.finished":
+            continue
+        p = e.get("payload") or {}
+        print(f"{failure_line(p)} on {str(p.get('sha', ''))[:12]}")
+        for c in p.get("commands") or []:
+            how = "timed out" if c.get("timed_out") else f"exit {c.get('exit_code')}"
+            print(f"    {code(str(c.get('command') or ''))}: {how} ({_fmt_secs(int(c.get('duration_ms') or 0))})")
+

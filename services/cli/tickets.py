@@ -32,7 +32,14 @@ from .rpc_client import (
     CliError,
     RpcClient,
 )
-from .ticket_view import WAITING, _print_prompts, _print_test_output, _print_ticket, _print_usage
+from .ticket_view import (
+    WAITING,
+    _print_prompts,
+    _print_test_output,
+    _print_ticket,
+    _print_usage,
+    _print_verification,
+)
 
 __all__ = ["EXIT_CANCELLED", "EXIT_CONNECT", "EXIT_FAILED", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE",
            "EXIT_WAITING", "STATES", "TERMINAL", "CliError", "RpcClient", "_describe", "_print_test_output",
@@ -272,12 +279,13 @@ async def _show(client: RpcClient, args: argparse.Namespace) -> int:
     diff = (await client.call("tickets.diff", {"id": args.id})) if args.diff else None
     # Tokens and cost per node, and the prompts, come from the ticket's recorded events.
     events = [e async for e in client.watch(args.id, 1, follow=False)
-              if e.get("type") in ("model.usage", "node.prompt")]
+              if e.get("type") in ("model.usage", "node.prompt", "verification.finished")]
     spent = cost.totals(events)
     if args.json:
         _emit_json({**t, "cost": spent, **({"diff": diff} if diff else {})})
         return EXIT_OK
     _print_ticket(t)
+    _print_verification(events)
     _print_usage(spent)
     if getattr(args, "prompts", False):
         _print_prompts(events)

@@ -12,29 +12,12 @@ import hashlib
 import time
 from typing import Any
 
+from services.common.verification import failure_line
+
 from .store import Store, TicketRecord
 
 CONTEXT = "afe/verify"
 STEP = "verify"
-
-
-def failure_line(result: dict[str, Any]) -> str:
-    """"verification failed: `CMD` exited 1 (tests/ from main)" — or passed."""
-    paths = result.get("base_paths") or []
-    where = f" ({', '.join(paths)} from {result.get('base_branch') or 'the base branch'})" if paths else ""
-    commands = result.get("commands") or []
-    if result.get("passed"):
-        return f"verification passed: {len(commands)} command{'s' if len(commands) != 1 else ''}{where}"
-    failed = next((c for c in commands if c.get("exit_code") != 0 or c.get("timed_out")), None)
-    if failed is None:
-        return "verification did not run" + where
-    how = "timed out" if failed.get("timed_out") else f"exited {failed.get('exit_code')}"
-    return f"verification failed: `{code(str(failed.get('command') or ''))}` {how}{where}"
-
-
-def code(text: str, limit: int = 200) -> str:
-    """`text` fit for inline code: no backtick, no line break, bounded."""
-    return "".join(ch for ch in text[:limit] if ch not in "`\r\n")
 
 
 async def status(store: Store, credentials: Any, t: TicketRecord, sha: str, link: str, fence: int) -> None:

@@ -30,11 +30,11 @@ from typing import Any
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.common.config import Node, Verify, Workspace
 from services.common.errors import AfeError, FailedPrecondition, NotFound
+from services.common.verification import failure_line
 
 from ...events import now_ms
 from ...store import PullRequestRecord
 from ...verify_client import verify_id
-from ...verify_report import failure_line
 from .. import brokercalls
 from ..context import RunContext
 from .run import CHUNK_EVENT, command_argv
