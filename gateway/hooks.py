@@ -9,8 +9,8 @@ A delivery is passed to the scheduler only when, in this order:
 3. it is JSON (`application/json`)                                 -> else 415
 4. its `X-GitHub-Delivery` is a GUID                               -> else 400
 5. its `X-GitHub-Event` is subscribed (issues, issue_comment,
-   pull_request_review, pull_request_review_comment; `ping` is answered
-   here)                                                           -> else 400
+   pull_request_review, pull_request_review_comment, and for failing CI
+   check_run, check_suite, status; `ping` is answered here)                                                           -> else 400
 The scheduler then claims the delivery id in its store: a replayed delivery
 is answered 409 and changes nothing. Every refusal is counted in
 afe_gateway_github_deliveries_total{outcome,reason}. A missing or wrong
@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 PATH = "/hooks/github"
 MAX_BODY = 1024 * 1024              # GitHub caps payloads at 25 MB; issue events are a few KiB
-SUBSCRIBED = ("issues", "issue_comment", "pull_request_review", "pull_request_review_comment")
+SUBSCRIBED = ("issues", "issue_comment", "pull_request_review", "pull_request_review_comment", "check_run",
+              "check_suite", "status")
 DELIVERY_ID = re.compile(r"^[A-Za-z0-9-]{1,100}$")
 SIGNATURE = re.compile(r"^sha256=([0-9a-f]{64})$")
 STATUS = {"accepted": 202, "ignored": 202, "refused": 202, "duplicate": 409}
@@ -120,7 +121,8 @@ class GitHubWebhook:
         if event not in SUBSCRIBED:
             log.info("github delivery %s refused: event type %s is not subscribed", delivery, _safe_id(event))
             return self._answer(400, "refused", "unsubscribed_event", "afe acts on the issues, issue_comment, "
-                                "pull_request_review and pull_request_review_comment events only; unselect the "
+                                "pull_request_review, pull_request_review_comment, check_run, check_suite and "
+                                "status events only; unselect the "
                                 "others in the webhook's settings on GitHub")
         try:
             result = await self.backend.deliver_github(delivery, event, body)
@@ -160,5 +162,9 @@ _MESSAGES = {
     "joined": "this work has a live ticket already; the event was added to it",
     "gathered": "added to the follow-up of the pull request's ticket that is about to run",
     "queued": "the pull request's ticket is running; this follow-up runs once it waits for approval or ends",
+    "passing": "not a failing check or status; nothing to do",
+    "own_check": "afe's own status or check; it starts nothing",
+    "stale_head": "not the pull request's current head; nothing to do",
+    "merged": "the pull request is merged; nothing to do",
 }
 _REASONS = set(_MESSAGES)

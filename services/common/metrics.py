@@ -329,6 +329,8 @@ GITHUB_REASONS = (
     "followup", "not_afe_pull_request", "busy",
     # one ticket per piece of work, and follow-ups gathered or queued (docs/GITHUB.md)
     "joined", "gathered", "queued",
+    # failing CI on afe's pull requests (docs/GITHUB.md "Failing CI")
+    "passing", "own_check", "stale_head", "merged",
 )
 
 

@@ -26,6 +26,7 @@ from . import handover, verifycheckout
 from .fences import Fences
 from .forges import MERGE_METHODS, Forge, PullRequestInfo
 from .github import GitHubForge
+from .github_checks import CheckDetails, ChecksReader
 from .github_events import RepoEvents
 from .models.base import Completion, ModelProvider, Msg, Tool
 from .relay import RelayHub, Usage
@@ -264,6 +265,13 @@ class CredentialCore:
     async def repo_events(self, workspace: str, etag: str, after_id: str = "") -> RepoEvents:
         ws, forge = self._github(workspace)
         return await forge.repo_events(ws, etag, after_id)
+
+    async def check_details(self, workspace: str, sha: str, with_logs: bool) -> CheckDetails:
+        """The failing checks of commit `sha`, with their logs' redacted tails (github_checks.py)."""
+        if not SHA.match(sha or ""):
+            raise InvalidArgument("sha must be a full commit SHA (40 hex digits)")
+        ws, forge = self._github(workspace)
+        return await ChecksReader(forge, ws, self.redactor.redact).read(sha.lower(), with_logs)
 
     # -- reporting back (docs/GITHUB.md, "Reporting back") -----------------------
     async def upsert_issue_comment(self, workspace: str, number: str, ticket_id: str, step: str,

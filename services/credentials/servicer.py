@@ -179,6 +179,15 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         return pb.SignStatementResponse(envelope=await self.core.sign_statement(request.ticket_id,
                                                                                 request.statement))
 
+    async def GetCheckDetails(self, request, context):
+        r = await self.core.check_details(request.workspace, request.sha, request.with_logs)
+        return pb.GetCheckDetailsResponse(
+            pending=r.pending, rate_limited=r.rate_limited, rate_limit_reset_ms=r.rate_limit_reset_ms,
+            retry_after_s=r.retry_after_s,
+            checks=[pb.CheckDetail(kind=c.kind, name=c.name, app=c.app, conclusion=c.conclusion, title=c.title,
+                                   summary=c.summary, description=c.description, details_url=c.details_url,
+                                   target_url=c.target_url, log_tail=c.log_tail, id=c.id) for c in r.checks])
+
 
 async def _archive_input(request_iterator, rpc: str):
     """(the first message's request, the archive's chunks) of a CommitArchive-like stream."""

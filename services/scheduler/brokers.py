@@ -377,6 +377,12 @@ class CredentialsClient(VerificationCalls):
                 workspace=workspace, sha=sha, state=state, context=context, description=description,
                 target_url=target_url, ticket_id=ticket_id, fence=fence), timeout=SHORT)
 
+    async def check_details(self, workspace: str, sha: str, with_logs: bool) -> cpb.GetCheckDetailsResponse:
+        """Failing CI of a commit (docs/GITHUB.md, "Failing CI"), read by the broker."""
+        async with rpc_errors(CREDENTIALS, "reading a commit's GitHub checks"):
+            return await self.stub.GetCheckDetails(
+                cpb.GetCheckDetailsRequest(workspace=workspace, sha=sha, with_logs=with_logs), timeout=LONG)
+
     # The run record (R42, executor/nodes/run_record.py): signed by the broker's key.
     async def sign_statement(self, ticket_id: str, statement: bytes) -> str:
         async with rpc_errors(CREDENTIALS, "signing the run record"):

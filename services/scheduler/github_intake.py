@@ -47,6 +47,7 @@ from services.common.metrics import github_deliveries
 
 from .brokers import CredentialsClient
 from .followups import SETTLE_S, FollowUpQueue
+from .github_ci import CI_EVENTS, CI_SETTLE_S, CiIteration
 from .github_delivery import decode_payload, unclaimed_on_failure
 from .github_iteration import ReviewIteration
 from .github_outcome import Outcome, _text
@@ -55,7 +56,7 @@ from .tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_TITLE_CHARS
 
 log = logging.getLogger(__name__)
 
-SUBSCRIBED = ("issues", "issue_comment", "pull_request_review", "pull_request_review_comment")
+SUBSCRIBED = ("issues", "issue_comment", "pull_request_review", "pull_request_review_comment", *CI_EVENTS)
 DELIVERY_ID = re.compile(r"^[A-Za-z0-9-]{1,100}$")
 MAX_PAYLOAD = 1024 * 1024
 REFUSAL_COMMENT = ("Thanks for the request. Only people with write access to this repository can start work "
@@ -87,7 +88,7 @@ def _label_matches(label: str, labels: tuple[str, ...]) -> bool:
     return label.lower() in {n.lower() for n in labels}
 
 
-class GitHubIntake(ReviewIteration):
+class GitHubIntake(ReviewIteration, CiIteration):
     def __init__(self, config: Config, store: Store, engine: Any, credentials: CredentialsClient,
                  registry=None, *, settle_s: float = SETTLE_S) -> None:
         self.config = config
@@ -98,13 +99,16 @@ class GitHubIntake(ReviewIteration):
         # Review iteration: follow-ups gathered for `settle_s`, queued while their ticket runs.
         self.followups = (FollowUpQueue(engine, settle_s=settle_s, reply=self._reply_on_pr)
                           if engine is not None else None)
+        self.ci_settle_s = max(settle_s, CI_SETTLE_S)   # failing CI: github_ci.py
 
     def start(self) -> None:
         """Owed re-opens of a scheduler that stopped with follow-ups pending."""
         if self.followups is not None:
             self.followups.start()
+            self.ci_resume()
 
     async def stop(self) -> None:
+        await self.ci_stop()
         if self.followups is not None:
             await self.followups.close()
 
@@ -185,6 +189,8 @@ class GitHubIntake(ReviewIteration):
 
     async def _handle(self, event: str, data: dict, delivery: str) -> Outcome:
         action = _text(data.get("action"))
+        if event in CI_EVENTS:
+            return await self._ci(event, data, delivery)
         if event.startswith("pull_request_review") or (
                 event == "issue_comment" and isinstance(data.get("issue"), dict) and data["issue"].get("pull_request")):
             return await self._iterate(event, action, data, delivery)

@@ -67,16 +67,30 @@ class Poller:
                 log.warning("github polling of workspace %s is rate limited; next poll at %s", ws.name,
                             _utc(next_ms))
             self._save(ws.name, PollCursor(cur.etag, cur.last_event_id, next_ms), now_ms)
+            if r.not_modified:
+                await self._poll_ci(ws, next_ms)
             return [], wait
         events = _ordered(r.events)
         if not cur.last_event_id:       # the first listing: polling starts from now
             self._save(ws.name, PollCursor(r.etag, events[-1].id if events else NOTHING_SEEN, next_ms), now_ms)
+            await self._poll_ci(ws, next_ms)
             return [], wait
         if not r.complete:
             log.warning("github polling of workspace %s: more events than GitHub lists came after event %s; "
                         "the ones before the oldest listed are lost (use webhooks for so busy a repository)",
                         ws.name, cur.last_event_id)
-        return await self._handle(ws, cur, r.etag, events, next_ms, now_ms), wait
+        outcomes = await self._handle(ws, cur, r.etag, events, next_ms, now_ms)
+        await self._poll_ci(ws, next_ms)
+        return outcomes, wait
+
+    async def _poll_ci(self, ws: Workspace, next_ms: int) -> None:
+        """The Events API carries no check runs: the heads of afe's pull requests are asked (github_ci.py),
+        as often as the events; a rate limit pushes the next poll back by POLL_ERROR_BACKOFF_S at least."""
+        if not await self.intake.poll_ci(ws):
+            cur = self.cursor(ws.name)
+            at = max(next_ms, self._now_ms() + int(POLL_ERROR_BACKOFF_S * 1000))
+            log.warning("github polling of workspace %s: CI checks rate limited; next poll at %s", ws.name, _utc(at))
+            self._save(ws.name, PollCursor(cur.etag, cur.last_event_id, at), self._now_ms())
 
     def next_poll_ms(self, r: Any, now_ms: int) -> int:
         """The earliest next request GitHub allows: the poll interval, and

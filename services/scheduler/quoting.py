@@ -92,6 +92,7 @@ FOLLOWUP_SOURCES = {
     "github:review": "a GitHub pull request review",
     "github:review_comment": "a GitHub review comment",
     "github:comment": "a GitHub pull request comment",
+    "github:ci": "failing CI checks of the pull request on GitHub (names, summaries, log tails)",
 }
 
 

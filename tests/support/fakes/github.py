@@ -1,5 +1,7 @@
 """A GitHub-REST-compatible fake: pulls (list/create/get/merge), issue
-comments (create, list, edit), commit statuses, collaborator permissions and repository events (ETag, X-Poll-Interval,
+comments (create, list, edit), commit statuses, check runs and the combined status of a ref, an Actions job's log
+(a 302 to a download URL on `/_download/`, served without the token as GitHub's log storage does),
+collaborator permissions and repository events (ETag, X-Poll-Interval,
 pages with a Link header), with the Authorization header checked. Rate limits as GitHub documents them
 ("Rate limits for the REST API"): every answer carries X-RateLimit-*; with `rate_remaining` at 0 a call gets
 403 "API rate limit exceeded" with X-RateLimit-Remaining: 0 and the reset time; `secondary_limit(...)` answers
@@ -42,6 +44,9 @@ class FakeGitHub(FakeServer):
         self.edits: list[int] = []                # ids of edited comments, in order
         self.statuses: list[dict] = []            # {"sha", "state", "context", "description", "target_url"}
         self.merges: list[dict] = []
+        self.check_runs: list[dict] = []          # GitHub's check run objects (id, name, head_sha, status, ...)
+        self.job_logs: dict[int, str] = {}        # Actions job id -> its log
+        self.downloads: list[dict] = []           # {"path", "authorization"} of each log download
         # Tests' hooks: `after_comment(id)` is awaited once a comment is stored, before the answer
         # (e.g. to kill the caller); `strip_marks` stores bodies without their HTML comments
         # (a broker that does not mark its comments: the R37 positive control).
@@ -60,12 +65,18 @@ class FakeGitHub(FakeServer):
         app.router.add_post(base + "/statuses/{sha}", self.status)
         app.router.add_get(base + "/collaborators/{user}/permission", self.permission)
         app.router.add_get(base + "/events", self.list_events)
+        app.router.add_get(base + "/commits/{ref}/check-runs", self.list_check_runs)
+        app.router.add_get(base + "/commits/{ref}/status", self.combined_status)
+        app.router.add_get(base + "/actions/jobs/{job}/logs", self.job_log)
+        app.router.add_get("/_download/jobs/{job}", self.download_log)
         if self.openapi is not None:
             app.middlewares.append(self._documented)
 
     @web.middleware
     async def _documented(self, request: web.Request, handler):
         assert self.openapi is not None
+        if request.path.startswith("/_download/"):      # the log storage host, not the REST API
+            return await handler(request)
         problem = self.openapi.problem(request.method, request.path, request.query_string, await request.read())
         if problem is not None:
             self.undocumented.append(problem)
@@ -254,6 +265,53 @@ class FakeGitHub(FakeServer):
         return web.json_response({"id": len(self.statuses), "state": body["state"],
                                   "context": body.get("context", "default"),
                                   "url": f"{self.url}/repos/{self.repo}/statuses/{sha}"}, status=201)
+
+    async def list_check_runs(self, request):
+        if (r := self._check(request)) is not None:
+            return r
+        ref = request.match_info["ref"]
+        runs = [{"status": "completed", "details_url": None, "html_url": f"{self.url}/{self.repo}/runs/{c['id']}",
+                 "output": {"title": None, "summary": None, "text": None, "annotations_count": 0},
+                 "app": {"slug": "github-actions", "name": "GitHub Actions"}, **c}
+                for c in self.check_runs if c["head_sha"] == ref]
+        self.rate_remaining -= 1
+        return web.json_response({"total_count": len(runs), "check_runs": runs}, headers=self._rate_headers())
+
+    async def combined_status(self, request):
+        if (r := self._check(request)) is not None:
+            return r
+        ref = request.match_info["ref"]
+        latest: dict[str, dict] = {}
+        for i, s in enumerate(self.statuses):       # GitHub: the latest status per context
+            if s["sha"] == ref:
+                latest[s["context"]] = {"id": i + 1, "state": s["state"], "context": s["context"],
+                                        "description": s.get("description"), "target_url": s.get("target_url"),
+                                        "url": f"{self.url}/repos/{self.repo}/statuses/{ref}"}
+        states = {s["state"] for s in latest.values()}
+        state = ("failure" if states & {"failure", "error"} else "pending" if "pending" in states or not states
+                 else "success")
+        self.rate_remaining -= 1
+        return web.json_response({"state": state, "sha": ref, "total_count": len(latest),
+                                  "statuses": list(latest.values()), "repository": {"full_name": self.repo},
+                                  "commit_url": f"{self.url}/repos/{self.repo}/commits/{ref}",
+                                  "url": f"{self.url}/repos/{self.repo}/commits/{ref}/status"},
+                                 headers=self._rate_headers())
+
+    async def job_log(self, request):
+        if (r := self._check(request)) is not None:
+            return r
+        job = int(request.match_info["job"])
+        if job not in self.job_logs:
+            return web.json_response({"message": "Not Found"}, status=404)
+        return web.Response(status=302, headers={"Location": f"{self.url}/_download/jobs/{job}?sig=signed",
+                                                 **self._rate_headers()})
+
+    async def download_log(self, request):
+        self.downloads.append({"path": request.path, "authorization": request.headers.get("Authorization", "")})
+        job = int(request.match_info["job"])
+        if request.query.get("sig") != "signed" or job not in self.job_logs:
+            return web.Response(status=403, text="AuthenticationFailed")
+        return web.Response(text=self.job_logs[job], content_type="text/plain")
 
 
 __all__ = ["FakeGitHub"]

@@ -1458,3 +1458,125 @@ class SignStatementResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SignStatementResponse: _TypeAlias = SignStatementResponse  # noqa: Y015
+
+@_typing.final
+class GetCheckDetailsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    SHA_FIELD_NUMBER: _builtins.int
+    WITH_LOGS_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    sha: _builtins.str
+    """40 hex digits"""
+    with_logs: _builtins.bool
+    """the log tails of failing GitHub Actions check runs"""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        sha: _builtins.str = ...,
+        with_logs: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha", b"sha", "with_logs", b"with_logs", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCheckDetailsRequest: _TypeAlias = GetCheckDetailsRequest  # noqa: Y015
+
+@_typing.final
+class CheckDetail(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    APP_FIELD_NUMBER: _builtins.int
+    CONCLUSION_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    DETAILS_URL_FIELD_NUMBER: _builtins.int
+    TARGET_URL_FIELD_NUMBER: _builtins.int
+    LOG_TAIL_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """check_run | status"""
+    name: _builtins.str
+    """the check run's name, the status's context"""
+    app: _builtins.str
+    """the check run's app slug; "" for a status"""
+    conclusion: _builtins.str
+    """failure | timed_out | action_required (check run), failure | error (status)"""
+    title: _builtins.str
+    """the check run's output title"""
+    summary: _builtins.str
+    """the check run's output summary"""
+    description: _builtins.str
+    """the status's description"""
+    details_url: _builtins.str
+    target_url: _builtins.str
+    """the check run's html_url, the status's target_url"""
+    log_tail: _builtins.str
+    """with_logs: the job log's redacted tail ("" when none)"""
+    id: _builtins.int
+    """the check run's id (the Actions job id); 0 for a status"""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        app: _builtins.str = ...,
+        conclusion: _builtins.str = ...,
+        title: _builtins.str = ...,
+        summary: _builtins.str = ...,
+        description: _builtins.str = ...,
+        details_url: _builtins.str = ...,
+        target_url: _builtins.str = ...,
+        log_tail: _builtins.str = ...,
+        id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["app", b"app", "conclusion", b"conclusion", "description", b"description", "details_url", b"details_url", "id", b"id", "kind", b"kind", "log_tail", b"log_tail", "name", b"name", "summary", b"summary", "target_url", b"target_url", "title", b"title"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckDetail: _TypeAlias = CheckDetail  # noqa: Y015
+
+@_typing.final
+class GetCheckDetailsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKS_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    RATE_LIMITED_FIELD_NUMBER: _builtins.int
+    RATE_LIMIT_RESET_MS_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_S_FIELD_NUMBER: _builtins.int
+    pending: _builtins.bool
+    """a check of the commit has not finished"""
+    rate_limited: _builtins.bool
+    """as ListRepoEventsResponse: no checks, wait until the reset"""
+    rate_limit_reset_ms: _builtins.int
+    retry_after_s: _builtins.int
+    @_builtins.property
+    def checks(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckDetail]:
+        """the failing ones only"""
+
+    def __init__(
+        self,
+        *,
+        checks: _abc.Iterable[Global___CheckDetail] | None = ...,
+        pending: _builtins.bool = ...,
+        rate_limited: _builtins.bool = ...,
+        rate_limit_reset_ms: _builtins.int = ...,
+        retry_after_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "pending", b"pending", "rate_limit_reset_ms", b"rate_limit_reset_ms", "rate_limited", b"rate_limited", "retry_after_s", b"retry_after_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCheckDetailsResponse: _TypeAlias = GetCheckDetailsResponse  # noqa: Y015

@@ -164,6 +164,11 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementResponse.FromString,
                 _registered_method=True)
+        self.GetCheckDetails = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/GetCheckDetails',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsResponse.FromString,
+                _registered_method=True)
 
 
 class CredentialBrokerServicer:
@@ -383,6 +388,18 @@ class CredentialBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCheckDetails(self, request, context):
+        """Failing CI on a commit (docs/GITHUB.md, "Failing CI"): its failing check
+        runs (GET /repos/{o}/{r}/commits/{ref}/check-runs) and statuses (GET
+        .../commits/{ref}/status), at most 5, and with `with_logs` the tail of a
+        failing GitHub Actions job's log (GET .../actions/jobs/{job_id}/logs, a
+        302 to a download URL fetched without the token): at most 200 lines /
+        8 KiB, ANSI stripped, redacted. All of it is untrusted text (R36).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CredentialBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -515,6 +532,11 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.SignStatement,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementResponse.SerializeToString,
+            ),
+            'GetCheckDetails': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCheckDetails,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1219,6 +1241,33 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/SignStatement',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.SignStatementResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCheckDetails(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/GetCheckDetails',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsResponse.FromString,
             options,
             channel_credentials,
             insecure,

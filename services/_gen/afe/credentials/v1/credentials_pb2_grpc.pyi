@@ -133,6 +133,14 @@ class CredentialBrokerStub:
     gitCommit of the ticket's branch in the ticket's git dir, and
     (FAILED_PRECONDITION) when it holds a secret the broker holds.
     """
+    GetCheckDetails: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.GetCheckDetailsRequest, _credentials_pb2.GetCheckDetailsResponse]
+    """Failing CI on a commit (docs/GITHUB.md, "Failing CI"): its failing check
+    runs (GET /repos/{o}/{r}/commits/{ref}/check-runs) and statuses (GET
+    .../commits/{ref}/status), at most 5, and with `with_logs` the tail of a
+    failing GitHub Actions job's log (GET .../actions/jobs/{job_id}/logs, a
+    302 to a download URL fetched without the token): at most 200 lines /
+    8 KiB, ANSI stripped, redacted. All of it is untrusted text (R36).
+    """
 
 @_typing.type_check_only
 class CredentialBrokerAsyncStub(CredentialBrokerStub):
@@ -234,6 +242,14 @@ class CredentialBrokerAsyncStub(CredentialBrokerStub):
     envelope. Refused (INVALID_ARGUMENT) unless its one subject is a
     gitCommit of the ticket's branch in the ticket's git dir, and
     (FAILED_PRECONDITION) when it holds a secret the broker holds.
+    """
+    GetCheckDetails: _aio.UnaryUnaryMultiCallable[_credentials_pb2.GetCheckDetailsRequest, _credentials_pb2.GetCheckDetailsResponse]  # type: ignore[assignment]
+    """Failing CI on a commit (docs/GITHUB.md, "Failing CI"): its failing check
+    runs (GET /repos/{o}/{r}/commits/{ref}/check-runs) and statuses (GET
+    .../commits/{ref}/status), at most 5, and with `with_logs` the tail of a
+    failing GitHub Actions job's log (GET .../actions/jobs/{job_id}/logs, a
+    302 to a download URL fetched without the token): at most 200 lines /
+    8 KiB, ANSI stripped, redacted. All of it is untrusted text (R36).
     """
 
 class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -489,6 +505,20 @@ class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
         envelope. Refused (INVALID_ARGUMENT) unless its one subject is a
         gitCommit of the ticket's branch in the ticket's git dir, and
         (FAILED_PRECONDITION) when it holds a secret the broker holds.
+        """
+
+    @_abc_1.abstractmethod
+    def GetCheckDetails(
+        self,
+        request: _credentials_pb2.GetCheckDetailsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.GetCheckDetailsResponse, _abc.Awaitable[_credentials_pb2.GetCheckDetailsResponse]]:
+        """Failing CI on a commit (docs/GITHUB.md, "Failing CI"): its failing check
+        runs (GET /repos/{o}/{r}/commits/{ref}/check-runs) and statuses (GET
+        .../commits/{ref}/status), at most 5, and with `with_logs` the tail of a
+        failing GitHub Actions job's log (GET .../actions/jobs/{job_id}/logs, a
+        302 to a download URL fetched without the token): at most 200 lines /
+        8 KiB, ANSI stripped, redacted. All of it is untrusted text (R36).
         """
 
 def add_CredentialBrokerServicer_to_server(servicer: CredentialBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
