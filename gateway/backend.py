@@ -74,6 +74,20 @@ class SchedulerBackend:
                                                timeout=CALL_TIMEOUT)
         return convert.ticket(t, self.origin)
 
+    async def signing_key(self) -> dict:
+        """The public key run records are signed with (R42)."""
+        async with rpc_errors():
+            k = await self.stub.GetSigningKey(pb.GetSigningKeyRequest(), timeout=CALL_TIMEOUT)
+        return {"public_key_pem": k.public_key_pem, "keyid": k.keyid}
+
+    async def run_records(self, ticket_id: str) -> dict:
+        """A ticket's signed run records (DSSE envelopes, R42) and its pull request's head."""
+        async with rpc_errors():
+            r = await self.stub.GetRunRecords(pb.GetTicketRequest(id=ticket_id), timeout=CALL_TIMEOUT)
+        return {"ticket_id": r.ticket_id, "head_sha": r.head_sha,
+                "records": [{"sha": x.sha, "kind": x.kind, "envelope": x.envelope, "at_ms": x.at_ms}
+                            for x in r.records]}
+
     async def ticket_diff(self, ticket_id: str) -> dict:
         async with rpc_errors():
             d = await self.stub.GetTicketDiff(pb.GetTicketRequest(id=ticket_id), timeout=CALL_TIMEOUT)

@@ -100,6 +100,8 @@ class RpcConnection:
             "tickets.list": self._list,
             "tickets.get": lambda p: self.backend.get_ticket(p["id"]),
             "tickets.diff": lambda p: self.backend.ticket_diff(p["id"]),
+            "tickets.records": lambda p: self.backend.run_records(p["id"]),
+            "keys.get": lambda p: self.backend.signing_key(),
             "tickets.cancel": lambda p: self.backend.cancel_ticket(p["id"], self.principal.name),
             "tickets.approve": lambda p: self.backend.approve_ticket(p["id"], self.principal.name, p["sha"]),
             "tickets.reject": lambda p: self.backend.reject_ticket(p["id"], self.principal.name, p["reason"]),

@@ -21,6 +21,8 @@ VERBS: dict[str, str] = {
     "reject": "services.cli.tickets",
     "token": "services.cli.token",
     "certs": "services.cli.certs",
+    "keys": "services.cli.verify",
+    "verify": "services.cli.verify",
 }
 
 EXIT_USAGE = 2

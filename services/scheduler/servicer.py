@@ -123,6 +123,17 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         if False:  # an async generator (what the interceptors wrap); events go out through send_within
             yield
 
+    async def GetSigningKey(self, request: pb.GetSigningKeyRequest, context) -> pb.SigningKey:
+        k = await self.engine.credentials.signing_key()
+        return pb.SigningKey(public_key_pem=k.public_key_pem, keyid=k.keyid)
+
+    async def GetRunRecords(self, request: pb.GetTicketRequest, context) -> pb.RunRecords:
+        t = self.engine.view(request.id).ticket           # NotFound for an unknown ticket
+        pr = self.engine.store.get_pr(t.id)
+        return pb.RunRecords(ticket_id=t.id, head_sha=pr.head_sha if pr else "", records=[
+            pb.RunRecord(sha=r.sha, kind=r.kind, envelope=r.envelope, at_ms=r.at_ms)
+            for r in self.engine.store.run_records(t.id)])
+
     async def GetTicketDiff(self, request: pb.GetTicketRequest, context) -> pb.TicketDiff:
         diff, truncated, recorded = await self.engine.diff(request.id)
         return pb.TicketDiff(diff=diff, truncated=truncated, recorded=recorded)

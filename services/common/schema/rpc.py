@@ -104,6 +104,8 @@ METHODS: dict[str, type[_Params]] = {
     "tickets.list": ListParams,
     "tickets.get": TicketParams,
     "tickets.diff": TicketParams,
+    "tickets.records": TicketParams,
+    "keys.get": NoParams,
     "tickets.cancel": TicketParams,
     "tickets.approve": ApproveParams,
     "tickets.reject": RejectParams,

@@ -963,3 +963,100 @@ class ListWorkspacesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListWorkspacesResponse: _TypeAlias = ListWorkspacesResponse  # noqa: Y015
+
+@_typing.final
+class GetSigningKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSigningKeyRequest: _TypeAlias = GetSigningKeyRequest  # noqa: Y015
+
+@_typing.final
+class SigningKey(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLIC_KEY_PEM_FIELD_NUMBER: _builtins.int
+    KEYID_FIELD_NUMBER: _builtins.int
+    public_key_pem: _builtins.str
+    """Ed25519, SubjectPublicKeyInfo PEM"""
+    keyid: _builtins.str
+    """lowercase hex SHA-256 of the raw 32-byte public key"""
+    def __init__(
+        self,
+        *,
+        public_key_pem: _builtins.str = ...,
+        keyid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keyid", b"keyid", "public_key_pem", b"public_key_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SigningKey: _TypeAlias = SigningKey  # noqa: Y015
+
+@_typing.final
+class RunRecord(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    ENVELOPE_FIELD_NUMBER: _builtins.int
+    AT_MS_FIELD_NUMBER: _builtins.int
+    sha: _builtins.str
+    """the head (the Statement's subject gitCommit)"""
+    kind: _builtins.str
+    """request | decision"""
+    envelope: _builtins.str
+    """DSSE envelope JSON"""
+    at_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        sha: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        envelope: _builtins.str = ...,
+        at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_ms", b"at_ms", "envelope", b"envelope", "kind", b"kind", "sha", b"sha"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunRecord: _TypeAlias = RunRecord  # noqa: Y015
+
+@_typing.final
+class RunRecords(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    HEAD_SHA_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    head_sha: _builtins.str
+    """the pull request's head as afe knows it ("" without one)"""
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunRecord]: ...
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        head_sha: _builtins.str = ...,
+        records: _abc.Iterable[Global___RunRecord] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_sha", b"head_sha", "records", b"records", "ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunRecords: _TypeAlias = RunRecords  # noqa: Y015

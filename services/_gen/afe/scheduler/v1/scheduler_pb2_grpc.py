@@ -104,6 +104,16 @@ class SchedulerStub:
                 request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetPullRequestRequest.SerializeToString,
                 response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
                 _registered_method=True)
+        self.GetSigningKey = channel.unary_unary(
+                '/afe.scheduler.v1.Scheduler/GetSigningKey',
+                request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetSigningKeyRequest.SerializeToString,
+                response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.SigningKey.FromString,
+                _registered_method=True)
+        self.GetRunRecords = channel.unary_unary(
+                '/afe.scheduler.v1.Scheduler/GetRunRecords',
+                request_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTicketRequest.SerializeToString,
+                response_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.RunRecords.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -210,6 +220,22 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSigningKey(self, request, context):
+        """The run record (R42, docs/GUIDE.md "The run record"): the public half of
+        the credential broker's signing key, which `afe verify` checks records with.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunRecords(self, request, context):
+        """The ticket's signed run records (DSSE envelopes), oldest first, and the
+        head afe knows for its pull request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -282,6 +308,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetPullRequest,
                     request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetPullRequestRequest.FromString,
                     response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.SerializeToString,
+            ),
+            'GetSigningKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSigningKey,
+                    request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetSigningKeyRequest.FromString,
+                    response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.SigningKey.SerializeToString,
+            ),
+            'GetRunRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunRecords,
+                    request_deserializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTicketRequest.FromString,
+                    response_serializer=afe_dot_scheduler_dot_v1_dot_scheduler__pb2.RunRecords.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -662,6 +698,60 @@ class Scheduler:
             '/afe.scheduler.v1.Scheduler/GetPullRequest',
             afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetPullRequestRequest.SerializeToString,
             afe_dot_scheduler_dot_v1_dot_scheduler__pb2.Ticket.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSigningKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.scheduler.v1.Scheduler/GetSigningKey',
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetSigningKeyRequest.SerializeToString,
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.SigningKey.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.scheduler.v1.Scheduler/GetRunRecords',
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTicketRequest.SerializeToString,
+            afe_dot_scheduler_dot_v1_dot_scheduler__pb2.RunRecords.FromString,
             options,
             channel_credentials,
             insecure,

@@ -69,6 +69,14 @@ class SchedulerStub:
     """The ticket whose pull request on the workspace's forge is `number` (the
     local forge's PR page in the UI); NOT_FOUND when afe did not open it.
     """
+    GetSigningKey: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetSigningKeyRequest, _scheduler_pb2.SigningKey]
+    """The run record (R42, docs/GUIDE.md "The run record"): the public half of
+    the credential broker's signing key, which `afe verify` checks records with.
+    """
+    GetRunRecords: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetTicketRequest, _scheduler_pb2.RunRecords]
+    """The ticket's signed run records (DSSE envelopes), oldest first, and the
+    head afe knows for its pull request.
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -108,6 +116,14 @@ class SchedulerAsyncStub(SchedulerStub):
     GetPullRequest: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetPullRequestRequest, _scheduler_pb2.Ticket]  # type: ignore[assignment]
     """The ticket whose pull request on the workspace's forge is `number` (the
     local forge's PR page in the UI); NOT_FOUND when afe did not open it.
+    """
+    GetSigningKey: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetSigningKeyRequest, _scheduler_pb2.SigningKey]  # type: ignore[assignment]
+    """The run record (R42, docs/GUIDE.md "The run record"): the public half of
+    the credential broker's signing key, which `afe verify` checks records with.
+    """
+    GetRunRecords: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetTicketRequest, _scheduler_pb2.RunRecords]  # type: ignore[assignment]
+    """The ticket's signed run records (DSSE envelopes), oldest first, and the
+    head afe knows for its pull request.
     """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
@@ -229,6 +245,26 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_scheduler_pb2.Ticket, _abc.Awaitable[_scheduler_pb2.Ticket]]:
         """The ticket whose pull request on the workspace's forge is `number` (the
         local forge's PR page in the UI); NOT_FOUND when afe did not open it.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSigningKey(
+        self,
+        request: _scheduler_pb2.GetSigningKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SigningKey, _abc.Awaitable[_scheduler_pb2.SigningKey]]:
+        """The run record (R42, docs/GUIDE.md "The run record"): the public half of
+        the credential broker's signing key, which `afe verify` checks records with.
+        """
+
+    @_abc_1.abstractmethod
+    def GetRunRecords(
+        self,
+        request: _scheduler_pb2.GetTicketRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.RunRecords, _abc.Awaitable[_scheduler_pb2.RunRecords]]:
+        """The ticket's signed run records (DSSE envelopes), oldest first, and the
+        head afe knows for its pull request.
         """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
