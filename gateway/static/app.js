@@ -165,6 +165,21 @@ async function runDemo() {
 }
 
 // -- ticket page ---------------------------------------------------------
+// A head's clean-room verification (R41), as services/common/verification.py words it.
+function verificationText(v) {
+  const cmds = v.commands || [];
+  const where = (v.base_paths || []).length ? ` (${v.base_paths.join(", ")} from ${v.base_branch || "the base branch"})` : "";
+  if (v.passed) return `verification passed: ${cmds.length} command${cmds.length === 1 ? "" : "s"}${where}`;
+  const f = cmds.find((c) => c.exit_code !== 0 || c.timed_out);
+  if (!f) return `verification did not run${where}`;
+  return `verification failed: ${f.command} ${f.timed_out ? "timed out" : "exited " + f.exit_code}${where}`;
+}
+
+function verificationBadge(v) {
+  return h("span", { id: "verification", class: `badge verify-${v.passed ? "passed" : "failed"}`, "data-passed": String(!!v.passed), title: verificationText(v) },
+    v.passed ? "✓ verified" : "✗ verification failed", " ", h("small", {}, verificationText(v)));
+}
+
 function eventLine(e) {
   const p = e.payload || {};
   const node = p.node ? `[${p.node}] ` : "";
@@ -204,7 +219,10 @@ function eventLine(e) {
     case "commit.done": return { cls: "sys", text: `${node}committed ${String(p.sha || "").slice(0, 12)}` };
     case "push.done": return { cls: "sys", text: `${node}pushed ${p.branch || ""} at ${String(p.sha || "").slice(0, 12)}` };
     case "pr.opened": return { cls: "sys", text: `${node}pull request #${p.number} opened (${p.head_branch} → ${p.base_branch})` };
-    case "approval.requested": return { cls: "sys", text: `${node}waiting for a person to approve ${String(p.sha || "").slice(0, 12)}` };
+    case "approval.requested": return { cls: "sys", text: `${node}waiting for a person to approve ${String(p.sha || "").slice(0, 12)}${p.verification ? " (" + verificationText(p.verification) + ")" : ""}` };
+    case "verification.started": return { cls: "sys", text: `${node}verifying ${String(p.sha || "").slice(0, 12)} in a fresh sandbox (${(p.commands || []).length} command(s)${(p.base_paths || []).length ? ", " + p.base_paths.join(", ") + " from the base branch" : ""})` };
+    case "verification.output": return { cls: `out ${p.stream || ""}`, text: `[verify] ${p.text || ""}` };
+    case "verification.finished": return { cls: "sys", text: `${node}${verificationText(p)} on ${String(p.sha || "").slice(0, 12)}` };
     case "approval.granted": return { cls: "sys", text: `approved by ${p.principal}` };
     case "approval.rejected": return { cls: "sys", text: `rejected by ${p.principal}${p.reason ? ": " + p.reason : ""}` };
     case "ticket.reopened": return { cls: "sys", text: `ticket re-opened (${p.reason}) by ${p.principal}${p.nodes && p.nodes.length ? ": runs " + p.nodes.join(", ") + " again" : ""}` };
@@ -350,6 +368,7 @@ async function showTicket(id) {
   const prompts = h("div", { id: "prompts" }, h("p", { class: "muted" }, "(no model node has started)"));
   const filterNote = h("p", { class: "meta", id: "log-filter", hidden: true });
   const spent = { nodes: new Map(), total: { input: 0, output: 0, cost: null, unpriced: false } };
+  const verified = {};   // head sha -> its verification (R41), from the events
   let filter = "";   // a node id: the log shows only its lines (click its box in the graph; again to clear)
   const applyFilter = (span) => { span.hidden = !!filter && span.dataset.node !== filter; };
   const markSelected = () => {
@@ -418,6 +437,7 @@ async function showTicket(id) {
       const reason = h("input", { id: "reject-reason", placeholder: "reason (for reject)", maxlength: 2000 });
       actions.append(
         h("span", { class: "muted" }, `Merge ${(ticket.awaiting_sha || "").slice(0, 12)}? `),
+        verified[ticket.awaiting_sha] ? verificationBadge(verified[ticket.awaiting_sha]) : "",
         h("button", { id: "approve", type: "button", class: "good", onclick: () => act("tickets.approve", { id, sha: ticket.awaiting_sha || undefined }) }, "Approve"),
         reason,
         h("button", { id: "reject", type: "button", class: "bad", onclick: () => act("tickets.reject", { id, reason: reason.value }) }, "Reject"));
@@ -474,6 +494,8 @@ async function showTicket(id) {
       }
     }
     if (e.type === "model.usage") { addUsage(spent, p); renderCost(costBox, spent); }
+    if (e.type === "verification.finished" && p.sha) verified[p.sha] = p;
+    if (e.type === "approval.requested" && p.verification && p.sha) verified[p.sha] = p.verification;
     if (e.type === "node.prompt") {
       if (!prompts.querySelector("details")) clear(prompts);
       prompts.append(h("details", { class: "prompt", "data-node": p.node || "" },
@@ -487,7 +509,7 @@ async function showTicket(id) {
     applyFilter(span);
     logs.append(span);
     if (atBottom) logs.scrollTop = logs.scrollHeight;
-    if (e.type !== "node.output") scheduleRefresh();
+    if (e.type !== "node.output" && e.type !== "verification.output") scheduleRefresh();
   };
   const startWatch = async () => {
     try {
