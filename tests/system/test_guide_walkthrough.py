@@ -290,6 +290,21 @@ def test_guide_walkthrough_clone_to_merged_fix_with_feedback_and_followup():
         assert final["cost"]["ticket"]["input_tokens"] >= 300 and final["cost"]["ticket"]["cost_usd"] > 0
         test_node = next(n for n in final["nodes"] if n["id"] == "test")
         assert "OK" in test_node["output"]
+
+        # The signed run records (R42, the guide's "The run record"): both heads asked for, and the decision.
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "services.cli.main", *args], check=False, cwd=repo,
+                                  env=env, capture_output=True, text=True, timeout=60)
+
+        keys = cli("keys")
+        assert keys.returncode == 0 and "BEGIN PUBLIC KEY" in keys.stdout and "keyid: " in keys.stdout, keys.stderr
+        v = cli("verify", final["pr"]["url"])
+        assert v.returncode == 0, v.stdout + v.stderr
+        assert f"request record of commit {after['awaiting_sha']}" in v.stdout
+        assert f'approved by "cli" of {after["awaiting_sha"]}' in v.stdout
+        v = cli("verify", ticket, "--sha", before["awaiting_sha"])
+        assert v.returncode == 0 and f"request record of commit {before['awaiting_sha']}" in v.stdout, v.stderr
+        assert "decision record" not in v.stdout                    # the first head was never decided
     finally:
         model.close()
         if up is not None:
