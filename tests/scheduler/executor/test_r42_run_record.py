@@ -90,3 +90,20 @@ async def test_r42_untrusted_text_is_never_raw_in_the_statement_or_the_pr_commen
     # Positive control: the same text put in raw would be found by these checks.
     raw = body + "\n" + HOSTILE
     assert "@octocat" in raw and "<img" in raw
+
+
+async def test_r42_a_record_that_cannot_be_signed_fails_the_approval_request(harness):
+    from services.common.errors import FailedPrecondition
+
+    h = harness(WORKFLOWS)
+
+    async def refuse(ticket_id: str, statement: bytes) -> str:
+        raise FailedPrecondition("the statement holds a secret of the credential broker")
+
+    h.credentials.sign_statement = refuse           # the broker refuses (e.g. a secret slipped in)
+    await h.start()
+    tid = h.create("review")
+    t = await h.until(tid)
+    assert t.state == "failed" and "could not be signed" in t.error and "holds a secret" in t.error
+    assert h.events(tid, "approval.requested") == [] and h.credentials.merged == []
+    assert h.store.run_records(tid) == []
