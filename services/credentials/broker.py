@@ -353,7 +353,10 @@ class CredentialCore:
         check_ticket_id(ticket_id)
         if self.signer is None:
             raise FailedPrecondition("this credential broker has no signing key")
-        return await self.signer.sign(ticket_id, statement)
+        # the ticket's Workspace (its git dir names it): a head a person pushed is looked for on the remote
+        ready = self.git.layout.gitdir(ticket_id) / "afe-ready"
+        name = ready.read_text().strip() if ready.exists() else ""
+        return await self.signer.sign(ticket_id, statement, self.config.workspaces.get(name))
 
     async def close(self) -> None:
         if self.relay is not None:

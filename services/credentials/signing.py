@@ -164,23 +164,34 @@ class Signer:
         self.git = git              # workspaces.WorkspaceGit: the tickets' git dirs
         self.redactor = redactor    # the broker's Redactor: every secret it holds
 
-    async def sign(self, ticket_id: str, statement: bytes) -> str:
+    async def sign(self, ticket_id: str, statement: bytes, ws: Any = None) -> str:
         sha, doc = check_statement(statement, ticket_id)
         if any(self.redactor.holds(s) for s in [statement.decode("utf-8"), *strings_of(doc)]):
             raise FailedPrecondition("the statement holds a secret of the credential broker (a token or a model "
                                      "key); it was not signed: records hold no secret (R42)")
-        await self._check_commit(ticket_id, sha)
+        await self._check_commit(ticket_id, sha, ws)
         return self.key.envelope(statement)
 
-    async def _check_commit(self, ticket_id: str, sha: str) -> None:
+    async def _check_commit(self, ticket_id: str, sha: str, ws: Any = None) -> None:
+        """`sha` is on the ticket's branch: the one afe pushed (its git dir), or, when
+        a person pushed to that branch since, the branch as the remote has it now
+        (the mirror, fetched first, as the verification's checkout does)."""
         from .continuation import branch_for
 
         gitdir = self.git.layout.gitdir(ticket_id)
         if not (gitdir / "afe-ready").exists():
             raise FailedPrecondition(f"ticket {ticket_id} has no prepared workspace here; prepare it, then sign")
-        res = await self.git.git.run(["merge-base", "--is-ancestor", "--end-of-options", sha,
-                                      f"refs/heads/{branch_for(ticket_id)}"], git_dir=gitdir, check=False,
-                                     what="git merge-base")
-        if res.returncode != 0:
-            raise FailedPrecondition(f"commit {sha} is not on the branch of ticket {ticket_id}; only a commit of "
-                                     "the ticket's own branch is signed")
+        branch = f"refs/heads/{branch_for(ticket_id)}"
+        if await self._on_branch(gitdir, sha, branch):
+            return
+        if ws is not None:
+            mirror = await self.git.mirrors.update(ws)
+            if await self._on_branch(mirror, sha, branch):
+                return
+        raise FailedPrecondition(f"commit {sha} is not on the branch of ticket {ticket_id}; only a commit of "
+                                 "the ticket's own branch is signed")
+
+    async def _on_branch(self, git_dir: Path, sha: str, branch: str) -> bool:
+        res = await self.git.git.run(["merge-base", "--is-ancestor", "--end-of-options", sha, branch],
+                                     git_dir=git_dir, check=False, what="git merge-base")
+        return res.returncode == 0
