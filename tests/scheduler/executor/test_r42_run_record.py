@@ -107,3 +107,27 @@ async def test_r42_a_record_that_cannot_be_signed_fails_the_approval_request(har
     assert t.state == "failed" and "could not be signed" in t.error and "holds a secret" in t.error
     assert h.events(tid, "approval.requested") == [] and h.credentials.merged == []
     assert h.store.run_records(tid) == []
+
+
+async def test_r42_every_decision_on_a_head_is_kept_a_rejection_then_an_approval(harness):
+    """A head rejected, re-run to the same commit and approved has both decisions signed, in
+    order; the comment and `afe verify` show the latest (the one that let it merge)."""
+    h = harness(WORKFLOWS)
+    await h.start()
+    tid = h.engine.create_ticket("", "review", "t", "b", {}, "tester").ticket.id
+    t = await h.until(tid, (WAITING_APPROVAL,))
+    sha = t.awaiting_sha
+    await h.engine.reject(tid, "carol", "not yet")
+    await h.until(tid)
+    await h.engine.retry(tid, "merge", "dave")
+    t = await h.until(tid, (WAITING_APPROVAL,))
+    assert t.awaiting_sha == sha                 # the same head, asked again
+    await h.engine.approve(tid, "erin", sha)
+    t = await h.until(tid)
+    assert t.state == SUCCEEDED, t.error
+    key = await _key(h)
+    decided = run_record.decisions(h.store, tid, sha)
+    assert [r.kind for r in decided] == [DECISION, f"{DECISION}-2"]
+    who = [attestation.verify(json.loads(r.envelope), key, sha).statement["predicate"]["decision"]
+           for r in decided]
+    assert [(d["principal"], d["granted"]) for d in who] == [("carol", False), ("erin", True)]

@@ -52,14 +52,23 @@ async def sign_decision(ctx: RunContext, node: Any, appr: ApprovalRecord) -> Non
     """Sign the record again with the decision on `appr.sha`."""
     if not SHA.match(appr.sha or ""):
         return
-    if ctx.store.run_record(ctx.ticket.id, appr.sha, DECISION) is None:
+    # Every decision on a head is kept: a head rejected, then re-run to the same commit and
+    # approved, has two (`decision`, `decision-2`); one already signed is not signed again.
+    decided = decisions(ctx.store, ctx.ticket.id, appr.sha)
+    if not any(_predicate(d.envelope).get("decision", {}).get("at_ms") == appr.at_ms for d in decided):
         request = ctx.store.run_record(ctx.ticket.id, appr.sha, REQUEST)
         verification = None
         if request is not None:
             verification = _predicate(request.envelope).get("verification")
-        rec = await _sign(ctx, node, appr.sha, ctx.store.get_pr(ctx.ticket.id), verification, appr)
+        kind = DECISION if not decided else f"{DECISION}-{len(decided) + 1}"
+        rec = await _sign(ctx, node, appr.sha, ctx.store.get_pr(ctx.ticket.id), verification, appr, kind)
         ctx.emit("record.signed", {"node": node.id, **_shown(rec)})
     await _attach(ctx, node, appr.sha, ctx.store.get_pr(ctx.ticket.id))
+
+
+def decisions(store: Any, ticket_id: str, sha: str) -> list[RunRecord]:
+    """The decision records of `sha`, oldest first."""
+    return [r for r in store.run_records(ticket_id) if r.sha == sha and r.kind.startswith(DECISION)]
 
 
 def _shown(rec: RunRecord) -> dict[str, Any]:
@@ -79,14 +88,14 @@ def _predicate(envelope: str) -> dict[str, Any]:
 
 
 async def _sign(ctx: RunContext, node: Any, sha: str, pr: PullRequestRecord | None,
-                verification: dict[str, Any] | None, decision: ApprovalRecord | None) -> RunRecord:
+                verification: dict[str, Any] | None, decision: ApprovalRecord | None,
+                kind: str = REQUEST) -> RunRecord:
     tid = ctx.ticket.id
     ctx.host.events.flush()            # the events so far are in the store, which the record reads
     t = ctx.store.get_ticket(tid) or ctx.ticket
     denied = await _denied(ctx)
     stmt = run_statement.statement(ctx.config, ctx.store, t, sha, pr=pr, verification=verification,
                                    denied=denied, decision=decision)
-    kind = DECISION if decision is not None else REQUEST
     try:
         envelope = await ctx.step(node, "sign", lambda: ctx.credentials.sign_statement(
             tid, attestation.canonical(stmt)))
@@ -113,7 +122,7 @@ async def _attach(ctx: RunContext, node: Any, sha: str, pr: PullRequestRecord | 
     if pr is None or not pr.number or ctx.workspace.forge.type != "github":
         return
     body = comment_body(ctx.store.run_record(ctx.ticket.id, sha, REQUEST),
-                        ctx.store.run_record(ctx.ticket.id, sha, DECISION))
+                        next(reversed(decisions(ctx.store, ctx.ticket.id, sha)), None))
     if not body:
         return
     tid, ws, number = ctx.ticket.id, ctx.workspace.name, pr.number
