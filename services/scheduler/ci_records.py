@@ -79,6 +79,14 @@ class CiRecords:
                         "ORDER BY at_ms, sha", (ticket_id,)).fetchall()
         return [_record(r) for r in rows]
 
+    def drop_ci_followups(self, ticket_id: str, sha: str) -> int:
+        """Mark the ticket's pending `github:ci` follow-ups about the failed head `sha` (their text
+        starts with github_ci.followup_text's first line) dropped; how many this call dropped.
+        One statement: a follow-up is either given to a re-run or dropped, never both."""
+        cur = self._ci("UPDATE ticket_followups SET state='dropped' WHERE ticket_id=%s AND state='pending' "
+                       "AND source='github:ci' AND text LIKE %s", (ticket_id, f"CI failed on commit {sha}:%"))
+        return max(0, cur.rowcount)
+
     def ci_gathering(self) -> list[CiFailureRecord]:
         """Rows a stopped scheduler left in their settle window (resumed at start)."""
         rows = self._ci("SELECT ticket_id, sha, at_ms, checks FROM ci_failures WHERE checks LIKE %s "

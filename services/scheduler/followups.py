@@ -19,7 +19,10 @@ review and its comments are one re-run. What arrives while the ticket runs
 is queued: the ticket is re-opened with it when it next waits for approval
 or ends. What can never be given to a re-run (the pull request got merged,
 the workflow is gone) is dropped loudly: an event on the ticket and a
-comment on the pull request. Every arrival is an event on the ticket
+comment on the pull request. A CI round's follow-up (`github:ci`) whose
+failed head is no longer the pull request's when it would be given (the
+run it waited for pushed a newer head) is dropped with an event: the newer
+head's own CI decides (github_ci.drop_stale_ci). Every arrival is an event on the ticket
 (`followup.received`, saying whether it starts, joins or waits for a re-run).
 """
 
@@ -34,6 +37,7 @@ from typing import Any
 from services.common.errors import AfeError, FailedPrecondition, InvalidArgument
 
 from .events import now_ms
+from .github_ci import drop_stale_ci, failed_head
 from .store import (
     FOLLOWUP_PENDING,
     QUEUED,
@@ -229,6 +233,8 @@ class FollowUpQueue:
                 if refusal:
                     await self._drop(ticket_id, refusal)
                     continue
+                if self._drop_stale(ticket_id, pending):
+                    continue
                 try:
                     await self._reopen(ticket_id, pending)
                 except FailedPrecondition as exc:       # running, tearing down: when it waits or has ended
@@ -274,6 +280,17 @@ class FollowUpQueue:
                 await self.reply(ticket_id, text)
             except Exception:   # noqa: BLE001 - said on the ticket and in the log already
                 log.warning("ticket %s: the reply about dropped follow-ups could not be posted", ticket_id)
+
+    def _drop_stale(self, ticket_id: str, pending: list[FollowUpRecord]) -> bool:
+        """CI rounds' follow-ups about a head that is no longer the pull request's are dropped (said on
+        the ticket) just before a re-open would give them; True when any was."""
+        dropped = drop_stale_ci(self.store, ticket_id, pending)
+        for d in dropped:
+            self._event(ticket_id, "followup.dropped", {
+                "reason": d["reason"], "count": d["count"], "stale_head": d["sha"], "head": d["head"],
+                "followups": [_brief(f) for f in pending if failed_head(f.source, f.text) == d["sha"]]})
+            log.info("ticket %s: %s", ticket_id, d["reason"])
+        return bool(dropped)
 
     def _event(self, ticket_id: str, type_: str, payload: dict) -> None:
         if self.store.get_ticket(ticket_id) is None:

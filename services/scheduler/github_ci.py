@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from typing import Any
@@ -45,6 +46,8 @@ FAILING_RUN = ("failure", "timed_out", "action_required")
 FAILING_SUITE = ("failure", "timed_out")
 FAILING_STATUS = ("failure", "error")
 TEXT_BUDGET = 7 * 1024      # the follow-up's text (a follow-up holds at most 8 KiB)
+CI_SOURCE = "github:ci"     # the follow-ups of CI rounds
+_FAILED_HEAD = re.compile(r"CI failed on commit ([0-9a-f]{40,64}):")   # followup_text's first line
 
 
 def own_check(name: str) -> bool:
@@ -90,7 +93,7 @@ def ci_failure(event: str, data: dict) -> tuple[str, dict] | str:
 def followup_text(sha: str, checks: list[dict]) -> str:
     """What the agent gets (quoted as data by quoting.followup_section): the failing checks, each with
     its summary or description, links and its log's tail, within TEXT_BUDGET."""
-    head = [f"CI failed on commit {sha}: {len(checks)} failing check(s). Make them pass."]
+    head = [f"CI failed on commit {sha}: {len(checks)} failing check(s). Make them pass."]   # _FAILED_HEAD
     parts = []
     for c in checks:
         lines = [f"Check {c.get('name') or '?'} ({c.get('kind')}" + (f" by {c['app']}" if c.get("app") else "")
@@ -110,6 +113,32 @@ def followup_text(sha: str, checks: list[dict]) -> str:
         if tail:
             out += ["Log (its last lines):", tail]
     return "\n".join(out)
+
+
+def failed_head(source: str, text: str) -> str:
+    """The head a CI round's follow-up is about ("" for any other follow-up)."""
+    m = _FAILED_HEAD.match(text) if source == CI_SOURCE else None
+    return m.group(1) if m else ""
+
+
+def drop_stale_ci(store: Any, ticket_id: str, pending: list[Any]) -> list[dict]:
+    """A CI round's follow-up queued while the ticket ran is stale once the pull request's head is no
+    longer the failed one (the run pushed a newer head, whose own CI says whether it still fails):
+    dropped, and its round no longer counts against on_ci_failure. Returns what was dropped, per head."""
+    pr = store.get_pr(ticket_id)
+    head = (pr.head_sha if pr is not None else "").lower()
+    out = []
+    for sha in sorted({s for f in pending if (s := failed_head(f.source, f.text)) and s != head}):
+        count = store.drop_ci_followups(ticket_id, sha)
+        if not count:
+            continue                    # given or dropped meanwhile (another scheduler)
+        row = store.ci_failure(ticket_id, sha)
+        if row is not None and row.state == ROUND:
+            store.put_ci_failure(ticket_id, sha, {**row.doc, "state": QUIET, "reason": "stale_head"})
+        out.append({"sha": sha, "head": head, "count": count,
+                    "reason": f"CI failed on {sha[:12]}, which is no longer the pull request's head "
+                              f"({head[:12] or 'none'}): a newer head was pushed since; its own CI decides"})
+    return out
 
 
 class CiIteration:
@@ -247,7 +276,7 @@ class CiIteration:
         first = checks[0] if checks else {"name": "CI", "details_url": ""}
         try:
             how = self.followups.submit(tid, followup_text(sha, checks), principal=f"github:{first['name']}",
-                                        author=first["name"], source="github:ci",
+                                        author=first["name"], source=CI_SOURCE,
                                         url=first.get("details_url") or first.get("target_url") or "",
                                         delivery=f"ci:{sha}")
         except AfeError as exc:

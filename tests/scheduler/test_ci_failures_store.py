@@ -8,7 +8,15 @@ from __future__ import annotations
 import pytest
 
 from services.scheduler.ci_records import GATHERING, ROUND
-from services.scheduler.store import FAILED, SUCCEEDED, WAITING_APPROVAL, PullRequestRecord, TicketRecord
+from services.scheduler.store import (
+    FAILED,
+    FOLLOWUP_PENDING,
+    SUCCEEDED,
+    WAITING_APPROVAL,
+    FollowUpRecord,
+    PullRequestRecord,
+    TicketRecord,
+)
 from tests.support.postgres import open_store_url
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,3 +64,20 @@ def test_ticket_for_head_and_the_heads_polling_watches(store):
     assert [(w.ticket_id, w.head_sha, w.number) for w in watched] == [("t-1", SHA, "1"), ("t-2", OLD, "2")]
     assert store.ci_watch((WAITING_APPROVAL,), 0)[0].workflow == "fix"
     assert store.ci_watch((WAITING_APPROVAL,), 10**15) == []
+
+
+def test_drop_ci_followups_drops_only_the_pending_ci_follow_ups_of_that_head(store):
+    _ticket(store, "t-1", WAITING_APPROVAL, SHA)
+
+    def add(source: str, text: str, state: str = FOLLOWUP_PENDING) -> None:
+        store.add_followup(FollowUpRecord("t-1", 5, "ci", source, text, state=state))
+
+    add("github:ci", f"CI failed on commit {OLD}: 1 failing check(s). Make them pass.")
+    add("github:ci", f"CI failed on commit {SHA}: 1 failing check(s). Make them pass.")
+    add("github:review", f"CI failed on commit {OLD}: a reviewer's words, not a CI round")
+    add("github:ci", f"CI failed on commit {OLD}: already given", state="given")
+    assert store.drop_ci_followups("t-1", OLD) == 1
+    assert store.drop_ci_followups("t-1", OLD) == 0                 # run again: nothing more
+    assert [(f.source, f.text[20:32]) for f in store.pending_followups("t-1")] == [
+        ("github:ci", SHA[:12]), ("github:review", OLD[:12])]
+    assert [f.text for f in store.followups("t-1", 0)] == [f"CI failed on commit {OLD}: already given"]

@@ -1,0 +1,77 @@
+"""A CI round queued while its ticket runs (docs/GITHUB.md, "Failing CI"):
+the failing check of head H1 arrives while a re-run of the ticket is under
+way; its follow-up waits (`queued`). When that re-run ends having pushed a
+newer head, the failure of H1 is stale: the follow-up is dropped with a
+`followup.dropped` event saying why, the ticket is not re-opened, and the
+round does not count against on_ci_failure. Positive control: a re-run that
+pushed nothing (the head is still H1) is followed by the CI round's re-run.
+
+The real gateway process gets GitHub's example `check_run` payload, signed;
+the engine's dispatcher runs with each run held (`HeldRuns`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from services.scheduler.ci_records import QUIET, ROUND
+from services.scheduler.followups import follow_up
+from services.scheduler.store import PullRequestRecord
+
+from .test_ci import SHA, _check_run, _serve_failing_check
+from .test_ci import _afe_ticket as _ticket_with_pr
+from .test_review_gathering import HeldRuns
+
+pytestmark = pytest.mark.timeout(120)
+
+NEWER = "c" * 40
+
+
+def _events(store, tid: str, type_: str) -> list[dict]:
+    return [json.loads(e.payload_json) for e in store.events(tid, 1, 100_000) if e.type == type_]
+
+
+async def _until(cond, deadline_s: float = 20) -> None:
+    end = time.monotonic() + deadline_s
+    while not cond():
+        assert time.monotonic() < end
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("pushed", [True, False], ids=["newer-head-pushed", "positive-control-same-head"])
+async def test_a_ci_round_queued_while_the_ticket_runs_is_dropped_once_its_head_is_old(stack, examples, pushed):
+    tid = _ticket_with_pr(stack, rounds=2)
+    _serve_failing_check(stack)
+    engine, store = stack.scheduler.engine, stack.scheduler.store
+    runs = HeldRuns(engine)
+    await follow_up(engine, tid, "Rename the function", principal="alice")     # a re-run, from H1
+    await runs.started(1)
+    status, doc = await stack.post("check_run", _check_run(examples))       # CI of H1 fails meanwhile
+    assert (status, doc["reason"]) == (202, "followup")
+    await _until(lambda: bool(store.pending_followups(tid)))
+    [received] = [r for r in _events(store, tid, "followup.received") if r["source"] == "github:ci"]
+    assert received["taken"] == "queued"
+    assert store.ci_failure(tid, SHA).state == ROUND
+    if pushed:      # what builtin:open_pr records when the re-run pushes a new head to the pull request
+        pr = store.get_pr(tid)
+        store.put_pr(PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, NEWER, "open"))
+    await runs.finish(0)
+    if not pushed:
+        await runs.started(2)
+        assert runs.seen[1][0].startswith(f"CI failed on commit {SHA}:")       # the round's re-run
+        assert _events(store, tid, "followup.dropped") == []
+        return
+    await _until(lambda: bool(_events(store, tid, "followup.dropped")))
+    [dropped] = _events(store, tid, "followup.dropped")
+    assert (dropped["stale_head"], dropped["head"], dropped["count"]) == (SHA, NEWER, 1)
+    assert f"CI failed on {SHA[:12]}, which is no longer the pull request's head ({NEWER[:12]})" \
+        in dropped["reason"]
+    assert [f["source"] for f in dropped["followups"]] == ["github:ci"]
+    await asyncio.sleep(0.5)
+    assert len(runs.seen) == 1 and store.pending_followups(tid) == []
+    assert sum(e.type == "ticket.reopened" for e in store.events(tid, 1)) == 1    # only the first re-run
+    row = store.ci_failure(tid, SHA)
+    assert (row.state, row.doc["reason"]) == (QUIET, "stale_head")          # the round did not count
