@@ -34,6 +34,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import docker
 import pytest
 
 from gateway.hooks import sign
@@ -116,6 +117,17 @@ def _until(what: str, cond, timeout: float = 120):
         assert time.monotonic() < end, f"not within {timeout} s: {what}"
         time.sleep(0.3)
     return found
+
+
+def _remove_sandboxes(instance: str) -> None:
+    """A run stopped mid-ticket (a failed assertion) leaves its sandbox for a restart to resume: this
+    test's own instance's containers only."""
+    client = docker.from_env()
+    try:
+        for c in client.containers.list(all=True, filters={"label": f"afe.instance={instance}"}):
+            c.remove(force=True)
+    finally:
+        client.close()
 
 
 def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_record():
@@ -263,6 +275,9 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
         saved.write_text(h2_record)
         v = cli("verify", str(saved), "--sha", h2)
         assert f"record of commit {h2}" in v.stdout and "verification: passed" in v.stdout, v.stdout
+        assert f'decision: approved by "cli" of {h2}' in v.stdout, v.stdout
+        other = cli("verify", str(saved), "--sha", h1, ok=False)              # not a record of H1
+        assert other.returncode != 0 and "FAILED" in other.stderr, other.stdout + other.stderr
         v = cli("verify", github.url + f"/{repo}/pull/{number}")
         assert f'approved by "cli" of {h2}' in v.stdout, v.stdout
         took = time.monotonic() - started
@@ -273,6 +288,7 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
             pids = list(afe.pids().values())
             afe.stop(30)
             wait_gone(pids, 15)
+            _remove_sandboxes(afe.proc.args[afe.proc.args.index("--instance") + 1])
         with contextlib.suppress(Exception):
             loop.run(model.__aexit__(None, None, None))
         with contextlib.suppress(Exception):
