@@ -270,7 +270,8 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
 
         # 6. The run record (R42): the PR comment of H2, saved from GitHub, verifies and names the approver.
         records = [c["body"] for c in github.comments if c["number"] == number and "afe-run-record" in c["body"]]
-        h2_record = next(b for b in records if h2 in b and "decision" in b)
+        assert [sum(h in b for b in records) for h in (h1, h2)] == [1, 1], records     # one comment per head
+        h2_record = next(b for b in records if h2 in b)
         saved = base / "record.md"
         saved.write_text(h2_record)
         v = cli("verify", str(saved), "--sha", h2)
@@ -283,6 +284,8 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
         took = time.monotonic() - started
         print(f"afe up to H1 waiting: {up_to_h1:.1f} s; whole run: {took:.1f} s")
         assert github.undocumented == [], github.undocumented
+        seen_by_github = json.dumps([github.comments, github.statuses, github.pulls])
+        assert token not in seen_by_github and key not in seen_by_github
     finally:
         if afe is not None:
             pids = list(afe.pids().values())
