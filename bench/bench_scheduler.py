@@ -158,8 +158,8 @@ async def _event_pipeline(root: Path) -> Result:
     import sqlite3
 
     from services.common.redact import Redactor
-    from services.scheduler.events import FLUSH_AT, EventLog
-    from services.scheduler.sqlite_store import SqliteStore
+    from services.scheduler.events.log import FLUSH_AT, EventLog
+    from services.scheduler.store.sqlite import SqliteStore
 
     path = root / "events.db"
     store = SqliteStore(path)

@@ -266,7 +266,7 @@ async def _broker_rows(b, stub, ticket: str, container_id: str, sdk) -> list[Res
     """`true` through the sandbox broker alone, per command; each includes what
     `true` itself costs in the sandbox (the target is on the chain's per-node
     overhead below, so these rows are reported beside it)."""
-    from services.scheduler.brokers import SandboxClient
+    from services.scheduler.sandboxes.brokers import SandboxClient
 
     client = SandboxClient(b.socket, b.secret)
 

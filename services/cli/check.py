@@ -88,7 +88,7 @@ def _check_database(args: argparse.Namespace, environ) -> int:
     from services.common.errors import AfeError
     from services.common.layout import Layout
     from services.common.redact import Redactor
-    from services.scheduler.database_url import ENV, check_database, read_database_url
+    from services.scheduler.store.url import ENV, check_database, read_database_url
 
     if not environ.get(ENV):
         return 0

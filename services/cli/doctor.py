@@ -180,7 +180,7 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
     t0 = time.monotonic()
     plain_settings = SandboxSettings(ticket_id="doctor-plain", pids=64, memory_bytes=64 * 1024 ** 2,
                                      disk_bytes=32 * 1024 ** 2, env_names=("AFE_DOCTOR_PROBE",))
-    # A warm sandbox (services/scheduler/pool.py): made ahead for a reserved id, as the pool fills;
+    # A warm sandbox (services/scheduler/sandboxes/pool.py): made ahead for a reserved id, as the pool fills;
     # claimed by the ticket given that id, whose own create finds it. Every probe below runs on it.
     pooled = await mgr.create(plain_settings)
     plain = await mgr.create(plain_settings)

@@ -34,7 +34,7 @@ class SandboxConfig:
     egress: tuple[str, ...] = ()          # empty => --network none (R10)
     # operator-allowed private destinations: names (also in egress) and CIDRs (R11)
     egress_private: tuple[str, ...] = ()
-    # warm sandboxes kept ready per profile of this workspace (services/scheduler/pool.py)
+    # warm sandboxes kept ready per profile of this workspace (services/scheduler/sandboxes/pool.py)
     pool: int = 0
     # the OCI runtime: runc (namespaces, the host's kernel) or gvisor (runsc: a
     # user-space kernel; egress then goes through a Unix socket, docs/SECURITY.md)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,3 +109,8 @@ class Layout:
 # and host git work on them regardless.
 SANDBOX_UID = 10001
 SANDBOX_GID = 10001
+
+
+def new_ticket_id() -> str:
+    """A new ticket id: `t-` and 12 random hex digits (matches TICKET_ID_RE)."""
+    return "t-" + secrets.token_hex(6)

@@ -123,7 +123,7 @@ def _check_database(opts: Options, environ: Mapping[str, str]) -> None:
     newer than this afe's, or `afe up` stops here with what to change (the
     scheduler, which alone keeps the URL, checks again when it opens it)."""
     from services.common.redact import Redactor
-    from services.scheduler.database_url import ENV, check_database, read_database_url
+    from services.scheduler.store.url import ENV, check_database, read_database_url
 
     if environ.get(ENV):
         redactor = Redactor([environ[ENV]])

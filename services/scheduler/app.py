@@ -17,19 +17,19 @@ from services.common.links import LinkSecrets
 from services.common.redact import Redactor
 
 from .automation_key import AutomationKeyFile
-from .brokers import CredentialsClient, SandboxClient
-from .engine import LEASE_S, Engine
-from .followups import SETTLE_S
-from .github_intake import GitHubIntake
-from .github_poll import Poller
-from .github_report import GitHubReporter
-from .hooks import register as register_hooks
-from .placement import BrokerSet
-from .pool import DEFAULT_CAP as DEFAULT_POOL_CAP
-from .remoteworkspace import RemoteWorkspaces
+from .engine.core import LEASE_S, Engine
+from .engine.followups import SETTLE_S
+from .github.hooks import register as register_hooks
+from .github.intake import GitHubIntake
+from .github.poll import Poller
+from .github.report import GitHubReporter
+from .sandboxes.brokers import CredentialsClient, SandboxClient
+from .sandboxes.placement import BrokerSet
+from .sandboxes.pool import DEFAULT_CAP as DEFAULT_POOL_CAP
+from .sandboxes.remoteworkspace import RemoteWorkspaces
 from .servicer import WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
-from .sqlite_store import SqliteStore
-from .store import Store
+from .store.base import Store
+from .store.sqlite import SqliteStore
 
 
 @dataclass

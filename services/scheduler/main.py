@@ -28,12 +28,12 @@ from services.common.process import make_context, parse_args, run_until_signalle
 from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 
 from .app import build_app
-from .database_url import open_store, read_database_url
-from .engine import LEASE_S
-from .followups import SETTLE_S
-from .placement import add_flags as add_placement_flags
-from .placement import from_flags as brokers_from_flags
-from .pool import DEFAULT_CAP
+from .engine.core import LEASE_S
+from .engine.followups import SETTLE_S
+from .sandboxes.placement import add_flags as add_placement_flags
+from .sandboxes.placement import from_flags as brokers_from_flags
+from .sandboxes.pool import DEFAULT_CAP
+from .store.url import open_store, read_database_url
 
 log = logging.getLogger(__name__)
 

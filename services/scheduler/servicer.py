@@ -13,9 +13,10 @@ from services.common import grpcutil
 from services.common.errors import InvalidArgument
 from services.common.states import NodeState, TicketState
 
-from .engine import Engine, TicketView
-from .followups import follow_up
-from .store import EventRecord
+from .engine.core import Engine
+from .engine.followups import follow_up
+from .engine.view import TicketView
+from .store.base import EventRecord
 
 # A watch whose caller takes in nothing for this long (the transport's window to it stays full) is
 # dropped with RESOURCE_EXHAUSTED; the caller resumes with from_seq, so nothing is lost, and a stalled

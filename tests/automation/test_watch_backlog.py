@@ -8,8 +8,8 @@ import pytest
 
 from services.common.redact import Redactor
 from services.scheduler import events as events_mod
-from services.scheduler.events import EventLog
-from services.scheduler.sqlite_store import SqliteStore
+from services.scheduler.events.log import EventLog
+from services.scheduler.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.timeout(60)
 

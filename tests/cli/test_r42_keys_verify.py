@@ -62,7 +62,7 @@ def test_r42_afe_keys_and_afe_verify_a_ticket_a_pr_and_a_file(live_afe, tmp_path
     # The record as a file, checked with the key in a file.
     records = json.loads(_afe(live_afe, "verify", tid, "--json").stdout.splitlines()[0])
     assert records["sha"] == sha
-    from services.scheduler.sqlite_store import SqliteStore
+    from services.scheduler.store.sqlite import SqliteStore
 
     store = SqliteStore(layout.data_dir / "afe.db")
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from services.common.layout import Layout
 from services.common.manifests import load_config
-from services.scheduler.brokers import CredentialsClient
+from services.scheduler.sandboxes.brokers import CredentialsClient
 from tests.scheduler.conftest import write_config
 from tests.support.credential_broker import credential_broker
 

@@ -14,8 +14,8 @@ import pytest
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
 from services.common import grpcutil
-from services.scheduler.brokers import CredentialsClient
-from services.scheduler.store import LeaseLost
+from services.scheduler.sandboxes.brokers import CredentialsClient
+from services.scheduler.store.base import LeaseLost
 from tests.credentials.conftest import git_plain, local_workspace, make_config
 from tests.support.credential_broker import credential_broker
 

@@ -161,7 +161,7 @@ def test_r39_remote_sandbox_brokers_need_mutual_tls(tmp_path):
     """The scheduler refuses `--sandbox-broker` without its certificate, and a link secret file open to others."""
     import argparse
 
-    from services.scheduler.placement import add_flags, from_flags
+    from services.scheduler.sandboxes.placement import add_flags, from_flags
 
     make_certs(tmp_path, [("scheduler", []), ("sb1", ["127.0.0.1"])])
     p = argparse.ArgumentParser()

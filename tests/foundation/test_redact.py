@@ -37,7 +37,7 @@ def test_r30_registered_values_and_their_encodings_are_redacted():
 
 @pytest.mark.parametrize("path", [
     "src/components/ShoppingCartCheckoutButton/index",
-    "services/scheduler/engine/node_runner_helpers",
+    "services/scheduler/engine/core/node_runner_helpers",
     "tests/acp/agents/flooding-agent-output",
 ])
 def test_word_paths_are_not_mistaken_for_tokens(path):

@@ -13,7 +13,7 @@ from services.common.config import Config, Node, Workflow, Workspace
 from services.common.errors import InvalidArgument
 from services.common.schema.rpc import TICKET_STATE_NAMES, parse_params
 from services.common.schema.tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_INPUTS, MAX_TITLE_CHARS
-from services.scheduler import tickets as scheduler_tickets
+from services.scheduler.engine import tickets as scheduler_tickets
 
 NAMES = [f"in_{i}" for i in range(MAX_INPUTS + 1)]
 CONFIG = Config(directory=Path("/nowhere"),

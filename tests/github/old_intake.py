@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import AfeError
-from services.scheduler import github_intake
-from services.scheduler.followups import follow_up
-from services.scheduler.store import WorkClaim
+from services.scheduler.engine.followups import follow_up
+from services.scheduler.github import intake as github_intake
+from services.scheduler.store.base import WorkClaim
 
 
 def old_behaviour(monkeypatch: pytest.MonkeyPatch, store, which: str) -> None:

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from services.scheduler.ci_records import OVER, QUIET, ROUND
-from services.scheduler.github_poll import Poller
-from services.scheduler.quoting import followup_section, unquote
-from services.scheduler.store import QUEUED, SUCCEEDED, WAITING_APPROVAL, PullRequestRecord
+from services.scheduler.executor.quoting import followup_section, unquote
+from services.scheduler.github.poll import Poller
+from services.scheduler.store.base import QUEUED, SUCCEEDED, WAITING_APPROVAL, PullRequestRecord
+from services.scheduler.store.ci_records import OVER, QUIET, ROUND
 
 from .conftest import TOKEN, example
 

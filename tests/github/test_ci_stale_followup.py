@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from services.scheduler.ci_records import QUIET, ROUND
-from services.scheduler.followups import follow_up
-from services.scheduler.store import PullRequestRecord
+from services.scheduler.engine.followups import follow_up
+from services.scheduler.store.base import PullRequestRecord
+from services.scheduler.store.ci_records import QUIET, ROUND
 
 from .test_ci import SHA, _check_run, _serve_failing_check
 from .test_ci import _afe_ticket as _ticket_with_pr

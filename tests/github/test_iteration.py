@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from services.scheduler.store import QUEUED, SUCCEEDED, PullRequestRecord
+from services.scheduler.store.base import QUEUED, SUCCEEDED, PullRequestRecord
 
 from .conftest import example
 

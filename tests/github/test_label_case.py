@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler import github_intake
+from services.scheduler.github import intake as github_intake
 
 from .conftest import example
 

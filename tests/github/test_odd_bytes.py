@@ -22,7 +22,7 @@ import uuid
 import pytest
 
 from services.common.errors import AfeError
-from services.scheduler import github_intake
+from services.scheduler.github import intake as github_intake
 
 from .conftest import example
 
@@ -182,9 +182,9 @@ async def test_r35_positive_control_a_cancelled_delivery_kept_as_seen_is_lost(st
 
 
 async def _poll_odd_event(stack, examples) -> None:
-    """Polling (services/scheduler/github_poll.py): a new labelled-issue event whose
+    """Polling (services/scheduler/github/poll.py): a new labelled-issue event whose
     title and body hold a lone surrogate, as GitHub's events API would escape it."""
-    from services.scheduler.github_poll import Poller
+    from services.scheduler.github.poll import Poller
 
     from .test_polling import _event
 

@@ -19,11 +19,11 @@ import pytest
 
 from services.common.manifests import load_config
 from services.common.redact import Redactor
-from services.scheduler import github_intake
-from services.scheduler.engine import Engine
-from services.scheduler.github_intake import JOINED_EVENT, GitHubIntake
-from services.scheduler.github_poll import Poller
-from services.scheduler.store import CANCELLED, FAILED, SUCCEEDED
+from services.scheduler.engine.core import Engine
+from services.scheduler.github import intake as github_intake
+from services.scheduler.github.intake import JOINED_EVENT, GitHubIntake
+from services.scheduler.github.poll import Poller
+from services.scheduler.store.base import CANCELLED, FAILED, SUCCEEDED
 from tests.support.postgres import open_store_url
 
 from .conftest import example, write_config

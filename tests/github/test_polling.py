@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 
 from services.credentials import github_events, httpclient
-from services.scheduler import github_poll
-from services.scheduler.github_poll import NOTHING_SEEN, Poller
-from services.scheduler.sqlite_store import SqliteStore
+from services.scheduler.github import poll as github_poll
+from services.scheduler.github.poll import NOTHING_SEEN, Poller
+from services.scheduler.store.sqlite import SqliteStore
 from tests.support.retry_rules import capped_next_wait
 
 from .conftest import example

@@ -7,7 +7,7 @@ head changes."""
 
 from __future__ import annotations
 
-from services.scheduler.store import RUNNING
+from services.scheduler.store.base import RUNNING
 
 from .test_report import reporting  # noqa: F401  (the fixture)
 

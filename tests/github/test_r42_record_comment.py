@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from services.common import attestation
 from services.scheduler.executor.nodes.run_record import comment_body
-from services.scheduler.run_records import DECISION, REQUEST, RunRecord
+from services.scheduler.store.run_records import DECISION, REQUEST, RunRecord
 
 from .test_report import reporting  # noqa: F401  (the fixture)
 

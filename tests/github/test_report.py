@@ -29,7 +29,7 @@ from services.common.manifests import load_config
 from services.common.redact import Redactor
 from services.scheduler.app import build_app
 from services.scheduler.executor.transitions import state_event
-from services.scheduler.store import FAILED, N_FAILED, N_SUCCEEDED, RUNNING, SUCCEEDED, PullRequestRecord
+from services.scheduler.store.base import FAILED, N_FAILED, N_SUCCEEDED, RUNNING, SUCCEEDED, PullRequestRecord
 from tests.support.credential_process import CredentialProcess
 from tests.support.fakes.github import FakeGitHub
 from tests.support.postgres import open_store_url

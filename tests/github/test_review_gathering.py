@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from services.scheduler.followups import FollowUpQueue
-from services.scheduler.store import QUEUED, RUNNING, SUCCEEDED, PullRequestRecord
+from services.scheduler.engine.followups import FollowUpQueue
+from services.scheduler.store.base import QUEUED, RUNNING, SUCCEEDED, PullRequestRecord
 
 from .conftest import example
 from .old_intake import old_follow_ups

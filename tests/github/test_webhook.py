@@ -15,9 +15,9 @@ import pytest
 
 from services._gen.afe.scheduler.v1 import hooks_pb2, hooks_pb2_grpc
 from services.common import grpcutil
-from services.scheduler.github_intake import REFUSAL_COMMENT, GitHubIntake
-from services.scheduler.sqlite_store import SqliteStore
-from services.scheduler.store import CANCELLED
+from services.scheduler.github.intake import REFUSAL_COMMENT, GitHubIntake
+from services.scheduler.store.base import CANCELLED
+from services.scheduler.store.sqlite import SqliteStore
 
 from .conftest import example
 

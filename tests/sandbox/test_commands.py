@@ -16,7 +16,7 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.errors import NotFound
-from services.scheduler.brokers import SandboxClient
+from services.scheduler.sandboxes.brokers import SandboxClient
 from tests.sandbox.conftest import run
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]

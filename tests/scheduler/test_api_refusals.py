@@ -9,7 +9,7 @@ import pytest_asyncio
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
-from services.scheduler.tickets import MAX_BODY_BYTES, MAX_TITLE_CHARS
+from services.scheduler.engine.tickets import MAX_BODY_BYTES, MAX_TITLE_CHARS
 from tests.support.system import afe_system
 
 from .conftest import state_name, wait_for_state, write_config

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.ci_records import GATHERING, ROUND
-from services.scheduler.store import (
+from services.scheduler.store.base import (
     FAILED,
     FOLLOWUP_PENDING,
     SUCCEEDED,
@@ -17,6 +16,7 @@ from services.scheduler.store import (
     PullRequestRecord,
     TicketRecord,
 )
+from services.scheduler.store.ci_records import GATHERING, ROUND
 from tests.support.postgres import open_store_url
 
 pytestmark = pytest.mark.timeout(120)

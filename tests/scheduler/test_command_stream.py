@@ -1,4 +1,4 @@
-"""The scheduler's end of the Commands stream (services/scheduler/commandstream.py)
+"""The scheduler's end of the Commands stream (services/scheduler/sandboxes/commandstream.py)
 against small gRPC servers of the sandbox broker's contract (no Docker):
 an error event becomes the AfeError of its code, a caller that stops
 reading cancels its command, a broken stream fails the commands on it as
@@ -16,7 +16,7 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
 from services.common.errors import FailedPrecondition, PeerUnavailable
-from services.scheduler.brokers import SandboxClient
+from services.scheduler.sandboxes.brokers import SandboxClient
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 pytestmark = pytest.mark.timeout(60)
@@ -160,6 +160,6 @@ def test_the_scheduler_keeps_below_the_brokers_limit_per_stream():
     """A cancelled command's slot is free in the scheduler before the broker has
     read the cancel: the broker's limit must leave room for that."""
     from services.sandbox import commands
-    from services.scheduler import commandstream
+    from services.scheduler.sandboxes import commandstream
 
     assert commandstream.MAX_LIVE * 2 <= commands.MAX_LIVE

@@ -19,12 +19,12 @@ from prometheus_client import CollectorRegistry
 
 from services.common.metrics import scheduler_metrics
 from services.common.redact import Redactor
-from services.scheduler import event_writes
-from services.scheduler.events import EventLog
-from services.scheduler.pg_store import PostgresStore
-from services.scheduler.sqlite_store import SqliteStore
-from services.scheduler.store import EventRecord
-from services.scheduler.store_retry import _wrap
+from services.scheduler.events import writes as event_writes
+from services.scheduler.events.log import EventLog
+from services.scheduler.store.base import EventRecord
+from services.scheduler.store.postgres import PostgresStore
+from services.scheduler.store.retry import _wrap
+from services.scheduler.store.sqlite import SqliteStore
 from tests.support import postgres
 
 pytestmark = pytest.mark.timeout(180)
@@ -233,7 +233,7 @@ async def test_events_the_store_refuses_for_good_are_named_on_their_ticket(pg_ur
 async def test_an_outage_past_the_retries_keeps_events_and_names_what_memory_could_not_hold(
         durable_pg, monkeypatch):
     monkeypatch.setattr(event_writes, "MAX_UNSTORED", 40)
-    monkeypatch.setattr("services.scheduler.events.MAX_UNSTORED", 40)
+    monkeypatch.setattr("services.scheduler.events.log.MAX_UNSTORED", 40)
     monkeypatch.setattr(event_writes, "RETRY_DELAYS_S", (0.2,))
     log, _ = _pg_log(durable_pg)
     registry, _m = _metrics(log)

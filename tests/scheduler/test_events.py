@@ -11,8 +11,8 @@ import pytest
 
 from services.common.errors import NotFound
 from services.common.redact import Redactor
-from services.scheduler.events import EventLog
-from services.scheduler.sqlite_store import SqliteStore
+from services.scheduler.events.log import EventLog
+from services.scheduler.store.sqlite import SqliteStore
 from tests.support.postgres import open_store_url
 
 pytestmark = pytest.mark.timeout(60)

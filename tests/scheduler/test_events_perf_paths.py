@@ -17,8 +17,8 @@ import pytest
 
 from services.common import redact as R
 from services.common.redact import MASK, Redactor, has_token_run
-from services.scheduler.events import FINAL_EVENT, MAX_STRING, EventLog
-from services.scheduler.sqlite_store import SqliteStore
+from services.scheduler.events.log import FINAL_EVENT, MAX_STRING, EventLog
+from services.scheduler.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.timeout(60)
 

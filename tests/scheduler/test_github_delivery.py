@@ -1,4 +1,4 @@
-"""A webhook body is decoded once, leniently (services/scheduler/github_delivery.py):
+"""A webhook body is decoded once, leniently (services/scheduler/github/delivery.py):
 every string of the document encodes as UTF-8 afterwards, whatever escapes
 the sender used. Fast, no processes."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from services.scheduler.github_delivery import decode_payload
+from services.scheduler.github.delivery import decode_payload
 
 ODD = (b'{"title\\ud800": ["x\\udc00y", {"body": "\\ud83d\\ude00 \\udc00\\ud800", "n": 1}], '
        b'"bytes": "caf\xc3\xa9 \xff"}')

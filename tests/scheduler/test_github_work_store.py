@@ -12,8 +12,8 @@ import time
 import psycopg
 import pytest
 
-from services.scheduler import pg_records
-from services.scheduler.store import (
+from services.scheduler.store import pg_records
+from services.scheduler.store.base import (
     CANCELLED,
     FOLLOWUP_PENDING,
     QUEUED,

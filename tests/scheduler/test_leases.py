@@ -13,7 +13,7 @@ import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
-from services.scheduler.store import (
+from services.scheduler.store.base import (
     N_PENDING,
     N_RUNNING,
     QUEUED,

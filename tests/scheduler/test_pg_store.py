@@ -21,9 +21,9 @@ import pytest
 from services.common.errors import FailedPrecondition, Unavailable
 from services.common.layout import Layout
 from services.launcher.launch import Options, preflight
-from services.scheduler import pg_store
-from services.scheduler.events import EventLog
-from services.scheduler.store import EventRecord, TicketRecord
+from services.scheduler.events.log import EventLog
+from services.scheduler.store import postgres as pg_store
+from services.scheduler.store.base import EventRecord, TicketRecord
 from tests.support.postgres import open_store_url
 
 from .conftest import write_config

@@ -9,8 +9,8 @@ import sqlite3
 
 import pytest
 
-from services.scheduler.sqlite_store import MIGRATIONS, SqliteStore
-from services.scheduler.store import PollCursor
+from services.scheduler.store.base import PollCursor
+from services.scheduler.store.sqlite import MIGRATIONS, SqliteStore
 from tests.support.postgres import open_store_url
 
 pytestmark = pytest.mark.timeout(120)

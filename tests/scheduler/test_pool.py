@@ -1,4 +1,4 @@
-"""Warm sandboxes (services/scheduler/pool.py): a pooled sandbox is made for
+"""Warm sandboxes (services/scheduler/sandboxes/pool.py): a pooled sandbox is made for
 a reserved ticket id, given to exactly one ticket, carries that ticket's
 `afe.ticket` label from birth (R12), is destroyed with it, and never leaks:
 the pool refills, a stopping scheduler removes it, and a scheduler that died

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common.manifests import load_config
 from services.common.metrics import scheduler_metrics
-from services.scheduler.pool import SandboxPool
+from services.scheduler.sandboxes.pool import SandboxPool
 
 from .conftest import write_config
 

@@ -21,7 +21,7 @@ from services.common import grpcutil
 from services.common.errors import ConfigError
 from services.common.layout import Layout
 from services.common.redact import Redactor
-from services.scheduler.database_url import read_database_url, store_path
+from services.scheduler.store.url import read_database_url, store_path
 from tests.support.system import afe_system
 
 from .conftest import write_config

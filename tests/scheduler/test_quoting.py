@@ -1,5 +1,5 @@
 """R36: untrusted text in prompts is a delimited block that its own text cannot
-close (services/scheduler/quoting.py), with a naive fence as positive control."""
+close (services/scheduler/executor/quoting.py), with a naive fence as positive control."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from services.scheduler import quoting
+from services.scheduler.executor import quoting
 
 ATTACKS = [
     "plain text",

@@ -1,5 +1,5 @@
 """The workspace of a sandbox on another host crosses the network through the
-contracts (services/scheduler/remoteworkspace.py), never through a shared
+contracts (services/scheduler/sandboxes/remoteworkspace.py), never through a shared
 path: a REAL sandbox broker process on the second Docker engine
 (tests/support/second_docker.py), reached over TCP with mutual TLS, with a
 `--data` folder of its own, and the REAL credential broker (in process, on a
@@ -31,9 +31,9 @@ from services.cli.certs import make_certs
 from services.common.errors import AfeError
 from services.common.layout import Layout
 from services.common.manifests import load_config
-from services.scheduler.brokers import CredentialsClient
-from services.scheduler.remoteworkspace import RemoteWorkspaces
-from services.scheduler.sqlite_store import SqliteStore
+from services.scheduler.sandboxes.brokers import CredentialsClient
+from services.scheduler.sandboxes.remoteworkspace import RemoteWorkspaces
+from services.scheduler.store.sqlite import SqliteStore
 from tests.support.credential_broker import credential_broker
 from tests.support.sandbox_broker import new_instance
 

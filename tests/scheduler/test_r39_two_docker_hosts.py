@@ -32,9 +32,9 @@ from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.cli.certs import make_certs
 from services.common.errors import PeerUnavailable, ResourceExhausted
 from services.common.tls import TlsFiles, read_secret_file
-from services.scheduler.brokers import SandboxClient
-from services.scheduler.placement import BrokerSet, add_flags, from_flags
-from services.scheduler.sqlite_store import SqliteStore
+from services.scheduler.sandboxes.brokers import SandboxClient
+from services.scheduler.sandboxes.placement import BrokerSet, add_flags, from_flags
+from services.scheduler.store.sqlite import SqliteStore
 from tests.support.sandbox_broker import new_instance
 from tests.support.second_docker import SecondEngine, second_engine
 

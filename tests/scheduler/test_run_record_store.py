@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.run_records import DECISION, REQUEST, RunRecord
+from services.scheduler.store.run_records import DECISION, REQUEST, RunRecord
 from tests.support.postgres import open_store_url
 
 pytestmark = pytest.mark.timeout(120)

@@ -48,7 +48,7 @@ def test_r9_only_the_workflows_agents_env_names_reach_the_sandbox(tmp_path):
 
 
 def test_sandbox_runtime_reaches_the_spec_and_the_ticket_and_runc_keeps_the_profile_unchanged(tmp_path):
-    from services.scheduler.pool import profile_key
+    from services.scheduler.sandboxes.pool import profile_key
 
     gv = load_config(write_config(tmp_path / "g", CONFIG, sandbox_extra="  runtime: gvisor\n"))
     plain = load_config(write_config(tmp_path / "p", CONFIG))

@@ -9,15 +9,15 @@ import sqlite3
 import pytest
 
 from services.common.errors import FailedPrecondition
-from services.scheduler import pg_store
-from services.scheduler.sqlite_store import SCHEMA_VERSION, SqliteStore
-from services.scheduler.store import (
+from services.scheduler.store import postgres as pg_store
+from services.scheduler.store.base import (
     ApprovalRecord,
     EventRecord,
     NodeRunRecord,
     PullRequestRecord,
     TicketRecord,
 )
+from services.scheduler.store.sqlite import SCHEMA_VERSION, SqliteStore
 from tests.support.postgres import open_store_url
 
 
@@ -46,7 +46,7 @@ def test_wal_and_schema_version(tmp_path):
 
 
 def test_sqlite_version_1_file_is_migrated_and_keeps_its_rows(tmp_path):
-    from services.scheduler.sqlite_store import MIGRATIONS
+    from services.scheduler.store.sqlite import MIGRATIONS
 
     db = sqlite3.connect(str(tmp_path / "afe.db"))
     db.executescript(MIGRATIONS[0] + ";PRAGMA user_version=1;")

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from services.common.errors import FailedPrecondition
-from services.scheduler import store_retry
-from services.scheduler.store_retry import Retrier, StoreUnavailable, pg_reason, sqlite_reason
+from services.scheduler.store import retry as store_retry
+from services.scheduler.store.retry import Retrier, StoreUnavailable, pg_reason, sqlite_reason
 
 
 def _retrier(budget_s: float = 5.0) -> tuple[Retrier, list[str]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.scheduler import templates
+from services.scheduler.executor import templates
 
 TICKET = {"id": "t-1", "title": "Fix {{nodes.secret.output}}", "body": "{{ticket.title}} $(rm -rf /)",
           "inputs": {"issue": "42"}}

@@ -82,7 +82,7 @@ class System:
             await self._start_subprocess()
         else:
             from services.scheduler.app import build_app
-            from services.scheduler.database_url import open_store, read_database_url
+            from services.scheduler.store.url import open_store, read_database_url
 
             store = None
             if self.database_url:

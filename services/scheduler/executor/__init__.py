@@ -8,9 +8,15 @@
     brokercalls.py  broker calls that wait through a broker restart (R37)
     transitions.py  every ticket state change: store, event, metric
     host.py         Host: the narrow interface a run has to the engine
+    quoting.py      untrusted text in prompts, quoted (R36); templates.py: rendering
+
+May import: services.common, the generated contracts, and the scheduler's
+store, events, sandboxes and acp; never the engine (it reaches the engine
+only through `Host`) or github/.
 """
 
-from .context import RunContext, relay_models, sandbox_spec
+from ..sandboxes.spec import relay_models, sandbox_spec
+from .context import RunContext
 from .host import Host
 from .ticket_run import TicketRun
 from .transitions import Transitions

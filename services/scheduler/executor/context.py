@@ -16,48 +16,20 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.common import cost
-from services.common.config import Agent, Config, Node, Workflow, Workspace
+from services.common.config import Agent, Node
 from services.common.errors import AfeError, PeerUnavailable, ResourceExhausted
 from services.common.relayenv import relay_env
 
-from .. import quoting, templates
-from ..store import TicketRecord
-from . import brokercalls
+from ..sandboxes.spec import SANDBOX_KINDS, relay_models, sandbox_spec
+from ..store.base import TicketRecord
+from . import brokercalls, quoting, templates
 from .graph import ancestors
 from .host import Host
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-SANDBOX_KINDS = ("run", "model", "agent")
-
-
-def sandbox_spec(config: Config, workflow: Workflow, workspace: Workspace) -> spb.SandboxSpec:
-    """The workspace's sandbox settings plus the env NAMES of the agents this
-    workflow uses, and only those (R9). An agent's own image wins."""
-    sb = workspace.sandbox
-    env_names: set[str] = set()
-    image = sb.image
-    for n in workflow.nodes:
-        if n.kind == "agent" and n.agent in config.agents:
-            agent = config.agents[n.agent]
-            env_names.update(agent.env)
-            if agent.image:
-                image = agent.image
-    return spb.SandboxSpec(
-        image=image,
-        limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids,
-                          disk_bytes=sb.limits.disk_bytes),
-        egress=list(sb.egress), egress_private=list(sb.egress_private), env_names=sorted(env_names),
-        relay=bool(relay_models(config, workflow)), runtime=sb.runtime if sb.runtime != "runc" else "")
-
-
-def relay_models(config: Config, workflow: Workflow) -> list[str]:
-    """The Models the workflow's agents reach through the ticket's relay (R32)."""
-    return sorted({config.agents[n.agent].model or "" for n in workflow.nodes
-                   if n.kind == "agent" and n.agent in config.agents and config.agents[n.agent].model})
 
 
 class RunContext:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from services.common.config import Node
 from services.common.errors import FailedPrecondition
 
-from ..store import N_CANCELLED, N_FAILED, N_PENDING, N_RUNNING, N_SKIPPED, N_SUCCEEDED
+from ..store.base import N_CANCELLED, N_FAILED, N_PENDING, N_RUNNING, N_SKIPPED, N_SUCCEEDED
 
 NOT_SUCCEEDED = (N_FAILED, N_SKIPPED, N_CANCELLED)
 

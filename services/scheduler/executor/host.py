@@ -11,9 +11,9 @@ from typing import Protocol
 from services.common.config import Config
 from services.common.redact import Redactor
 
-from ..brokers import CredentialBroker, SandboxBroker
-from ..events import EventLog
-from ..store import ApprovalRecord, Store
+from ..events.log import EventLog
+from ..sandboxes.brokers import CredentialBroker, SandboxBroker
+from ..store.base import ApprovalRecord, Store
 from .transitions import Transitions
 
 

@@ -18,8 +18,9 @@ import time
 from services.common.config import Node
 from services.common.errors import AfeError, DeadlineExceeded, FailedPrecondition, ResourceExhausted
 
-from ..events import now_ms
-from ..store import (
+from ..events.log import now_ms
+from ..sandboxes.spec import SANDBOX_KINDS
+from ..store.base import (
     FAILED,
     N_CANCELLED,
     N_FAILED,
@@ -32,7 +33,7 @@ from ..store import (
     LeaseLost,
     TicketRecord,
 )
-from .context import SANDBOX_KINDS, RunContext
+from .context import RunContext
 from .graph import NodeFailed, descendants, run_graph
 from .host import Host
 from .nodes import NODE_KINDS

@@ -14,8 +14,8 @@ from typing import Any
 
 from services.common.metrics import SchedulerMetrics
 
-from ..events import EventLog, now_ms
-from ..store import QUEUED, TERMINAL, NodeRunRecord, Store, TicketRecord
+from ..events.log import EventLog, now_ms
+from ..store.base import QUEUED, TERMINAL, NodeRunRecord, Store, TicketRecord
 
 Event = tuple[str, dict[str, Any]]
 

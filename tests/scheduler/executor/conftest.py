@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry
 
 from services.common.manifests import load_config
 from services.common.redact import Redactor
-from services.scheduler.engine import Engine
-from services.scheduler.sqlite_store import SqliteStore
-from services.scheduler.store import TERMINAL, NodeRunRecord, TicketRecord
+from services.scheduler.engine.core import Engine
+from services.scheduler.store.base import TERMINAL, NodeRunRecord, TicketRecord
+from services.scheduler.store.sqlite import SqliteStore
 
 from .fakes import FakeCredentials, FakeSandbox
 

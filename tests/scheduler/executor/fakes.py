@@ -30,7 +30,7 @@ from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.common import attestation
 from services.common.errors import NotFound, PeerUnavailable
-from services.scheduler.brokers import CredentialBroker, SandboxBroker
+from services.scheduler.sandboxes.brokers import CredentialBroker, SandboxBroker
 
 
 class FakeSandbox:

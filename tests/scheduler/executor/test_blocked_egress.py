@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
-from services.scheduler.github_report import GitHubReporter
+from services.scheduler.github.report import GitHubReporter
 
 from .fakes import FakeCredentials
 

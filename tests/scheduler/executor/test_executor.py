@@ -11,7 +11,7 @@ import pytest
 from services.common.config import Node
 from services.common.errors import FailedPrecondition
 from services.scheduler.executor.graph import ancestors, run_graph
-from services.scheduler.store import (
+from services.scheduler.store.base import (
     CANCELLED,
     FAILED,
     N_CANCELLED,

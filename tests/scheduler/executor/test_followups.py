@@ -9,9 +9,9 @@ import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.errors import FailedPrecondition, InvalidArgument
-from services.scheduler import quoting
-from services.scheduler.followups import follow_up
-from services.scheduler.store import FAILED, SUCCEEDED, WAITING_APPROVAL
+from services.scheduler.engine.followups import follow_up
+from services.scheduler.executor import quoting
+from services.scheduler.store.base import FAILED, SUCCEEDED, WAITING_APPROVAL
 
 from .fakes import FakeCredentials
 

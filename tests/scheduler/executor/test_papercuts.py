@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.store import FAILED, SUCCEEDED
+from services.scheduler.store.base import FAILED, SUCCEEDED
 
 pytestmark = pytest.mark.timeout(10)
 

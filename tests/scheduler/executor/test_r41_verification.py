@@ -12,7 +12,7 @@ import asyncio
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.scheduler.executor.nodes import verification
-from services.scheduler.store import FAILED, SUCCEEDED, WAITING_APPROVAL
+from services.scheduler.store.base import FAILED, SUCCEEDED, WAITING_APPROVAL
 
 from .fakes import FakeCredentials, FakeSandbox
 
@@ -152,7 +152,7 @@ async def test_r41_a_sandbox_broker_on_another_host_is_refused_with_what_to_chan
     import pytest
 
     from services.common.errors import FailedPrecondition
-    from services.scheduler.remoteworkspace import RemoteWorkspaces
+    from services.scheduler.sandboxes.remoteworkspace import RemoteWorkspaces
 
     h = _harness(harness, workflow('["echo ok"]'))
     local = h.credentials

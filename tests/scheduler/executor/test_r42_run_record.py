@@ -14,8 +14,8 @@ import jsonschema
 
 from services.common import attestation
 from services.scheduler.executor.nodes import run_record
-from services.scheduler.run_records import DECISION, REQUEST
-from services.scheduler.store import SUCCEEDED, WAITING_APPROVAL
+from services.scheduler.store.base import SUCCEEDED, WAITING_APPROVAL
+from services.scheduler.store.run_records import DECISION, REQUEST
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "support" / "intoto_statement_v1.schema.json").read_text())
 WORKFLOWS = """\

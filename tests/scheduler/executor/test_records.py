@@ -16,7 +16,7 @@ from services.cli import tickets as cli
 from services.common.errors import NotFound
 from services.scheduler.executor.nodes import NODE_KINDS
 from services.scheduler.servicer import ticket_pb
-from services.scheduler.store import CANCELLED, FAILED, SUCCEEDED, WAITING_APPROVAL
+from services.scheduler.store.base import CANCELLED, FAILED, SUCCEEDED, WAITING_APPROVAL
 
 from .test_recovery import MODEL, Forge, RecoveryHarness
 

@@ -17,8 +17,8 @@ from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.config import Node
 from services.common.errors import AfeError, FailedPrecondition
 
-from ... import egress_report
-from ...store import N_RUNNING, N_WAITING, RUNNING, WAITING_APPROVAL, ApprovalRecord, PullRequestRecord
+from ...sandboxes import egress_report
+from ...store.base import N_RUNNING, N_WAITING, RUNNING, WAITING_APPROVAL, ApprovalRecord, PullRequestRecord
 from ..context import RunContext
 from ..transitions import state_event
 from . import review_gate

@@ -18,7 +18,7 @@ from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.config import Model, Node
 from services.common.errors import ResourceExhausted
 
-from ...brokers import CredentialBroker
+from ...sandboxes.brokers import CredentialBroker
 from ..context import RunContext
 from .tools import Toolbox
 

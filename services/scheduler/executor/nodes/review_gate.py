@@ -19,7 +19,7 @@ from typing import Any
 
 from services.common.config import Node
 
-from ...store import ApprovalRecord, PullRequestRecord
+from ...store.base import ApprovalRecord, PullRequestRecord
 from ..context import RunContext
 from . import run_record, verification
 

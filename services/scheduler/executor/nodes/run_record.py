@@ -24,10 +24,10 @@ from typing import Any
 from services.common import attestation
 from services.common.errors import AfeError, FailedPrecondition, PeerUnavailable
 
-from ... import egress_report
-from ...events import now_ms
-from ...run_records import DECISION, REQUEST, RunRecord
-from ...store import ApprovalRecord, PullRequestRecord
+from ...events.log import now_ms
+from ...sandboxes import egress_report
+from ...store.base import ApprovalRecord, PullRequestRecord
+from ...store.run_records import DECISION, REQUEST, RunRecord
 from ..context import RunContext
 from . import run_statement
 

@@ -21,7 +21,7 @@ from typing import Any
 from services.common import attestation, presets
 from services.common.config import Config, Workflow, Workspace
 
-from ...store import ApprovalRecord, PullRequestRecord, Store, TicketRecord
+from ...store.base import ApprovalRecord, PullRequestRecord, Store, TicketRecord
 
 EVENTS_SCANNED = 50_000        # a ticket's events read for the record, at most
 _EXIT = re.compile(r"exited with code (-?\d+)")

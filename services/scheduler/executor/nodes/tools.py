@@ -15,7 +15,7 @@ from typing import Any
 
 from services.common.errors import AfeError, InvalidArgument
 
-from ...brokers import SandboxBroker
+from ...sandboxes.brokers import SandboxBroker
 
 OUTPUT_CAP = 32 * 1024       # characters of a tool result handed back to the model
 RUN_OUTPUT_CAP = 64 * 1024   # bytes of command output the broker keeps

@@ -32,9 +32,9 @@ from services.common.config import Node, Verify, Workspace
 from services.common.errors import AfeError, FailedPrecondition, NotFound
 from services.common.verification import failure_line
 
-from ...events import now_ms
-from ...store import PullRequestRecord
-from ...verify_client import verify_id
+from ...events.log import now_ms
+from ...sandboxes.verify_client import verify_id
+from ...store.base import PullRequestRecord
 from .. import brokercalls
 from ..context import RunContext
 from .run import CHUNK_EVENT, command_argv

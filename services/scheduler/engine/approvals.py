@@ -1,0 +1,99 @@
+"""Approvals: a person's decision on a ticket that waits for one (R16), and
+the run's wait for it (`wait_for_decision`, through executor.Host).
+
+A part of `Engine` (engine.py), which holds the state used here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from services.common.errors import FailedPrecondition, InvalidArgument
+
+from ..events.log import EventLog, now_ms
+from ..executor import Transitions
+from ..executor.transitions import state_event
+from ..store.base import RUNNING, WAITING_APPROVAL, ApprovalRecord, Store, TicketRecord
+from .leases import HELD
+
+if TYPE_CHECKING:
+    from .view import TicketView
+
+
+class Approvals:
+    """Approve, reject, and wake the run waiting for the decision."""
+
+    # of Engine (engine.py)
+    store: Store
+    events: EventLog
+    transitions: Transitions
+    _tasks: dict[str, asyncio.Task]
+    _running: set[str]
+    _waiters: dict[str, asyncio.Future]
+
+    if TYPE_CHECKING:
+        def view(self, ticket_id: str) -> TicketView: ...
+        def _kick(self) -> None: ...
+        def _launch(self, t: TicketRecord, resumed: bool) -> None: ...
+        def _claim(self, ticket_id: str, states: tuple[str, ...]) -> bool: ...
+
+    async def approve(self, ticket_id: str, principal: str, sha: str) -> TicketView:
+        t = self.view(ticket_id).ticket
+        if not principal:
+            raise InvalidArgument("an approval needs the principal (who approves)")
+        if t.state != WAITING_APPROVAL:
+            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}, not waiting for approval")
+        if sha and sha != t.awaiting_sha:
+            raise FailedPrecondition(
+                f"the pull request head is {t.awaiting_sha or 'unknown'} now, not {sha}; review it again "
+                f"and approve the current head")
+        rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, True, now_ms())
+        self.events.flush()
+        self.store.add_approval(rec)
+        self.transitions.move(t.id, RUNNING, ("approval.granted", {"principal": principal, "sha": rec.sha}),
+                              state_event(RUNNING), awaiting_sha="")
+        self._running.add(t.id)
+        self._wake(t.id, rec)
+        return self.view(ticket_id)
+
+    async def reject(self, ticket_id: str, principal: str, reason: str) -> TicketView:
+        t = self.view(ticket_id).ticket
+        if not principal:
+            raise InvalidArgument("a rejection needs the principal (who rejects)")
+        if t.state != WAITING_APPROVAL:
+            raise FailedPrecondition(f"ticket {ticket_id} is {t.state}, not waiting for approval")
+        rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, False, now_ms(), reason or "")
+        self.events.flush()
+        self.store.add_approval(rec)
+        self.transitions.move(t.id, RUNNING, ("approval.rejected", {"principal": principal, "sha": rec.sha,
+                                                                    "reason": reason or ""}),
+                              counted=False, awaiting_sha="")
+        self._running.add(t.id)
+        task = self._tasks.get(ticket_id)
+        self._wake(t.id, rec)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        return self.view(ticket_id)
+
+    def _wake(self, ticket_id: str, rec: ApprovalRecord) -> None:
+        fut = self._waiters.get(ticket_id)
+        if fut is not None and not fut.done():
+            fut.set_result(rec)
+        elif ticket_id not in self._tasks:
+            t = self.store.get_ticket(ticket_id)
+            if t is not None and self._claim(t.id, HELD):
+                self._launch(t, resumed=True)
+            else:   # another scheduler drives it: its heartbeat sees the decision (_lease_loop)
+                self._running.discard(ticket_id)
+
+    async def wait_for_decision(self, ticket_id: str) -> ApprovalRecord:
+        fut: asyncio.Future[ApprovalRecord] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket_id] = fut
+        try:
+            self._running.discard(ticket_id)   # a waiting ticket holds no capacity
+            self._kick()
+            return await fut
+        finally:
+            if self._waiters.get(ticket_id) is fut:
+                del self._waiters[ticket_id]

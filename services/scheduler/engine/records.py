@@ -1,0 +1,98 @@
+"""What a ticket leaves behind: its diff against its base (stored before its
+workspace goes, shown after it ended), the hosts its egress proxy refused,
+and the metrics of its nodes and model calls.
+
+A part of `Engine` (engine.py), which holds the state used here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from services.common.config import Config
+from services.common.errors import AfeError, FailedPrecondition
+from services.common.metrics import SchedulerMetrics, UsageMetrics
+from services.common.redact import Redactor
+
+from ..events.log import EventLog, now_ms
+from ..sandboxes import egress_report
+from ..sandboxes.brokers import CredentialBroker, SandboxBroker
+from ..store.base import QUEUED, TERMINAL, Store, TicketRecord
+
+if TYPE_CHECKING:
+    from .view import TicketView
+
+log = logging.getLogger(__name__)
+
+DIFF_MAX_BYTES = 1024 * 1024
+
+
+class Records:
+    """The final diff, the denied egress, node and usage metrics."""
+
+    # of Engine (engine.py)
+    config: Config
+    store: Store
+    sandbox: SandboxBroker
+    credentials: CredentialBroker
+    redactor: Redactor
+    events: EventLog
+    metrics: SchedulerMetrics | None
+    usage: UsageMetrics | None
+
+    if TYPE_CHECKING:
+        def view(self, ticket_id: str) -> TicketView: ...
+
+    async def diff(self, ticket_id: str) -> tuple[str, bool, bool]:
+        """(diff, truncated, recorded): the live workspace's diff, or, once the
+        ticket ended, the one stored when it ended (its workspace is gone)."""
+        t = self.view(ticket_id).ticket
+        if t.state in TERMINAL:
+            rec = self.store.final_diff(t.id)
+            if rec is not None:
+                return rec[0], rec[1], True
+        if t.torn_down or t.state == QUEUED:
+            raise FailedPrecondition(f"ticket {ticket_id} is {t.state} and has no workspace"
+                                     + (" and no stored diff (it ended before it changed anything)"
+                                        if t.state in TERMINAL else " yet; try again once it runs"))
+        r = await self.credentials.diff(t.id, t.workspace, DIFF_MAX_BYTES)
+        return r.diff, r.truncated, False
+
+    async def _record_diff(self, t: TicketRecord) -> None:
+        """The ticket's diff against its base, stored before its workspace goes,
+        so it is shown after the ticket ended (also when it failed or was cancelled)."""
+        if t.workspace not in self.config.workspaces:
+            return
+        try:
+            r = await self.credentials.diff(t.id, t.workspace, DIFF_MAX_BYTES)
+        except AfeError as exc:   # no workspace (ended before it was prepared) or the broker is away
+            log.info("ticket %s: no diff to keep: %s", t.id, exc.message)
+            return
+        self.store.put_final_diff(t.id, self.redactor.redact(r.diff), r.truncated, now_ms())
+
+    async def _record_denied_egress(self, t: TicketRecord) -> None:
+        """The hosts the ticket's egress proxy refused, as an event before its sandbox
+        goes (the final GitHub comment lists them, egress_report.py)."""
+        try:
+            r = await self.sandbox.denied_egress(t.id)
+        except AfeError:      # no sandbox (none needed, or ended before one was made) or the broker is away
+            return
+        if r.hosts:
+            self.events.append(t.id, egress_report.EVENT, egress_report.payload(r))
+            self.events.flush()
+
+    def node_metric(self, kind: str, outcome: str, seconds: float) -> None:
+        if self.metrics is not None:
+            k = kind.split(":")[0]
+            self.metrics.node_duration.labels(kind=k, outcome=outcome).observe(seconds)
+
+    def usage_metric(self, model: str, input_tokens: int, output_tokens: int, cost_usd: float | None) -> None:
+        """Count a model call's tokens and estimated cost; `model` is a Model manifest name."""
+        if self.usage is None or model not in self.config.models:
+            return
+        self.usage.tokens.labels(model=model, direction="input").inc(max(0, input_tokens))
+        self.usage.tokens.labels(model=model, direction="output").inc(max(0, output_tokens))
+        if cost_usd:
+            self.usage.cost.labels(model=model).inc(cost_usd)
+

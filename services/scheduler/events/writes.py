@@ -1,0 +1,247 @@
+"""Writing the event log's batches to the store (events.py), so that no
+event is lost and no loss is hidden.
+
+- A batch the store does not take now (`Unavailable`: the database did not
+  answer within store_retry.py's budget) is kept in memory, in order with
+  its seqs, and written again after a growing delay; later events join it.
+- A batch whose commit was cut by a lost connection may be stored already:
+  before anything is numbered again, the store's events at the batch's seqs
+  are compared with it (ticket + seq, type, payload, time) and the ones it
+  holds are not written twice (`_reconcile`).
+- Numbering a batch again after the store's last seq happens only when
+  another scheduler wrote the ticket meanwhile (docs/SCALE.md). Events that
+  were truly never stored are never hidden that way: the ticket gets an
+  `events.lost` event saying how many and why, where they went missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from time import time_ns
+from typing import Any, cast
+
+from services.common.errors import FailedPrecondition
+
+from ..store.base import EventRecord, LeaseLost, Store
+
+log = logging.getLogger(__name__)
+
+STORE_TRIES = 5          # batches re-numbered after another scheduler wrote the same ticket
+# A store that does not answer (after its own retries, store_retry.py): the
+# events wait in memory, written again after these delays, in order with
+# their seqs. Past MAX_UNSTORED events, streamed output (DROPPABLE) is no
+# longer kept but counted, and the ticket's `events.lost` event says how much
+# went and why; state events are always kept.
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 5.0)
+MAX_UNSTORED = 100_000
+DROPPABLE = frozenset({"node.output", "agent.message", "agent.thought"})
+LOST_EVENT = "events.lost"
+
+@dataclass
+class _LossMarker:
+    seq: int
+    at_ms: int
+    count: int = 0
+    types: dict[str, int] = field(default_factory=dict)
+
+
+def _json(data: object) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def _now_ms() -> int:
+    return time_ns() // 1_000_000
+
+
+class EventWrites:
+    """The store side of `EventLog`: what it writes, keeps and reports lost."""
+
+    store: Store
+    _seq: dict[str, int]
+    _buffer: list[tuple[str, int, str, str, int]]
+    _unstored: list[tuple[str, int, str, str, int]]
+    _retry_handle: asyncio.TimerHandle | None
+    _retries: int
+    _lost_marker: dict[str, _LossMarker]
+    unavailable_since: int | None
+    unavailable_reason: str
+    lost_metric: Any
+
+    def _init_writes(self) -> None:
+        # Redacted events the store did not take yet, in seq order (flush).
+        self._unstored = []
+        self._retry_handle = None
+        self._retries = 0
+        self._lost_marker = {}
+        self.unavailable_since = None   # ms: the store has not taken events since
+        self.unavailable_reason = ""
+        self.lost_metric = None         # counter {reason} (metrics.SchedulerMetrics.events_lost)
+
+    def flush(self, write: bool = True) -> None:
+        raise NotImplementedError
+
+    def _unavailable(self, exc: Exception) -> None:
+        """Keep what was not stored; past MAX_UNSTORED, count further events
+        as lost instead of buffering them (append)."""
+        if self.unavailable_since is None:
+            self.unavailable_since = time_ns() // 1_000_000
+            log.warning("events: %d event(s) kept in memory until the store answers: %s", len(self._unstored), exc)
+        self.unavailable_reason = str(exc)
+        self._retry_later()
+
+    def _retry_later(self) -> None:
+        if self._retry_handle is not None:
+            return
+        delay = RETRY_DELAYS_S[min(self._retries, len(RETRY_DELAYS_S) - 1)]
+        self._retries += 1
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return    # no loop (a tool, a test): the next flush tries again
+        self._retry_handle = loop.call_later(delay, self._retry_now)
+
+    def _retry_now(self) -> None:
+        self._retry_handle = None
+        self.flush()
+
+    def _stored_again(self) -> None:
+        if self.unavailable_since is not None:
+            log.warning("events: the store answers again; the events kept since %d are stored", self.unavailable_since)
+        self.unavailable_since = None
+        self.unavailable_reason = ""
+        self._retries = 0
+        self._lost_marker.clear()
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+            self._retry_handle = None
+
+    def _lose(self, ticket_id: str, type_: str) -> int:
+        """An event that finds the memory for unstored events full: it is not
+        kept, and the ticket's `events.lost` event (one per outage, written
+        where the loss began) counts it. Returns the marker's seq."""
+        marker = self._lost_marker.get(ticket_id)
+        if marker is None:
+            seq = self._seq.get(ticket_id, 0) + 1
+            self._seq[ticket_id] = seq
+            marker = self._lost_marker[ticket_id] = _LossMarker(seq, time_ns() // 1_000_000)
+            self._buffer.append((ticket_id, seq, LOST_EVENT, "", marker.at_ms))
+        marker.count += 1
+        marker.types[type_] = marker.types.get(type_, 0) + 1
+        if self.lost_metric is not None:
+            self.lost_metric.labels(reason="store_unavailable").inc()
+        return marker.seq
+
+    def _finish_markers(self, batch: list[tuple[str, int, str, str, int]]) -> list[tuple[str, int, str, str, int]]:
+        """Fill in the payload of the `events.lost` events of this batch."""
+        if not self._lost_marker:
+            return batch
+        out = []
+        for ev in batch:
+            marker = self._lost_marker.get(ev[0])
+            if ev[2] == LOST_EVENT and not ev[3] and marker is not None and marker.seq == ev[1]:
+                text = _json({"count": marker.count, "types": marker.types,
+                                 "reason": "the store did not answer and the events kept in memory reached "
+                                           f"{MAX_UNSTORED}: {self.unavailable_reason}"[:2000]})
+                ev = (ev[0], ev[1], ev[2], text, ev[4])
+            out.append(ev)
+        return out
+
+    # -- writing ---------------------------------------------------------------
+
+    def _store(self, batch: list[tuple[str, int, str, str, int]]) -> list[tuple[str, int, str, str, int]]:
+        """Write the batch; returns what was stored (for the watchers). On a
+        shared store (docs/SCALE.md) another scheduler may have written a
+        ticket's events meanwhile (an approval given through it), and a batch
+        whose commit was cut by a lost connection may be stored already:
+        `_reconcile` tells the two apart. A ticket this scheduler lost to
+        another (`LeaseLost`, R37) has its events dropped, never written."""
+        batch = self._finish_markers(batch)
+        already: list[tuple[str, int, str, str, int]] = []
+        for _ in range(STORE_TRIES):
+            try:
+                # Plain tuples in EventRecord's column order: SQLite binds them fastest.
+                self.store.append_events(cast(list[EventRecord], batch))
+                return already + batch
+            except LeaseLost as exc:
+                log.warning("events of ticket %s not written: %s", exc.ticket_id, exc.message)
+                self._seq.pop(exc.ticket_id, None)
+                batch = [ev for ev in batch if ev[0] != exc.ticket_id]
+                if not batch:
+                    return already
+            except FailedPrecondition:
+                if not self.store.shared:
+                    raise
+                stored, batch = self._reconcile(batch)
+                already += stored
+                if not batch:
+                    return already
+        self.store.append_events(cast(list[EventRecord], batch))
+        return already + batch
+
+    def _reconcile(self, batch: list[tuple[str, int, str, str, int]]
+                   ) -> tuple[list[tuple[str, int, str, str, int]], list[tuple[str, int, str, str, int]]]:
+        """(events of the batch the store already holds, the rest numbered
+        after the store's last seq). An event is held when the store has the
+        same type, payload and time at its seq: the batch's own commit, cut
+        by a lost connection (written once, never twice). Events another
+        scheduler wrote at those seqs are not ours: ours follow them. If the
+        store's seqs stop short of the batch, events before it were never
+        stored: an `events.lost` event says so instead of closing the gap."""
+        held: list[tuple[str, int, str, str, int]] = []
+        out: list[tuple[str, int, str, str, int]] = []
+        for tid in dict.fromkeys(ev[0] for ev in batch):
+            mine = [ev for ev in batch if ev[0] == tid]
+            stored = {e[1]: e for e in self.store.events(tid, mine[0][1], len(mine))}
+            while mine and (e := stored.get(mine[0][1])) is not None and tuple(e)[2:] == mine[0][2:]:
+                held.append(mine.pop(0))
+            last = self.store.last_seq(tid)
+            if mine and mine[0][1] > last + 1:
+                missing = mine[0][1] - last - 1
+                log.error("events: %d event(s) of ticket %s before seq %d were never stored", missing, tid,
+                          mine[0][1])
+                out.append((tid, last + 1, LOST_EVENT, _json(
+                    {"count": missing, "reason": "events before these were never stored"}), _now_ms()))
+                last += 1
+            for ev in mine:
+                last += 1
+                out.append((tid, last, ev[2], ev[3], ev[4]))
+            if mine:
+                self._seq[tid] = last
+        return held, out
+
+    def _store_apart(self, batch: list[tuple[str, int, str, str, int]],
+                     exc: Exception) -> list[tuple[str, int, str, str, int]]:
+        """The store refused the batch with an error no retry can mend (a bug,
+        a value it cannot hold). Each ticket's events are tried alone; those
+        of a ticket the store still refuses are lost, and the ticket gets an
+        `events.lost` event saying how many and why (never a renumbered run
+        that hides them)."""
+        log.error("events: the store refused a batch of %d event(s)", len(batch), exc_info=exc)
+        stored: list[tuple[str, int, str, str, int]] = []
+        for tid in dict.fromkeys(ev[0] for ev in batch):
+            mine = [ev for ev in batch if ev[0] == tid]
+            try:
+                stored += self._store(mine)
+                continue
+            except Exception as one:  # noqa: BLE001 - reported below, on the ticket
+                reason = f"the store refused them: {one.__class__.__name__}"
+            if self.lost_metric is not None:
+                self.lost_metric.labels(reason="store_error").inc(len(mine))
+            last = self.store.last_seq(tid)
+            lost = (tid, last + 1, LOST_EVENT, _json({"count": len(mine), "reason": reason}), _now_ms())
+            try:
+                self.store.append_events(cast(list[EventRecord], [lost]))
+            except Exception:
+                log.exception("events: %d event(s) of ticket %s are lost and could not be marked", len(mine), tid)
+                self._seq.pop(tid, None)
+                continue
+            self._seq[tid] = last + 1
+            stored.append(lost)
+        return stored
+
+    def holds_unstored(self, ticket_id: str) -> bool:
+        """Whether events of this ticket wait in memory for the store."""
+        return any(ev[0] == ticket_id for ev in self._unstored) or any(ev[0] == ticket_id for ev in self._buffer)

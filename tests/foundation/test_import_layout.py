@@ -1,0 +1,212 @@
+"""The code's layout holds (issue: scheduler layout that shows its parts):
+
+- no import circle anywhere in services/ (every import counts: a function's
+  lazy import and a TYPE_CHECKING one too, since either is a dependency a
+  reader has to follow), checked on the module graph read from the source;
+- no module of services/ or gateway/ over 400 lines;
+- each scheduler sub-package says in its docstring what it owns and what it
+  may import, and the imports between them go the one way the scheduler's
+  docstring gives.
+
+Positive controls: a planted circle (directly and through a package's
+__init__) is found, and a planted upward import between the scheduler's
+packages is named."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_LINES = 400
+# The scheduler's packages, lowest first: a package may import only those before it
+# (the wiring at the top, "(top)", may import all).
+LAYERS = ["store", "events", "sandboxes", "acp", "executor", "engine", "github"]
+MAY_ALSO = {"events": set(), "sandboxes": set()}   # events and sandboxes are side by side
+
+
+def modules(base: Path, top: str) -> dict[str, tuple[Path, bool]]:
+    found = {}
+    for p in (base / top).rglob("*.py"):
+        if "__pycache__" in p.parts or "_gen" in p.parts:
+            continue
+        parts = list(p.relative_to(base).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_pkg else parts)] = (p, is_pkg)
+    return found
+
+
+def imports_of(name: str, path: Path, is_pkg: bool, known: Iterable[str]) -> set[str]:
+    """The modules of `known` that module `name` imports (`from pkg import mod` names mod)."""
+    known = set(known)
+    deps: set[str] = set()
+    for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(n, ast.Import):
+            deps.update(a.name for a in n.names if a.name in known)
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                here = name.split(".") if is_pkg else name.split(".")[:-1]
+                here = here[:len(here) - (n.level - 1)]
+                frm = ".".join(here + ([n.module] if n.module else []))
+            else:
+                frm = n.module or ""
+            for a in n.names:
+                sub = f"{frm}.{a.name}"
+                if sub in known:
+                    deps.add(sub)
+                elif frm in known:
+                    deps.add(frm)
+    deps.discard(name)
+    return deps
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root, targets in graph.items():
+        if root in index:
+            continue
+        work = [(root, iter(sorted(targets)))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def graph_of(base: Path, top: str) -> dict[str, set[str]]:
+    mods = modules(base, top)
+    return {m: imports_of(m, p, pkg, mods) for m, (p, pkg) in mods.items()}
+
+
+def test_no_import_circle_in_services():
+    found = circles(graph_of(ROOT, "services"))
+    assert not found, "import circles (move what both sides need into a module both import):\n" + \
+        "\n".join(" <-> ".join(c) for c in found)
+
+
+def _plant(tmp: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = tmp / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def test_a_planted_circle_is_found(tmp_path):
+    """Positive control: a TYPE_CHECKING import back, and a circle through a package's __init__."""
+    _plant(tmp_path, {
+        "pkg/__init__.py": "from .b import B\n",
+        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .core import Core\n",
+        "pkg/core.py": "from .a import helper\n",
+        "pkg/b.py": "from pkg import c\nB = 1\n",
+        "pkg/c.py": "def f():\n    from . import B\n",
+        "pkg/ok.py": "from .core import x\n",
+    })
+    found = circles(graph_of(tmp_path, "pkg"))
+    assert ["pkg.a", "pkg.core"] in found
+    assert any({"pkg", "pkg.b", "pkg.c"} <= set(c) for c in found), found
+    assert not any("pkg.ok" in c for c in found)
+
+
+def test_no_module_over_400_lines():
+    long = []
+    for top in ("services", "gateway"):
+        for p in (ROOT / top).rglob("*.py"):
+            if "_gen" in p.parts or "__pycache__" in p.parts:
+                continue
+            n = len(p.read_text(encoding="utf-8").splitlines())
+            if n > MAX_LINES:
+                long.append(f"{p.relative_to(ROOT)}: {n} lines")
+    assert not long, "split these modules (at most 400 lines each):\n" + "\n".join(long)
+
+
+def _package_edges(base: Path) -> set[tuple[str, str, str]]:
+    """(importing package, imported package, importing module) between the scheduler's sub-packages."""
+    sched = base / "services" / "scheduler"
+    mods = modules(base, "services")
+    edges = set()
+    for m, (p, pkg) in mods.items():
+        if not m.startswith("services.scheduler."):
+            continue
+        src = m.split(".")[2] if len(m.split(".")) > 3 or pkg else "(top)"
+        if not (sched / src).is_dir():
+            src = "(top)"
+        for d in imports_of(m, p, pkg, mods):
+            parts = d.split(".")
+            if parts[:2] != ["services", "scheduler"] or len(parts) < 3:
+                continue
+            dst = parts[2] if (sched / parts[2]).is_dir() else "(top)"
+            if dst != src:
+                edges.add((src, dst, m))
+    return edges
+
+
+def upward(edges: set[tuple[str, str, str]]) -> list[str]:
+    bad = []
+    for src, dst, m in sorted(edges):
+        if src == "(top)":
+            continue
+        if dst == "(top)" or LAYERS.index(dst) > LAYERS.index(src) or \
+                (dst in MAY_ALSO and src in MAY_ALSO):
+            bad.append(f"{m} ({src}/) imports {dst}/")
+    return bad
+
+
+def test_scheduler_packages_import_one_way():
+    bad = upward(_package_edges(ROOT))
+    assert not bad, "imports against the scheduler's layering (services/scheduler/__init__.py):\n" + "\n".join(bad)
+
+
+def test_an_upward_import_is_named(tmp_path):
+    """Positive control: the store importing the engine is refused; the engine importing the store is not."""
+    _plant(tmp_path, {
+        "services/__init__.py": "",
+        "services/scheduler/__init__.py": "",
+        "services/scheduler/store/__init__.py": "",
+        "services/scheduler/store/base.py": "from ..engine import core\n",
+        "services/scheduler/engine/__init__.py": "",
+        "services/scheduler/engine/core.py": "from ..store.base import X\n",
+    })
+    bad = upward(_package_edges(tmp_path))
+    assert bad == ["services.scheduler.store.base (store/) imports engine/"]
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_each_scheduler_package_says_what_it_owns_and_may_import(package):
+    doc = ast.get_docstring(ast.parse((ROOT / "services" / "scheduler" / package / "__init__.py").read_text()))
+    assert doc, f"services/scheduler/{package}/__init__.py needs a docstring: what it owns, what it may import"
+    assert "may import" in doc.lower() or "imports" in doc.lower(), doc
