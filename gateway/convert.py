@@ -109,4 +109,4 @@ def workflow(w: pb.Workflow) -> dict:
 
 def workspace(w: pb.Workspace) -> dict:
     return {"name": w.name, "repo": w.repo, "base_branch": w.base_branch, "forge": w.forge,
-            "egress": list(w.egress)}
+            "egress": list(w.egress), "forge_repo": w.forge_repo}

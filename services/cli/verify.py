@@ -165,7 +165,9 @@ async def _ticket_of(afe: _Afe, target: str, workspace: str) -> str:
         if not workspace and m:
             repo = m.group(1).lower()
             spaces = (await afe.call("workspaces.list", {}))["workspaces"]
-            found = [w["name"] for w in spaces if repo in str(w.get("repo", "")).lower()]
+            found = [w["name"] for w in spaces if str(w.get("forge_repo", "")).lower() == repo]
+            if not found:    # an older afe: no forge_repo; its clone URL may still name owner/name
+                found = [w["name"] for w in spaces if repo in str(w.get("repo", "")).lower()]
             workspace = found[0] if len(found) == 1 else ""
         if not workspace:
             raise CliError("give --workspace NAME: the pull request's workspace is not known", EXIT_USAGE)

@@ -163,7 +163,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         out = []
         for ws in sorted(self.engine.config.workspaces.values(), key=lambda w: w.name):
             out.append(pb.Workspace(name=ws.name, repo=ws.repo, base_branch=ws.base_branch, forge=ws.forge.type,
-                                    egress=list(ws.sandbox.egress)))
+                                    egress=list(ws.sandbox.egress),
+                                    forge_repo=ws.forge.repo if ws.forge.type == "github" else ""))
         return pb.ListWorkspacesResponse(workspaces=out)
 
 

@@ -116,8 +116,10 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                                                                            needs=["fix"])])])
 
     async def ListWorkspaces(self, request, context):
-        return pb.ListWorkspacesResponse(workspaces=[pb.Workspace(name="demo", repo="repos/calc.git",
-                                                                   base_branch="main", forge="local")])
+        return pb.ListWorkspacesResponse(workspaces=[
+            pb.Workspace(name="demo", repo="repos/calc.git", base_branch="main", forge="local"),
+            pb.Workspace(name="gh", repo="https://git.example.org/mirror.git", base_branch="main", forge="github",
+                         forge_repo="Octo/Calc")])
 
     # test helpers
     def set_state(self, tid: str, state: int) -> None:

@@ -87,7 +87,10 @@ async def test_scheduler_errors_map_to_stable_codes(ws):
 
 async def test_methods_mirror_the_scheduler_and_record_the_principal(http, gateway, scheduler, ws):
     assert [w["name"] for w in (await result(ws, "workflows.list"))["workflows"]] == ["demo-fix"]
-    assert (await result(ws, "workspaces.list"))["workspaces"][0]["name"] == "demo"
+    spaces = (await result(ws, "workspaces.list"))["workspaces"]
+    assert spaces[0]["name"] == "demo"
+    # a github workspace names its repository (owner/name): `afe verify <PR URL>` finds it by that
+    assert spaces[1]["forge_repo"] == "Octo/Calc" and spaces[0]["forge_repo"] == ""
     t = await result(ws, "tickets.create", {"workflow": "demo-fix", "title": "from cli", "inputs": {"k": "v"}})
     assert t["state"] == "queued" and t["inputs"] == {"k": "v"} and [n["id"] for n in t["nodes"]] == ["fix", "merge"]
     created = [c for n, c in scheduler.fake.calls if n == "CreateTicket"]

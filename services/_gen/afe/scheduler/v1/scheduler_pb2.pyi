@@ -919,12 +919,15 @@ class Workspace(_message.Message):
     BASE_BRANCH_FIELD_NUMBER: _builtins.int
     FORGE_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
+    FORGE_REPO_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     repo: _builtins.str
     """never holds credentials (manifests refuse them)"""
     base_branch: _builtins.str
     forge: _builtins.str
     """github | local"""
+    forge_repo: _builtins.str
+    """owner/name on a github forge ("" for a local one)"""
     @_builtins.property
     def egress(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -935,10 +938,11 @@ class Workspace(_message.Message):
         base_branch: _builtins.str = ...,
         forge: _builtins.str = ...,
         egress: _abc.Iterable[_builtins.str] | None = ...,
+        forge_repo: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_branch", b"base_branch", "egress", b"egress", "forge", b"forge", "name", b"name", "repo", b"repo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_branch", b"base_branch", "egress", b"egress", "forge", b"forge", "forge_repo", b"forge_repo", "name", b"name", "repo", b"repo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
