@@ -14,7 +14,7 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.cli import tickets as cli
 from services.common import metrics
 from services.common.states import TERMINAL, NodeState, TicketState
-from services.scheduler import store
+from services.scheduler.store import base as store
 
 ROOT = Path(__file__).resolve().parents[2]
 
