@@ -12,19 +12,23 @@ import docker.errors
 
 from services.common.errors import NotFound
 
-from .egress import DENIED_LOG_BYTES, DENIED_LOG_LINES, denied_hosts
+from .egress import DENIED_LOG_BYTES, DENIED_LOG_LINES, allowed_hosts, denied_hosts
 
 if TYPE_CHECKING:
     from .sandboxes import SandboxManager
 
 
-async def denied_egress(sandboxes: SandboxManager, ticket_id: str) -> tuple[list[tuple[str, int]], bool]:
-    """([(host, count)], truncated) from the newest DENIED_LOG_LINES lines of
-    the proxy's log (at most DENIED_LOG_BYTES); nothing without egress."""
+Hosts = tuple[list[tuple[str, int]], bool]
+
+
+async def denied_egress(sandboxes: SandboxManager, ticket_id: str) -> tuple[Hosts, Hosts]:
+    """(refused, let through), each ([(host, count)], truncated), from the newest
+    DENIED_LOG_LINES lines of the proxy's log (at most DENIED_LOG_BYTES);
+    nothing without egress."""
     info = await sandboxes.get(ticket_id)
     proxy_id = info.proxy_container_id
     if not proxy_id:
-        return [], False
+        return ([], False), ([], False)
 
     def read() -> str:
         chunks, size = [], 0
@@ -40,4 +44,4 @@ async def denied_egress(sandboxes: SandboxManager, ticket_id: str) -> tuple[list
     except docker.errors.NotFound as exc:
         sandboxes.forget(ticket_id)
         raise NotFound(f"no egress proxy for ticket {ticket_id}: create the sandbox again") from exc
-    return denied_hosts(text)
+    return denied_hosts(text), allowed_hosts(text)

@@ -232,12 +232,21 @@ def denied_hosts(log_text: str, limit: int = DENIED_HOSTS_MAX) -> tuple[list[tup
     first: ([(host, count)], truncated). Names only, never a path or query;
     anything that is not a host name or IP address is dropped, and at most
     `limit` distinct names are kept (the first ones seen)."""
+    return logged_hosts(log_text, denied=True, limit=limit)
+
+
+def allowed_hosts(log_text: str, limit: int = DENIED_HOSTS_MAX) -> tuple[list[tuple[str, int]], bool]:
+    """The same for the requests the proxy let through (every other logged request)."""
+    return logged_hosts(log_text, denied=False, limit=limit)
+
+
+def logged_hosts(log_text: str, *, denied: bool, limit: int = DENIED_HOSTS_MAX) -> tuple[list[tuple[str, int]], bool]:
     counts: dict[str, int] = {}
     truncated = False
     for line in log_text.splitlines():
         fields = line.split()
         # time elapsed client CODE/status bytes METHOD URL user hierarchy type
-        if len(fields) < 7 or not fields[3].startswith("TCP_DENIED/"):
+        if len(fields) < 7 or "/" not in fields[3] or fields[3].startswith("TCP_DENIED/") != denied:
             continue
         host = _log_host(fields[5], fields[6])
         if not host:

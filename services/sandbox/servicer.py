@@ -116,9 +116,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         return pb.FreezeResponse()
 
     async def DeniedEgress(self, request, context):
-        hosts, truncated = await denied_egress(self.sandboxes, request.ticket_id)
+        (hosts, truncated), (allowed, allowed_truncated) = await denied_egress(self.sandboxes, request.ticket_id)
         return pb.DeniedEgressResponse(hosts=[pb.DeniedHost(host=h, count=min(n, 2**31 - 1)) for h, n in hosts],
-                                       truncated=truncated)
+                                       truncated=truncated,
+                                       allowed=[pb.DeniedHost(host=h, count=min(n, 2**31 - 1)) for h, n in allowed],
+                                       allowed_truncated=allowed_truncated)
 
     def Exec(self, request, context):
         return closed_with_call(context, self._exec(request))

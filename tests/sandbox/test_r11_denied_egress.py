@@ -42,6 +42,8 @@ def test_r11_denied_egress_lists_the_refused_host_names(stub, target_net, docker
         assert "403" in run(stub, ticket, CONNECT.format(dest=f"{other}:443")).stdout.decode()
         r = denied(stub, ticket, other, 2)
         assert [(h.host, h.count) for h in r.hosts] == [(other, 2)] and not r.truncated
+        # what the proxy let through, counted the same way (the run record's allowed hosts, R42)
+        assert [(h.host, h.count) for h in r.allowed] == [(name, 1)] and not r.allowed_truncated
         assert "s3cret" not in str(r) and "private" not in str(r) and name not in [h.host for h in r.hosts]
         # control: the proxy's log itself holds the path the answer leaves out (squid strips the query)
         assert f"{other}/private/path".encode() in docker_client.containers.get(sb.proxy_container_id).logs(stdout=True)
@@ -54,6 +56,6 @@ def test_r11_denied_egress_is_empty_without_egress(stub):
     stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec()))
     try:
         r = stub.DeniedEgress(pb.DeniedEgressRequest(ticket_id=ticket), timeout=30)
-        assert r.hosts == [] and not r.truncated
+        assert r.hosts == [] and not r.truncated and r.allowed == []
     finally:
         stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))

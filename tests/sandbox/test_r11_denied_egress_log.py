@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from services.sandbox.egress import denied_hosts
+from services.sandbox.egress import allowed_hosts, denied_hosts
 
 CLEAN = re.compile(r"^(\[[0-9a-f:.]+\]|[a-z0-9.-]{1,253})$")
 
@@ -32,6 +32,8 @@ def test_r11_denied_hosts_from_connect_and_plain_http():
     text = repr(hosts)
     for leak in ("secret", "token", "abc", "frag", "pw", "user", "/p", "allowed"):
         assert leak not in text
+    # the same log's requests let through, for the run record (R42): counted, names only
+    assert allowed_hosts(log) == ([("allowed.example", 2)], False)
 
 
 def test_r11_hostile_log_lines_yield_no_markup():

@@ -26,6 +26,13 @@ def payload(r: spb.DeniedEgressResponse) -> dict[str, Any]:
             "truncated": bool(r.truncated) or len(r.hosts) > HOSTS_SHOWN}
 
 
+def record_payload(r: spb.DeniedEgressResponse) -> dict[str, Any]:
+    """For the run record (R42): the refused hosts as `payload`, and the hosts the
+    proxy let through with counts (`allowed`, `allowed_truncated`)."""
+    return {**payload(r), "allowed": [{"host": _name(h.host), "count": int(h.count)} for h in r.allowed],
+            "allowed_truncated": bool(r.allowed_truncated)}
+
+
 _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-[]:")
 
 

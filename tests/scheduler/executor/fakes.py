@@ -47,6 +47,7 @@ class FakeSandbox:
         self.gates: dict[str, asyncio.Event] = {}
         self.onces: set[str] = set()
         self.denied: dict[str, list[tuple[str, int]]] = {}   # ticket -> hosts its proxy refused (DeniedEgress)
+        self.allowed: dict[str, list[tuple[str, int]]] = {}  # ticket -> hosts its proxy let through
 
     def gate(self, name: str) -> asyncio.Event:
         return self.gates.setdefault(name, asyncio.Event())
@@ -79,7 +80,9 @@ class FakeSandbox:
         if ticket_id not in self.created:
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first")
         return spb.DeniedEgressResponse(hosts=[spb.DeniedHost(host=h, count=n)
-                                               for h, n in self.denied.get(ticket_id, [])])
+                                               for h, n in self.denied.get(ticket_id, [])],
+                                        allowed=[spb.DeniedHost(host=h, count=n)
+                                                 for h, n in self.allowed.get(ticket_id, [])])
 
     async def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0, output_cap_bytes: int = 0,
                    cwd: str = "") -> AsyncIterator[spb.ExecEvent]:

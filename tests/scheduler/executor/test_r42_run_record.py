@@ -109,6 +109,21 @@ async def test_r42_a_record_that_cannot_be_signed_fails_the_approval_request(har
     assert h.store.run_records(tid) == []
 
 
+async def test_r42_the_record_counts_the_hosts_the_proxy_let_through_and_refused(harness):
+    h = harness(WORKFLOWS)
+    await h.start()
+    tid = h.engine.create_ticket("", "review", "t", "b", {}, "tester").ticket.id
+    h.sandbox.allowed[tid] = [("pypi.org", 7), ("files.pythonhosted.org", 3)]
+    h.sandbox.denied[tid] = [("evil.example", 2)]
+    t = await h.until(tid, (WAITING_APPROVAL,))
+    rec = h.store.run_record(tid, t.awaiting_sha, REQUEST)
+    egress = attestation.verify(json.loads(rec.envelope), await _key(h), t.awaiting_sha).statement[
+        "predicate"]["egress"]
+    assert egress["allowed_counts"] == [{"host": "pypi.org", "count": 7}, {"host": "files.pythonhosted.org",
+                                                                           "count": 3}]
+    assert egress["denied"] == [{"host": "evil.example", "count": 2}]
+
+
 async def test_r42_every_decision_on_a_head_is_kept_a_rejection_then_an_approval(harness):
     """A head rejected, re-run to the same commit and approved has both decisions signed, in
     order; the comment and `afe verify` show the latest (the one that let it merge)."""

@@ -111,7 +111,7 @@ async def _denied(ctx: RunContext) -> dict[str, Any] | None:
     """The hosts the ticket's egress proxy refused so far, with counts."""
     if ctx.sandbox_ready:
         try:
-            return egress_report.payload(await ctx.sandbox.denied_egress(ctx.ticket.id))
+            return egress_report.record_payload(await ctx.sandbox.denied_egress(ctx.ticket.id))
         except AfeError as exc:
             log.info("ticket %s: denied egress not read for the run record: %s", ctx.ticket.id, exc.message)
     return egress_report.latest(ctx.store, ctx.ticket.id)

@@ -134,12 +134,15 @@ def _models(config: Config, wf: Workflow) -> list[dict[str, Any]]:
 
 
 def _egress(ws: Workspace, denied: dict[str, Any] | None) -> dict[str, Any]:
-    """The declared allow-list (the proxy counts no allowed requests) and the refused hosts with counts."""
-    hosts = [{"host": str(h.get("host", "")), "count": int(h.get("count", 0) or 0)}
-             for h in (denied or {}).get("hosts") or [] if isinstance(h, dict)]
+    """The declared allow-list, the hosts the proxy let through and those it refused, with counts
+    (as the proxy's log has them; "not recorded" when the sandbox's proxy could not be read)."""
+    def counted(key: str) -> list[dict[str, Any]]:
+        return [{"host": str(h.get("host", "")), "count": int(h.get("count", 0) or 0)}
+                for h in (denied or {}).get(key) or [] if isinstance(h, dict)]
+    allowed: list[dict[str, Any]] | str = counted("allowed") if "allowed" in (denied or {}) else "not recorded"
     return {"allowed": sorted(ws.sandbox.egress), "allowed_private": sorted(ws.sandbox.egress_private),
-            "allowed_counts": "not recorded", "denied": hosts,
-            "denied_truncated": bool((denied or {}).get("truncated"))}
+            "allowed_counts": allowed, "allowed_truncated": bool((denied or {}).get("allowed_truncated")),
+            "denied": counted("hosts"), "denied_truncated": bool((denied or {}).get("truncated"))}
 
 
 def _usage(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:

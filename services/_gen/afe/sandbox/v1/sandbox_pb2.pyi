@@ -569,21 +569,32 @@ class DeniedEgressResponse(_message.Message):
 
     HOSTS_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
+    ALLOWED_FIELD_NUMBER: _builtins.int
+    ALLOWED_TRUNCATED_FIELD_NUMBER: _builtins.int
     truncated: _builtins.bool
     """more distinct names were refused than listed"""
+    allowed_truncated: _builtins.bool
     @_builtins.property
     def hosts(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeniedHost]:
         """most tried first; at most 50"""
+
+    @_builtins.property
+    def allowed(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeniedHost]:
+        """The requests the proxy let through, the same way (count = requests to the host),
+        for the run record (R42): from the same newest lines of the proxy's log.
+        """
 
     def __init__(
         self,
         *,
         hosts: _abc.Iterable[Global___DeniedHost] | None = ...,
         truncated: _builtins.bool = ...,
+        allowed: _abc.Iterable[Global___DeniedHost] | None = ...,
+        allowed_truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "allowed_truncated", b"allowed_truncated", "hosts", b"hosts", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
