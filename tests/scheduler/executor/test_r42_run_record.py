@@ -146,3 +146,24 @@ async def test_r42_every_decision_on_a_head_is_kept_a_rejection_then_an_approval
     who = [attestation.verify(json.loads(r.envelope), key, sha).statement["predicate"]["decision"]
            for r in decided]
     assert [(d["principal"], d["granted"]) for d in who] == [("carol", False), ("erin", True)]
+
+
+def test_r42_the_agents_terminal_commands_are_recorded_by_program_digest_and_exit():
+    """What an ACP agent ran (its `agent.terminal` events): the program's name and the digest of
+    its command line, never the agent's text, with the exit the agent waited for."""
+    hostile = "/usr/bin/py`thon3 -c 'print(1)' ``` <img src=x> @octocat"
+    events = [
+        ("agent.terminal", {"node": "fix", "op": "create", "terminal_id": "term-1", "command": hostile,
+                            "ok": True}),
+        ("agent.terminal", {"node": "fix", "op": "create", "command": "rm -rf /", "ok": False, "error": "denied"}),
+        ("agent.terminal", {"node": "fix", "op": "create", "terminal_id": "term-2", "command": "make test",
+                            "ok": True}),
+        ("agent.terminal", {"node": "fix", "op": "exit", "terminal_id": "term-1", "exit_code": 0, "signal": None}),
+    ]
+    got = run_record.run_statement._agent_commands(events)
+    digest = run_record.run_statement.digest
+    assert got == [
+        {"node": "fix", "program": "python3", "command_sha256": digest(hostile), "exit_code": 0, "signal": None},
+        {"node": "fix", "program": "make", "command_sha256": digest("make test"), "exit_code": None,
+         "signal": None}]
+    assert "print" not in json.dumps(got) and "<img" not in json.dumps(got)

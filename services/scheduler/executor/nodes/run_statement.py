@@ -59,6 +59,7 @@ def statement(config: Config, store: Store, t: TicketRecord, sha: str, *, pr: Pu
         "egress": _egress(ws, denied),
         "usage": _usage(events),
         "commands": _commands(store, t, wf, events),
+        "agent_commands": _agent_commands(events),
         "verification": verification,
     }
     if decision is not None:
@@ -176,4 +177,25 @@ def _commands(store: Store, t: TicketRecord, wf: Workflow,
                 codes.append(int(m.group(1)) if m else None)
         out.append({"node": n.id, "command": n.run or "", "command_sha256": digest(n.run or ""),
                     "exit_codes": codes})
+    return out
+
+
+def _agent_commands(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The commands the ACP agents ran in terminals (the `agent.terminal` create and exit
+    events), per node in order: the program's name (safe characters only), the digest of the
+    command line as shown (the agent's text, so never the text itself) and how it ended
+    (null when the agent never waited for its exit)."""
+    out: list[dict[str, Any]] = []
+    by_id: dict[tuple[str, str], dict[str, Any]] = {}
+    for p in _payloads(events, "agent.terminal"):
+        node, tid, op = str(p.get("node", "")), str(p.get("terminal_id", "")), p.get("op")
+        if op == "create" and p.get("ok") and tid:
+            command = str(p.get("command", ""))
+            first = (command.split() or [""])[0].rsplit("/", 1)[-1][:64]
+            entry = {"node": node, "program": "".join(ch for ch in first if ch.isalnum() or ch in "._+-"),
+                     "command_sha256": digest(command), "exit_code": None, "signal": None}
+            by_id[(node, tid)] = entry
+            out.append(entry)
+        elif op == "exit" and (node, tid) in by_id:
+            by_id[(node, tid)].update(exit_code=p.get("exit_code"), signal=p.get("signal"))
     return out
