@@ -138,6 +138,16 @@ class CredentialCore:
     async def release_verification(self, ticket_id: str) -> None:
         await verifycheckout.release(self.git, check_ticket_id(ticket_id))
 
+    @contextlib.asynccontextmanager
+    async def verification_archive(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str]
+                                   ) -> AsyncIterator[tuple[verifycheckout.Verification, AsyncIterator[bytes]]]:
+        """PrepareVerification with the checkout as tar chunks, for a sandbox broker on another host."""
+        check_ticket_id(ticket_id)
+        ws = self.workspace(workspace)
+        async with handover.private_folder(self.git.layout) as work:
+            v = await verifycheckout.prepare(self.git, ws, ticket_id, sha, base_paths, into=work)
+            yield v, handover.packed(work)
+
     # -- the workspace on another host (handover.py) --------------------------
     @contextlib.asynccontextmanager
     async def checkout_archive(self, ticket_id: str, workspace: str

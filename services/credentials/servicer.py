@@ -165,6 +165,17 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         return pb.PrepareVerificationResponse(sha=v.sha, base_sha=v.base_sha, tree=v.tree, commit=v.commit,
                                               workspace_ticket=v.workspace_ticket)
 
+    def VerificationArchive(self, request, context):
+        return closed_with_call(context, self._verification_archive(request))
+
+    async def _verification_archive(self, request):
+        async with self.core.verification_archive(request.ticket_id, request.workspace, request.sha,
+                                                  list(request.base_paths)) as (v, chunks):
+            yield pb.VerificationArchiveOutput(prepared=pb.PrepareVerificationResponse(
+                sha=v.sha, base_sha=v.base_sha, tree=v.tree, commit=v.commit, workspace_ticket=v.workspace_ticket))
+            async for data in chunks:
+                yield pb.VerificationArchiveOutput(chunk=data)
+
     async def ReleaseVerification(self, request, context):
         await self.core.release_verification(request.ticket_id)
         return pb.ReleaseWorkspaceResponse()

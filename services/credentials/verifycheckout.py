@@ -75,13 +75,15 @@ def check_base_paths(paths: list[str] | tuple[str, ...]) -> list[str]:
 
 
 async def prepare(wg: WorkspaceGit, ws: Workspace, ticket_id: str, sha: str,
-                  base_paths: list[str]) -> Verification:
+                  base_paths: list[str], into: Path | None = None) -> Verification:
+    """The checkout at <data>/workspaces/<ticket>-verify, or with `into` (a new folder,
+    private to this broker) there instead, for a sandbox broker on another host."""
     sha = (sha or "").lower()
     if not SHA_RE.match(sha):
         raise InvalidArgument("sha must be a full commit SHA (40 hex digits)")
     paths = check_base_paths(base_paths)
     vid = verify_id(ticket_id)
-    target = wg.layout.workspace(vid)           # checks the id (at most 63 characters)
+    target = into or wg.layout.workspace(vid)   # checks the id (at most 63 characters)
     gitdir = wg._ticket_gitdir(ticket_id)
     async with wg._lock("ticket:" + ticket_id):
         # the base's tip and any commit a person pushed to the branch
@@ -97,8 +99,9 @@ async def prepare(wg: WorkspaceGit, ws: Workspace, ticket_id: str, sha: str,
         if paths:
             commit = await _with_base_paths(wg, ws, gitdir, sha, base, paths)
         tree = await wg._rev(gitdir, commit + "^{tree}") or ""
-        await asyncio.to_thread(_clear, target)
-        wg.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+        if into is None:
+            await asyncio.to_thread(_clear, target)
+            wg.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
         await wg._populate(gitdir, target, commit, gitdir / "afe-verify-checkout.index")
     log.info("ticket %s: verification checkout of %s (%s from %s)", ticket_id, sha[:12],
              ", ".join(paths) or "no base paths", base[:12] or "-")

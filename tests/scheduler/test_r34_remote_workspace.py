@@ -175,3 +175,49 @@ async def test_r19_remote_broker_refuses_a_hostile_workspace_over_mtls(remote, t
         await brokers.destroy("t-hostile2")   # never placed: asked of every broker, which removes what it received
         await brokers.close()
     assert not (remote_ws / "t-hostile2").exists()
+
+
+async def test_r41_the_verification_checkout_crosses_the_network_to_a_fresh_remote_sandbox(remote, tmp_path):
+    """Clean-room verification (R41) with the sandbox broker on another host: the head
+    (with base_paths from the base branch) is made in the credential broker as an archive
+    and written into the remote broker's workspace of `<ticket>-verify`, never laid on the
+    credential broker's side; a fresh sandbox there sees exactly that checkout; destroying
+    it removes the remote workspace."""
+    config = load_config(remote["cfg"])
+    layout = Layout(tmp_path / "cb-data", tmp_path / "cb-run")
+    remote_ws = remote["two"].root / "data" / "workspaces"
+    store = SqliteStore(tmp_path / "afe.db")
+    brokers = _only_two(remote, store)
+    async with credential_broker(config, layout) as (sock, secret):
+        creds = CredentialsClient(sock, secret)
+        rw = RemoteWorkspaces(creds, brokers, config)
+        tid, vid = "t-remote2", "t-remote2-verify"
+        try:
+            await rw.prepare(tid, "ws")
+            await brokers.create(tid, spb.SandboxSpec(image="afe/sandbox:latest"))
+            async for _ev in brokers.exec(tid, ["sh", "-c", "echo weakened > test_calc.py && echo new > NEW.txt"],
+                                          timeout_ms=60000):
+                pass
+            head = (await rw.commit(tid, "ws", "weaken the test")).sha
+
+            v = await rw.prepare_verification(tid, "ws", head, ["test_calc.py"])
+            assert v.sha == head and v.commit != head                 # the head with the base's test_calc.py
+            assert brokers.placed_on(vid) == "two"
+            assert not layout.workspace(vid).exists()                 # nothing laid on the credential broker's side
+            assert (remote_ws / vid / "NEW.txt").read_text() == "new\n"
+            assert "weakened" not in (remote_ws / vid / "test_calc.py").read_text()
+            await brokers.create(vid, spb.SandboxSpec(image="afe/sandbox:latest"))
+            out = b""
+            async for ev in brokers.exec(vid, ["sh", "-c", "cat NEW.txt test_calc.py"], timeout_ms=60000):
+                out += ev.stdout if ev.WhichOneof("event") == "stdout" else b""
+            assert out.startswith(b"new\n") and b"weakened" not in out and b"def test_add" in out
+            # control: the same head without base paths is the weakened one
+            await brokers.destroy(vid)
+            v = await rw.prepare_verification(tid, "ws", head, [])
+            assert v.commit == head and (remote_ws / vid / "test_calc.py").read_text() == "weakened\n"
+        finally:
+            await brokers.destroy(vid)
+            await brokers.destroy(tid)
+            await creds.close()
+            await brokers.close()
+    assert not (remote_ws / vid).exists() and not (remote_ws / tid).exists()

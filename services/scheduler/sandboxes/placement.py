@@ -49,6 +49,7 @@ from services.common.tls import TlsFiles, read_secret_file
 
 from ..store.base import Store
 from .brokers import SandboxClient
+from .verify_client import verify_owner
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,12 @@ class BrokerSet:
     async def _place_locked(self, ticket_id: str) -> str:
         name = self.placed_on(ticket_id)
         if name is None:
-            m = await self._choose(ticket_id)
+            # A ticket's clean-room verification (R41) goes with the ticket: on its broker, in its
+            # slot (it lives for the verification only), so a full broker does not refuse it.
+            owner = verify_owner(ticket_id)
+            m = self.members.get(self.placed_on(owner) or "") if owner else None
+            if m is None:
+                m = await self._choose(ticket_id)
             name = m.name
             self.store.place_sandbox(ticket_id, name, int(time.time() * 1000))
             self._placed[ticket_id] = name

@@ -35,6 +35,7 @@ from services.common.errors import AfeError, FailedPrecondition
 
 from .brokers import CredentialsClient, SandboxClient
 from .placement import BrokerSet
+from .verify_client import verify_id
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +81,25 @@ class RemoteWorkspaces:
 
     async def prepare_verification(self, ticket_id: str, workspace: str, sha: str,
                                    base_paths: list[str]) -> cpb.PrepareVerificationResponse:
-        """Refused: the clean-room checkout (R41) is laid on the credential broker's host only."""
-        raise FailedPrecondition(
-            f"ticket {ticket_id}: the workflow's verify: (clean-room verification, R41) needs the sandbox "
-            "broker on the credential broker's host; start afe without --sandbox-broker, or remove verify: "
-            "from the workflow")
+        """The clean-room checkout (R41) for `<ticket>-verify`, placed now on a broker: made
+        in the credential broker as an archive (VerificationArchive) and written into that
+        broker's empty workspace (WriteWorkspace); DestroySandbox removes it there."""
+        vid = verify_id(ticket_id)
+        holder = await self.brokers.place(vid)
+        async with self.credentials.verification_archive(ticket_id, workspace, sha, base_paths) as (v, chunks):
+            relay = _Relay(chunks)
+            try:
+                r = await holder.write_workspace(vid, self._disk(workspace), relay.chunks())
+            except AfeError:
+                relay.check()
+                raise
+            relay.check()
+        if r.existing:      # verification.py destroys any leftover first: a stale checkout is never verified
+            raise FailedPrecondition(f"the sandbox broker {holder.peer} already held a workspace for {vid}; "
+                                     "it was removed before: retry the ticket")
+        log.info("ticket %s: verification checkout handed to %s (%d entries, %d bytes)", ticket_id, holder.peer,
+                 r.entries, r.bytes)
+        return v
 
     async def prepare(self, ticket_id: str, workspace: str) -> cpb.PrepareWorkspaceResponse:
         holder = await self.brokers.place(ticket_id)

@@ -146,20 +146,3 @@ async def test_r41_merge_refuses_a_head_without_a_stored_verification(harness):
         assert "has no verification" in exc.message and "send a follow-up" in exc.message
     else:
         raise AssertionError("a head without a verification was mergeable")
-
-
-async def test_r41_a_sandbox_broker_on_another_host_is_refused_with_what_to_change(harness):
-    import pytest
-
-    from services.common.errors import FailedPrecondition
-    from services.scheduler.sandboxes.remoteworkspace import RemoteWorkspaces
-
-    h = _harness(harness, workflow('["echo ok"]'))
-    local = h.credentials
-    remote = RemoteWorkspaces(local, None, h.config)        # type: ignore[arg-type]  # no broker is asked
-    with pytest.raises(FailedPrecondition) as e:
-        await remote.prepare_verification("t-0123456789ab", "ws", HEAD, ["tests/"])
-    assert "--sandbox-broker" in e.value.message and "remove verify:" in e.value.message
-    assert local.verifications == []
-    await local.prepare_verification("t-0123456789ab", "ws", HEAD, ["tests/"])   # control: on one host it runs
-    assert local.verifications == [("t-0123456789ab", HEAD, ["tests/"])]

@@ -1374,6 +1374,31 @@ class PrepareVerificationResponse(_message.Message):
 Global___PrepareVerificationResponse: _TypeAlias = PrepareVerificationResponse  # noqa: Y015
 
 @_typing.final
+class VerificationArchiveOutput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREPARED_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    chunk: _builtins.bytes
+    @_builtins.property
+    def prepared(self) -> Global___PrepareVerificationResponse: ...
+    def __init__(
+        self,
+        *,
+        prepared: Global___PrepareVerificationResponse | None = ...,
+        chunk: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "output", b"output", "prepared", b"prepared"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "output", b"output", "prepared", b"prepared"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_output: _TypeAlias = _typing.Literal["prepared", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_output: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_output) -> _WhichOneofReturnType_output | None: ...
+
+Global___VerificationArchiveOutput: _TypeAlias = VerificationArchiveOutput  # noqa: Y015
+
+@_typing.final
 class SigningKeyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -154,6 +154,11 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
                 _registered_method=True)
+        self.VerificationArchive = channel.unary_stream(
+                '/afe.credentials.v1.CredentialBroker/VerificationArchive',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareVerificationRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.VerificationArchiveOutput.FromString,
+                _registered_method=True)
         self.SigningKey = channel.unary_unary(
                 '/afe.credentials.v1.CredentialBroker/SigningKey',
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.SigningKeyRequest.SerializeToString,
@@ -370,6 +375,14 @@ class CredentialBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerificationArchive(self, request, context):
+        """PrepareVerification for a sandbox broker on another host: first `prepared`,
+        then the tar chunks of the checkout (as CheckoutArchive); nothing is laid here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SigningKey(self, request, context):
         """The run record (R42, docs/GUIDE.md "The run record"). The public half of
         the broker's Ed25519 signing key; the private half never leaves it.
@@ -522,6 +535,11 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.ReleaseVerification,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.SerializeToString,
+            ),
+            'VerificationArchive': grpc.unary_stream_rpc_method_handler(
+                    servicer.VerificationArchive,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareVerificationRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.VerificationArchiveOutput.SerializeToString,
             ),
             'SigningKey': grpc.unary_unary_rpc_method_handler(
                     servicer.SigningKey,
@@ -1187,6 +1205,33 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/ReleaseVerification',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.ReleaseWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerificationArchive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/VerificationArchive',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.PrepareVerificationRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.VerificationArchiveOutput.FromString,
             options,
             channel_credentials,
             insecure,

@@ -123,6 +123,10 @@ class CredentialBrokerStub:
     """
     ReleaseVerification: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.ReleaseWorkspaceRequest, _credentials_pb2.ReleaseWorkspaceResponse]
     """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent."""
+    VerificationArchive: _grpc.UnaryStreamMultiCallable[_credentials_pb2.PrepareVerificationRequest, _credentials_pb2.VerificationArchiveOutput]
+    """PrepareVerification for a sandbox broker on another host: first `prepared`,
+    then the tar chunks of the checkout (as CheckoutArchive); nothing is laid here.
+    """
     SigningKey: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.SigningKeyRequest, _credentials_pb2.SigningKeyResponse]
     """The run record (R42, docs/GUIDE.md "The run record"). The public half of
     the broker's Ed25519 signing key; the private half never leaves it.
@@ -233,6 +237,10 @@ class CredentialBrokerAsyncStub(CredentialBrokerStub):
     """
     ReleaseVerification: _aio.UnaryUnaryMultiCallable[_credentials_pb2.ReleaseWorkspaceRequest, _credentials_pb2.ReleaseWorkspaceResponse]  # type: ignore[assignment]
     """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent."""
+    VerificationArchive: _aio.UnaryStreamMultiCallable[_credentials_pb2.PrepareVerificationRequest, _credentials_pb2.VerificationArchiveOutput]  # type: ignore[assignment]
+    """PrepareVerification for a sandbox broker on another host: first `prepared`,
+    then the tar chunks of the checkout (as CheckoutArchive); nothing is laid here.
+    """
     SigningKey: _aio.UnaryUnaryMultiCallable[_credentials_pb2.SigningKeyRequest, _credentials_pb2.SigningKeyResponse]  # type: ignore[assignment]
     """The run record (R42, docs/GUIDE.md "The run record"). The public half of
     the broker's Ed25519 signing key; the private half never leaves it.
@@ -484,6 +492,16 @@ class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_credentials_pb2.ReleaseWorkspaceResponse, _abc.Awaitable[_credentials_pb2.ReleaseWorkspaceResponse]]:
         """Remove <data>/workspaces/<ticket_id>-verify; ReleaseWorkspace does this too. Idempotent."""
+
+    @_abc_1.abstractmethod
+    def VerificationArchive(
+        self,
+        request: _credentials_pb2.PrepareVerificationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_credentials_pb2.VerificationArchiveOutput], _abc.AsyncIterator[_credentials_pb2.VerificationArchiveOutput]]:
+        """PrepareVerification for a sandbox broker on another host: first `prepared`,
+        then the tar chunks of the checkout (as CheckoutArchive); nothing is laid here.
+        """
 
     @_abc_1.abstractmethod
     def SigningKey(
