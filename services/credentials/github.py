@@ -4,6 +4,7 @@ URL). The token travels only in the `Authorization` header (R14)."""
 from __future__ import annotations
 
 import urllib.parse
+from collections import OrderedDict
 from dataclasses import replace
 
 from services.common.config import Workspace
@@ -23,6 +24,8 @@ class GitHubForge(Forge):
         self.http = http
         self.tokens = tokens
         self.timeout_s = timeout_s
+        # url -> (ETag, answer) of conditional reads (github_checks.py), oldest first
+        self.etags: OrderedDict[str, tuple[str, Response]] = OrderedDict()
 
     def _repo(self, ws: Workspace) -> tuple[str, str]:
         repo = ws.forge.repo.strip()

@@ -33,6 +33,7 @@ TEXT_LIMIT = 2000                       # a title, summary or description
 FAILING_RUN = ("failure", "timed_out", "action_required")   # cancelled: a person or a newer push stopped it
 FAILING_STATUS = ("failure", "error")
 ACTIONS_APP = "github-actions"
+ETAGS_KEPT = 512                        # conditional answers kept per forge (check runs, combined status)
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -88,14 +89,29 @@ class ChecksReader:
         self.redact = redact
         self.once = replace(forge.http.retry, retry_limits=False)   # the scheduler keeps a limit's wait
 
-    async def _get(self, *parts: str, query: dict[str, str] | None = None) -> Any:
-        return await self.forge.http.request("GET", self.forge._url(self.ws, *parts, query=query),
-                                             headers=self.forge._headers(self.ws), timeout_s=self.forge.timeout_s,
+    async def _get(self, *parts: str, query: dict[str, str] | None = None, conditional: bool = False) -> Any:
+        """GET; with `conditional`, as a conditional request: the last answer's ETag is sent
+        and a 304 (which GitHub does not count against the rate limit) gives that answer again."""
+        url = self.forge._url(self.ws, *parts, query=query)
+        headers = self.forge._headers(self.ws)
+        known = self.forge.etags.get(url) if conditional else None
+        if known is not None:
+            headers = {**headers, "If-None-Match": known[0]}
+        resp = await self.forge.http.request("GET", url, headers=headers, timeout_s=self.forge.timeout_s,
                                              what="GitHub checks", retry=self.once)
+        if known is not None and resp.status == 304:
+            self.forge.etags.move_to_end(url)
+            return known[1]
+        if conditional and resp.ok and resp.headers.get("etag"):
+            self.forge.etags[url] = (resp.headers["etag"], resp)
+            self.forge.etags.move_to_end(url)
+            while len(self.forge.etags) > ETAGS_KEPT:
+                self.forge.etags.popitem(last=False)
+        return resp
 
     async def read(self, sha: str, with_logs: bool) -> CheckDetails:
         out = CheckDetails()
-        runs = await self._get("commits", sha, "check-runs", query={"per_page": "100"})
+        runs = await self._get("commits", sha, "check-runs", query={"per_page": "100"}, conditional=True)
         if self._limited(runs, out):
             return out
         if not runs.ok or not isinstance(runs.body, dict):
@@ -114,7 +130,7 @@ class ChecksReader:
                     details_url=_text(r.get("details_url"), self.redact),
                     target_url=_text(r.get("html_url"), self.redact),
                     id=int(r["id"]) if isinstance(r.get("id"), int) else 0))
-        status = await self._get("commits", sha, "status", query={"per_page": "100"})
+        status = await self._get("commits", sha, "status", query={"per_page": "100"}, conditional=True)
         if self._limited(status, out):
             return out
         if status.ok and isinstance(status.body, dict):

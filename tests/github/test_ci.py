@@ -203,3 +203,26 @@ async def test_polling_sees_a_failing_check_and_starts_one_round_not_two(stack, 
     assert stack.github.rate_remaining == before
     assert len(store.ci_failures(tid)) == 1 and len(store.followups(tid, 0)) == 1
     assert sum(e.type == "ticket.reopened" for e in store.events(tid, 1)) == 1
+
+
+async def test_polling_a_head_whose_checks_still_run_asks_github_conditionally(stack, examples):
+    """A head still being checked is asked again each poll, with the last answers' ETags: GitHub
+    answers 304, which costs no rate limit; the failure, once there, changes the answer and
+    starts the round. Control: the first poll, with no ETag to send, is counted."""
+    tid = _afe_ticket(stack, rounds=3)
+    stack.github.check_runs.append({"id": 7, "name": "test", "head_sha": SHA, "status": "in_progress",
+                                    "conclusion": None})
+    ws = stack.scheduler.intake.config.workspaces["hello"]
+    poller = Poller(stack.scheduler.intake, interval_s=0)
+    first, seen = stack.github.rate_remaining, stack.github.not_modified
+    await poller.poll_once(ws)
+    assert stack.scheduler.store.ci_failure(tid, SHA) is None       # pending: no round yet
+    assert stack.github.rate_remaining <= first - 2 and stack.github.not_modified == seen    # counted
+    before, seen = stack.github.rate_remaining, stack.github.not_modified
+    await poller.poll_once(ws)
+    assert stack.github.not_modified == seen + 2                    # check runs and combined status: 304
+    assert stack.github.rate_remaining == before                    # nothing counted
+    stack.github.check_runs[-1].update(status="completed", conclusion="failure")
+    await poller.poll_once(ws)                                      # the answer changed: a new ETag
+    await _until(_round_done(stack, tid))
+    assert stack.scheduler.store.ci_failure(tid, SHA).state == ROUND

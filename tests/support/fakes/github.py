@@ -45,6 +45,7 @@ class FakeGitHub(FakeServer):
         self.statuses: list[dict] = []            # {"sha", "state", "context", "description", "target_url"}
         self.merges: list[dict] = []
         self.check_runs: list[dict] = []          # GitHub's check run objects (id, name, head_sha, status, ...)
+        self.not_modified = 0                     # conditional requests answered 304 (check runs, combined status)
         self.job_logs: dict[int, str] = {}        # Actions job id -> its log
         self.downloads: list[dict] = []           # {"path", "authorization"} of each log download
         # Tests' hooks: `after_comment(id)` is awaited once a comment is stored, before the answer
@@ -274,8 +275,7 @@ class FakeGitHub(FakeServer):
                  "output": {"title": None, "summary": None, "text": None, "annotations_count": 0},
                  "app": {"slug": "github-actions", "name": "GitHub Actions"}, **c}
                 for c in self.check_runs if c["head_sha"] == ref]
-        self.rate_remaining -= 1
-        return web.json_response({"total_count": len(runs), "check_runs": runs}, headers=self._rate_headers())
+        return self._conditional(request, {"total_count": len(runs), "check_runs": runs})
 
     async def combined_status(self, request):
         if (r := self._check(request)) is not None:
@@ -290,12 +290,20 @@ class FakeGitHub(FakeServer):
         states = {s["state"] for s in latest.values()}
         state = ("failure" if states & {"failure", "error"} else "pending" if "pending" in states or not states
                  else "success")
+        return self._conditional(request, {"state": state, "sha": ref, "total_count": len(latest),
+                                           "statuses": list(latest.values()), "repository": {"full_name": self.repo},
+                                           "commit_url": f"{self.url}/repos/{self.repo}/commits/{ref}",
+                                           "url": f"{self.url}/repos/{self.repo}/commits/{ref}/status"})
+
+    def _conditional(self, request, body: dict):
+        """GitHub's conditional requests: an ETag on the answer; the same If-None-Match gets
+        304 Not Modified, which does not count against the rate limit."""
+        etag = '"' + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32] + '"'
+        if request.headers.get("If-None-Match") == etag:
+            self.not_modified += 1
+            return web.Response(status=304, headers={"ETag": etag, **self._rate_headers()})
         self.rate_remaining -= 1
-        return web.json_response({"state": state, "sha": ref, "total_count": len(latest),
-                                  "statuses": list(latest.values()), "repository": {"full_name": self.repo},
-                                  "commit_url": f"{self.url}/repos/{self.repo}/commits/{ref}",
-                                  "url": f"{self.url}/repos/{self.repo}/commits/{ref}/status"},
-                                 headers=self._rate_headers())
+        return web.json_response(body, headers={"ETag": etag, **self._rate_headers()})
 
     async def job_log(self, request):
         if (r := self._check(request)) is not None:
