@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common import attestation
+from services.common.layout import TICKET_ID_RE
 
 from .rpc_client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, RpcClient
 from .tickets import _common, _parser, _token
@@ -105,6 +106,7 @@ async def _verify(args: argparse.Namespace) -> int:
 
 
 async def _verify_with(afe: _Afe, args: argparse.Namespace) -> int:
+    _check_target(args.target)
     if args.key:
         try:
             key = attestation.public_key(Path(args.key).read_bytes())  # noqa: ASYNC240 - a CLI, one small file
@@ -131,6 +133,15 @@ async def _verify_with(afe: _Afe, args: argparse.Namespace) -> int:
         else:
             print("\n".join(attestation.summary(v)))
     return EXIT_OK
+
+
+def _check_target(target: str) -> None:
+    """A target that is none of the forms `afe verify` takes is refused before afe is asked."""
+    if Path(target).is_file() or _LOCAL_PR.match(target) or _GITHUB_PR.match(target) or target.isdigit() \
+            or TICKET_ID_RE.match(target):
+        return
+    raise CliError(f"{target!r} is not a file, a ticket id, a pull request URL, local:WORKSPACE/pulls/N or a "
+                   "PR number (with --workspace)", EXIT_USAGE)
 
 
 async def _envelopes(afe: _Afe, args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:

@@ -55,3 +55,17 @@ def test_afe_up_no_images_without_docker_says_which_host(tmp_path):
 @pytest.mark.docker
 def test_check_engine_control_the_default_engine_answers():
     check_engine()   # the control: with the real engine, no error
+
+
+def test_afe_verify_of_a_missing_file_says_so_without_asking_afe(tmp_path):
+    """A target that is no file, ticket id, PR URL or number is refused before afe is asked (no token
+    needed, none read); control: a ticket id goes on to afe (here: no token, which it then says)."""
+    env = {k: v for k, v in os.environ.items() if k != "AFE_TOKEN"}
+    missing = subprocess.run([sys.executable, "-m", "services.cli.main", "verify", str(tmp_path / "record.json"),
+                              "--data", str(tmp_path)], check=False, cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and "is not a file, a ticket id" in missing.stderr, missing.stderr
+    ticket = subprocess.run([sys.executable, "-m", "services.cli.main", "verify", "t-0123456789ab",
+                             "--data", str(tmp_path)], check=False, cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert ticket.returncode != 0 and "no token" in ticket.stderr, ticket.stderr
