@@ -31,8 +31,8 @@ from typing import Any
 
 from services.common.config import Config
 from services.common.errors import AfeError
+from services.common.verification import failure_line
 
-from ..executor import verify_report
 from ..sandboxes import egress_report
 from ..store.base import (
     CANCELLED,
@@ -53,6 +53,7 @@ from ..store.base import (
 log = logging.getLogger(__name__)
 
 STARTED, STATUS, FINAL = "started", "status", "final"
+VERIFY_STEP, VERIFY_CONTEXT = "verify", "afe/verify"       # the clean-room verification's status (R41)
 RETRY_S = 5.0               # the first retry of a failed sync; doubles up to RETRY_MAX_S
 RETRY_MAX_S = 300.0
 MAX_TRIES = 10
@@ -201,7 +202,7 @@ class GitHubReporter:
                                 f"(workflow `{t.workflow}`).")
         if pr is not None and re.fullmatch(r"[0-9a-f]{40}", pr.head_sha or ""):
             await self._status(t, pr.head_sha)
-            await verify_report.status(self.store, self.credentials, t, pr.head_sha, self.link(t.id), self._fence(t.id))
+            await self._verify_status(t, pr.head_sha)
         if t.state in TERMINAL and (issue or pr is not None):
             await self._comment(t, issue or pr.number, FINAL, self.final_body(t))   # type: ignore[union-attr]
 
@@ -248,11 +249,22 @@ class GitHubReporter:
         else:
             state = "pending"
             description = "waiting for approval" if t.state == "waiting_approval" else "running"
-        context = f"afe/{t.workflow}"
+        await self._set_status(t, sha, STATUS, state, f"afe/{t.workflow}", f"afe ticket {t.id}: {description}")
+
+    async def _verify_status(self, t: TicketRecord, sha: str) -> None:
+        """`afe/verify` on `sha` from its stored clean-room verification (R41); nothing without one."""
+        rec = self.store.verification(t.id, sha)
+        if rec is not None:
+            await self._set_status(t, sha, VERIFY_STEP, "success" if rec.passed else "failure", VERIFY_CONTEXT,
+                                   failure_line(rec.result).replace("`", ""))
+
+    async def _set_status(self, t: TicketRecord, sha: str, step: str, state: str, context: str,
+                          description: str) -> None:
+        """A commit status, set once per (head, state, text): recorded under `step` (R37)."""
         digest = _digest(f"{sha} {state} {description} {context}")
-        known = self.store.report(t.id, STATUS)
+        known = self.store.report(t.id, step)
         if known is not None and known[1] == digest:
             return
-        await self.credentials.set_status(t.workspace, sha, state, context, f"afe ticket {t.id}: {description}",
-                                          self.link(t.id), t.id, self._fence(t.id))
-        self.store.put_report(t.id, STATUS, sha, digest, int(time.time() * 1000))
+        await self.credentials.set_status(t.workspace, sha, state, context, description, self.link(t.id), t.id,
+                                          self._fence(t.id))
+        self.store.put_report(t.id, step, sha, digest, int(time.time() * 1000))
