@@ -114,3 +114,17 @@ SANDBOX_GID = 10001
 def new_ticket_id() -> str:
     """A new ticket id: `t-` and 12 random hex digits (matches TICKET_ID_RE)."""
     return "t-" + secrets.token_hex(6)
+
+
+VERIFY_SUFFIX = "-verify"
+
+
+def verify_id(ticket_id: str) -> str:
+    """The id of a ticket's clean-room verification (R41): its sandbox and its workspace folder
+    are `<ticket>-verify`, named so by the scheduler and the credential broker alike."""
+    return ticket_id + VERIFY_SUFFIX
+
+
+def verify_owner(sandbox_id: str) -> str:
+    """The ticket whose verification `sandbox_id` is ("" for any other id)."""
+    return sandbox_id[:-len(VERIFY_SUFFIX)] if sandbox_id.endswith(VERIFY_SUFFIX) else ""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from services.common.config import Workspace
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.common.layout import verify_id
 from services.common.schema.verify import MAX_BASE_PATHS, base_path_problem
 
 from .continuation import author_env
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SUFFIX = "-verify"
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}   # a path is a path, never a glob or a magic pathspec
 
@@ -52,10 +52,6 @@ class Verification:
     commit: str       # the commit checked out
     workspace_ticket: str
 
-
-def verify_id(ticket_id: str) -> str:
-    """The sandbox (and workspace folder) id of a ticket's verification."""
-    return ticket_id + SUFFIX
 
 
 def check_base_paths(paths: list[str] | tuple[str, ...]) -> list[str]:

@@ -16,16 +16,15 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from grpc.aio import EOF as grpc_eof
-
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as cgrpc
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc as sgrpc
-from services.common.errors import FailedPrecondition, Unavailable
+from services.common.errors import FailedPrecondition
 from services.common.grpcutil import TlsFiles, open_channel, open_remote_channel, rpc_errors
 
 from ..store.base import LeaseLost
+from .archive import prepared_then_chunks
 from .commandstream import CommandStream, Unsupported
 from .verify_client import VerificationCalls
 
@@ -274,20 +273,8 @@ class CredentialsClient(VerificationCalls):
         """PrepareWorkspace whose checkout comes as tar chunks (CheckoutArchive)."""
         call = self.stub.CheckoutArchive(cpb.PrepareWorkspaceRequest(ticket_id=ticket_id, workspace=workspace),
                                          timeout=LONG)
-        try:
-            async with rpc_errors(CREDENTIALS, "preparing the workspace"):
-                first = await call.read()
-            if first is grpc_eof or first.WhichOneof("output") != "prepared":
-                raise Unavailable("the credential broker sent no prepared workspace; retry")
-
-            async def chunks() -> AsyncIterator[bytes]:
-                async with rpc_errors(CREDENTIALS, "preparing the workspace"):
-                    async for msg in call:
-                        yield msg.chunk
-
-            yield first.prepared, chunks()
-        finally:
-            call.cancel()
+        async with prepared_then_chunks(call, "preparing the workspace") as (prepared, chunks):
+            yield prepared, chunks
 
     async def archive_call(self, rpc: str, what: str, first: Any, chunks: AsyncIterator[bytes],
                            fence: int = 0) -> Any:

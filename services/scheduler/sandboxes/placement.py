@@ -45,11 +45,11 @@ from services.common.errors import (
     PeerUnavailable,
     ResourceExhausted,
 )
+from services.common.layout import verify_owner
 from services.common.tls import TlsFiles, read_secret_file
 
 from ..store.base import Store
 from .brokers import SandboxClient
-from .verify_client import verify_owner
 
 log = logging.getLogger(__name__)
 

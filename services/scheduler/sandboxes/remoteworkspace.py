@@ -32,10 +32,10 @@ from typing import Any
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.config import Config
 from services.common.errors import AfeError, FailedPrecondition
+from services.common.layout import verify_id
 
 from .brokers import CredentialsClient, SandboxClient
 from .placement import BrokerSet
-from .verify_client import verify_id
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from services.common.config import Config
 from services.common.errors import AfeError, NotFound
+from services.common.layout import verify_id
 
 from ..store.base import LIVE, Store, TicketRecord
 from .brokers import CredentialBroker, SandboxBroker
-from .verify_client import verify_id
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from typing import Any
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.common.config import Node, Verify, Workspace
 from services.common.errors import AfeError, FailedPrecondition, NotFound
+from services.common.layout import verify_id
 from services.common.verification import failure_line
 
 from ...events.log import now_ms
-from ...sandboxes.verify_client import verify_id
 from ...store.base import PullRequestRecord
 from .. import brokercalls
 from ..context import RunContext
