@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
+
+from .either import EitherBackend
 
 CI_SOURCE = "github:ci"     # the follow-ups of CI rounds (github/ci.py)
 # the first line of a CI round's follow-up (github/ci.py followup_text): the failed head
@@ -52,66 +53,59 @@ class CiWatch:
     head_sha: str
 
 
-class CiRecords:
+class CiRecords(EitherBackend):
     """The `ci_failures` methods of `Store` (SQLite and PostgreSQL)."""
-
-    db: Any
-
-    def _ci(self, sql: str, args: tuple) -> Any:
-        if isinstance(self.db, sqlite3.Connection):
-            return self.db.execute(sql.replace("%s", "?"), args)
-        return self._conn().execute(sql, args)      # type: ignore[attr-defined]  # PostgresStore's live one
 
     def claim_ci_failure(self, ticket_id: str, sha: str, token: str, at_ms: int) -> bool:
         """Take (ticket, head) for one round: True for the one caller whose token the row carries."""
         doc = json.dumps({"claim": token, "state": GATHERING, "checks": []})
-        self._ci("INSERT INTO ci_failures (ticket_id, sha, checks, at_ms) VALUES (%s,%s,%s,%s) "
-                 "ON CONFLICT (ticket_id, sha) DO NOTHING", (ticket_id, sha, doc, at_ms))
+        self._sql("INSERT INTO ci_failures (ticket_id, sha, checks, at_ms) VALUES (%s,%s,%s,%s) "
+                  "ON CONFLICT (ticket_id, sha) DO NOTHING", (ticket_id, sha, doc, at_ms))
         row = self.ci_failure(ticket_id, sha)
         return row is not None and row.doc.get("claim") == token
 
     def put_ci_failure(self, ticket_id: str, sha: str, doc: dict[str, Any]) -> None:
-        self._ci("UPDATE ci_failures SET checks=%s WHERE ticket_id=%s AND sha=%s",
-                 (json.dumps(doc), ticket_id, sha))
+        self._sql("UPDATE ci_failures SET checks=%s WHERE ticket_id=%s AND sha=%s",
+                  (json.dumps(doc), ticket_id, sha))
 
     def ci_failure(self, ticket_id: str, sha: str) -> CiFailureRecord | None:
-        row = self._ci("SELECT ticket_id, sha, at_ms, checks FROM ci_failures WHERE ticket_id=%s AND sha=%s",
-                       (ticket_id, sha)).fetchone()
+        row = self._sql("SELECT ticket_id, sha, at_ms, checks FROM ci_failures WHERE ticket_id=%s AND sha=%s",
+                        (ticket_id, sha)).fetchone()
         return _record(row) if row else None
 
     def ci_failures(self, ticket_id: str) -> list[CiFailureRecord]:
-        rows = self._ci("SELECT ticket_id, sha, at_ms, checks FROM ci_failures WHERE ticket_id=%s "
-                        "ORDER BY at_ms, sha", (ticket_id,)).fetchall()
+        rows = self._sql("SELECT ticket_id, sha, at_ms, checks FROM ci_failures WHERE ticket_id=%s "
+                         "ORDER BY at_ms, sha", (ticket_id,)).fetchall()
         return [_record(r) for r in rows]
 
     def drop_ci_followups(self, ticket_id: str, sha: str) -> int:
         """Mark the ticket's pending `github:ci` follow-ups about the failed head `sha` (their text
         starts with github_ci.followup_text's first line) dropped; how many this call dropped.
         One statement: a follow-up is either given to a re-run or dropped, never both."""
-        cur = self._ci("UPDATE ticket_followups SET state='dropped' WHERE ticket_id=%s AND state='pending' "
-                       "AND source='github:ci' AND text LIKE %s", (ticket_id, f"CI failed on commit {sha}:%"))
+        cur = self._sql("UPDATE ticket_followups SET state='dropped' WHERE ticket_id=%s AND state='pending' "
+                        "AND source='github:ci' AND text LIKE %s", (ticket_id, f"CI failed on commit {sha}:%"))
         return max(0, cur.rowcount)
 
     def ci_gathering(self) -> list[CiFailureRecord]:
         """Rows a stopped scheduler left in their settle window (resumed at start)."""
-        rows = self._ci("SELECT ticket_id, sha, at_ms, checks FROM ci_failures WHERE checks LIKE %s "
-                        "ORDER BY at_ms", (f'%"state": "{GATHERING}"%',)).fetchall()
+        rows = self._sql("SELECT ticket_id, sha, at_ms, checks FROM ci_failures WHERE checks LIKE %s "
+                         "ORDER BY at_ms", (f'%"state": "{GATHERING}"%',)).fetchall()
         return [r for r in (_record(row) for row in rows) if r.state == GATHERING]
 
     def ticket_for_head(self, workspace: str, sha: str) -> str | None:
         """The ticket whose pull request in `workspace` has head `sha` now, if afe opened it."""
-        row = self._ci("SELECT p.ticket_id FROM pull_requests p JOIN tickets t ON t.id=p.ticket_id "
-                       "WHERE t.workspace=%s AND p.head_sha=%s ORDER BY t.created_at_ms DESC LIMIT 1",
-                       (workspace, sha)).fetchone()
+        row = self._sql("SELECT p.ticket_id FROM pull_requests p JOIN tickets t ON t.id=p.ticket_id "
+                        "WHERE t.workspace=%s AND p.head_sha=%s ORDER BY t.created_at_ms DESC LIMIT 1",
+                        (workspace, sha)).fetchone()
         return row[0] if row else None
 
     def ci_watch(self, states: tuple[str, ...], since_ms: int) -> list[CiWatch]:
         """Tickets in `states` changed since `since_ms` whose pull request is not merged."""
         marks = ",".join(["%s"] * len(states))
-        rows = self._ci("SELECT t.id, t.workspace, t.workflow, p.number, p.head_sha FROM tickets t JOIN "
-                        "pull_requests p ON p.ticket_id=t.id WHERE t.state IN (" + marks + ") AND "
-                        "t.updated_at_ms >= %s AND p.state <> 'merged' AND p.head_sha <> '' ORDER BY t.id",
-                        (*states, since_ms)).fetchall()
+        rows = self._sql("SELECT t.id, t.workspace, t.workflow, p.number, p.head_sha FROM tickets t JOIN "
+                         "pull_requests p ON p.ticket_id=t.id WHERE t.state IN (" + marks + ") AND "
+                         "t.updated_at_ms >= %s AND p.state <> 'merged' AND p.head_sha <> '' ORDER BY t.id",
+                         (*states, since_ms)).fetchall()
         return [CiWatch(*r) for r in rows]
 
 

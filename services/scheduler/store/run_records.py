@@ -10,9 +10,9 @@ resumed ticket that signed again keeps what was attached first).
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
-from typing import Any
+
+from .either import EitherBackend
 
 REQUEST, DECISION = "request", "decision"
 
@@ -26,30 +26,23 @@ class RunRecord:
     at_ms: int
 
 
-class RunRecords:
+class RunRecords(EitherBackend):
     """The `run_records` methods of `Store` (SQLite and PostgreSQL)."""
-
-    db: Any
-
-    def _rr(self, sql: str, args: tuple) -> Any:
-        if isinstance(self.db, sqlite3.Connection):
-            return self.db.execute(sql.replace("%s", "?"), args)
-        return self._conn().execute(sql, args)      # type: ignore[attr-defined]  # PostgresStore's live one
 
     def put_run_record(self, rec: RunRecord) -> RunRecord:
         """Store `rec` unless (ticket, sha, kind) has one; returns the stored one."""
-        self._rr("INSERT INTO run_records (ticket_id, sha, kind, envelope, at_ms) VALUES (%s,%s,%s,%s,%s) "
-                 "ON CONFLICT (ticket_id, sha, kind) DO NOTHING",
-                 (rec.ticket_id, rec.sha, rec.kind, rec.envelope, rec.at_ms))
+        self._sql("INSERT INTO run_records (ticket_id, sha, kind, envelope, at_ms) VALUES (%s,%s,%s,%s,%s) "
+                  "ON CONFLICT (ticket_id, sha, kind) DO NOTHING",
+                  (rec.ticket_id, rec.sha, rec.kind, rec.envelope, rec.at_ms))
         return self.run_record(rec.ticket_id, rec.sha, rec.kind) or rec
 
     def run_record(self, ticket_id: str, sha: str, kind: str) -> RunRecord | None:
-        row = self._rr("SELECT ticket_id, sha, kind, envelope, at_ms FROM run_records WHERE ticket_id=%s AND "
-                       "sha=%s AND kind=%s", (ticket_id, sha, kind)).fetchone()
+        row = self._sql("SELECT ticket_id, sha, kind, envelope, at_ms FROM run_records WHERE ticket_id=%s AND "
+                        "sha=%s AND kind=%s", (ticket_id, sha, kind)).fetchone()
         return RunRecord(*row) if row else None
 
     def run_records(self, ticket_id: str) -> list[RunRecord]:
         """The ticket's records, oldest first (a request before its decision)."""
-        rows = self._rr("SELECT ticket_id, sha, kind, envelope, at_ms FROM run_records WHERE ticket_id=%s "
-                        "ORDER BY at_ms, kind DESC", (ticket_id,)).fetchall()
+        rows = self._sql("SELECT ticket_id, sha, kind, envelope, at_ms FROM run_records WHERE ticket_id=%s "
+                         "ORDER BY at_ms, kind DESC", (ticket_id,)).fetchall()
         return [RunRecord(*r) for r in rows]

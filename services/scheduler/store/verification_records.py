@@ -11,9 +11,10 @@ write keeps the first result.
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
+
+from .either import EitherBackend
 
 
 @dataclass
@@ -25,34 +26,27 @@ class VerificationRecord:
     result: dict[str, Any] = field(default_factory=dict)
 
 
-class VerificationRecords:
+class VerificationRecords(EitherBackend):
     """The `verifications` methods of `Store` (SQLite and PostgreSQL)."""
-
-    db: Any
-
-    def _vr(self, sql: str, args: tuple) -> Any:
-        if isinstance(self.db, sqlite3.Connection):
-            return self.db.execute(sql.replace("%s", "?"), args)
-        return self._conn().execute(sql, args)      # type: ignore[attr-defined]  # PostgresStore's live one
 
     def put_verification(self, ticket_id: str, sha: str, passed: bool, result: dict[str, Any],
                          at_ms: int) -> VerificationRecord:
         """Store the verification of (ticket, head) unless one is stored; returns the stored one."""
-        self._vr("INSERT INTO verifications (ticket_id, sha, passed, result, at_ms) VALUES (%s,%s,%s,%s,%s) "
-                 "ON CONFLICT (ticket_id, sha) DO NOTHING",
-                 (ticket_id, sha, 1 if passed else 0, json.dumps(result, sort_keys=True), at_ms))
+        self._sql("INSERT INTO verifications (ticket_id, sha, passed, result, at_ms) VALUES (%s,%s,%s,%s,%s) "
+                  "ON CONFLICT (ticket_id, sha) DO NOTHING",
+                  (ticket_id, sha, 1 if passed else 0, json.dumps(result, sort_keys=True), at_ms))
         row = self.verification(ticket_id, sha)
         assert row is not None
         return row
 
     def verification(self, ticket_id: str, sha: str) -> VerificationRecord | None:
-        row = self._vr("SELECT ticket_id, sha, passed, result, at_ms FROM verifications "
-                       "WHERE ticket_id=%s AND sha=%s", (ticket_id, sha)).fetchone()
+        row = self._sql("SELECT ticket_id, sha, passed, result, at_ms FROM verifications "
+                        "WHERE ticket_id=%s AND sha=%s", (ticket_id, sha)).fetchone()
         return _record(row) if row else None
 
     def verifications(self, ticket_id: str) -> list[VerificationRecord]:
-        rows = self._vr("SELECT ticket_id, sha, passed, result, at_ms FROM verifications WHERE ticket_id=%s "
-                        "ORDER BY at_ms, sha", (ticket_id,)).fetchall()
+        rows = self._sql("SELECT ticket_id, sha, passed, result, at_ms FROM verifications WHERE ticket_id=%s "
+                         "ORDER BY at_ms, sha", (ticket_id,)).fetchall()
         return [_record(r) for r in rows]
 
 
