@@ -188,12 +188,9 @@ async def _ticket_of(afe: _Afe, target: str, workspace: str) -> str:
 
 async def _head_of_file(afe: _Afe, env: dict[str, Any]) -> str:
     """The head afe knows of the ticket a record file names (trusted only once the signature checks)."""
-    import base64
-
     try:
-        statement = json.loads(base64.b64decode(str(env.get("payload", ""))))
-        ticket = str(statement["predicate"]["ticket"]["id"])
-    except (ValueError, KeyError, TypeError):
+        ticket = str(attestation.unverified_statement(env)["predicate"]["ticket"]["id"])
+    except (KeyError, TypeError):
         raise CliError("not afe's run record: no ticket in it; give --sha COMMIT to check it", EXIT_FAILED) from None
     head = str((await afe.call("tickets.records", {"id": ticket})).get("head_sha") or "")
     if not head:

@@ -87,6 +87,16 @@ def extract_envelope(text: str) -> dict[str, Any]:
     return env
 
 
+def unverified_statement(env: dict[str, Any]) -> dict[str, Any]:
+    """The Statement an envelope carries, NOT checked ({} when it holds none): for reading
+    afe's own stored records and for finding which ticket a file names before `verify`."""
+    try:
+        doc = json.loads(base64.b64decode(str(env.get("payload", ""))))
+    except (ValueError, TypeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 @dataclass(frozen=True)
 class Verified:
     statement: dict[str, Any]

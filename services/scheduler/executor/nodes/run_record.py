@@ -78,13 +78,14 @@ def _shown(rec: RunRecord) -> dict[str, Any]:
 
 
 def _predicate(envelope: str) -> dict[str, Any]:
-    import base64
-
+    """The predicate of a record this scheduler stored (it was signed for it)."""
     try:
-        doc = json.loads(base64.b64decode(json.loads(envelope)["payload"]))
-        return doc.get("predicate") or {}
-    except (ValueError, KeyError, TypeError):
+        env = json.loads(envelope)
+    except ValueError:
         return {}
+    if not isinstance(env, dict):
+        return {}
+    return attestation.unverified_statement(env).get("predicate") or {}
 
 
 async def _sign(ctx: RunContext, node: Any, sha: str, pr: PullRequestRecord | None,
