@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from services.common.ci import FAILING_RUN, FAILING_STATUS
 from services.common.config import Workspace
 
 from .github_events import Limits
@@ -30,8 +31,6 @@ LOG_LINES = 200
 LOG_BYTES = 8 * 1024
 MAX_LOG_DOWNLOAD = 32 * 1024 * 1024     # read at most this much of a log (its tail is kept)
 TEXT_LIMIT = 2000                       # a title, summary or description
-FAILING_RUN = ("failure", "timed_out", "action_required")   # cancelled: a person or a newer push stopped it
-FAILING_STATUS = ("failure", "error")
 ACTIONS_APP = "github-actions"
 ETAGS_KEPT = 512                        # conditional answers kept per forge (check runs, combined status)
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")

@@ -29,6 +29,7 @@ import time
 import uuid
 from typing import Any
 
+from services.common.ci import FAILING_RUN, FAILING_STATUS, FAILING_SUITE
 from services.common.errors import AfeError
 
 from ..store.base import TERMINAL, WAITING_APPROVAL
@@ -41,9 +42,6 @@ CI_EVENTS = ("check_run", "check_suite", "status")
 CI_SETTLE_S = 10.0          # the checks of one head that fail within this of the first are one round
 CI_WATCH_S = 7 * 24 * 3600  # polling looks at heads of tickets that changed within this
 MAX_CI_POLLS = 20           # heads polled per workspace and poll (2 requests each)
-FAILING_RUN = ("failure", "timed_out", "action_required")
-FAILING_SUITE = ("failure", "timed_out")
-FAILING_STATUS = ("failure", "error")
 TEXT_BUDGET = 7 * 1024      # the follow-up's text (a follow-up holds at most 8 KiB)
 
 
