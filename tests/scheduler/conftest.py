@@ -14,6 +14,7 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.demo import make_repo
 from services.common.layout import Layout
 from services.common.states import TicketState
+from tests.support.fakes.git_http import CLEAN_ENV
 
 WORKSPACE = """\
 kind: Workspace
@@ -75,8 +76,8 @@ def payload(ev: pb.Event) -> dict:
 
 
 def git(bare: Path, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(bare), *args], check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(["git", "--git-dir", str(bare), *args], check=True, capture_output=True, text=True,
+                          env=CLEAN_ENV).stdout
 
 
 def forge_records(data_dir: Path, ticket_id: str) -> list[dict]:

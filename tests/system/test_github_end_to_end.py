@@ -39,6 +39,7 @@ import pytest
 
 from gateway.hooks import sign
 from tests.foundation.launcher_support import base_env, start_afe, wait_gone
+from tests.scheduler.conftest import git as git_in
 from tests.scheduler.remote_env import LiveBranches
 from tests.support.fakes.git_http import GitHttpServer, make_bare_repo
 from tests.support.fakes.github import FakeGitHub
@@ -219,8 +220,7 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
         first = _until("the first approval", waiting_on_new_head(""), 150)
         h1, number = first["awaiting_sha"], int(first["pr"]["number"])
         assert github.pulls[number]["head"] == f"afe/{ticket}" and github.branches.get(f"afe/{ticket}") == h1
-        assert subprocess.run(["git", "--git-dir", str(bare), "show", f"{h1}:calc.py"], capture_output=True,
-                              text=True, check=True).stdout == FIX
+        assert git_in(bare, "show", f"{h1}:calc.py") == FIX
         up_to_h1 = time.monotonic() - started
 
         # 2. CI fails on H1; its Actions job log names the token (bait for the broker's redaction).
@@ -234,7 +234,7 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
         h2 = second["awaiting_sha"]
         assert int(second["pr"]["number"]) == number and github.branches.get(f"afe/{ticket}") == h2
         assert len(github.pulls) == 1
-        subprocess.run(["git", "--git-dir", str(bare), "merge-base", "--is-ancestor", h1, h2], check=True)
+        git_in(bare, "merge-base", "--is-ancestor", h1, h2)
 
         # The model's prompt of the re-run quotes the failing check and its log's tail, not the token.
         prompts = [s.json() for s in model.seen]

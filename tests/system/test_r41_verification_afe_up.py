@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.foundation.launcher_support import ROOT, base_env, start_afe
+from tests.scheduler.conftest import git
 from tests.scheduler.test_r41_clean_room_verification import CHEAT, TEST, UNITTEST, make_repo
 from tests.support.temp_roots import remove_temp_root, temp_root
 
@@ -48,8 +49,7 @@ nodes:
 
 
 def _main(bare: Path) -> str:
-    return subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "main"], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return git(bare, "rev-parse", "main").strip()
 
 
 def test_r41_afe_up_cli_shows_the_failed_verification_and_the_merge_is_refused():

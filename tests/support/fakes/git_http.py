@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1",
+# git run by the tests: an environment of its own (no user config, no inherited variables)
+CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1",
               "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/nonexistent"}
 
 
@@ -122,7 +123,7 @@ class GitHttpServer:
                     self.wfile.write(msg)
                     return
                 path, _, query = self.path.partition("?")
-                env = dict(_CLEAN_ENV, GIT_PROJECT_ROOT=str(owner.root), GIT_HTTP_EXPORT_ALL="1",
+                env = dict(CLEAN_ENV, GIT_PROJECT_ROOT=str(owner.root), GIT_HTTP_EXPORT_ALL="1",
                            REQUEST_METHOD=self.command, PATH_INFO=path, QUERY_STRING=query,
                            CONTENT_TYPE=self.headers.get("Content-Type", ""),
                            CONTENT_LENGTH=str(len(body)), REMOTE_USER="afe-test", REMOTE_ADDR="127.0.0.1")
@@ -196,7 +197,7 @@ class GitHttpServer:
 
 def make_bare_repo(root: Path, name: str, files: dict[str, str], branch: str = "main") -> Path:
     """A bare repository `root/name` with one commit holding `files` on `branch`."""
-    env = dict(_CLEAN_ENV, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+    env = dict(CLEAN_ENV, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
                GIT_COMMITTER_EMAIL="t@t", HOME=str(root))
     src = root / (name + ".src")
     subprocess.run(["git", "init", "-q", "-b", branch, str(src)], check=True, env=env)
