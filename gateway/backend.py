@@ -99,10 +99,12 @@ class SchedulerBackend:
                                              timeout=CALL_TIMEOUT)
         return convert.ticket(t, self.origin)
 
-    async def approve_ticket(self, ticket_id: str, principal: str, sha: str) -> dict:
+    async def approve_ticket(self, ticket_id: str, principal: str, sha: str,
+                             accept_harness_change: bool = False) -> dict:
         async with rpc_errors():
             t = await self.stub.ApproveTicket(
-                pb.ApproveTicketRequest(id=ticket_id, principal=principal, sha=sha), timeout=CALL_TIMEOUT)
+                pb.ApproveTicketRequest(id=ticket_id, principal=principal, sha=sha,
+                                        accept_harness_change=accept_harness_change), timeout=CALL_TIMEOUT)
         return convert.ticket(t, self.origin)
 
     async def reject_ticket(self, ticket_id: str, principal: str, reason: str) -> dict:

@@ -160,6 +160,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                 description="Approve the merge a ticket is waiting on (recorded as principal 'cli').")
     a.add_argument("id")
     a.add_argument("--sha", default="", help="the head SHA you reviewed; refused if the PR moved since")
+    a.add_argument("--accept-harness-change", action="store_true",
+                   help="the head changes how its tests run (conftest.py, test-runner configuration, a script "
+                        "the verify commands call); you read those changes and approve them (recorded in the "
+                        "signed run record)")
     _common(a)
     a.set_defaults(func=_run(_approve))
 
@@ -386,7 +390,10 @@ async def _reopened(client: RpcClient, args: argparse.Namespace, t: dict, what: 
 
 
 async def _approve(client: RpcClient, args: argparse.Namespace) -> int:
-    return await _simple(client, args, "tickets.approve", {"id": args.id, "sha": args.sha}, "approved")
+    params: dict[str, object] = {"id": args.id, "sha": args.sha}
+    if args.accept_harness_change:
+        params["accept_harness_change"] = True
+    return await _simple(client, args, "tickets.approve", params, "approved")
 
 
 async def _reject(client: RpcClient, args: argparse.Namespace) -> int:

@@ -111,7 +111,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return self._pb(await self.engine.cancel(request.id, request.principal))
 
     async def ApproveTicket(self, request: pb.ApproveTicketRequest, context) -> pb.Ticket:
-        return self._pb(await self.engine.approve(request.id, request.principal, request.sha))
+        return self._pb(await self.engine.approve(request.id, request.principal, request.sha,
+                                                      accept_harness_change=request.accept_harness_change))
 
     async def RejectTicket(self, request: pb.RejectTicketRequest, context) -> pb.Ticket:
         return self._pb(await self.engine.reject(request.id, request.principal, request.reason))

@@ -71,6 +71,8 @@ class TicketParams(_Params):
 
 class ApproveParams(TicketParams):
     sha: Annotated[str, _matching(_SHA, "must be a hex commit SHA")] = ""
+    # R41: the person saw that the head changes how its tests run and approves it anyway
+    accept_harness_change: bool = False
 
 
 class RejectParams(TicketParams):

@@ -38,7 +38,8 @@ class Approvals:
         def _launch(self, t: TicketRecord, resumed: bool) -> None: ...
         def _claim(self, ticket_id: str, states: tuple[str, ...]) -> bool: ...
 
-    async def approve(self, ticket_id: str, principal: str, sha: str) -> TicketView:
+    async def approve(self, ticket_id: str, principal: str, sha: str, *,
+                      accept_harness_change: bool = False) -> TicketView:
         t = self.view(ticket_id).ticket
         if not principal:
             raise InvalidArgument("an approval needs the principal (who approves)")

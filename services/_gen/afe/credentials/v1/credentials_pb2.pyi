@@ -527,19 +527,25 @@ class ApprovalRecord(_message.Message):
     PRINCIPAL_FIELD_NUMBER: _builtins.int
     SHA_FIELD_NUMBER: _builtins.int
     AT_MS_FIELD_NUMBER: _builtins.int
+    ACCEPTED_HARNESS_CHANGE_FIELD_NUMBER: _builtins.int
     principal: _builtins.str
     sha: _builtins.str
     at_ms: _builtins.int
+    @_builtins.property
+    def accepted_harness_change(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The harness files (R41) the person acknowledged this head changes."""
+
     def __init__(
         self,
         *,
         principal: _builtins.str = ...,
         sha: _builtins.str = ...,
         at_ms: _builtins.int = ...,
+        accepted_harness_change: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_ms", b"at_ms", "principal", b"principal", "sha", b"sha"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted_harness_change", b"accepted_harness_change", "at_ms", b"at_ms", "principal", b"principal", "sha", b"sha"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -259,11 +259,17 @@ class ApproveTicketRequest(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     PRINCIPAL_FIELD_NUMBER: _builtins.int
     SHA_FIELD_NUMBER: _builtins.int
+    ACCEPT_HARNESS_CHANGE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     principal: _builtins.str
     sha: _builtins.str
     """The head SHA the person saw and approves. Empty means "the SHA the
     ticket is waiting on now"; a SHA that differs is refused.
+    """
+    accept_harness_change: _builtins.bool
+    """The person saw that this head changes how its tests run (R41: a
+    harness file differs from the base) and approves it anyway. Without it,
+    approving such a head is refused, naming the files.
     """
     def __init__(
         self,
@@ -271,10 +277,11 @@ class ApproveTicketRequest(_message.Message):
         id: _builtins.str = ...,
         principal: _builtins.str = ...,
         sha: _builtins.str = ...,
+        accept_harness_change: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "principal", b"principal", "sha", b"sha"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accept_harness_change", b"accept_harness_change", "id", b"id", "principal", b"principal", "sha", b"sha"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
