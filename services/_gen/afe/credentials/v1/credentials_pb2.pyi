@@ -1319,6 +1319,7 @@ class PrepareVerificationRequest(_message.Message):
     WORKSPACE_FIELD_NUMBER: _builtins.int
     SHA_FIELD_NUMBER: _builtins.int
     BASE_PATHS_FIELD_NUMBER: _builtins.int
+    COMMANDS_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     workspace: _builtins.str
     sha: _builtins.str
@@ -1327,6 +1328,12 @@ class PrepareVerificationRequest(_message.Message):
     def base_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """relative paths taken from the base branch"""
 
+    @_builtins.property
+    def commands(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The verify commands (the manifest's templates): a file they name is part
+        of the harness, taken from the base branch (R41).
+        """
+
     def __init__(
         self,
         *,
@@ -1334,10 +1341,11 @@ class PrepareVerificationRequest(_message.Message):
         workspace: _builtins.str = ...,
         sha: _builtins.str = ...,
         base_paths: _abc.Iterable[_builtins.str] | None = ...,
+        commands: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_paths", b"base_paths", "sha", b"sha", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_paths", b"base_paths", "commands", b"commands", "sha", b"sha", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1352,16 +1360,42 @@ class PrepareVerificationResponse(_message.Message):
     TREE_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
     WORKSPACE_TICKET_FIELD_NUMBER: _builtins.int
+    HARNESS_CHANGES_FIELD_NUMBER: _builtins.int
+    BINARY_FILES_FIELD_NUMBER: _builtins.int
+    SHADOWING_FIELD_NUMBER: _builtins.int
+    CONFLICTS_FIELD_NUMBER: _builtins.int
     sha: _builtins.str
-    """the head checked out"""
+    """the head"""
     base_sha: _builtins.str
-    """the base branch's tip the base_paths came from"""
+    """the base branch's tip the head was merged onto"""
     tree: _builtins.str
     """the tree checked out"""
     commit: _builtins.str
-    """the commit checked out (sha itself without base_paths)"""
+    """the commit checked out: sha merged onto base_sha, harness from the base"""
     workspace_ticket: _builtins.str
     """the sandbox id whose workspace it is: <ticket_id>-verify"""
+    @_builtins.property
+    def harness_changes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Harness files (how the tests run) whose head version differs from the
+        base's; the checkout holds the base's version of each.
+        """
+
+    @_builtins.property
+    def binary_files(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Binary files the head adds or changes (bytecode among them is left out of the checkout)."""
+
+    @_builtins.property
+    def shadowing(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Top-level names the head adds that shadow a module the commands run
+        (a standard module, the test runner); left out of the checkout.
+        """
+
+    @_builtins.property
+    def conflicts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Not empty: the head does not merge onto base_sha cleanly (these paths
+        conflict); nothing was checked out.
+        """
+
     def __init__(
         self,
         *,
@@ -1370,10 +1404,14 @@ class PrepareVerificationResponse(_message.Message):
         tree: _builtins.str = ...,
         commit: _builtins.str = ...,
         workspace_ticket: _builtins.str = ...,
+        harness_changes: _abc.Iterable[_builtins.str] | None = ...,
+        binary_files: _abc.Iterable[_builtins.str] | None = ...,
+        shadowing: _abc.Iterable[_builtins.str] | None = ...,
+        conflicts: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_sha", b"base_sha", "commit", b"commit", "sha", b"sha", "tree", b"tree", "workspace_ticket", b"workspace_ticket"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_sha", b"base_sha", "binary_files", b"binary_files", "commit", b"commit", "conflicts", b"conflicts", "harness_changes", b"harness_changes", "sha", b"sha", "shadowing", b"shadowing", "tree", b"tree", "workspace_ticket", b"workspace_ticket"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
