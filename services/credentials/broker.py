@@ -129,24 +129,27 @@ class CredentialCore:
         await verifycheckout.release(self.git, ticket_id)
         self.fences.forget(ticket_id)
 
-    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str,
-                                   base_paths: list[str]) -> verifycheckout.Verification:
+    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str],
+                                   commands: list[str] | None = None) -> verifycheckout.Verification:
         """The clean-room checkout of `sha` at <data>/workspaces/<ticket>-verify (R41, verifycheckout.py)."""
         check_ticket_id(ticket_id)
-        return await verifycheckout.prepare(self.git, self.workspace(workspace), ticket_id, sha, base_paths)
+        return await verifycheckout.prepare(self.git, self.workspace(workspace), ticket_id, sha, base_paths,
+                                            commands=commands)
 
     async def release_verification(self, ticket_id: str) -> None:
         await verifycheckout.release(self.git, check_ticket_id(ticket_id))
 
     @contextlib.asynccontextmanager
-    async def verification_archive(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str]
+    async def verification_archive(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str],
+                                   commands: list[str] | None = None
                                    ) -> AsyncIterator[tuple[verifycheckout.Verification, AsyncIterator[bytes]]]:
         """PrepareVerification with the checkout as tar chunks, for a sandbox broker on another host."""
         check_ticket_id(ticket_id)
         ws = self.workspace(workspace)
         async with handover.private_folder(self.git.layout) as work:
-            v = await verifycheckout.prepare(self.git, ws, ticket_id, sha, base_paths, into=work)
-            yield v, handover.packed(work)
+            v = await verifycheckout.prepare(self.git, ws, ticket_id, sha, base_paths, into=work,
+                                             commands=commands)
+            yield v, (_nothing() if v.conflicts else handover.packed(work))
 
     # -- the workspace on another host (handover.py) --------------------------
     @contextlib.asynccontextmanager
@@ -390,3 +393,9 @@ def _number(number: str) -> str:
     if not number.isdigit():
         raise InvalidArgument(f"pull request number must be digits, got {number!r}")
     return number
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    """No checkout to stream (the head does not merge onto the base)."""
+    return
+    yield b""

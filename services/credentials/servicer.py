@@ -12,6 +12,7 @@ from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument
 from services.common.streamdrop import closed_with_call
 
+from . import verifycheckout
 from .broker import Approval, CredentialCore
 from .forges import PullRequestInfo
 from .models.base import Msg, Tool, ToolCallData
@@ -161,18 +162,16 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
 
     async def PrepareVerification(self, request, context):
         v = await self.core.prepare_verification(request.ticket_id, request.workspace, request.sha,
-                                                 list(request.base_paths))
-        return pb.PrepareVerificationResponse(sha=v.sha, base_sha=v.base_sha, tree=v.tree, commit=v.commit,
-                                              workspace_ticket=v.workspace_ticket)
+                                                 list(request.base_paths), list(request.commands))
+        return _prepared(v)
 
     def VerificationArchive(self, request, context):
         return closed_with_call(context, self._verification_archive(request))
 
     async def _verification_archive(self, request):
         async with self.core.verification_archive(request.ticket_id, request.workspace, request.sha,
-                                                  list(request.base_paths)) as (v, chunks):
-            yield pb.VerificationArchiveOutput(prepared=pb.PrepareVerificationResponse(
-                sha=v.sha, base_sha=v.base_sha, tree=v.tree, commit=v.commit, workspace_ticket=v.workspace_ticket))
+                                                  list(request.base_paths), list(request.commands)) as (v, chunks):
+            yield pb.VerificationArchiveOutput(prepared=_prepared(v))
             async for data in chunks:
                 yield pb.VerificationArchiveOutput(chunk=data)
 
@@ -223,3 +222,9 @@ def register(core: CredentialCore):
     servicer = CredentialBrokerServicer(core)
     return lambda server: pb_grpc.add_CredentialBrokerServicer_to_server(servicer, server)
 
+
+def _prepared(v: verifycheckout.Verification) -> pb.PrepareVerificationResponse:
+    return pb.PrepareVerificationResponse(sha=v.sha, base_sha=v.base_sha, tree=v.tree, commit=v.commit,
+                                          workspace_ticket=v.workspace_ticket, harness_changes=v.harness_changes,
+                                          binary_files=v.binary_files, shadowing=v.shadowing,
+                                          conflicts=v.conflicts)

@@ -1,21 +1,24 @@
 """The clean-room checkout of a head for its verification (R41).
 
-`<data>/workspaces/<ticket>-verify` is a NEW folder every time: the commit
-`sha` (the pull request's head a person is asked to approve), with each of
-`base_paths` replaced by the base branch's version of it. Built with git
-plumbing on a temporary index of the ticket's private git dir, never a work
-tree the sandbox wrote:
+`<data>/workspaces/<ticket>-verify` is a NEW folder every time holding the
+head `sha` (the pull request's head a person is asked to approve) MERGED
+ONTO the base branch's current tip, as a merge queue would merge it, with
+the base's version of each of `base_paths` and of the harness (harness.py:
+what decides how the tests run). Built with git plumbing on a temporary
+index of the ticket's private git dir, never a work tree the sandbox wrote:
 
-    read-tree <sha>                       # the head, in a temporary index
-    ls-tree -r <sha> -- <path>            # the head's entries under each path: removed
-    ls-tree -r <base> -- <path>           # the base's entries: added
-    update-index -z --index-info          # both, in one go
-    write-tree; commit-tree -p <sha>      # the commit checked out
+    merge-tree --write-tree <base> <sha>  # the merge result (conflicts: nothing is checked out)
+    ls-tree -r <base> / <merged>          # what the base and the merge hold
+    read-tree <merged>                    # into a temporary index, then
+    update-index -z --index-info          # base paths and harness from the base, bytecode and
+                                          # shadowing top-level names out, test sections merged
+    write-tree; commit-tree -p <base> -p <sha>
 
-then checked out like a ticket's workspace (checkout.populate) and handed to
-the sandbox user. The base is the base branch's tip in the mirror, fetched
-now. A `sha` the ticket's git dir does not know (a person pushed to the
-branch) is fetched into the mirror, whose objects the git dir borrows.
+then checked out like a ticket's workspace (checkout.populate; the base's
+`.gitattributes`, never the head's, decide how files are written) and handed
+to the sandbox user. The base is the base branch's tip in the mirror,
+fetched now. A `sha` the ticket's git dir does not know (a person pushed to
+the branch) is fetched into the mirror, whose objects the git dir borrows.
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from services.common.bytecode import allowed_by, loaded_in_place_of_source
 from services.common.config import Workspace
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.common.layout import verify_id
 from services.common.schema.verify import MAX_BASE_PATHS, base_path_problem
 
+from . import harness
 from .continuation import author_env
 from .workspaces import _remove_workspace
 
@@ -42,21 +47,37 @@ log = logging.getLogger(__name__)
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}   # a path is a path, never a glob or a magic pathspec
+_PYTHON_BYTECODE = (".pyc", ".pyo")
+MAX_LISTED = 200                            # paths of one kind in a verification's answer
+_GONE = ""                                  # an edit that removes the path
 
 
 @dataclass(frozen=True)
 class Verification:
     sha: str          # the head
-    base_sha: str     # the base branch's tip the base paths came from
+    base_sha: str     # the base branch's tip the head was merged onto ("" when it has none)
     tree: str         # the tree checked out
     commit: str       # the commit checked out
     workspace_ticket: str
+    harness_changes: list[str] = field(default_factory=list)
+    binary_files: list[str] = field(default_factory=list)
+    shadowing: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)   # not empty: nothing was checked out
 
+
+@dataclass(frozen=True)
+class _Entry:
+    mode: str
+    kind: str
+    oid: str
+
+    def line(self, path: str) -> bytes:
+        return f"{self.mode} {self.kind} {self.oid}\t".encode() + path.encode("utf-8", "surrogateescape") + b"\0"
 
 
 def check_base_paths(paths: list[str] | tuple[str, ...]) -> list[str]:
     """Relative paths inside the repository, normalised ("tests/" -> "tests");
-    refused: empty, absolute, `..`, `.git`, control characters."""
+    refused: empty, absolute, `..`, `.git`, glob characters, control characters."""
     if len(paths) > MAX_BASE_PATHS:
         raise InvalidArgument(f"at most {MAX_BASE_PATHS} base paths; list fewer, wider folders")
     out: list[str] = []
@@ -71,13 +92,15 @@ def check_base_paths(paths: list[str] | tuple[str, ...]) -> list[str]:
 
 
 async def prepare(wg: WorkspaceGit, ws: Workspace, ticket_id: str, sha: str,
-                  base_paths: list[str], into: Path | None = None) -> Verification:
+                  base_paths: list[str], into: Path | None = None,
+                  commands: list[str] | None = None) -> Verification:
     """The checkout at <data>/workspaces/<ticket>-verify, or with `into` (a new folder,
     private to this broker) there instead, for a sandbox broker on another host."""
     sha = (sha or "").lower()
     if not SHA_RE.match(sha):
         raise InvalidArgument("sha must be a full commit SHA (40 hex digits)")
     paths = check_base_paths(base_paths)
+    commands = list(commands or [])
     vid = verify_id(ticket_id)
     target = into or wg.layout.workspace(vid)   # checks the id (at most 63 characters)
     gitdir = wg._ticket_gitdir(ticket_id)
@@ -91,43 +114,189 @@ async def prepare(wg: WorkspaceGit, ws: Workspace, ticket_id: str, sha: str,
         if paths and not base:
             raise FailedPrecondition(f"workspace {ws.name!r}: base branch {ws.base_branch!r} is missing in its "
                                      "repository; fix base_branch or push the branch")
-        commit = sha
-        if paths:
-            commit = await _with_base_paths(wg, ws, gitdir, sha, base, paths)
+        room = _CleanRoom(wg, ws, gitdir, sha, base, paths, commands)
+        conflicts = await room.merge()
+        if conflicts:
+            log.info("ticket %s: %s does not merge onto %s (%d conflicting paths)", ticket_id, sha[:12],
+                     base[:12], len(conflicts))
+            return Verification(sha, base, "", "", vid, conflicts=conflicts[:MAX_LISTED])
+        commit = await room.commit()
         tree = await wg._rev(gitdir, commit + "^{tree}") or ""
         if into is None:
             await asyncio.to_thread(_clear, target)
             wg.layout.workspaces_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
         await wg._populate(gitdir, target, commit, gitdir / "afe-verify-checkout.index")
-    log.info("ticket %s: verification checkout of %s (%s from %s)", ticket_id, sha[:12],
-             ", ".join(paths) or "no base paths", base[:12] or "-")
-    return Verification(sha, base, tree, commit, vid)
+    log.info("ticket %s: verification checkout of %s onto %s (%s from the base; harness changes: %s)", ticket_id,
+             sha[:12], base[:12] or "-", ", ".join(paths) or "no base paths",
+             len(room.harness_changes))
+    return Verification(sha, base, tree, commit, vid, room.harness_changes[:MAX_LISTED],
+                        room.binary_files[:MAX_LISTED], room.shadowing[:MAX_LISTED])
 
 
-async def _with_base_paths(wg: WorkspaceGit, ws: Workspace, gitdir: Path, sha: str, base: str,
-                           paths: list[str]) -> str:
-    """A commit (child of `sha`) whose tree is `sha`'s with `paths` taken from `base`."""
-    index = gitdir / "afe-verify.index"
-    env = {"GIT_INDEX_FILE": str(index), **_LITERAL}
-    try:
-        await wg.git.run(["read-tree", "--end-of-options", sha], git_dir=gitdir, env=env, what="git read-tree")
-        drop = await wg.git.run(["ls-tree", "-r", "-z", "--full-tree", sha, "--", *paths], git_dir=gitdir,
-                                env=env, what="git ls-tree")
-        take = await wg.git.run(["ls-tree", "-r", "-z", "--full-tree", base, "--", *paths], git_dir=gitdir,
-                                env=env, what="git ls-tree")
-        info = b"".join(b"0 " + b"0" * 40 + b"\t" + e.split(b"\t", 1)[1] + b"\0"
-                        for e in drop.stdout.split(b"\0") if b"\t" in e)
-        info += take.stdout
-        if info:
-            await wg.git.run(["update-index", "-z", "--index-info"], git_dir=gitdir, env=env, stdin=info,
-                             what="git update-index")
-        tree = (await wg.git.run(["write-tree"], git_dir=gitdir, env=env, what="git write-tree")).out.strip()
-    finally:
-        index.unlink(missing_ok=True)
-    msg = (f"afe verification of {sha}\n\n{', '.join(paths)} from {ws.base_branch} at {base}\n").encode()
-    res = await wg.git.run(["commit-tree", "-p", sha, "-F", "-", tree], git_dir=gitdir, env=author_env(ws),
-                           stdin=msg, what="git commit-tree")
-    return res.out.strip()
+class _CleanRoom:
+    """The tree of one verification: the merge of head and base, then the base's
+    base paths and harness, without bytecode and shadowing names."""
+
+    def __init__(self, wg: WorkspaceGit, ws: Workspace, gitdir: Path, sha: str, base: str,
+                 paths: list[str], commands: list[str]) -> None:
+        self.wg, self.ws, self.gitdir, self.sha, self.base = wg, ws, gitdir, sha, base
+        self.paths, self.commands = paths, commands
+        self.merged_tree = ""
+        self.harness_changes: list[str] = []
+        self.binary_files: list[str] = []
+        self.shadowing: list[str] = []
+
+    async def _git(self, args: list[str], *, what: str, stdin: bytes | None = None,
+                   env: dict[str, str] | None = None, check: bool = True):  # type: ignore[no-untyped-def]
+        return await self.wg.git.run(args, git_dir=self.gitdir, env={**_LITERAL, **(env or {})}, stdin=stdin,
+                                     what=what, check=check)
+
+    async def merge(self) -> list[str]:
+        """The merge result's tree (self.merged_tree); the conflicting paths when there is none."""
+        if not self.base:
+            self.merged_tree = (await self._git(["rev-parse", "--verify", "--end-of-options", self.sha + "^{tree}"],
+                                                what="git rev-parse")).out.strip()
+            return []
+        res = await self._git(["merge-tree", "--write-tree", "--no-messages", "--name-only", "-z",
+                               "--end-of-options", self.base, self.sha], what="git merge-tree", check=False)
+        parts = [p for p in res.stdout.split(b"\0") if p]
+        if res.returncode == 0 and parts:
+            self.merged_tree = parts[0].decode().strip()
+            return []
+        if res.returncode == 1 and parts:
+            return sorted({p.decode("utf-8", "replace") for p in parts[1:]})
+        raise FailedPrecondition(f"git merge-tree of {self.sha[:12]} onto {self.ws.base_branch} failed: "
+                                 f"{res.err.strip()[-300:] or 'exit ' + str(res.returncode)}")
+
+    async def _entries(self, treeish: str) -> dict[str, _Entry]:
+        res = await self._git(["ls-tree", "-r", "-z", "--full-tree", "--end-of-options", treeish],
+                              what="git ls-tree")
+        out: dict[str, _Entry] = {}
+        for rec in res.stdout.split(b"\0"):
+            if b"\t" not in rec:
+                continue
+            meta, path = rec.split(b"\t", 1)
+            mode, kind, oid = meta.decode().split(" ")
+            out[path.decode("utf-8", "surrogateescape")] = _Entry(mode, kind, oid)
+        return out
+
+    async def _blob(self, entry: _Entry | None) -> bytes | None:
+        if entry is None or entry.kind != "blob":
+            return None
+        return (await self._git(["cat-file", "blob", entry.oid], what="git cat-file")).stdout
+
+    async def commit(self) -> str:
+        """The commit whose tree is checked out (a child of the base and the head)."""
+        merged = await self._entries(self.merged_tree)
+        base = await self._entries(self.base) if self.base else {}
+        edits: dict[str, _Entry | str] = {}
+        for p in self.paths:
+            if not any(_under(q, p) for q in base):
+                raise FailedPrecondition(
+                    f"verify.base_paths: {p!r} is not in {self.ws.base_branch} at {self.base[:12]}; name a "
+                    f"folder or file the base branch has (its tests, e.g. tests/), or remove it")
+        in_base_paths = [q for q in set(merged) | set(base) if any(_under(q, p) for p in self.paths)]
+        for q in in_base_paths:
+            edits[q] = base.get(q) or _GONE
+        await self._harness(merged, base, edits)
+        self._shadowing(merged, base, edits)
+        self._bytecode(merged, base, edits)
+        await self._binary(base)
+        tree = await self._write(edits)
+        msg = (f"afe verification of {self.sha}\n\n"
+               f"merged onto {self.ws.base_branch} at {self.base or '-'}; from the base: "
+               f"{', '.join(self.paths) or 'no base paths'} and the harness\n").encode()
+        parents = ["-p", self.base, "-p", self.sha] if self.base else ["-p", self.sha]
+        res = await self.wg.git.run(["commit-tree", *parents, "-F", "-", tree], git_dir=self.gitdir,
+                                    env=author_env(self.ws), stdin=msg, what="git commit-tree")
+        return res.out.strip()
+
+    async def _harness(self, merged: dict[str, _Entry], base: dict[str, _Entry],
+                       edits: dict[str, _Entry | str]) -> None:
+        extra = tuple(getattr(self.ws, "verify_harness", ()) or ())
+        named = set(harness.command_paths(self.commands, set(merged) | set(base)))
+        changes: set[str] = set()
+        for q in set(merged) | set(base):
+            if q in edits or not (q in named or harness.is_whole_file(q, extra)):
+                continue
+            if merged.get(q) != base.get(q):
+                changes.add(q)
+                edits[q] = base.get(q) or _GONE
+        for name in harness.SECTION_FILES:
+            if name in edits or name in named or (name not in merged and name not in base):
+                continue
+            mb, bb = await self._blob(merged.get(name)), await self._blob(base.get(name))
+            if mb == bb:
+                continue
+            sm = harness.merge_sections(name, bb, mb if mb is not None else b"")
+            if sm is None:                        # unreadable: the base's whole file
+                changes.add(name)
+                edits[name] = base.get(name) or _GONE
+            elif sm.changed:
+                changes.add(name)
+                oid = (await self._git(["hash-object", "-w", "--stdin"], stdin=sm.content,
+                                       what="git hash-object")).out.strip()
+                mode = merged[name].mode if name in merged else base[name].mode
+                edits[name] = _Entry(mode, "blob", oid)
+        self.harness_changes = sorted(changes)
+
+    def _shadowing(self, merged: dict[str, _Entry], base: dict[str, _Entry],
+                   edits: dict[str, _Entry | str]) -> None:
+        def tops(entries: dict[str, _Entry]) -> set[str]:
+            return {q.split("/", 1)[0] + ("/" if "/" in q else "") for q in entries}
+        added = tops(merged) - tops(base)
+        self.shadowing = harness.shadowing_names(added, self.commands)
+        for top in self.shadowing:
+            for q in merged:
+                if q == top or (top.endswith("/") and q.startswith(top)):
+                    edits[q] = _GONE
+
+    def _bytecode(self, merged: dict[str, _Entry], base: dict[str, _Entry],
+                  edits: dict[str, _Entry | str]) -> None:
+        """Python bytecode never enters the clean room (a stale .pyc would be imported in place of
+        the source); other compiled files only as the base has them or the Workspace allows."""
+        allow = tuple(getattr(self.ws, "allow_compiled_paths", ()) or ())
+        for q, entry in merged.items():
+            if q in edits or not loaded_in_place_of_source(q) or allowed_by(q, allow):
+                continue
+            python = "__pycache__" in q.split("/")[:-1] or q.lower().endswith(_PYTHON_BYTECODE)
+            if python or base.get(q) != entry:
+                edits[q] = base.get(q) if not python and base.get(q) else _GONE
+                if base.get(q) != entry:
+                    self.binary_files.append(q)
+
+    async def _binary(self, base: dict[str, _Entry]) -> None:
+        """Binary files the head adds or changes (by git's own judgement), for the reviewer."""
+        if not self.base:
+            return
+        res = await self._git(["diff", "--numstat", "-z", "--no-renames", "--no-ext-diff", "--no-textconv",
+                               self.base, self.merged_tree, "--"], what="git diff")
+        for rec in res.stdout.split(b"\0"):
+            if rec.startswith(b"-\t-\t"):
+                q = rec[4:].decode("utf-8", "replace")
+                if q not in self.binary_files:
+                    self.binary_files.append(q)
+        self.binary_files.sort()
+
+    async def _write(self, edits: dict[str, _Entry | str]) -> str:
+        index = self.gitdir / "afe-verify.index"
+        env = {"GIT_INDEX_FILE": str(index)}
+        try:
+            await self._git(["read-tree", "--end-of-options", self.merged_tree], env=env, what="git read-tree")
+            info = b"".join(
+                (e.line(q) if isinstance(e, _Entry)
+                 else b"0 " + b"0" * 40 + b"\t" + q.encode("utf-8", "surrogateescape") + b"\0")
+                for q, e in sorted(edits.items()))
+            if info:
+                await self._git(["update-index", "-z", "--index-info"], env=env, stdin=info,
+                                what="git update-index")
+            return (await self._git(["write-tree"], env=env, what="git write-tree")).out.strip()
+        finally:
+            index.unlink(missing_ok=True)
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
 
 
 def _clear(target: Path) -> None:

@@ -47,6 +47,12 @@ def base_path_problem(raw: object) -> str:
         return "is empty; name a folder or file of the repository, e.g. tests/"
     if not raw.isprintable() or "\\" in raw:
         return "holds a control character or a backslash; use a plain relative path like tests/"
+    if any(c in raw for c in "*?[]{}"):
+        prefix = raw[:min(raw.find(c) for c in "*?[]{}" if c in raw)]
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        where = f"{folder}/" if folder else "the folder that holds them, e.g. tests/"
+        return (f"is a pattern, but base paths are taken literally; name {where} instead "
+                "(every file under a folder is taken)")
     if raw.startswith("/"):
         return "is absolute; use a path relative to the repository root, e.g. tests/"
     parts = PurePosixPath(raw).parts

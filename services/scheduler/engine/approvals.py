@@ -13,6 +13,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument
 
 from ..events.log import EventLog, now_ms
 from ..executor import Transitions
+from ..executor.nodes.verification import check_approvable
 from ..executor.transitions import state_event
 from ..store.base import RUNNING, WAITING_APPROVAL, ApprovalRecord, Store, TicketRecord
 from .leases import HELD
@@ -49,10 +50,16 @@ class Approvals:
             raise FailedPrecondition(
                 f"the pull request head is {t.awaiting_sha or 'unknown'} now, not {sha}; review it again "
                 f"and approve the current head")
-        rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, True, now_ms())
+        # R41: a head whose verification failed is not approved (the merge would refuse it), and
+        # a change to how its tests run is approved only when the person says they saw it
+        accepted = check_approvable(self.store.verification(ticket_id, t.awaiting_sha) if t.awaiting_sha else None,
+                                    t.awaiting_sha, accept_harness_change)
+        rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, True, now_ms(), accepted_harness_change=accepted)
         self.events.flush()
         self.store.add_approval(rec)
-        self.transitions.move(t.id, RUNNING, ("approval.granted", {"principal": principal, "sha": rec.sha}),
+        granted = {"principal": principal, "sha": rec.sha,
+                   **({"accepted_harness_change": accepted} if accepted else {})}
+        self.transitions.move(t.id, RUNNING, ("approval.granted", granted),
                               state_event(RUNNING), awaiting_sha="")
         self._running.add(t.id)
         self._wake(t.id, rec)

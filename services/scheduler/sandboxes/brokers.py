@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
@@ -82,15 +82,16 @@ class CredentialBroker(Protocol):
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse: ...
     async def push(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.PushResponse: ...
     async def release(self, ticket_id: str, workspace: str) -> None: ...
-    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str,
-                                   base_paths: list[str]) -> cpb.PrepareVerificationResponse: ...
+    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str],
+                                   commands: list[str]) -> cpb.PrepareVerificationResponse: ...
     async def release_verification(self, ticket_id: str, workspace: str) -> None: ...
     async def update_branch(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.UpdateBranchResponse: ...
     async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
                       fence: int = 0) -> cpb.PullRequest: ...
     async def get_pr(self, workspace: str, number: str) -> cpb.PullRequest: ...
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
-                    at_ms: int, method: str = "", fence: int = 0) -> cpb.MergePullRequestResponse: ...
+                    at_ms: int, method: str = "", fence: int = 0,
+                    accepted_harness_change: Sequence[str] = ()) -> cpb.MergePullRequestResponse: ...
     async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse: ...
     async def relay_usage(self, ticket_id: str) -> cpb.RelayUsageResponse: ...
     async def complete(self, model: str, messages: list[cpb.Message], tools: list[cpb.ToolSpec],
@@ -306,11 +307,13 @@ class CredentialsClient(VerificationCalls):
                                                   timeout=SHORT)
 
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
-                    at_ms: int, method: str = "", fence: int = 0) -> cpb.MergePullRequestResponse:
+                    at_ms: int, method: str = "", fence: int = 0,
+                    accepted_harness_change: Sequence[str] = ()) -> cpb.MergePullRequestResponse:
         async with fenced_errors(ticket_id, fence, "merge"):
             return await self.stub.MergePullRequest(cpb.MergePullRequestRequest(
                 ticket_id=ticket_id, workspace=workspace, number=number, method=method, fence=fence,
-                approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms)), timeout=LONG)
+                approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms,
+                                            accepted_harness_change=list(accepted_harness_change))), timeout=LONG)
 
     async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse:
         async with rpc_errors(CREDENTIALS, "opening the model relay"):

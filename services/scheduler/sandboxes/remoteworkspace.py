@@ -79,14 +79,17 @@ class RemoteWorkspaces:
         ws = self.config.workspaces.get(workspace)
         return ws.sandbox.limits.disk_bytes if ws is not None else 0
 
-    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str,
-                                   base_paths: list[str]) -> cpb.PrepareVerificationResponse:
+    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str],
+                                   commands: list[str]) -> cpb.PrepareVerificationResponse:
         """The clean-room checkout (R41) for `<ticket>-verify`, placed now on a broker: made
         in the credential broker as an archive (VerificationArchive) and written into that
         broker's empty workspace (WriteWorkspace); DestroySandbox removes it there."""
         vid = verify_id(ticket_id)
         holder = await self.brokers.place(vid)
-        async with self.credentials.verification_archive(ticket_id, workspace, sha, base_paths) as (v, chunks):
+        async with self.credentials.verification_archive(ticket_id, workspace, sha, base_paths,
+                                                         commands) as (v, chunks):
+            if v.conflicts:     # the head does not merge onto the base: nothing to hand over
+                return v
             relay = _Relay(chunks)
             try:
                 r = await holder.write_workspace(vid, self._disk(workspace), relay.chunks())

@@ -21,21 +21,23 @@ LONG = 900.0     # a fetch of the mirror and a checkout
 class VerificationCalls:
     stub: Any
 
-    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str,
-                                   base_paths: list[str]) -> cpb.PrepareVerificationResponse:
+    async def prepare_verification(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str],
+                                   commands: list[str]) -> cpb.PrepareVerificationResponse:
         async with rpc_errors(CREDENTIALS, "preparing the verification checkout"):
             r: cpb.PrepareVerificationResponse = await self.stub.PrepareVerification(
                 cpb.PrepareVerificationRequest(ticket_id=ticket_id, workspace=workspace, sha=sha,
-                                               base_paths=base_paths), timeout=LONG)
+                                               base_paths=base_paths, commands=commands), timeout=LONG)
             return r
 
     @contextlib.asynccontextmanager
-    async def verification_archive(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str]
+    async def verification_archive(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str],
+                                   commands: list[str]
                                    ) -> AsyncIterator[tuple[cpb.PrepareVerificationResponse, AsyncIterator[bytes]]]:
         """PrepareVerification whose checkout comes as tar chunks (VerificationArchive): for a
         sandbox broker on another host (sandboxes/remoteworkspace.py)."""
         call = self.stub.VerificationArchive(cpb.PrepareVerificationRequest(
-            ticket_id=ticket_id, workspace=workspace, sha=sha, base_paths=base_paths), timeout=LONG)
+            ticket_id=ticket_id, workspace=workspace, sha=sha, base_paths=base_paths, commands=commands),
+            timeout=LONG)
         async with prepared_then_chunks(call, "preparing the verification checkout") as (prepared, chunks):
             yield prepared, chunks
 

@@ -9,6 +9,7 @@ the engine. Records are plain dataclasses; nothing here knows about gRPC.
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -99,6 +100,17 @@ class ApprovalRecord:
     granted: bool
     at_ms: int
     reason: str = ""
+    # the harness files (R41) the person acknowledged this head changes
+    accepted_harness_change: list[str] = field(default_factory=list)
+
+
+def str_list(raw: object) -> list[str]:
+    """A JSON list of strings as stored in a TEXT column ([] for anything else)."""
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return []
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 @dataclass

@@ -49,6 +49,7 @@ from .base import (
     PullRequestRecord,
     Store,
     TicketRecord,
+    str_list,
 )
 from .pg_connect import MIGRATIONS, SCHEMA_VERSION, _one, check_newer, connect, schema_state
 from .pg_events import insert_events
@@ -330,19 +331,20 @@ class PostgresStore(PostgresRecords, Store):
     # approvals and pull requests
     def add_approval(self, approval: ApprovalRecord) -> None:
         self._conn().execute(
-            "INSERT INTO approvals (ticket_id, principal, sha, granted, at_ms, reason) "
-            "VALUES (%s,%s,%s,%s,%s,%s)",
+            "INSERT INTO approvals (ticket_id, principal, sha, granted, at_ms, reason, accepted_harness) "
+            "VALUES (%s,%s,%s,%s,%s,%s,%s)",
             (approval.ticket_id, approval.principal, approval.sha, bool(approval.granted),
-             approval.at_ms, approval.reason))
+             approval.at_ms, approval.reason, json.dumps(approval.accepted_harness_change)))
 
     def latest_approval(self, ticket_id: str) -> ApprovalRecord | None:
         row = self._conn().execute(
-            "SELECT ticket_id, principal, sha, granted, at_ms, reason FROM approvals "
+            "SELECT ticket_id, principal, sha, granted, at_ms, reason, accepted_harness FROM approvals "
             "WHERE ticket_id=%s ORDER BY id DESC LIMIT 1", (ticket_id,)).fetchone()
         if not row:
             return None
         return ApprovalRecord(ticket_id=row[0], principal=row[1], sha=row[2], granted=bool(row[3]),
-                              at_ms=row[4], reason=row[5])
+                              at_ms=row[4], reason=row[5],
+                              accepted_harness_change=str_list(row[6]))
 
     def put_pr(self, pr: PullRequestRecord) -> None:
         self._write(

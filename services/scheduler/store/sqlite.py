@@ -33,6 +33,7 @@ from .base import (
     Store,
     TicketRecord,
     WorkClaim,
+    str_list,
 )
 from .retry import Retrier, retried_methods, sqlite_reason
 
@@ -247,18 +248,20 @@ class SqliteStore(Store):
     # approvals and pull requests
     def add_approval(self, approval: ApprovalRecord) -> None:
         self.db.execute(
-            "INSERT INTO approvals (ticket_id, principal, sha, granted, at_ms, reason) VALUES (?,?,?,?,?,?)",
+            "INSERT INTO approvals (ticket_id, principal, sha, granted, at_ms, reason, accepted_harness) "
+            "VALUES (?,?,?,?,?,?,?)",
             (approval.ticket_id, approval.principal, approval.sha, int(approval.granted),
-             approval.at_ms, approval.reason))
+             approval.at_ms, approval.reason, json.dumps(approval.accepted_harness_change)))
 
     def latest_approval(self, ticket_id: str) -> ApprovalRecord | None:
         row = self.db.execute(
-            "SELECT ticket_id, principal, sha, granted, at_ms, reason FROM approvals "
+            "SELECT ticket_id, principal, sha, granted, at_ms, reason, accepted_harness FROM approvals "
             "WHERE ticket_id=? ORDER BY id DESC LIMIT 1", (ticket_id,)).fetchone()
         if not row:
             return None
         return ApprovalRecord(ticket_id=row[0], principal=row[1], sha=row[2], granted=bool(row[3]),
-                              at_ms=row[4], reason=row[5])
+                              at_ms=row[4], reason=row[5],
+                              accepted_harness_change=str_list(row[6]))
 
     def put_pr(self, pr: PullRequestRecord) -> None:
         self.db.execute(

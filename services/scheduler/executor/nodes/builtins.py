@@ -21,7 +21,7 @@ from ...sandboxes import egress_report
 from ...store.base import N_RUNNING, N_WAITING, RUNNING, WAITING_APPROVAL, ApprovalRecord, PullRequestRecord
 from ..context import RunContext
 from ..transitions import state_event
-from . import review_gate
+from . import forge_text, review_gate
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ async def _commit(ctx: RunContext, node: Node) -> cpb.CommitResponse:
         await ctx.sandbox.freeze(ctx.ticket.id, True)
         frozen = True
     try:
-        message = ctx.render(str(node.with_.get("message") or _default_message(ctx)), node.id)
+        # The ticket's text may be an issue's (R36): control characters out, or git refuses a NUL.
+        message = forge_text.commit_message(ctx.render(str(node.with_.get("message") or _default_message(ctx)),
+                                                       node.id))
         r = await ctx.step(node, "commit", lambda: ctx.credentials.commit(
             ctx.ticket.id, ctx.workspace.name, message, ctx.host.fence(ctx.ticket.id)))
     finally:
@@ -109,9 +111,10 @@ async def open_pr(ctx: RunContext, node: Node) -> str:
     c = await _commit(ctx, node)
     p = await ctx.step(node, "push", lambda: ctx.credentials.push(tid, ws, ctx.host.fence(tid)))
     ctx.emit("push.done", {"node": node.id, "branch": p.branch, "sha": p.sha})
-    title = ctx.render(str(node.with_.get("title") or "{{ticket.title}}"), node.id)
-    body = ctx.render(str(node.with_.get("body") or
-                          "{{ticket.body}}\n\n---\nOpened by afe for ticket {{ticket.id}}."), node.id)
+    title = forge_text.pr_title(ctx.render(str(node.with_.get("title") or "{{ticket.title}}"), node.id))
+    body = forge_text.pr_body(ctx.render(str(node.with_.get("body") or
+                                             "{{ticket.body}}\n\n---\nOpened by afe for ticket {{ticket.id}}."),
+                                         node.id))
     if c.nested_repositories:
         body += "\n\n> [!WARNING]\n> " + nested_repositories_warning(c.nested_repositories)
     denied = await _denied_egress(ctx, node)
@@ -212,14 +215,16 @@ async def merge(ctx: RunContext, node: Node) -> str:
             ctx.store.put_pr(pr)
             continue
         break
-    review_gate.check_mergeable(ctx, node, appr.sha)   # R41: only a verified head
+    verified = await review_gate.ensure_mergeable(ctx, node, appr)   # R41: only a verified merge result
+    acknowledged = getattr(appr, "accepted_harness_change", None) or ()    # R41: carried into the signed record
     r = await ctx.step(node, "merge", lambda: ctx.credentials.merge(
         tid, ws, number, appr.principal, appr.sha, appr.at_ms, str(node.with_.get("method") or ""),
-        ctx.host.fence(tid)))
+        ctx.host.fence(tid), accepted_harness_change=acknowledged))
     pr.state, pr.merge_sha = "merged", r.merge_sha
     ctx.store.put_pr(pr)
     ctx.emit("merge.done", {"node": node.id, "number": pr.number, "sha": appr.sha, "merge_sha": r.merge_sha,
-                            "principal": appr.principal, "already_merged": r.already_merged})
+                            "principal": appr.principal, "already_merged": r.already_merged,
+                            **({"verified_base_sha": verified.get("base_sha", "")} if verified else {})})
     return r.merge_sha
 
 

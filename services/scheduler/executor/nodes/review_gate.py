@@ -7,8 +7,10 @@
   `approval.requested` event carries of them.
 - `after_decision(ctx, node, appr)`: a person approved or rejected `appr.sha`:
   the record is signed again with the decision (R42).
-- `check_mergeable(ctx, node, sha)`: right before `builtin:merge` merges
-  `sha`: refuses a head whose verification did not pass (R41).
+- `ensure_mergeable(ctx, node, appr)`: right before `builtin:merge` merges
+  `appr.sha`: refuses a head whose verification merged onto the base's
+  current tip did not pass (verifying again when the base moved), or whose
+  harness change the approval did not acknowledge (R41).
 
 Each part is idempotent for a (ticket, head): a resumed ticket repeats none.
 """
@@ -40,5 +42,5 @@ async def after_decision(ctx: RunContext, node: Node, appr: ApprovalRecord) -> N
     await run_record.sign_decision(ctx, node, appr)
 
 
-def check_mergeable(ctx: RunContext, node: Node, sha: str) -> None:
-    verification.check_mergeable(ctx, node, sha)
+async def ensure_mergeable(ctx: RunContext, node: Node, appr: ApprovalRecord) -> dict[str, Any] | None:
+    return await verification.ensure_mergeable(ctx, node, appr)
