@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from services.common.errors import AfeError
 from services.common.layout import DEFAULT_PORTS, Layout
 from services.common.logs import setup_logging
 from services.common.ops import check_ops_name
@@ -101,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     elif Path("afe.d").is_dir():
         config_dir = Path("afe.d").absolute()
     else:
+        try:
+            layout.ensure()     # first, so .afe/ is made with its .gitignore before the demo goes into it
+        except AfeError as exc:
+            raise SystemExit(f"afe up: {exc}") from None
         config_dir = demo.materialize(data.parent / "demo")
         print(f"afe up: no --config and no ./afe.d; using the bundled demo in {config_dir}")
     try:

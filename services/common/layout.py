@@ -92,8 +92,17 @@ class Layout:
         return self.data_dir / "forge"
 
     def ensure(self) -> None:
+        made = [_first_missing(self.data_dir), _first_missing(self.run_dir)]
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Keys, tokens and the store must never reach a commit of the repository
+        # afe runs in: `.afe/` (the default's parent, also of an older afe) is
+        # ignored as a whole, and so is any other folder afe made for itself.
+        for folder, top in ((self.data_dir, made[0]), (self.run_dir, made[1])):
+            if folder.parent.name == STATE_FOLDER:
+                keep_out_of_git(folder.parent)
+            elif top is not None:
+                keep_out_of_git(top)
         # Ours is made private. A shared runtime dir made by the deployment
         # (deploy/systemd: /run/afe owned by root, not writable by others, one
         # user per process) is left as it is; anything else is refused.
@@ -103,6 +112,35 @@ class Layout:
         elif st.st_uid != 0 or st.st_mode & 0o022:
             raise FailedPrecondition(f"the runtime folder {self.run_dir} belongs to another user; "
                                      "use a folder of your own (--run DIR)")
+
+
+STATE_FOLDER = ".afe"     # the default home of --data and --run, in the folder `afe up` starts in
+GITIGNORE = b"# afe's state: signing key, UI token, automation key, the store. Never commit it.\n*\n"
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (what a mkdir -p makes), or None."""
+    top = None
+    while not path.exists():
+        top, path = path, path.parent
+    return top
+
+
+def keep_out_of_git(folder: Path) -> None:
+    """Write `folder/.gitignore` ignoring everything in the folder, itself included, so
+    `git add -A` in a repository holding it stages nothing of it. A `.gitignore`
+    already there (the user's own, or ours) is left as it is."""
+    try:
+        fd = os.open(folder / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        return
+    except OSError:     # a folder we may not write to is its owner's to look after
+        return
+    try:
+        os.write(fd, GITIGNORE)
+    finally:
+        os.close(fd)
+
 
 # The uid:gid every sandbox runs as (R7): never root, never the brokers' own.
 # Workspace files are owned by it so the sandbox can write them; host tools
