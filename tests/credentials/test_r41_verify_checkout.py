@@ -1,7 +1,8 @@
 """R41: the clean-room checkout of a head for its verification, made by the
-real credential broker (over its gRPC contract) with real git: the head as
-committed, except the `base_paths`, which are the base branch's (the head's
-edits under them replaced, files it added there removed)."""
+real credential broker (over its gRPC contract) with real git: the head
+merged onto the base branch's tip, except the `base_paths`, which are the
+base branch's (the head's edits under them replaced, files it added there
+removed). The harness beyond base_paths: test_r41_harness_checkout.py."""
 
 from __future__ import annotations
 
@@ -50,9 +51,10 @@ async def test_r41_base_paths_replace_the_heads_tests_and_keep_the_rest(local_or
         # Positive control: without base paths the head's weakened test is what runs.
         r = await stub.PrepareVerification(pb.PrepareVerificationRequest(
             ticket_id=TID, workspace="local", sha=head))
-        assert (r.sha, r.commit, r.base_sha, r.workspace_ticket) == (head, head, base, TID + "-verify")
+        assert (r.sha, r.base_sha, r.workspace_ticket) == (head, base, TID + "-verify")
         assert (verify / "tests" / "test_sum.py").read_text() == WEAKENED
-        assert (verify / "tests" / "conftest.py").exists()
+        # a conftest.py is harness, taken from the base (where there is none) and reported
+        assert not (verify / "tests" / "conftest.py").exists() and list(r.harness_changes) == ["tests/conftest.py"]
 
         (verify / "leftover").write_text("from an earlier run")
         r = await stub.PrepareVerification(pb.PrepareVerificationRequest(
@@ -63,9 +65,9 @@ async def test_r41_base_paths_replace_the_heads_tests_and_keep_the_rest(local_or
         assert (verify / "src" / "app.py").read_text() == "print('fixed')\n"    # the rest of the head kept
         assert not (verify / "leftover").exists()                               # a fresh folder
         assert (layout.workspace(TID) / "tests" / "test_sum.py").read_text() == WEAKENED  # the ticket's untouched
-        # The checked-out commit is a child of the head; the tree is the base's tests plus the head's rest.
-        parent = git_plain("--git-dir", str(layout.gitdir(TID)), "rev-parse", r.commit + "^").stdout.decode()
-        assert parent.strip() == head
+        # The checked-out commit merges the head onto the base; its tree is the base's tests plus the head's rest.
+        parents = git_plain("--git-dir", str(layout.gitdir(TID)), "rev-parse", r.commit + "^1", r.commit + "^2")
+        assert parents.stdout.decode().split() == [base, head]
 
         await stub.ReleaseVerification(pb.ReleaseWorkspaceRequest(ticket_id=TID, workspace="local"))
         assert not verify.exists()

@@ -200,7 +200,7 @@ async def test_r41_the_verification_checkout_crosses_the_network_to_a_fresh_remo
                 pass
             head = (await rw.commit(tid, "ws", "weaken the test")).sha
 
-            v = await rw.prepare_verification(tid, "ws", head, ["test_calc.py"])
+            v = await rw.prepare_verification(tid, "ws", head, ["test_calc.py"], ["python3 -m unittest"])
             assert v.sha == head and v.commit != head                 # the head with the base's test_calc.py
             assert brokers.placed_on(vid) == "two"
             assert not layout.workspace(vid).exists()                 # nothing laid on the credential broker's side
@@ -213,8 +213,8 @@ async def test_r41_the_verification_checkout_crosses_the_network_to_a_fresh_remo
             assert out.startswith(b"new\n") and b"weakened" not in out and b"def test_add" in out
             # control: the same head without base paths is the weakened one
             await brokers.destroy(vid)
-            v = await rw.prepare_verification(tid, "ws", head, [])
-            assert v.commit == head and (remote_ws / vid / "test_calc.py").read_text() == "weakened\n"
+            v = await rw.prepare_verification(tid, "ws", head, [], ["python3 -m unittest"])
+            assert v.sha == head and (remote_ws / vid / "test_calc.py").read_text() == "weakened\n"
         finally:
             await brokers.destroy(vid)
             await brokers.destroy(tid)
