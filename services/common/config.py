@@ -47,6 +47,9 @@ class ForgeConfig:
     repo: str = ""                         # github: owner/name
     base_url: str = "https://api.github.com"
     merge_method: str = "merge"            # merge | squash | rebase
+    # github: owner/name of a fork the ticket's branch is pushed to; the pull request
+    # is opened from it (head "<owner>:<branch>"), so the base's CI runs it as a fork PR
+    push_repo: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class Workspace:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     author: Author = field(default_factory=Author)
     max_running: int = 0                   # 0 = only the global limit applies
+    # paths where builtin:commit may add compiled files (services/common/bytecode.py)
+    allow_compiled_paths: tuple[str, ...] = ()
     source: str = ""                       # "file.yaml#2" for error messages
 
     @property

@@ -1,5 +1,6 @@
-"""kind: Workspace — a repository, its forge, the sandbox its tickets run in
-(image, limits, egress, egressPrivate) and the commit author.
+"""kind: Workspace — a repository, its forge (and the fork it pushes to), the
+sandbox its tickets run in (image, limits, egress, egressPrivate), the commit
+author and the paths where commits may add compiled files.
 
 `WorkspaceManifest` declares the fields (their names, types and defaults:
 the JSON Schema of `afe check --schema` and the keys `load` allows);
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from ..bytecode import check_allow_pattern
 from ..config import DEFAULT_SANDBOX_IMAGE, Author, ForgeConfig, Limits, SandboxConfig, Workspace
 from .document import Doc, check_api_url
 from .text import EGRESS_RE, ENV_NAME_RE, GITHUB_REPO_RE, NAME_RE, fields_of, parse_memory, show
@@ -47,6 +49,10 @@ class ForgeManifest(BaseModel):
         None, description="github: the repository as owner/name")
     baseUrl: str = Field("https://api.github.com", description="the forge API (https://, or http://localhost)")
     mergeMethod: Literal["merge", "squash", "rebase"] = "merge"
+    pushRepo: Annotated[str, StringConstraints(pattern=GITHUB_REPO_RE.pattern)] | None = Field(
+        None, description="github: a fork (owner/name) the ticket's branch is pushed to; the pull request is "
+        "opened from it, so the base repository's CI runs it as a fork PR, without the repository's secrets "
+        "(docs/GITHUB.md). Reached on the host of repo with the same token")
 
 
 class LimitsManifest(BaseModel):
@@ -92,6 +98,10 @@ class WorkspaceManifest(BaseModel):
     sandbox: SandboxManifest | None = None
     author: AuthorManifest | None = None
     maxRunning: int = Field(0, ge=0, description="tickets running at once here; 0 = only the global limit")
+    allowCompiledPaths: list[str] = Field(
+        default_factory=list, description="where builtin:commit may add or change files a runtime loads in "
+        "place of source (__pycache__/, *.pyc, *.so, *.class, ...; refused elsewhere): paths, folders ending "
+        "in / or globs, relative to the repository root")
 
 
 def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> None:
@@ -110,6 +120,10 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
         if "baseUrl" in fd and isinstance(fd.get("baseUrl"), str):
             check_api_url(doc, fd["baseUrl"], "forge.baseUrl")
         merge_method = doc.choice(fd, "mergeMethod", "forge.mergeMethod", MERGE_METHODS, "merge")
+        push_repo = doc.text(fd, "pushRepo", "forge.pushRepo", "", pattern=GITHUB_REPO_RE,
+                             what="write the fork as owner/name, e.g. pushRepo: afe-bot/widgets")
+        if push_repo:
+            _check_push_repo(doc, ftype, frepo or "", push_repo, repo)
         if ftype == "github":
             if not frepo and "repo" not in fd:
                 doc.error("forge.repo", "required for a github forge; add repo: owner/name")
@@ -117,7 +131,7 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
                 doc.error("tokenEnv", "a github forge needs a token: add tokenEnv: <NAME of the "
                           "environment variable that holds a GitHub fine-grained token>")
         forge = ForgeConfig(type=ftype, repo=frepo or "", base_url=base_url.rstrip("/"),
-                            merge_method=merge_method)
+                            merge_method=merge_method, push_repo=push_repo or "")
     sandbox = SandboxConfig()
     sd = doc.mapping(d, "sandbox", "sandbox")
     if sd is not None:
@@ -182,10 +196,46 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
         author = Author(name=doc.text(ad, "name", "author.name", author.name),
                         email=doc.text(ad, "email", "author.email", author.email))
     max_running = doc.integer(d, "maxRunning", "maxRunning", 0, minimum=0)
+    allow_compiled = doc.str_list(d, "allowCompiledPaths", "allowCompiledPaths")
+    for i, pattern in enumerate(allow_compiled):
+        problem = check_allow_pattern(pattern)
+        if problem:
+            doc.error(f"allowCompiledPaths[{i}]", f"{show(pattern)} {problem}")
     if doc.named and name is not None and repo is not None:
         loader.workspaces[name] = Workspace(
             name=name, repo=repo, base_branch=base_branch, token_env=token_env, forge=forge,
-            sandbox=sandbox, author=author, max_running=max_running, source=doc.where)
+            sandbox=sandbox, author=author, max_running=max_running,
+            allow_compiled_paths=allow_compiled, source=doc.where)
+
+
+def push_url(repo_url: str, push_repo: str) -> str | None:
+    """The clone URL of the fork `push_repo` (owner/name) beside the repository at
+    `repo_url`: the same https host and path prefix, its last two names replaced
+    (https://github.com/acme/widgets.git -> https://github.com/afe-bot/widgets.git).
+    None when `repo_url` is not an https URL ending in owner/name."""
+    parts = urllib.parse.urlsplit(repo_url)
+    names = parts.path.rstrip("/").split("/")
+    if parts.scheme != "https" or not parts.netloc or len(names) < 3 or not all(names[-2:]):
+        return None
+    suffix = ".git" if names[-1].endswith(".git") else ""
+    path = "/".join([*names[:-2], *push_repo.split("/")]) + suffix
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def _check_push_repo(doc: Doc, ftype: str, frepo: str, push_repo: str, repo: str | None) -> None:
+    """forge.pushRepo: a github forge's fork, other than forge.repo, on the host of an https repo."""
+    if ftype != "github":
+        doc.error("forge.pushRepo", "is for a github forge only (a fork on GitHub); remove it, or set "
+                  "forge.type: github")
+        return
+    if frepo and push_repo.lower() == frepo.lower():
+        doc.error("forge.pushRepo", f"names forge.repo itself ({show(frepo)}); name the fork the branch is "
+                  "pushed to (owner/name of your fork), or remove pushRepo to push to the repository")
+        return
+    if repo is not None and push_url(repo, push_repo) is None:
+        doc.error("forge.pushRepo", "needs repo to be an https:// URL ending in owner/name (the fork is "
+                  "reached on the same host, e.g. https://github.com/" + push_repo + ".git); write repo "
+                  "that way")
 
 
 def _egress_private(loader: Loader, doc: Doc, sd: Mapping[str, Any], egress: tuple[str, ...]) -> tuple[str, ...]:
