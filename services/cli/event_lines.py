@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.common import cost
-from services.common.verification import failure_line
+from services.common.verification import code, counts_text, detail_lines, failure_line
 
 
 def _fmt_secs(ms: int) -> str:
@@ -82,6 +82,12 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
     if typ == "sandbox.ready":
         net = "egress " + ", ".join(p["egress"]) if p.get("egress") else "no network"
         return f"{at} sandbox ready: {p.get('image', '')} ({net})"
+    if typ == "sandbox.env_names":   # names only (R9, R43)
+        agents = p.get("agents") if isinstance(p.get("agents"), dict) else {}
+        per = "; ".join(f"{a}: {', '.join(str(n) for n in names)}" for a, names in agents.items()
+                        if isinstance(names, list))
+        return (f"{at} variables entered the sandbox (names): {', '.join(str(n) for n in p.get('names') or [])}"
+                + (f" (agent {per})" if per else ""))
     if typ == "commit.done":
         return f"{at} {node:<16} committed {str(p.get('sha', ''))[:12]}" + ("" if p.get("changed", True)
                                                                                else " (no changes)")
@@ -152,7 +158,18 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
     if typ == "verification.output":
         return "\n".join(f"{'':>10} {'verify':<16} | {ln}" for ln in str(p.get("text") or "").rstrip("\n").split("\n"))
     if typ == "verification.finished":
-        return f"{at} {node:<16} {failure_line(p)} on {str(p.get('sha', ''))[:12]}"
+        return "\n".join([f"{at} {node:<16} {failure_line(p)} on {str(p.get('sha', ''))[:12]}"]
+                         + [f"{'':>10} {'verify':<16}   {line}" for line in detail_lines(p)])
+    if typ == "verification.error":
+        return (f"{at} {node:<16} verification could not run (no verdict; `afe ticket retry` runs it again): "
+                f"{code(str(p.get('message') or ''), 400)}")
+    if typ == "verification.base":
+        return (f"{at} {node:<16} the base {str(p.get('base_sha', ''))[:12]} ran its own tests: "
+                f"{counts_text(p.get('tests')) or 'no count'}")
+    if typ == "verification.base_moved":
+        return (f"{at} {node:<16} the base moved from {str(p.get('verified_base_sha', ''))[:12]} to "
+                f"{str(p.get('base_sha', ''))[:12]} since the verification: verified again, "
+                f"{'passed' if p.get('passed') else 'failed'}")
     if typ == "commit.warning":
         return f"{at} {node:<16} warning: {p.get('message') or p.get('kind', '')}"
     return None

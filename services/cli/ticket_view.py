@@ -6,7 +6,7 @@ import time
 
 from services.common import cost
 from services.common.states import TicketState
-from services.common.verification import code, failure_line
+from services.common.verification import code, counts_text, detail_lines, failure_line
 
 from .event_lines import _fmt_secs
 
@@ -101,5 +101,10 @@ def _print_verification(events: list[dict]) -> None:
         print(f"{failure_line(p)} on {str(p.get('sha', ''))[:12]}")
         for c in p.get("commands") or []:
             how = "timed out" if c.get("timed_out") else f"exit {c.get('exit_code')}"
-            print(f"    {code(str(c.get('command') or ''))}: {how} ({_fmt_secs(int(c.get('duration_ms') or 0))})")
+            tests = counts_text(c.get("counts"))
+            print(f"    {code(str(c.get('command') or ''))}: {how}{', ' + tests if tests else ''} "
+                  f"({_fmt_secs(int(c.get('duration_ms') or 0))})")
+        for line in detail_lines(p):
+            if not line.startswith("`"):          # the commands are listed above
+                print(f"    {line}")
 
