@@ -30,7 +30,7 @@ from services.common.errors import AfeError, FailedPrecondition, Internal
 from services.common.layout import Layout
 from services.common.secrets import SecretValue
 
-from . import capture, checkout, continuation
+from . import capture, checkout, compiled, continuation
 from .continuation import KEPT_REF, author_env, branch_for
 from .gitcmd import GitFailed, GitRunner
 from .mirrors import Mirrors
@@ -195,6 +195,11 @@ class WorkspaceGit:
             parent_tree = await self._rev(gitdir, f"{parent}^{{tree}}")
             if parent_tree == tree:
                 return Committed(parent, False, 0, repos)
+            changed = await self.git.run(["diff-tree", "-r", "-z", "--name-status", "--no-renames",
+                                          "--end-of-options", parent_tree or parent, tree],
+                                         git_dir=gitdir, what="git diff-tree")
+            changes = compiled.changed_paths(changed.stdout)
+            compiled.check(ws, ticket_id, changes)      # no compiled files a reviewer cannot read
             env = author_env(ws)
             msg = (message.strip() or f"afe: changes for ticket {ticket_id}") + "\n"
             res = await self.git.run(["commit-tree", "-p", parent, "-F", "-", tree], git_dir=gitdir,
@@ -202,10 +207,7 @@ class WorkspaceGit:
             sha = res.out.strip()
             await self.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", sha, parent],
                                git_dir=gitdir, what="git update-ref")
-            changed = await self.git.run(["diff-tree", "-r", "-z", "--name-only", "--no-renames",
-                                          "--end-of-options", parent_tree or parent, tree],
-                                         git_dir=gitdir, what="git diff-tree")
-            files = len([p for p in changed.stdout.split(b"\0") if p])
+            files = len(changes)
             log.info("committed %s files for ticket %s as %s", files, ticket_id, sha[:12])
             return Committed(sha, True, files, repos)
 
