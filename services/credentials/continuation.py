@@ -108,10 +108,11 @@ async def keep(wg: WorkspaceGit, ws: Workspace, ticket_id: str, work: Path | Non
 
 async def update_branch(wg: WorkspaceGit, ws: Workspace, ticket_id: str) -> tuple[str, bool, list[str]]:
     """Merge the base branch into the ticket's pushed branch, on the host,
-    and push the merge. Returns (new head, changed, conflicting paths);
-    with conflicts nothing is pushed."""
+    and push the merge (to the fork of `forge.pushRepo`, where the branch
+    lives then; the mirror's branch is the fork's, mirrors.py). Returns
+    (new head, changed, conflicting paths); with conflicts nothing is pushed."""
     branch = branch_for(ticket_id)
-    remote = wg.mirrors.remote(ws)
+    remote = wg.mirrors.push_remote(ws)
     async with wg._lock("ticket:" + ticket_id):
         mirror = await wg.mirrors.update(ws)
         head = await wg._rev(mirror, f"refs/heads/{branch}^{{commit}}")
@@ -147,7 +148,8 @@ async def update_branch(wg: WorkspaceGit, ws: Workspace, ticket_id: str) -> tupl
         await wg.mirrors.remote_git(ws, remote, ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
                                           f"--force-with-lease=refs/heads/{branch}:{head}",
                                           "--end-of-options", remote.url,
-                                          f"{sha}:refs/heads/{branch}"], mirror, "git push to")
+                                          f"{sha}:refs/heads/{branch}"], mirror, "git push to",
+                                   "forge.pushRepo" if ws.forge.push_repo else "repo")
         await wg.git.run(["update-ref", "--end-of-options", f"refs/heads/{branch}", sha, head],
                          git_dir=mirror, what="git update-ref")
         log.info("updated %s of ticket %s with %s: %s", branch, ticket_id, ws.base_branch, sha[:12])

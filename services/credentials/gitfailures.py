@@ -76,8 +76,10 @@ def classify(stderr: str) -> Failure:
     return Failure(UNKNOWN, status, line)
 
 
-def error_for(failure: Failure, ws: Workspace, operation: str, url: str, attempts: int = 1) -> AfeError:
-    """The error for `operation` ("git fetch from", "git push to") of `url` failing with `failure`."""
+def error_for(failure: Failure, ws: Workspace, operation: str, url: str, attempts: int = 1,
+              field: str = "repo") -> AfeError:
+    """The error for `operation` ("git fetch from", "git push to") of `url` failing with `failure`;
+    `field` is the Workspace field that names `url` (repo, or forge.pushRepo for a fork)."""
     where = f"{operation} {url}"
     token = (f"check the token in {ws.token_env} (the Workspace's tokenEnv) and its access to the repository"
              if ws.token_env else "the repository needs a token: set tokenEnv on the Workspace and export "
@@ -90,7 +92,7 @@ def error_for(failure: Failure, ws: Workspace, operation: str, url: str, attempt
         return PermissionDenied(f"{where} was refused: the token may not access it{http}; {token}")
     if k == MISSING:
         see = f" and that the token in {ws.token_env} can see it" if ws.token_env else ""
-        return NotFound(f"{where} failed: repository not found{http}; check the Workspace's repo{see}")
+        return NotFound(f"{where} failed: repository not found{http}; check the Workspace's {field}{see}")
     if k == DNS:
         return FailedPrecondition(f"{where} failed: the host name does not resolve ({failure.detail}); "
                                   "check the Workspace's repo, and DNS or the proxy on afe's host")

@@ -1,5 +1,11 @@
 """The `github` forge: GitHub REST (or GitHub Enterprise at a configured base
-URL). The token travels only in the `Authorization` header (R14)."""
+URL). The token travels only in the `Authorization` header (R14).
+
+With `forge.pushRepo` the ticket's branch lives in that fork and the pull
+request is opened from it (`head: "<fork owner>:<branch>"`, GitHub's form for
+a cross-repository pull request); everything else (the head SHA, merge,
+comments, statuses, check runs) goes through the base repository's pull
+request as before."""
 
 from __future__ import annotations
 
@@ -65,7 +71,9 @@ class GitHubForge(Forge):
     def _fail(self, ws: Workspace, resp: Response, what: str):
         return self.http.error(resp, f"GitHub {what} for workspace {ws.name!r}",
                                hint_auth=f"check the token in {ws.token_env} and its permissions "
-                                         "(contents and pull requests: read and write)")
+                                         "(contents and pull requests: read and write"
+                                         + (f"; contents: write on the fork {ws.forge.push_repo}"
+                                            if ws.forge.push_repo else "") + ")")
 
     @staticmethod
     def _info(pr: dict) -> PullRequestInfo:
@@ -80,15 +88,31 @@ class GitHubForge(Forge):
             merge_sha=str(pr.get("merge_commit_sha") or "") if state == "merged" else "",
         )
 
+    def _head_owner(self, ws: Workspace) -> str:
+        """The owner of the repository the ticket's branch is pushed to: the fork's with pushRepo."""
+        if ws.forge.push_repo:
+            return ws.forge.push_repo.partition("/")[0]
+        return self._repo(ws)[0]
+
+    @staticmethod
+    def _from(ws: Workspace, pr: dict, head: str) -> bool:
+        """Whether the pull request `pr` (GitHub's JSON) comes from the branch `head` of the
+        repository afe pushes to (the fork with pushRepo; never a same-named branch elsewhere)."""
+        h = pr.get("head") or {}
+        if h.get("ref") != head:
+            return False
+        full = str((h.get("repo") or {}).get("full_name") or "")
+        return not ws.forge.push_repo or full.lower() == ws.forge.push_repo.lower()
+
     async def _find_open(self, ws: Workspace, head: str, base: str) -> PullRequestInfo | None:
-        owner, _ = self._repo(ws)
+        owner = self._head_owner(ws)
         url = self._url(ws, "pulls", query={"head": f"{owner}:{head}", "base": base, "state": "open"})
         resp = await self._call(ws, "GET", url, "pull request search")
         if not resp.ok:
             raise self._fail(ws, resp, "pull request search")
         if isinstance(resp.body, list):
             for pr in resp.body:
-                if isinstance(pr, dict) and (pr.get("head") or {}).get("ref") == head:
+                if isinstance(pr, dict) and self._from(ws, pr, head):
                     return self._info(pr)
         return None
 
@@ -96,8 +120,10 @@ class GitHubForge(Forge):
         found = await self._find_open(ws, head, base)
         if found is not None:
             return found
+        # From a fork GitHub names the head "<owner>:<branch>"; the base repository stays the PR's home.
+        api_head = f"{self._head_owner(ws)}:{head}" if ws.forge.push_repo else head
         resp = await self._call(ws, "POST", self._url(ws, "pulls"), "pull request creation",
-                                {"title": title, "head": head, "base": base, "body": body})
+                                {"title": title, "head": api_head, "base": base, "body": body})
         if resp.status == 422:  # e.g. created concurrently: find it again
             found = await self._find_open(ws, head, base)
             if found is not None:

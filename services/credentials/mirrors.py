@@ -1,7 +1,14 @@
 """The repositories behind the Workspaces: where each one lives and how git
 may reach it (`Remote`: an https URL with the token handed over by askpass,
-or a local path), the bare mirror of it this broker keeps, and git commands
-that talk to a remote, tried again when they fail transiently."""
+or a local path), where the tickets' branches are pushed (`push_remote`: the
+repository, or the fork named by `forge.pushRepo`), the bare mirror of it
+this broker keeps, and git commands that talk to a remote, tried again when
+they fail transiently.
+
+With a fork, the mirror's `refs/heads/afe/*` are the fork's (fetched from it),
+never the repository's own branches of that name: every reader of a ticket's
+pushed branch (a retry's resume point, update-branch, the verification's
+checkout, the record's signing check) reads the branch where afe pushes it."""
 
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from services.common import safefs
 from services.common.config import Workspace
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.common.layout import Layout
+from services.common.schema.workspace import push_url
 from services.common.secrets import SecretValue
 
 from . import gitfailures
@@ -25,6 +33,8 @@ from .askpass import askpass_env, origin_of
 from .gitcmd import GitFailed, GitRunner
 
 log = logging.getLogger(__name__)
+
+TICKET_BRANCHES = "refs/heads/afe/*"     # the tickets' branches (continuation.branch_for)
 
 
 @dataclass(frozen=True)
@@ -75,12 +85,27 @@ class Mirrors:
             raise NotFound(f"workspace {ws.name!r}: repository {path} does not exist; check its repo field")
         return Remote(str(path), True, {})
 
+    def push_remote(self, ws: Workspace) -> Remote:
+        """Where the ticket's branch is pushed: the Workspace's repository, or with
+        `forge.pushRepo` that fork, on the same host and with the same token
+        (the askpass entries answer for the host, so they serve both)."""
+        remote = self.remote(ws)
+        if not ws.forge.push_repo:
+            return remote
+        url = push_url(remote.url, ws.forge.push_repo) if not remote.local else None
+        if url is None:
+            raise InvalidArgument(f"workspace {ws.name!r}: forge.pushRepo needs repo to be an https:// URL "
+                                  "ending in owner/name; the fork is reached on the same host")
+        return Remote(url, False, remote.env)
+
     def path(self, ws: Workspace) -> Path:
-        key = hashlib.sha256(ws.repo.strip().encode()).hexdigest()[:24]
+        # With a fork the mirror's ticket branches are the fork's: a mirror of its own.
+        ident = ws.repo.strip() + (f"\0push:{ws.forge.push_repo}" if ws.forge.push_repo else "")
+        key = hashlib.sha256(ident.encode()).hexdigest()[:24]
         return self.layout.mirrors_dir / f"{key}.git"
 
     async def remote_git(self, ws: Workspace, remote: Remote, args: list[str], git_dir: Path,
-                          operation: str) -> None:
+                          operation: str, field: str = "repo") -> None:
         """Run a git command that talks to the remote. A definitive failure (auth,
         not found, DNS, TLS, a corrupt object, a rejected ref) fails at once with
         what to change; a transient one (5xx, time-out, reset) is tried again
@@ -94,7 +119,7 @@ class Mirrors:
             except GitFailed as exc:
                 failure = gitfailures.classify(exc.stderr)
                 if failure.kind != gitfailures.TRANSIENT or attempt == attempts:
-                    raise gitfailures.error_for(failure, ws, operation, remote.url, attempt) from None
+                    raise gitfailures.error_for(failure, ws, operation, remote.url, attempt, field) from None
                 wait = self.remote_backoff_s * (2 ** (attempt - 1))
                 log.info("%s %s: %s; trying again in %.1fs (attempt %s of %s)", operation, remote.url,
                          failure.detail, wait, attempt + 1, attempts)
@@ -119,6 +144,15 @@ class Mirrors:
         return mirror
 
     async def _fetch(self, ws: Workspace, remote: Remote, git_dir: Path) -> None:
-        await self.remote_git(ws, remote, ["fetch", "--quiet", "--prune", "--no-tags", "--no-recurse-submodules",
-                                            "--end-of-options", remote.url, "+refs/heads/*:refs/heads/*"],
-                               git_dir, "git fetch from")
+        fetch = ["fetch", "--quiet", "--prune", "--no-tags", "--no-recurse-submodules", "--end-of-options"]
+        if not ws.forge.push_repo:
+            await self.remote_git(ws, remote, [*fetch, remote.url, "+refs/heads/*:refs/heads/*"],
+                                  git_dir, "git fetch from")
+            return
+        # The repository's branches but its afe/* (a negative refspec: neither fetched nor
+        # pruned), then the fork's afe/*, pruned when the fork lost them.
+        await self.remote_git(ws, remote, [*fetch, remote.url, "+refs/heads/*:refs/heads/*", f"^{TICKET_BRANCHES}"],
+                              git_dir, "git fetch from")
+        fork = self.push_remote(ws)
+        await self.remote_git(ws, fork, [*fetch, fork.url, f"+{TICKET_BRANCHES}:{TICKET_BRANCHES}"],
+                              git_dir, "git fetch from", "forge.pushRepo")

@@ -230,8 +230,9 @@ class WorkspaceGit:
 
     # -- push --------------------------------------------------------------
     async def push(self, ws: Workspace, ticket_id: str) -> tuple[str, str]:
+        """Push the ticket's branch to the repository, or to the fork of `forge.pushRepo`."""
         branch = branch_for(ticket_id)
-        remote = self.mirrors.remote(ws)
+        remote = self.mirrors.push_remote(ws)
         async with self._lock("ticket:" + ticket_id):
             gitdir = self._ticket_gitdir(ticket_id)
             sha = await self._rev(gitdir, f"refs/heads/{branch}")
@@ -241,8 +242,8 @@ class WorkspaceGit:
             await self.mirrors.remote_git(ws, remote, ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
                                                 "--end-of-options", remote.url,
                                                 f"+refs/heads/{branch}:refs/heads/{branch}"],
-                                   gitdir, "git push to")
-            log.info("pushed %s for ticket %s", branch, ticket_id)
+                                   gitdir, "git push to", "forge.pushRepo" if ws.forge.push_repo else "repo")
+            log.info("pushed %s for ticket %s to %s", branch, ticket_id, remote.url)
             return branch, sha
 
     # -- release -----------------------------------------------------------

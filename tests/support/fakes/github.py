@@ -9,7 +9,10 @@ pages with a Link header), with the Authorization header checked. Rate limits as
 (tests/support/fakes/openapi.py), every request is checked against GitHub's
 REST description and the undocumented ones are listed in `undocumented`. `branches` maps a branch
 name to its head SHA (tests set it, e.g. after a push); merging records the
-merge and refuses a stale `sha` with 409 like GitHub does."""
+merge and refuses a stale `sha` with 409 like GitHub does. `forks` maps a fork's full name to its
+branches in the same way: a pull request created with `head: "<fork owner>:<branch>"` comes from that
+fork (GitHub's cross-repository pull request; `head.repo` is the fork, `base.repo` this repository),
+and `head=<owner>:<branch>` in the list filters by the head's owner as GitHub does."""
 
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ class FakeGitHub(FakeServer):
         self.token = token
         self.repo = repo
         self.branches: dict[str, str] = {}
+        self.forks: dict[str, dict[str, str]] = {}   # fork full name -> its branches (name -> head SHA)
         self.pulls: dict[int, dict] = {}
         self.comments: list[dict] = []            # {"number", "body"}; a comment's id is its index + 1
         self.edits: list[int] = []                # ids of edited comments, in order
@@ -142,14 +146,28 @@ class FakeGitHub(FakeServer):
             return web.json_response({"message": "Not Found"}, status=404)
         return self._limited()
 
+    def _branches_of(self, repo: str) -> dict[str, str]:
+        return self.branches if repo == self.repo else self.forks[repo]
+
+    def _head_repo(self, head: str) -> tuple[str, str] | None:
+        """(repository, branch) of a pull request's `head` ("branch" or "owner:branch"); None: no such owner."""
+        owner, sep, branch = head.rpartition(":")
+        if not sep or owner == self.repo.split("/")[0]:
+            return self.repo, branch
+        return next(((f, branch) for f in self.forks if f.split("/")[0] == owner), None)
+
     def _view(self, pr: dict) -> dict:
-        head_sha = pr["merged_head"] if pr["merged"] else self.branches.get(pr["head"], "")
+        repo = pr.get("head_repo", self.repo)
+        head_sha = pr["merged_head"] if pr["merged"] else self._branches_of(repo).get(pr["head"], "")
         return {
             "number": pr["number"], "html_url": f"{self.url}/{self.repo}/pull/{pr['number']}",
             "state": "closed" if pr["merged"] else pr["state"], "merged": pr["merged"],
             "merged_at": "2026-01-01T00:00:00Z" if pr["merged"] else None,
             "merge_commit_sha": pr.get("merge_sha"),
-            "head": {"ref": pr["head"], "sha": head_sha}, "base": {"ref": pr["base"]},
+            "head": {"ref": pr["head"], "sha": head_sha, "label": f"{repo.split('/')[0]}:{pr['head']}",
+                     "repo": {"full_name": repo, "fork": repo != self.repo}},
+            "base": {"ref": pr["base"], "label": f"{self.repo.split('/')[0]}:{pr['base']}",
+                     "repo": {"full_name": self.repo, "fork": False}},
             "title": pr["title"], "body": pr["body"],
         }
 
@@ -161,7 +179,7 @@ class FakeGitHub(FakeServer):
         out = []
         for pr in self.pulls.values():
             view = self._view(pr)
-            if head and head != f"{self.repo.split('/')[0]}:{pr['head']}":
+            if head and head != view["head"]["label"]:
                 continue
             if state != "all" and view["state"] != state:
                 continue
@@ -172,17 +190,21 @@ class FakeGitHub(FakeServer):
         if (r := self._check(request)) is not None:
             return r
         body = await request.json()
-        if body.get("head") not in self.branches:
+        found = self._head_repo(str(body.get("head", "")))
+        if found is None or found[1] not in self._branches_of(found[0]):
             return web.json_response({"message": "Validation Failed",
                                       "errors": [{"message": f"head {body.get('head')} does not exist"}]},
                                      status=422)
+        repo, branch = found
         for pr in self.pulls.values():
-            if pr["head"] == body["head"] and pr["state"] == "open" and not pr["merged"]:
+            if (pr["head"], pr.get("head_repo", self.repo)) == (branch, repo) and pr["state"] == "open" \
+                    and not pr["merged"]:
                 return web.json_response({"message": "Validation Failed",
                                           "errors": [{"message": "A pull request already exists"}]}, status=422)
         n = len(self.pulls) + 1
-        self.pulls[n] = {"number": n, "head": body["head"], "base": body["base"], "title": body.get("title", ""),
-                         "body": body.get("body", ""), "state": "open", "merged": False}
+        self.pulls[n] = {"number": n, "head": branch, "head_repo": repo, "base": body["base"],
+                         "title": body.get("title", ""), "body": body.get("body", ""), "state": "open",
+                         "merged": False}
         return web.json_response(self._view(self.pulls[n]), status=201)
 
     async def get_pull(self, request):
@@ -202,7 +224,7 @@ class FakeGitHub(FakeServer):
         body = await request.json()
         if pr["merged"]:
             return web.json_response({"message": "Pull Request is not mergeable"}, status=405)
-        head = self.branches.get(pr["head"], "")
+        head = self._branches_of(pr.get("head_repo", self.repo)).get(pr["head"], "")
         if body.get("sha") and body["sha"] != head:
             return web.json_response({"message": "Head branch was modified. Review and try the merge again."},
                                      status=409)
