@@ -46,8 +46,9 @@ def _plain(status: int, message: str, headers: dict[str, str] | None = None) -> 
 async def _guard(request: web.Request, handler):
     auth: Authenticator = request.app[AUTH_KEY]
     if not auth.site.host_allowed(request.headers.get("Host")):
-        # DNS rebinding: a foreign name resolving to us. Answer nothing useful.
-        resp: web.StreamResponse = _plain(421, "unknown Host; use the configured public URL")
+        # DNS rebinding: a foreign name resolving to us. Answer nothing of afe's, only where it is.
+        ctype, body = auth.site.wrong_host(request.headers.get("Accept"))
+        resp: web.StreamResponse = web.Response(status=421, text=body, content_type=ctype)
     else:
         try:
             resp = await handler(request)

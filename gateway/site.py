@@ -7,12 +7,30 @@ DNS-rebinding pages from talking to the gateway through a name they control.
 
 from __future__ import annotations
 
+import html
+import json
 import urllib.parse
 from dataclasses import dataclass
 
 from services.common.errors import ConfigError
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+# What a browser gets at a Host the gateway does not serve (R38 still refuses the request: 421,
+# nothing of afe's): a page naming the URL to open. No style or script (the CSP allows neither
+# inline, and this Host gets none of the gateway's files).
+_WRONG_HOST_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="referrer" content="no-referrer">
+<title>afe: open the gateway at its own address</title></head>
+<body>
+<h1>afe is not served at this address</h1>
+<p>afe's gateway answers only at the address it is configured for, so that no other web page can
+reach it through a name of its own (DNS rebinding).</p>
+<p>Open <a href="{url}">{url}</a> instead.</p>
+<p>To use another address (for example a name on your network), start afe with
+<code>--public-url</code> set to it; see docs/CLI.md, "Origin and Host".</p>
+</body></html>
+"""
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -59,6 +77,15 @@ class Site:
         if port == _DEFAULT_PORTS[u.scheme]:
             allowed.add(f"[{host}]" if ":" in host else host)
         return cls(u.scheme, host, port, frozenset(allowed))
+
+    def wrong_host(self, accept: str | None) -> tuple[str, str]:
+        """(content type, body) of the refusal of a Host the gateway does not serve, naming the
+        URL to open: a page for a browser (its Accept names text/html), JSON for the others."""
+        url = self.origin + "/"
+        if "text/html" in (accept or "").lower():
+            return "text/html", _WRONG_HOST_PAGE.format(url=html.escape(url, quote=True))
+        return "application/json", json.dumps({"error": f"unknown Host; open afe at {url} (its configured public URL)",
+                                               "url": url})
 
     def host_allowed(self, host_header: str | None) -> bool:
         return host_header is not None and host_header.strip().lower() in self.allowed_hosts

@@ -3,7 +3,8 @@ session, /rpc, unknown paths) and its ops port refuse a Host that is not
 theirs (DNS rebinding); failed bearer tokens on /rpc are rate limited by the
 same per-address limiter as failed logins (429 + Retry-After). Other
 addresses are not affected, and the right token always passes (R40,
-test_r40_no_lockout.py).
+test_r40_no_lockout.py). A refused Host still learns where afe is: a browser
+gets a page naming the URL to open, an API client JSON with it.
 """
 
 from __future__ import annotations
@@ -90,3 +91,38 @@ async def test_r38_failed_logins_and_bearer_tokens_share_one_limiter(http, stric
     assert (await open_rpc(http, gw, bearer="wrong"))[0] == 401
     status, ws = await open_rpc(http, gw, bearer="wrong-again")
     assert status == 429 and ws is None
+
+
+@pytest.mark.browser
+async def test_r38_wrong_host_gets_a_page_naming_the_url_to_open(gateway, http):
+    """`localhost` is not the Host the gateway serves (R38: still 421, nothing of afe's), but a
+    browser gets a page naming the URL, and an API client JSON with it."""
+    from playwright.async_api import async_playwright
+
+    from .test_browser import ARGS, CHROMIUM
+
+    url = f"http://localhost:{gateway.port}/"
+    async with http.get(gateway.url + "/", headers={"Host": f"localhost:{gateway.port}",
+                                                     "Accept": "application/json"}) as r:
+        assert r.status == 421 and r.content_type == "application/json"
+        doc = await r.json()
+        assert doc["url"] == gateway.url + "/" and gateway.url in doc["error"]
+    async with http.get(gateway.url + "/static/app.js", headers={"Host": f"localhost:{gateway.port}",
+                                                                  "Accept": "text/html,*/*"}) as r:
+        body = await r.text()
+        assert r.status == 421 and r.content_type == "text/html" and "import" not in body   # no file of afe's
+    async with http.get(gateway.url + "/", headers={"Host": f"127.0.0.1:{gateway.port}"}) as r:
+        assert r.status == 200 and "/static/app.js" in await r.text()                    # control: the right Host
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = await browser.new_page()
+            resp = await page.goto(url)
+            assert resp.status == 421
+            assert await page.text_content("h1") == "afe is not served at this address"
+            assert await page.get_attribute("a", "href") == gateway.url + "/"
+            assert await page.text_content("a") == gateway.url + "/"
+            await page.click("a")
+            await page.wait_for_selector("#login-form")                  # the URL it names is afe's
+        finally:
+            await browser.close()
