@@ -84,7 +84,8 @@ class SchedulerBackend:
         """A ticket's signed run records (DSSE envelopes, R42) and its pull request's head."""
         async with rpc_errors():
             r = await self.stub.GetRunRecords(pb.GetTicketRequest(id=ticket_id), timeout=CALL_TIMEOUT)
-        return {"ticket_id": r.ticket_id, "head_sha": r.head_sha,
+        return {"ticket_id": r.ticket_id, "head_sha": r.head_sha, "forge_head_sha": r.forge_head_sha,
+                "forge_error": r.forge_error,
                 "records": [{"sha": x.sha, "kind": x.kind, "envelope": x.envelope, "at_ms": x.at_ms}
                             for x in r.records]}
 

@@ -1,6 +1,7 @@
 """What a ticket leaves behind: its diff against its base (stored before its
 workspace goes, shown after it ended), the hosts its egress proxy refused,
-and the metrics of its nodes and model calls.
+and the metrics of its nodes and model calls; and the head its pull request
+has on the forge now (what `afe verify` checks the signed records against).
 
 A part of `Engine` (engine.py), which holds the state used here.
 """
@@ -58,6 +59,20 @@ class Records:
                                         if t.state in TERMINAL else " yet; try again once it runs"))
         r = await self.credentials.diff(t.id, t.workspace, DIFF_MAX_BYTES)
         return r.diff, r.truncated, False
+
+    async def forge_head(self, ticket_id: str) -> tuple[str, str]:
+        """(the head of the ticket's pull request as the forge has it now, why it is not
+        known): `afe verify` checks that head, not only the one afe stored (a person may have
+        pushed to the branch since). ("", "") without a pull request."""
+        t = self.view(ticket_id).ticket
+        pr = self.store.get_pr(t.id)
+        if pr is None or not pr.number:
+            return "", ""
+        try:
+            current = await self.credentials.get_pr(t.workspace, pr.number)
+        except AfeError as exc:
+            return "", exc.message
+        return current.head_sha.lower(), ""
 
     async def _record_diff(self, t: TicketRecord) -> None:
         """The ticket's diff against its base, stored before its workspace goes,

@@ -1052,9 +1052,17 @@ class RunRecords(_message.Message):
     TICKET_ID_FIELD_NUMBER: _builtins.int
     HEAD_SHA_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
+    FORGE_HEAD_SHA_FIELD_NUMBER: _builtins.int
+    FORGE_ERROR_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     head_sha: _builtins.str
     """the pull request's head as afe knows it ("" without one)"""
+    forge_head_sha: _builtins.str
+    """The pull request's head as the forge has it now (asked on each call; a
+    person may have pushed since), "" when there is no pull request or the
+    forge could not be asked; then forge_error says why.
+    """
+    forge_error: _builtins.str
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunRecord]: ...
     def __init__(
@@ -1063,10 +1071,12 @@ class RunRecords(_message.Message):
         ticket_id: _builtins.str = ...,
         head_sha: _builtins.str = ...,
         records: _abc.Iterable[Global___RunRecord] | None = ...,
+        forge_head_sha: _builtins.str = ...,
+        forge_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_sha", b"head_sha", "records", b"records", "ticket_id", b"ticket_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forge_error", b"forge_error", "forge_head_sha", b"forge_head_sha", "head_sha", b"head_sha", "records", b"records", "ticket_id", b"ticket_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
