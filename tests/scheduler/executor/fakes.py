@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives import serialization
@@ -139,6 +139,7 @@ class FakeCredentials:
         self.away = 0
         self.prs: dict[str, cpb.PullRequest] = {}
         self.merged: list[tuple[str, str]] = []   # (ticket, approved sha)
+        self.merge_acks: list[list[str]] = []     # the acknowledged harness files of each merge
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -178,9 +179,11 @@ class FakeCredentials:
         return next(pr for pr in self.prs.values() if pr.number == number)
 
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
-                    at_ms: int, method: str = "", fence: int = 0) -> cpb.MergePullRequestResponse:
+                    at_ms: int, method: str = "", fence: int = 0,
+                    accepted_harness_change: Sequence[str] = ()) -> cpb.MergePullRequestResponse:
         self._call("merge")
         self.merged.append((ticket_id, sha))
+        self.merge_acks.append(list(accepted_harness_change))
         pr = self.prs[ticket_id]
         pr.state, pr.merge_sha = "merged", "m" * 40
         return cpb.MergePullRequestResponse(merged=True, merge_sha=pr.merge_sha)

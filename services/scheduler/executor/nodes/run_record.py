@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import unicodedata
 from typing import Any
 
 from services.common import attestation
@@ -150,11 +151,19 @@ def comment_body(request: RunRecord | None, decision: RunRecord | None) -> str:
     ran = [n for n in wf.get("nodes") or [] if n.get("state") in ("succeeded", "failed", "running", "waiting")]
     lines.append(f"- workflow {_code(wf.get('name', ''))}: " + ", ".join(
         f"{_code(n.get('id', ''))} {_code(n.get('state', ''))}" for n in ran[:30]))
+    head = p.get("head") or {}
+    run = p.get("afe_run") if head.get("pushed_by") == "person" else None
+    if isinstance(run, dict):
+        lines.append(f"- **head pushed by a person, not by afe's run**: what afe's run did (below) made "
+                     f"{_code(run.get('head') or 'no head')}, not this one")
     ver = p.get("verification")
     lines.append("- verification: " + ("none declared" if not isinstance(ver, dict)
                                         else "passed" if ver.get("passed") else "**failed**"))
-    usage = p.get("usage") or {}
-    lines.append(f"- tokens: {int(usage.get('total_tokens', 0) or 0)}, estimated cost "
+    if isinstance(ver, dict):
+        lines += verification_lines(ver)
+    usage = (run if isinstance(run, dict) else p).get("usage") or {}
+    whose = " of afe's run" if isinstance(run, dict) else ""
+    lines.append(f"- tokens{whose}: {int(usage.get('total_tokens', 0) or 0)}, estimated cost "
                  f"${float(usage.get('cost_usd', 0) or 0):.4f}")
     denied = (p.get("egress") or {}).get("denied") or []
     lines.append("- denied egress: " + (", ".join(f"{_code(h.get('host', ''))} ({int(h.get('count', 0))})"
@@ -163,6 +172,8 @@ def comment_body(request: RunRecord | None, decision: RunRecord | None) -> str:
     if isinstance(d, dict):
         lines.append(f"- decision: {'approved' if d.get('granted') else 'rejected'} by "
                      f"{_code(d.get('principal', ''))}")
+        if d.get("accepted_harness_change"):
+            lines.append("  - acknowledged harness changes: " + _codes(d["accepted_harness_change"]))
     lines += ["", "Verify with `afe verify <this comment saved to a file>` or `afe verify <PR URL>`."]
     for rec in (request, decision):
         if rec is not None:
@@ -171,7 +182,36 @@ def comment_body(request: RunRecord | None, decision: RunRecord | None) -> str:
     return "\n".join(lines)
 
 
+def verification_lines(ver: dict[str, Any]) -> list[str]:
+    """The verification's details for the comment: tests counted, the base it was merged onto,
+    harness changes, binary files, shadowing names and the reasons it failed."""
+    out = []
+    tests = ver.get("tests")
+    if isinstance(tests, dict):
+        base = ver.get("base_tests")
+        out.append("  - tests: " + ", ".join(f"{int(tests.get(k, 0) or 0)} {k}" for k in run_statement.COUNT_KEYS)
+                   + (f" (the base's own run: {int(base.get('ran', 0) or 0)} ran)" if isinstance(base, dict) else ""))
+    if ver.get("base_sha"):
+        out.append(f"  - merged onto {_code(ver.get('base_branch') or 'the base')} at {_code(ver['base_sha'])}"
+                   + (f", verified as {_code(ver['merge_sha'])}" if ver.get("merge_sha") else ""))
+    for key, what in (("harness_changes", "changes how tests run (the base's version was used)"),
+                      ("binary_files", "binary files added or changed"),
+                      ("shadowing", "names shadowing a standard module"), ("reasons", "why it failed")):
+        if ver.get(key):
+            out.append(f"  - {what}: " + _codes(ver[key]))
+    return out
+
+
+def _codes(values: object, shown: int = 20) -> str:
+    items = list(values) if isinstance(values, list) else []
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(_code(v) for v in items[:shown]) + more
+
+
 def _code(value: object, limit: int = 120) -> str:
-    """A value as inline code: no backticks, no line breaks, clipped (R36)."""
-    text = " ".join(str(value).replace("`", "'").split())[:limit]
+    """A value as inline code: no backticks, no line breaks, no control or format characters
+    (bidi overrides), clipped (R36)."""
+    text = "".join(ch for ch in str(value) if unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp")
+                   or ch in " \t\n")
+    text = " ".join(text.replace("`", "'").split())[:limit]
     return f"`{text}`" if text else "`-`"

@@ -5,10 +5,19 @@ broker (run_record.py). Predicate type `attestation.PREDICATE_TYPE`
 
 No secret goes in (the relay capability and tokens never reach the store
 or events; the broker refuses a statement holding one it knows). Untrusted
-text (the ticket's title and body, follow-ups, sandbox output, paths the
-agent chose) goes in only as SHA-256 digests; names from the manifests and
-host names the egress proxy logged go in as JSON strings, and the whole
-statement is ASCII-only canonical JSON (every other character escaped).
+text (the ticket's title and body, follow-ups, sandbox output, the agent's
+command lines) goes in only as SHA-256 digests; names from the manifests,
+host names the egress proxy logged and the paths the verification names
+(harness changes, binary files, shadowing names: what a reviewer must read)
+go in as JSON strings, clipped, and the whole statement is ASCII-only
+canonical JSON (every other character escaped).
+
+The record tells who made its head (`head.pushed_by`): afe's run (a
+`push.done` of builtin:open_pr, or the merge of the base that `afe ticket
+update-branch` pushed) or not (a person's push to the ticket's branch). A head
+afe did not push carries none of the run's commands, prompts, agents, models
+or usage as its own: those go under `afe_run`, attributed to the last head
+afe pushed.
 """
 
 from __future__ import annotations
@@ -25,6 +34,13 @@ from ...store.base import ApprovalRecord, PullRequestRecord, Store, TicketRecord
 
 EVENTS_SCANNED = 50_000        # a ticket's events read for the record, at most
 _EXIT = re.compile(r"exited with code (-?\d+)")
+_SHA = re.compile(r"[0-9a-f]{40}")         # fullmatch
+PUSHED_SHOWN = 50              # the heads afe pushed, named in the record (the latest)
+TEXT_MAX = 500                 # characters of one string of the verification kept
+LIST_MAX = 200                 # entries of one list of the verification kept
+COUNT_KEYS = ("ran", "passed", "failed", "errors", "skipped", "deselected")
+# what the run made, attributed to the head only when afe's run pushed it
+RUN_KEYS = ("prompts", "usage", "commands", "agent_commands", "agents", "models")
 
 
 def digest(text: str) -> str:
@@ -60,12 +76,23 @@ def statement(config: Config, store: Store, t: TicketRecord, sha: str, *, pr: Pu
         "usage": _usage(events),
         "commands": _commands(store, t, wf, events),
         "agent_commands": _agent_commands(events),
-        "verification": verification,
+        "verification": verification_record(verification),
     }
+    pushed = afe_pushed(store, t.id)
+    by_afe = sha in pushed
+    predicate["head"] = {"sha": sha, "pushed_by": "afe" if by_afe else "person",
+                         "afe_head": pushed[-1] if pushed else "", "afe_pushed": pushed[-PUSHED_SHOWN:]}
+    if not by_afe:     # a person's push: the run made another head (or none)
+        predicate["afe_run"] = {"head": pushed[-1] if pushed else "",
+                                **{k: predicate[k] for k in RUN_KEYS}}
+        for k in RUN_KEYS:
+            predicate[k] = {"models": [], "total_tokens": 0, "cost_usd": 0.0} if k == "usage" else []
     if decision is not None:
         predicate["decision"] = {"principal": decision.principal, "granted": decision.granted,
                                  "sha": decision.sha, "at_ms": decision.at_ms,
-                                 "reason_sha256": digest(decision.reason) if decision.reason else ""}
+                                 "reason_sha256": digest(decision.reason) if decision.reason else "",
+                                 "accepted_harness_change": _strings(
+                                     getattr(decision, "accepted_harness_change", None) or [])}
     return {"_type": attestation.STATEMENT_TYPE,
             "subject": [{"name": subject_name(ws, t.id), "digest": {"gitCommit": sha}}],
             "predicateType": attestation.PREDICATE_TYPE, "predicate": predicate}
@@ -86,6 +113,97 @@ def _events(store: Store, ticket_id: str) -> list[tuple[str, dict[str, Any]]]:
             out.append((ev.type, payload if isinstance(payload, dict) else {}))
         seq = batch[-1].seq + 1
     return out
+
+
+def afe_pushed(store: Store, ticket_id: str) -> list[str]:
+    """The heads afe's run pushed to the ticket's branch, oldest first, each once: builtin:open_pr's
+    `push.done`, and the merge of the base an update of the branch pushed (`ticket.reopened` with
+    `branch_updated`). Every event of the ticket is read (not only the first EVENTS_SCANNED)."""
+    out: list[str] = []
+    seq = 1
+    while True:
+        batch = store.events(ticket_id, seq, limit=1000)
+        if not batch:
+            return out
+        for ev in batch:
+            if ev.type not in ("push.done", "ticket.reopened"):
+                continue
+            try:
+                p = json.loads(ev.payload_json)
+            except ValueError:
+                continue
+            if not isinstance(p, dict) or (ev.type == "ticket.reopened" and not p.get("branch_updated")):
+                continue
+            sha = str(p.get("sha" if ev.type == "push.done" else "head_sha") or "").lower()
+            if _SHA.fullmatch(sha):
+                if sha in out:
+                    out.remove(sha)
+                out.append(sha)
+        seq = batch[-1].seq + 1
+
+
+def verification_record(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the record holds of a verification (the `approval.requested` summary, R41): the
+    contract's keys, each present only when the summary has it, with its type enforced, strings
+    clipped and lists bounded (`omitted` counts what was left out). None: no `verify:`."""
+    if not isinstance(v, dict):
+        return None
+    out: dict[str, Any] = {"passed": v.get("passed") is True}
+    omitted: dict[str, int] = {}
+    for k in ("sha", "base_sha", "merge_sha"):
+        if k in v:
+            out[k] = str(v[k]).lower() if _SHA.fullmatch(str(v[k] or "").lower()) else ""
+    for k in ("base_branch", "error"):
+        if k in v:
+            out[k] = _text(v[k])
+    for k in ("base_paths", "reasons", "harness_changes", "binary_files", "shadowing"):
+        if k in v:
+            items = v[k] if isinstance(v[k], list) else []
+            out[k] = _strings(items)
+            if len(items) > LIST_MAX:
+                omitted[k] = len(items) - LIST_MAX
+    if "commands" in v:
+        cmds = v["commands"] if isinstance(v["commands"], list) else []
+        out["commands"] = [_command(c) for c in cmds[:LIST_MAX] if isinstance(c, dict)]
+        if len(cmds) > LIST_MAX:
+            omitted["commands"] = len(cmds) - LIST_MAX
+    for k in ("tests", "base_tests"):
+        if k in v:
+            out[k] = _counts(v[k])
+    if omitted:
+        out["omitted"] = omitted
+    return out
+
+
+def _command(c: dict[str, Any]) -> dict[str, Any]:
+    code = c.get("exit_code")
+    out: dict[str, Any] = {"command": _text(c.get("command", "")),
+                           "exit_code": code if isinstance(code, int) and not isinstance(code, bool) else None,
+                           "timed_out": c.get("timed_out") is True, "duration_ms": _int(c.get("duration_ms"))}
+    if "counts" in c:
+        out["counts"] = _counts(c["counts"])
+    return out
+
+
+def _counts(c: object) -> dict[str, Any] | None:
+    if not isinstance(c, dict):
+        return None
+    out: dict[str, Any] = {k: _int(c.get(k)) for k in COUNT_KEYS}
+    if "runner" in c:
+        out["runner"] = _text(c["runner"], 40)
+    return out
+
+
+def _int(x: object) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) else 0
+
+
+def _text(x: object, limit: int = TEXT_MAX) -> str:
+    return str(x if x is not None else "")[:limit]
+
+
+def _strings(items: list[Any]) -> list[str]:
+    return [_text(x, 300) for x in items[:LIST_MAX]]
 
 
 def _payloads(events: list[tuple[str, dict[str, Any]]], type_: str) -> list[dict[str, Any]]:
