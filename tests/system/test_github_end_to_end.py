@@ -1,8 +1,12 @@
 """Issue #24 on GitHub, end to end through `afe up` (the four real processes,
 real Docker and git): the fake GitHub (tests/support/fakes/github.py, every
 request checked against GitHub's OpenAPI description) whose branches are the
-real refs of a repository served over TLS smart HTTP (the credential broker
-trusts the test CA through AFE_CA_FILE), and a fake OpenAI-compatible model.
+real refs of a repository and its fork served over TLS smart HTTP (the
+credential broker trusts the test CA through AFE_CA_FILE), and a fake
+OpenAI-compatible model. The Workspace pushes to the fork (`forge.pushRepo`,
+docs/GITHUB.md): every head lands in the fork, never in the repository, and
+the pull request is opened with `head: "<fork owner>:afe/<ticket>"`, so all
+that follows reads a fork pull request.
 
 GitHub's own webhook examples (`@octokit/webhooks-examples`), signed with the
 webhook secret, reach the gateway's POST /hooks/github: an `issues.labeled`
@@ -41,7 +45,7 @@ from gateway.hooks import sign
 from tests.foundation.launcher_support import base_env, start_afe, wait_gone
 from tests.scheduler.conftest import git as git_in
 from tests.scheduler.remote_env import LiveBranches
-from tests.support.fakes.git_http import GitHttpServer, make_bare_repo
+from tests.support.fakes.git_http import CLEAN_ENV, GitHttpServer, make_bare_repo
 from tests.support.fakes.github import FakeGitHub
 from tests.support.fakes.models import FakeOpenAI
 from tests.support.fakes.openapi import OpenApi
@@ -68,7 +72,7 @@ kind: Workspace
 name: widgets
 repo: {clone}
 tokenEnv: GH_E2E_TOKEN
-forge: {{type: github, repo: {repo}, baseUrl: '{api}'}}
+forge: {{type: github, repo: {repo}, baseUrl: '{api}', pushRepo: {fork}}}
 sandbox: {{limits: {{cpus: 1, memory: 256m, pids: 128}}}}
 ---
 kind: Model
@@ -155,8 +159,12 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
         owner, name = repo.split("/")
         (served / owner).mkdir(parents=True)
         bare = make_bare_repo(served / owner, f"{name}.git", {"calc.py": CALC, "test_calc.py": TEST_CALC})
+        fork, fork_bare = f"afe-bot/{name}", served / "afe-bot" / f"{name}.git"
+        fork_bare.parent.mkdir()
+        subprocess.run(["git", "clone", "-q", "--bare", "--", str(bare), str(fork_bare)], check=True, env=CLEAN_ENV)
         git = GitHttpServer(served, token, cert.server_context()).start()
         github.branches = LiveBranches(bare)
+        github.forks = {fork: LiveBranches(fork_bare)}
         github.permissions[sender] = "write"
         loop.run(github.__aenter__())
         loop.run(model.__aenter__())
@@ -167,7 +175,7 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
 
         cfg = base / "cfg"
         cfg.mkdir()
-        (cfg / "afe.yaml").write_text(CONFIG.format(clone=git.url(f"{repo}.git"), repo=repo, api=github.url,
+        (cfg / "afe.yaml").write_text(CONFIG.format(clone=git.url(f"{repo}.git"), repo=repo, api=github.url, fork=fork,
                                                     model=model.url + "/v1", label=labeled["label"]["name"]))
         env = base_env(PYTHONPATH=str(ROOT), GH_E2E_TOKEN=token, GH_E2E_MODEL_KEY=key,
                        AFE_CA_FILE=str(cert.cert_file), AFE_GITHUB_WEBHOOK_SECRET=SECRET)
@@ -219,8 +227,11 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
         [ticket] = answer["tickets"]
         first = _until("the first approval", waiting_on_new_head(""), 150)
         h1, number = first["awaiting_sha"], int(first["pr"]["number"])
-        assert github.pulls[number]["head"] == f"afe/{ticket}" and github.branches.get(f"afe/{ticket}") == h1
-        assert git_in(bare, "show", f"{h1}:calc.py") == FIX
+        assert github.pulls[number]["head"] == f"afe/{ticket}" and github.pulls[number]["head_repo"] == fork
+        created = [x.json()["head"] for x in github.seen if x.method == "POST" and x.path == f"/repos/{repo}/pulls"]
+        assert created == [f"afe-bot:afe/{ticket}"], created
+        assert github.forks[fork].get(f"afe/{ticket}") == h1 and github.branches.get(f"afe/{ticket}") is None
+        assert git_in(fork_bare, "show", f"{h1}:calc.py") == FIX
         up_to_h1 = time.monotonic() - started
 
         # 2. CI fails on H1; its Actions job log names the token (bait for the broker's redaction).
@@ -232,9 +243,9 @@ def test_issue_to_merge_on_github_with_a_failing_check_verification_and_run_reco
         assert (answer["outcome"], answer["reason"], answer["tickets"]) == ("accepted", "followup", [ticket])
         second = _until("the approval of the CI round's head", waiting_on_new_head(h1), 150)
         h2 = second["awaiting_sha"]
-        assert int(second["pr"]["number"]) == number and github.branches.get(f"afe/{ticket}") == h2
-        assert len(github.pulls) == 1
-        git_in(bare, "merge-base", "--is-ancestor", h1, h2)
+        assert int(second["pr"]["number"]) == number and github.forks[fork].get(f"afe/{ticket}") == h2
+        assert len(github.pulls) == 1 and github.branches.get(f"afe/{ticket}") is None
+        git_in(fork_bare, "merge-base", "--is-ancestor", h1, h2)
 
         # The model's prompt of the re-run quotes the failing check and its log's tail, not the token.
         prompts = [s.json() for s in model.seen]
