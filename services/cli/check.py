@@ -1,6 +1,7 @@
 """`afe check [--config DIR] [--online]`: validate the manifests (fields,
-references, templates, inputs) and each Workspace's repository and base
-branch (repocheck.py), and say what to fix.
+references, templates, inputs, the names an Agent's env: may take into the
+sandbox) and each Workspace's repository and base branch (repocheck.py), and
+say what to fix; warn about each env: name that does enter a sandbox.
 `afe check --schema`: print the JSON Schema of the manifests, for editors."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from services.common.config import Config
 from services.common.errors import ConfigError
 from services.common.manifests import load_config, missing_env
+from services.common.schema.sandboxenv import warnings as env_warnings
 
 from .repocheck import check_repositories
 
@@ -68,13 +70,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"afe check: {len(problems)} problem(s) with the repositories of {config.directory}:\n"
               + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
         return 1
+    mcp = f", {len(config.mcp_servers)} MCP server(s)" if config.mcp_servers else ""
     print(f"{config.directory}: OK — {len(config.workspaces)} workspace(s), {len(config.models)} model(s), "
-          f"{len(config.agents)} agent(s), {len(config.workflows)} workflow(s)")
+          f"{len(config.agents)} agent(s){mcp}, {len(config.workflows)} workflow(s)")
     for name, wf in sorted(config.workflows.items()):
         print(f"  workflow {name}: {' -> '.join(n.id for n in wf.nodes)}")
     unset = missing_env(config, os.environ)
     for var, where in unset:
         print(f"  note: {var} is not set in this shell ({where}); `afe up` will refuse to start without it")
+    for line in env_warnings(config):   # allowed, but the value is readable in the sandbox (R9, R43)
+        print(f"  warning: {line}")
     for line in repo_notes:
         print(line)
     for line in _preset_image_notes(config):

@@ -1,5 +1,5 @@
 """The configuration model: frozen dataclasses for the manifest kinds
-(`Workspace`, `Model`, `Agent`, `Workflow`, `Trigger`) and the `Config` that holds them.
+(`Workspace`, `Model`, `Agent`, `McpServer`, `Workflow`, `Trigger`) and the `Config` that holds them.
 
 `manifests.load_config(dir)` parses and validates YAML into these. Every
 process loads the same config directory itself; nothing here ever holds a
@@ -110,6 +110,46 @@ class Agent:
     source: str = ""
 
 
+MCP_TRANSPORTS = ("http", "sse", "stdio")   # Streamable HTTP | legacy HTTP+SSE | a process in the sandbox
+MCP_ALL_TOOLS = "all"                     # a stdio server's grant: afe cannot filter what it does not relay
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """An MCP server agents and model nodes may use (docs/MCP.md). Remote (`http`,
+    `sse`): reached only through the credential broker's relay, which alone holds the
+    credential named by `token_env` and sends it as `Authorization: Bearer <token>`
+    or, with `header`, as `<header>: <token>` (R43). Local (`stdio`): `command` runs
+    inside the ticket's sandbox and gets no secret."""
+    name: str
+    transport: str                         # http | sse | stdio (MCP_TRANSPORTS)
+    url: str = ""                          # remote: https://, or http:// to loopback
+    token_env: str | None = None           # remote: NAME of the variable holding the credential
+    header: str | None = None              # remote: the header carrying the token; None = Authorization: Bearer
+    command: tuple[str, ...] = ()          # stdio: the argv inside the sandbox
+    timeout_s: float = 60.0                # remote: seconds per request through the relay
+    source: str = ""
+
+    @property
+    def remote(self) -> bool:
+        return self.transport != "stdio"
+
+    def auth_header(self, token: str) -> tuple[str, str]:
+        """(header name, value) the relay adds for `token`; never put into a sandbox."""
+        return (self.header, token) if self.header else ("Authorization", f"Bearer {token}")
+
+
+@dataclass(frozen=True)
+class McpGrant:
+    """The tools of one MCP server a workflow's agents (Workflow.mcp) or a model node
+    (Node.mcp) may call; `tools == (MCP_ALL_TOOLS,)` only for a stdio server."""
+    server: str
+    tools: tuple[str, ...]
+
+    def allows(self, tool: str) -> bool:
+        return tool in self.tools or self.tools == (MCP_ALL_TOOLS,)
+
+
 @dataclass(frozen=True)
 class Node:
     id: str
@@ -122,7 +162,8 @@ class Node:
     agent: str | None = None               # agent: Agent name
     uses: str | None = None                # builtin name without the "builtin:" prefix
     prompt: str = ""
-    tools: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()            # model: afe's own tools (NODE_TOOLS)
+    mcp: tuple[McpGrant, ...] = ()         # model: the MCP tools of `tools: [mcp:SERVER/TOOL]`, by server
     max_turns: int = 20
     max_tokens: int = 0                    # per-node token budget; 0 = none
     deny: tuple[str, ...] = ()             # agent: permission kinds to deny
@@ -157,6 +198,7 @@ class Workflow:
     source: str = ""
     ci_rounds: int = 0                     # on_ci_failure.max: CI follow-up rounds at most; 0 = none
     verify: Verify | None = None           # clean-room verification before the approval (R41)
+    mcp: tuple[McpGrant, ...] = ()         # `mcp: {SERVER: [TOOL, ...]}`: what the agent nodes may call
 
     @property
     def required_inputs(self) -> tuple[str, ...]:
@@ -169,6 +211,22 @@ class Workflow:
             if n.id == node_id:
                 return n
         raise KeyError(node_id)
+
+    def mcp_grants(self, node_id: str | None = None) -> tuple[McpGrant, ...]:
+        """The MCP allowlist of one node: a model node's own `tools: [mcp:...]`, an agent
+        node's the workflow's `mcp:`; without a node, the workflow's `mcp:`."""
+        if node_id is not None:
+            node = self.node(node_id)
+            if node.kind == "model":
+                return node.mcp
+            if node.kind != "agent":
+                return ()
+        return self.mcp
+
+    def mcp_server_names(self) -> tuple[str, ...]:
+        """Every MCP server a ticket of this workflow may reach (its agents' and model nodes')."""
+        names = {g.server for g in self.mcp} | {g.server for n in self.nodes for g in n.mcp}
+        return tuple(sorted(names))
 
 
 # What a Trigger maps into a workflow input: fields of the GitHub event, all
@@ -200,12 +258,26 @@ class Config:
     agents: dict[str, Agent] = field(default_factory=dict)
     workflows: dict[str, Workflow] = field(default_factory=dict)
     triggers: dict[str, Trigger] = field(default_factory=dict)
+    mcp_servers: dict[str, McpServer] = field(default_factory=dict)
 
     def credential_env_names(self) -> list[str]:
-        """Variables the credential broker receives: every tokenEnv and apiKeyEnv."""
-        names = {w.token_env for w in self.workspaces.values() if w.token_env}
-        names |= {m.api_key_env for m in self.models.values() if m.api_key_env}
-        return sorted(names)
+        """Variables the credential broker receives: every tokenEnv (Workspace, McpServer) and apiKeyEnv."""
+        return sorted(self.secret_env_names())
+
+    def secret_env_names(self) -> dict[str, tuple[str, str]]:
+        """NAME -> (kind, name) of the manifest that holds a secret in it, e.g. ("Model", "claude"):
+        every Workspace and McpServer tokenEnv and Model apiKeyEnv, the names no Agent's env may list (R43)."""
+        out: dict[str, tuple[str, str]] = {}
+        for w in self.workspaces.values():
+            if w.token_env:
+                out.setdefault(w.token_env, ("Workspace", w.name))
+        for m in self.models.values():
+            if m.api_key_env:
+                out.setdefault(m.api_key_env, ("Model", m.name))
+        for s in self.mcp_servers.values():
+            if s.token_env:
+                out.setdefault(s.token_env, ("McpServer", s.name))
+        return out
 
     def agent_env_names(self) -> list[str]:
         """Variables the sandbox broker receives: every name an acp agent declares."""

@@ -40,6 +40,7 @@ from .environment import child_env
 from .supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
+from services.common.schema.sandboxenv import warnings as env_warnings
 
 MODULES = {
     "sandbox": "services.sandbox.main",
@@ -303,6 +304,8 @@ def run(opts: Options, environ: Mapping[str, str] | None = None,
         out: Callable[[str], None] = print) -> int:
     environ = dict(os.environ if environ is None else environ)
     stop_requested: list[int] = []
+    for line in env_warnings(config):   # as `afe check` says it (R9, R43)
+        out(f"  warning: {line}")
 
     def on_signal(signum: int, frame: object) -> None:
         stop_requested.append(signum)

@@ -33,7 +33,7 @@ kind: Agent
 name: coder
 type: acp
 command: [claude-code-acp]
-env: [ANTHROPIC_API_KEY]
+env: [ACP_TEST_KEY]
 image: afe/sandbox-acp-test:latest
 ---
 """
@@ -87,12 +87,12 @@ def test_afe_check_refuses_a_bad_agent_manifest(tmp_path, agent, deny, needle):
 
 @pytest.mark.parametrize("env_line", [
     "env: [sk-ant-api03-abcdefghijklmnopqrstuvwxyz012345]",
-    "env: [ANTHROPIC_API_KEY=sk-ant-api03-abcdefghijklmnopqrstuvwxyz012345]",
+    "env: [ACP_TEST_KEY=sk-ant-api03-abcdefghijklmnopqrstuvwxyz012345]",
     "env: [ghp_abcdefghijklmnopqrstuvwxyz0123456789]",
 ])
 def test_r28_afe_check_refuses_a_secret_value_in_agent_env(tmp_path, env_line):
     secret = env_line.split("[", 1)[1].rstrip("]").split("=")[-1]
-    r = afe_check(write(tmp_path, GOOD_AGENT.replace("env: [ANTHROPIC_API_KEY]", env_line)))
+    r = afe_check(write(tmp_path, GOOD_AGENT.replace("env: [ACP_TEST_KEY]", env_line)))
     assert r.returncode == 1, r.stdout
     assert "env" in r.stderr
     assert secret not in r.stderr and secret not in r.stdout     # the value is never echoed
@@ -112,7 +112,7 @@ def test_agent_command_keeps_repeated_items_in_order(tmp_path):
 
 
 @pytest.mark.parametrize("agent, deny", [
-    (GOOD_AGENT.replace("env: [ANTHROPIC_API_KEY]", "env: [ANTHROPIC_API_KEY, ANTHROPIC_API_KEY]"), "execute"),
+    (GOOD_AGENT.replace("env: [ACP_TEST_KEY]", "env: [ACP_TEST_KEY, ACP_TEST_KEY]"), "execute"),
     (GOOD_AGENT, "execute, execute"),
 ])
 def test_lists_meant_as_sets_still_refuse_a_repeated_item(tmp_path, agent, deny):

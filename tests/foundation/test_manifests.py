@@ -250,8 +250,8 @@ def test_readme_configuration_example_validates(tmp_path):
     example = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
     (tmp_path / "afe.yaml").write_text(example)
     cfg = load_config(tmp_path)
-    assert cfg.credential_env_names() == ["OPENAI_API_KEY", "SHOP_GITHUB_TOKEN"]
-    assert cfg.agent_env_names() == ["ANTHROPIC_API_KEY"]
+    assert cfg.credential_env_names() == ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "SHOP_GITHUB_TOKEN"]
+    assert cfg.agent_env_names() == []        # the key stays in the credential broker (R32, R43)
 
 
 def test_afe_check_lists_every_problem_and_exits_1(tmp_path, capsys):

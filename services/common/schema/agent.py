@@ -1,5 +1,6 @@
 """kind: Agent — an ACP coding agent: its command, the variable NAMES it
-may receive (env, R9), its Model through the relay (model, relayEnv, R32),
+may receive (env, R9; never one that holds a secret afe keeps, R43:
+sandboxenv.py), its Model through the relay (model, relayEnv, R32),
 a preset (claude-code, codex, gemini, opencode) and literal switches
 (fixedEnv).
 
@@ -35,7 +36,8 @@ class AgentManifest(BaseModel):
     type: Literal["acp"]
     command: list[Annotated[str, StringConstraints(min_length=1)]] | None = Field(
         None, min_length=1, description="the argv of the ACP agent (repeated items allowed); default: the preset's")
-    env: list[EnvName] = Field(default_factory=list, description="variable NAMES passed into the sandbox (R9)")
+    env: list[EnvName] = Field(default_factory=list, description="variable NAMES passed into the sandbox (R9); "
+                                  "never a Model's apiKeyEnv or a Workspace's or McpServer's tokenEnv (R43)")
     image: str | None = Field(None, description="the sandbox image; default: the preset's")
     model: Annotated[str, StringConstraints(pattern=NAME_RE.pattern)] | None = Field(
         None, description="a Model the agent reaches through the relay (R32)")
@@ -63,13 +65,11 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
     preset = doc.choice(d, "preset", "preset", tuple(PRESETS))
     fixed_env = _fixed_env(loader, doc, d, env, relay_env)
     if doc.named and name is not None and atype is not None and (command or preset is not None):
-        agent = apply_preset(Agent(name=name, type=atype, command=command, env=env, image=image, model=model,
-                                   relay_env=relay_env, fixed_env=fixed_env, source=doc.where), preset)
-        clash = sorted(set(env) & {k for k, _ in (*agent.relay_env, *agent.fixed_env)})
-        if preset is not None and clash:
-            doc.error("env", f"preset {preset} sets {', '.join(clash)} itself (from the relay or as a fixed "
-                      "value); remove it from env: a model key never enters the sandbox (R32)")
-        loader.agents[name] = agent
+        # Which env names may enter the sandbox is checked once every document is read
+        # (sandboxenv.py, R43): it depends on the Models, Workspaces and McpServers.
+        loader.agents[name] = apply_preset(Agent(name=name, type=atype, command=command, env=env, image=image,
+                                                 model=model, relay_env=relay_env, fixed_env=fixed_env,
+                                                 source=doc.where), preset)
 
 
 def _fixed_env(loader: Loader, doc: Doc, d: Mapping[str, Any], secret_names: tuple[str, ...],

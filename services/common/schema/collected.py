@@ -1,5 +1,5 @@
 """What the manifest loader has collected so far, as the per-kind modules
-(agent.py, model.py, trigger.py, workflow.py, workspace.py) see it: the
+(agent.py, mcp.py, model.py, trigger.py, workflow.py, workspace.py) see it: the
 folder being read and the documents loaded, by kind and name.
 
 `Loader` (loader.py) is one; the kind modules type their `load(loader, ...)`
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import Agent, Model, Trigger, Workflow, Workspace
+from ..config import Agent, McpServer, Model, Trigger, Workflow, Workspace
 
 
 @dataclass
@@ -22,5 +22,6 @@ class Collected:
     agents: dict[str, Agent] = field(default_factory=dict)
     workflows: dict[str, Workflow] = field(default_factory=dict)
     triggers: dict[str, Trigger] = field(default_factory=dict)
+    mcp_servers: dict[str, McpServer] = field(default_factory=dict)
     # the raw `nodes:` list of each workflow, for the checks made once every document is read
     _raw_nodes: dict[str, list[Any]] = field(default_factory=dict)

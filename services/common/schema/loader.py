@@ -12,8 +12,9 @@ runs over every document before its kind's checks. No other error message
 echoes a value that could be a secret either (see `text.show`).
 
 Each kind's fields and checks are in its own module (workspace, model, agent,
-workflow, trigger); this one dispatches on `kind:` and checks what spans
-documents (names, references, cycles).
+mcp, workflow, trigger); this one dispatches on `kind:` and checks what spans
+documents (names, references, cycles, MCP grants, and the variables an
+Agent's env: may take into the sandbox: sandboxenv.py, R43).
 
 Files referenced as a replay model's `script` are data, not manifests, and
 are skipped when they sit in the same folder.
@@ -33,7 +34,7 @@ from ..presets import PRESETS
 from ..redact import secret_kind
 from ..relayenv import DEFAULT_RELAY_ENV, RELAY_PROVIDERS
 from ..templates import check as check_template
-from . import agent, model, trigger, workflow, workspace
+from . import agent, mcp, model, sandboxenv, trigger, workflow, workspace
 from .collected import Collected
 from .document import Doc
 from .text import KINDS, NAME_RE, NAME_WHAT, show
@@ -41,8 +42,8 @@ from .text import KINDS, NAME_RE, NAME_WHAT, show
 __all__ = ["Loader", "load_config", "missing_env"]
 
 LOADERS: dict[str, Callable[[Loader, Doc, Mapping[str, Any], str | None], None]] = {
-    "Workspace": workspace.load, "Model": model.load, "Agent": agent.load, "Workflow": workflow.load,
-    "Trigger": trigger.load,
+    "Workspace": workspace.load, "Model": model.load, "Agent": agent.load, "McpServer": mcp.load,
+    "Workflow": workflow.load, "Trigger": trigger.load,
 }
 
 
@@ -197,6 +198,8 @@ class Loader(Collected):
             elif not a.relay_env and m.provider not in DEFAULT_RELAY_ENV:
                 self.errors.append(f"{a.source} relayEnv: provider {m.provider} has no default; list the "
                                    "variables the agent reads")
+        self.errors.extend(sandboxenv.refusals(self))
+        self.errors.extend(mcp.grant_problems(self, {n for k, n in self.seen if k == "McpServer"}))
 
     def check_templates(self, wf: Workflow, index: Mapping[Any, int]) -> None:
         """Every `{{...}}` in a run line, prompt or builtin text names what that node can see:
@@ -223,7 +226,8 @@ class Loader(Collected):
 
     def config(self) -> Config:
         return Config(directory=self.directory, workspaces=self.workspaces, models=self.models,
-                      agents=self.agents, workflows=self.workflows, triggers=self.triggers)
+                      agents=self.agents, workflows=self.workflows, triggers=self.triggers,
+                      mcp_servers=self.mcp_servers)
 
 
 def _needs_transitively(by_id: dict[str, Node], node: str, ancestor: str) -> bool:
@@ -333,6 +337,9 @@ def missing_env(config: Config, environ: Mapping[str, str]) -> list[tuple[str, s
     for m in config.models.values():
         if m.api_key_env:
             wanted.append((m.api_key_env, f"{m.source} Model {m.name} apiKeyEnv"))
+    for s in config.mcp_servers.values():
+        if s.token_env:
+            wanted.append((s.token_env, f"{s.source} McpServer {s.name} tokenEnv"))
     for a in config.agents.values():
         for n in a.env:
             wanted.append((n, f"{a.source} Agent {a.name} env"))

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import Field, TypeAdapter
 
 from .agent import AgentManifest
+from .mcp import McpServerManifest
 from .model import ModelManifest
 from .trigger import TriggerManifest
 from .workflow import WorkflowManifest
@@ -23,9 +24,11 @@ from .workspace import WorkspaceManifest
 __all__ = ["MANIFEST_MODELS", "manifest_json_schema"]
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-MANIFEST_MODELS = (WorkspaceManifest, ModelManifest, AgentManifest, WorkflowManifest, TriggerManifest)
+MANIFEST_MODELS = (WorkspaceManifest, ModelManifest, AgentManifest, McpServerManifest, WorkflowManifest,
+                   TriggerManifest)
 
-Manifest = Annotated[WorkspaceManifest | ModelManifest | AgentManifest | WorkflowManifest | TriggerManifest,
+Manifest = Annotated[WorkspaceManifest | ModelManifest | AgentManifest | McpServerManifest | WorkflowManifest
+                     | TriggerManifest,
                      Field(discriminator="kind")]
 
 
@@ -33,7 +36,7 @@ def manifest_json_schema() -> dict[str, Any]:
     """One schema that accepts any single manifest document (selected by `kind`)."""
     schema = TypeAdapter(Manifest).json_schema(by_alias=True)
     return {"$schema": DRAFT, "title": "afe manifest",
-            "description": "One document of an afe config folder: kind Workspace, Model, Agent, Workflow or "
-                           "Trigger. `afe check` also checks references between documents and refuses "
+            "description": "One document of an afe config folder: kind Workspace, Model, Agent, McpServer, "
+                           "Workflow or Trigger. `afe check` also checks references between documents and refuses "
                            "secret-looking values (R28).",
             **schema}

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from ..redact import secret_kind
 
-KINDS = ("Workspace", "Model", "Agent", "Workflow", "Trigger")
+KINDS = ("Workspace", "Model", "Agent", "McpServer", "Workflow", "Trigger")
 
 ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -23,6 +23,10 @@ EGRESS_RE = re.compile(rf"^\.?(?:{HOST_LABEL}\.)*{HOST_LABEL}$")
 GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
 GITHUB_LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
 COMMAND_RE = re.compile(r"^/[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
+# An MCP tool's name (the spec's recommended characters, without '/'), and a model node's
+# `mcp:SERVER/TOOL` entry in `tools:`.
+MCP_TOOL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+MCP_NODE_TOOL_RE = re.compile(r"^mcp:([A-Za-z0-9][A-Za-z0-9._-]{0,62})/([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$")
 MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
 

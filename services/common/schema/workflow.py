@@ -1,5 +1,7 @@
 """kind: Workflow — the nodes a ticket runs (run, model, agent, builtin),
-their order (needs), budgets (maxTokens) and the inputs a ticket may set.
+their order (needs), budgets (maxTokens), the inputs a ticket may set and
+the MCP tools its agents may call (`mcp: {SERVER: [TOOL, ...]}`; a model
+node lists its own as `tools: [mcp:SERVER/TOOL]`, docs/MCP.md).
 
 `WorkflowManifest` and the node models declare the fields; `load` checks
 one document and adds a `config.Workflow`. References to other documents
@@ -12,9 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ..config import BUILTINS, NODE_TOOLS, Node, Workflow
+from ..config import BUILTINS, MCP_ALL_TOOLS, NODE_TOOLS, McpGrant, Node, Workflow
 from .document import Doc
-from .text import INPUT_RE, INPUT_WHAT, NAME_RE, NODE_ID_RE, fields_of, show
+from .text import INPUT_RE, INPUT_WHAT, MCP_NODE_TOOL_RE, MCP_TOOL_RE, NAME_RE, NODE_ID_RE, fields_of, show
 from .verify import VerifyDecl, load_verify
 from .workspace import MERGE_METHODS
 
@@ -33,6 +35,10 @@ BUILTIN_WITH = {
 
 _STRICT = ConfigDict(extra="forbid", populate_by_name=True)
 NodeId = Annotated[str, StringConstraints(pattern=NODE_ID_RE.pattern)]
+McpToolName = Annotated[str, StringConstraints(pattern=MCP_TOOL_RE.pattern)]
+McpNodeTool = Annotated[str, StringConstraints(pattern=MCP_NODE_TOOL_RE.pattern)]
+McpServerName = Annotated[str, StringConstraints(pattern=NAME_RE.pattern)]
+TOOLS_WHAT = f"use one of: {', '.join(NODE_TOOLS)}, or mcp:SERVER/TOOL (a tool of an McpServer)"
 
 
 class OnFailure(BaseModel):
@@ -68,7 +74,8 @@ class ModelNode(_NodeBase):
     """A tool-using model loop driven by the engine."""
     model: Annotated[str, StringConstraints(min_length=1)] = Field(description="a Model name")
     prompt: str
-    tools: list[Literal[NODE_TOOLS]] = Field(default_factory=list)  # type: ignore[valid-type]
+    tools: list[Literal[NODE_TOOLS] | McpNodeTool] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="afe's tools, and MCP tools as mcp:SERVER/TOOL (docs/MCP.md)")
     max_turns: int = Field(20, ge=1)
     max_tokens: int = Field(0, ge=0, description="token budget of this node; 0 = none")
 
@@ -121,6 +128,9 @@ class WorkflowManifest(BaseModel):
     nodes: list[RunNode | ModelNode | AgentNode | BuiltinNode] = Field(min_length=1)
     on_ci_failure: OnCiFailure | None = Field(None, description="iterate on failing CI of the pull request")
     verify: VerifyDecl | None = Field(None, description="clean-room verification of the head before merge (R41)")
+    mcp: dict[McpServerName, list[McpToolName] | Literal["all"]] = Field(
+        default_factory=dict, description="McpServer name -> the tools its agent nodes may call (a stdio "
+        "server: all)")
 
 
 def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> None:
@@ -130,6 +140,7 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
     max_tokens = doc.integer(d, "maxTokens", "maxTokens", 0, minimum=0)
     ci_rounds = _on_ci_failure(doc, d)
     verify = load_verify(doc, d)
+    mcp = _mcp(doc, d)
     raw_nodes = d.get("nodes")
     nodes: list[Node] = []
     if raw_nodes is not None and not isinstance(raw_nodes, list):
@@ -151,8 +162,60 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
     if doc.named and name is not None and "nodes" in d:
         loader.workflows[name] = Workflow(name=name, nodes=tuple(nodes), workspace=workspace, inputs=inputs,
                                         input_defaults=defaults, max_tokens=max_tokens, source=doc.where,
-                                        ci_rounds=ci_rounds, verify=verify)
+                                        ci_rounds=ci_rounds, verify=verify, mcp=mcp)
         loader._raw_nodes[name] = raw_nodes if isinstance(raw_nodes, list) else []
+
+
+def _mcp(doc: Doc, d: Mapping[str, Any]) -> tuple[McpGrant, ...]:
+    """`mcp: {SERVER: [TOOL, ...]}` (or SERVER: all for a stdio server): the agents' MCP grants.
+    That each server exists and which form it takes is checked once every document is read."""
+    raw = doc.mapping(d, "mcp", "mcp")
+    if raw is None:
+        return ()
+    grants: list[McpGrant] = []
+    for server, tools in raw.items():
+        if not isinstance(server, str) or not NAME_RE.match(server):
+            doc.error("mcp", f"{show(server)} is not an McpServer name; write mcp: {{SERVER: [tool, ...]}}")
+            continue
+        path = f"mcp.{server}"
+        if tools == MCP_ALL_TOOLS:
+            grants.append(McpGrant(server=server, tools=(MCP_ALL_TOOLS,)))
+            continue
+        if not isinstance(tools, list) or not tools:
+            doc.error(path, f"list the tools the agents may call, e.g. mcp: {{{server}: [get_issue, "
+                      "search_issues]}} (an empty list allows nothing: remove the server instead)")
+            continue
+        names = doc.str_list(raw, server, path, pattern=MCP_TOOL_RE,
+                             what="write an MCP tool's name (letters, digits, '_', '-', '.')")
+        if MCP_ALL_TOOLS in names:
+            doc.error(path, f"{MCP_ALL_TOOLS!r} is the whole value (SERVER: all), not an item of a list")
+            continue
+        if names:
+            grants.append(McpGrant(server=server, tools=names))
+    return tuple(grants)
+
+
+def _model_tools(doc: Doc, raw: Mapping[str, Any], path: str) -> tuple[tuple[str, ...], tuple[McpGrant, ...]]:
+    """A model node's `tools:`: afe's own (NODE_TOOLS) and `mcp:SERVER/TOOL`, grouped by server."""
+    items = set(doc.str_list(raw, "tools", path))   # non-empty text, no duplicates
+    listed = raw.get("tools")
+    own: list[str] = []
+    by_server: dict[str, list[str]] = {}
+    for i, item in enumerate(listed if isinstance(listed, list) else []):
+        if not isinstance(item, str) or item not in items:
+            continue   # refused above
+        items.discard(item)
+        if item in NODE_TOOLS:
+            own.append(item)
+            continue
+        m = MCP_NODE_TOOL_RE.match(item)
+        if m is None:
+            what = ("write mcp:SERVER/TOOL (an McpServer's name, '/', one of its tools)"
+                    if item.startswith("mcp:") else TOOLS_WHAT)
+            doc.error(f"{path}[{i}]", f"{show(item)} is not one of afe's tools; {what}")
+            continue
+        by_server.setdefault(m.group(1), []).append(m.group(2))
+    return tuple(own), tuple(McpGrant(server=s, tools=tuple(t)) for s, t in by_server.items())
 
 
 def _on_ci_failure(doc: Doc, d: Mapping[str, Any]) -> int:
@@ -249,7 +312,7 @@ def _node(loader: Loader, doc: Doc, raw: Any, path: str) -> Node | None:
         kw["prompt"] = doc.text(raw, "prompt", f"{path}.prompt", "")
         if "prompt" not in raw:
             doc.error(f"{path}.prompt", "a model node needs a prompt; add prompt: ...")
-        kw["tools"] = doc.str_list(raw, "tools", f"{path}.tools", choices=NODE_TOOLS)
+        kw["tools"], kw["mcp"] = _model_tools(doc, raw, f"{path}.tools")
         kw["max_turns"] = doc.integer(raw, "max_turns", f"{path}.max_turns", 20, minimum=1)
         kw["max_tokens"] = doc.integer(raw, "max_tokens", f"{path}.max_tokens", 0, minimum=0)
     elif which == "agent":
