@@ -4,6 +4,8 @@
 import { Rpc, RpcError } from "./rpc.js";
 import { h, clear, when } from "./dom.js";
 import { drawGraph, elapsed } from "./graph.js";
+import { eventLine, usd } from "./events.js";
+import { Keyed, approvalPanel, decodeRecords, recordsView } from "./review.js";
 import { STATES, TERMINAL, WAITING_APPROVAL, RETRYABLE } from "/states.js";   // served from services/common/states.py
 const DEMO = { workspace: "demo", workflow: "demo-fix", title: "Fix add() in the demo calculator",
                body: "The test for add() fails: add(2, 3) returns -1. Make the tests pass." };
@@ -68,6 +70,7 @@ function flash(msg, kind = "error") {
 // -- login ---------------------------------------------------------------
 function showLogin(message) {
   cleanup(); cleanup = () => {};
+  configInfo = null;
   nav.hidden = true;
   const input = h("input", { type: "password", id: "token", name: "token", autocomplete: "current-password",
                              required: true, placeholder: "UI token" });
@@ -96,15 +99,34 @@ function card(t) {
     h("span", { class: "meta" }, `${t.id} · ${t.workflow} · ${when(t.updated_at_ms)}`));
 }
 
+// What to do on an empty board: the form, the demo (when configured), the CLI.
+function emptyHint(cfg) {
+  const wf = (cfg.workflows[0] || {}).name || "WORKFLOW";
+  const cmd = `afe ticket create --workflow ${wf} --title "what to change"`;
+  return h("div", { id: "board-empty", class: "card hint" },
+    h("h2", {}, "No tickets yet"),
+    h("p", {}, "A ticket asks afe to make a change: an agent works on it in a sandbox, the checks run, ",
+      "and a pull request waits for your approval."),
+    h("ul", {},
+      h("li", {}, "Create one with ", h("a", { href: "#/new", id: "hint-new" }, "New ticket"), "."),
+      cfg.demo ? h("li", {}, "Or try ", h("b", {}, "Run the demo"), " (above): it fixes a small calculator in about a minute.") : "",
+      h("li", {}, "Or from a terminal: ", h("code", { id: "hint-cli" }, cmd),
+        cfg.workflows.length > 1 ? ` (workflows: ${cfg.workflows.map((w) => w.name).join(", ")})` : "")),
+    cfg.workflows.length ? "" : h("p", { class: "flash error" }, "The configuration declares no Workflow: add one (docs/GUIDE.md), then restart afe."));
+}
+
 async function showBoard() {
   const cols = new Map(STATES.map((s) => [s, h("div", { class: "col-body" })]));
+  const hint = h("div", { id: "board-hint" });
   const board = h("section", { class: "board", id: "board" },
     STATES.map((s) => h("div", { class: `col col-${s}`, "data-col": s },
       h("h2", {}, s.replace("_", " ")), cols.get(s))));
-  clear(app).append(board);
+  clear(app).append(hint, board);
   let stop = false;
   const load = async () => {
     const res = await rpc.call("tickets.list", { page_size: 200 });
+    if (!res.tickets.length && !hint.firstChild) hint.append(emptyHint(await learnConfig()));
+    if (res.tickets.length) clear(hint);
     for (const c of cols.values()) clear(c);
     for (const t of res.tickets) (cols.get(t.state) || cols.get(STATES[0])).append(card(t));
     for (const [s, c] of cols) if (!c.firstChild) c.append(h("p", { class: "muted" }, "—"));
@@ -157,6 +179,26 @@ async function showNew() {
   clear(app).append(form);
 }
 
+// The configuration as the UI needs it: its workflows, and whether the bundled demo is
+// there (the demo-fix workflow of the demo workspace: services/common/demo/afe.yaml).
+let configInfo = null;
+function learnConfig() {
+  if (!configInfo) {
+    configInfo = rpc.call("workflows.list").then((r) => ({
+      workflows: r.workflows || [],
+      demo: (r.workflows || []).some((w) => w.name === DEMO.workflow && w.workspace === DEMO.workspace),
+    }));
+    configInfo.catch(() => { configInfo = null; });
+  }
+  return configInfo;
+}
+
+// "Run the demo" only where the demo is configured (one's own config has no demo-fix).
+async function showDemoButton() {
+  const button = document.getElementById("run-demo");
+  try { button.hidden = !(await learnConfig()).demo; } catch { button.hidden = true; }
+}
+
 async function runDemo() {
   try {
     const t = await rpc.call("tickets.create", DEMO);
@@ -165,87 +207,6 @@ async function runDemo() {
 }
 
 // -- ticket page ---------------------------------------------------------
-// A head's clean-room verification (R41), as services/common/verification.py words it.
-function verificationText(v) {
-  const cmds = v.commands || [];
-  const where = (v.base_paths || []).length ? ` (${v.base_paths.join(", ")} from ${v.base_branch || "the base branch"})` : "";
-  if (v.passed) return `verification passed: ${cmds.length} command${cmds.length === 1 ? "" : "s"}${where}`;
-  const f = cmds.find((c) => c.exit_code !== 0 || c.timed_out);
-  if (!f) return `verification did not run${where}`;
-  return `verification failed: ${f.command} ${f.timed_out ? "timed out" : "exited " + f.exit_code}${where}`;
-}
-
-function verificationBadge(v) {
-  return h("span", { id: "verification", class: `badge verify-${v.passed ? "passed" : "failed"}`, "data-passed": String(!!v.passed), title: verificationText(v) },
-    v.passed ? "✓ verified" : "✗ verification failed", " ", h("small", {}, verificationText(v)));
-}
-
-function eventLine(e) {
-  const p = e.payload || {};
-  const node = p.node ? `[${p.node}] ` : "";
-  switch (e.type) {
-    case "node.output": return { cls: `out ${p.stream || ""}`, text: `${node}${p.text || ""}` };
-    case "node.message": return { cls: "msg", text: `${node}model: ${p.content || p.text || ""}` };
-    case "node.tool_call": return { cls: "tool", text: `${node}→ ${p.name}(${p.arguments || ""})` };
-    case "node.tool_result": return { cls: "tool", text: `${node}← ${p.name} ${p.ok === false ? "failed" : "ok"}: ${String(p.result || "").slice(0, 400)}` };
-    case "node.started": return { cls: "sys", text: `${node}started (${p.kind || ""}${p.attempt > 1 ? ", attempt " + p.attempt : ""})` };
-    case "node.finished": return { cls: "sys", text: `${node}finished: ${p.state}${p.attempt > 1 ? " (attempt " + p.attempt + ")" : ""}${p.error ? " — " + p.error : ""}` };
-    case "node.retry": return { cls: "sys", text: `${node}attempt ${p.attempt || "?"} failed, retrying${p.error ? " — " + p.error : ""}` };
-    case "node.prompt": return { cls: "sys", text: `${node}prompt sent to ${p.model || "the model"} (${String(p.prompt || "").length} chars; see Prompts)` };
-    case "model.usage": return { cls: "sys", text: `${node}tokens: ${p.input_tokens || 0} in, ${p.output_tokens || 0} out (${p.model || ""}${typeof p.cost_usd === "number" ? ", ~" + usd(p.cost_usd) : ""})` };
-    case "node.budget_exceeded": return { cls: "sys", text: `${node}budget spent (${p.limit}): ${p.reason || ""}` };
-    case "node.resumed": return { cls: "sys", text: `${node}resumed (was ${p.was || ""})` };
-    case "ticket.resumed": return { cls: "sys", text: "ticket resumed after a restart" };
-    case "broker.retry": return { cls: "sys", text: `${node}waiting for the ${p.broker} broker (${p.step || ""})` };
-    case "broker.recovered": return { cls: "sys", text: `${node}the ${p.broker} broker is back (${p.step || ""})` };
-    case "workspace.ready": return { cls: "sys", text: `workspace ready: branch ${p.branch || ""} from ${String(p.base_sha || "").slice(0, 12)}` };
-    case "approval.stale": return { cls: "sys", text: `approval of ${String(p.approved_sha || "").slice(0, 12)} is stale: the head is now ${String(p.head_sha || "").slice(0, 12)}; approve again` };
-    case "commit.warning": return { cls: "sys", text: `${node}warning: ${p.message || p.kind || ""}` };
-    case "agent.plan": return { cls: "tool", text: `${node}agent plan: ${(p.entries || []).filter((x) => x.status === "completed").length} of ${(p.entries || []).length} steps done` };
-    case "agent.cancel": return { cls: "sys", text: `${node}agent asked to stop (session/cancel)` };
-    case "agent.protocol_error": return { cls: "sys", text: `${node}agent protocol error: ${p.reason || ""}` };
-    case "agent.message": return { cls: "msg", text: `${node}agent: ${p.text || ""}` };
-    case "agent.thought": return { cls: "msg thought", text: `${node}agent (thinking): ${p.text || ""}` };
-    case "agent.tool_call": return { cls: "tool", text: `${node}agent → ${p.title || p.kind} [${p.status}]` };
-    case "agent.tool_call_update": return { cls: "tool", text: `${node}agent tool ${p.id}: ${p.status || "updated"}` };
-    case "agent.fs": return { cls: "tool", text: `${node}agent ${p.op} ${p.path}${p.ok === false ? " (refused)" : ""}` };
-    case "agent.terminal": return { cls: "tool", text: `${node}agent terminal ${p.op}${p.command ? ": " + p.command : ""}${p.ok === false ? " (refused)" : ""}` };
-    case "agent.stderr": return { cls: "out stderr", text: `${node}${p.omitted_bytes ? "… " + p.omitted_bytes + " bytes left out …\n" : ""}${p.text || ""}` };
-    case "agent.permission": return { cls: "tool", text: `${node}agent asked permission for ${p.title || p.kind || "a tool"}: ${p.decision || ""}` };
-    case "ticket.created": return { cls: "sys", text: `ticket created${p.principal ? " by " + p.principal : ""}` };
-    case "ticket.state": return { cls: "sys", text: `ticket is ${String(p.state).replace("_", " ")}` };
-    case "ticket.finished": return { cls: "sys", text: `ticket ${p.state}${p.error ? " — " + p.error : ""}` };
-    case "sandbox.ready": return { cls: "sys", text: `sandbox ready${p.image ? ": " + p.image : ""} (${p.egress && p.egress.length ? "egress " + p.egress.join(", ") : "no network"})` };
-    case "commit.done": return { cls: "sys", text: `${node}committed ${String(p.sha || "").slice(0, 12)}` };
-    case "push.done": return { cls: "sys", text: `${node}pushed ${p.branch || ""} at ${String(p.sha || "").slice(0, 12)}` };
-    case "pr.opened": return { cls: "sys", text: `${node}pull request #${p.number} opened (${p.head_branch} → ${p.base_branch})` };
-    case "approval.requested": return { cls: "sys", text: `${node}waiting for a person to approve ${String(p.sha || "").slice(0, 12)}${p.verification ? " (" + verificationText(p.verification) + ")" : ""}` };
-    case "verification.started": return { cls: "sys", text: `${node}verifying ${String(p.sha || "").slice(0, 12)} in a fresh sandbox (${(p.commands || []).length} command(s)${(p.base_paths || []).length ? ", " + p.base_paths.join(", ") + " from the base branch" : ""})` };
-    case "verification.output": return { cls: `out ${p.stream || ""}`, text: `[verify] ${p.text || ""}` };
-    case "verification.finished": return { cls: "sys", text: `${node}${verificationText(p)} on ${String(p.sha || "").slice(0, 12)}` };
-    case "approval.granted": return { cls: "sys", text: `approved by ${p.principal}` };
-    case "approval.rejected": return { cls: "sys", text: `rejected by ${p.principal}${p.reason ? ": " + p.reason : ""}` };
-    case "ticket.reopened": return { cls: "sys", text: `ticket re-opened (${p.reason}) by ${p.principal}${p.nodes && p.nodes.length ? ": runs " + p.nodes.join(", ") + " again" : ""}` };
-    case "node.feedback": return { cls: "sys", text: `${node}failed; round ${p.round} of ${p.max}: its output goes back to ${p.to}` };
-    case "node.feedback_spent": return { cls: "sys", text: `${node}failed after ${p.rounds} rounds back to ${p.to}` };
-    case "branch.conflict": return { cls: "sys", text: `updating the branch conflicts in: ${(p.paths || []).join(", ")}` };
-    case "github.joined": return { cls: "sys", text: `GitHub ${p.event} by ${p.author} joined this ticket (${p.delivery})` };
-    case "followup.received": return { cls: "sys", text: `follow-up (${p.source}) by ${p.author}${p.path ? " on " + p.path + " line " + p.line : ""}: ${({followup: "re-runs with it shortly", gathered: "gathered into the coming re-run", queued: "queued for the next re-run"})[p.taken] || p.taken}` };
-    case "followup.refused": return { cls: "sys", text: `follow-up (${p.source}) by ${p.author} refused: ${p.reason}` };
-    case "followup.dropped": return { cls: "sys", text: `${p.count} follow-up(s) dropped: ${p.reason}` };
-    case "merge.done": return { cls: "sys", text: `${node}merged ${String(p.merge_sha || p.sha || "").slice(0, 12)}` };
-    default: {
-      const rest = Object.keys(p).length ? " " + JSON.stringify(p) : "";
-      return { cls: "sys", text: `${e.type}${rest}` };
-    }
-  }
-}
-
-function usd(v) {
-  if (typeof v !== "number") return "—";
-  return v < 1 ? `$${v.toFixed(4)}` : `$${v.toFixed(2)}`;
-}
-
 // Tokens and the estimated cost (services/common/cost.py, in each model.usage event) per node and for the ticket.
 function renderCost(box, spent) {
   clear(box);
@@ -307,12 +268,13 @@ async function showPull(workspace, number) {
   const title = h("h1", { id: "pull-title" });
   const state = h("span", { id: "pull-state", class: "badge" });
   const meta = h("p", { class: "meta", id: "pull-meta" });
-  const actions = h("div", { class: "actions", id: "actions" });
-  const diff = h("pre", { id: "diff", class: "diff" }, "(loading)");
+  const actions = h("div", { id: "actions" });
+  const diffBox = h("pre", { id: "diff", class: "diff" }, "(loading the diff…)");
   clear(app).append(h("section", { class: "ticket pull" }, h("div", { class: "head" }, title, state), meta, actions,
-    h("h2", {}, "Diff"), diff));
-  let stopped = false, ticket = null, diffFor = "";
+    h("h2", {}, "Diff"), diffBox));
+  let stopped = false, ticket = null;
   const render = () => {
+    if (stopped) return;
     const pr = ticket.pr || {};
     title.textContent = `Pull request #${pr.number}: ${ticket.title}`;
     state.textContent = pr.state || "open";
@@ -321,32 +283,44 @@ async function showPull(workspace, number) {
     clear(meta).append(`${workspace} · ${pr.head_branch} → ${pr.base_branch} · head ${(pr.head_sha || "").slice(0, 12)}`,
       pr.merge_sha ? ` · merge ${pr.merge_sha.slice(0, 12)}` : "", " · ticket ",
       h("a", { href: `/#/t/${ticket.id}`, id: "pull-ticket" }, ticket.id), ` (${ticket.state.replace("_", " ")})`);
+    const group = `${ticket.state}:${ticket.awaiting_sha}:${pr.head_sha}`;
+    diff.want(`${group}:${ticket.last_seq}`, group, () => rpc.call("tickets.diff", { id: ticket.id }));
+    showDiff(diffBox, diff);
     clear(actions);
     if (ticket.state === WAITING_APPROVAL) {
       // Pinned to the head shown here: a newer push makes the approval fail (R16).
-      const reason = h("input", { id: "reject-reason", placeholder: "reason (for reject)", maxlength: 2000 });
-      actions.append(h("span", { class: "muted" }, `Merge ${(ticket.awaiting_sha || "").slice(0, 12)}? `),
-        h("button", { id: "approve", type: "button", class: "good", onclick: () => act("tickets.approve", { id: ticket.id, sha: ticket.awaiting_sha || undefined }) }, "Approve"),
-        reason,
-        h("button", { id: "reject", type: "button", class: "bad", onclick: () => act("tickets.reject", { id: ticket.id, reason: reason.value }) }, "Reject"));
+      records.want(group, group, () => rpc.call("tickets.records", { id: ticket.id }).then(decodeRecords));
+      actions.append(approvalPanel({ ticket, group, diff, records, act,
+                                     followup: (text) => act("tickets.followup", { id: ticket.id, instruction: text }) }));
     }
     if (ticket.approval) {
-      actions.append(h("span", { class: "muted", id: "approval" },
+      actions.append(h("p", { class: "muted", id: "approval" },
         ` ${ticket.approval.granted ? "approved" : "rejected"} by ${ticket.approval.principal}${ticket.approval.reason ? ": " + ticket.approval.reason : ""}`));
     }
-    const key = `${ticket.state}:${pr.head_sha}:${ticket.last_seq}`;
-    if (key !== diffFor) {
-      diffFor = key;
-      rpc.call("tickets.diff", { id: ticket.id }).then((d) => renderDiff(diff, (d.diff || "(no changes)") + (d.recorded ? "\n(stored when the ticket ended)" : ""))).catch((e) => renderDiff(diff, errorText(e)));
-    }
   };
+  const diff = new Keyed(render), records = new Keyed(render);
   const load = async () => { ticket = await rpc.call("pulls.get", { workspace, number }); render(); };
   const act = async (method, params) => {
     try { await rpc.call(method, params); await load(); } catch (e) { flash(errorText(e)); }
   };
   await load();
   const timer = setInterval(() => { if (!stopped) load().catch(() => {}); }, 2000);
-  cleanup = () => { stopped = true; clearInterval(timer); };
+  cleanup = () => { stopped = true; clearInterval(timer); diff.stop(); records.stop(); };
+}
+
+// The diff box: the latest diff that arrived; before one did, what is happening.
+function showDiff(pre, diff, idle = "(loading the diff…)") {
+  if (diff.value !== undefined) {
+    if (pre.dataset.version === String(diff.version)) return;
+    pre.dataset.version = String(diff.version);
+    const d = diff.value;
+    renderDiff(pre, (d.diff || "(no changes)") + (d.truncated ? "\n(cut short: the diff is larger than afe shows)" : "")
+      + (d.recorded ? "\n(stored when the ticket ended)" : ""));
+  } else if (diff.error) {
+    pre.textContent = `(the diff could not be loaded: ${errorText(diff.error)}; trying again)`;
+  } else {
+    pre.textContent = diff.key === null ? idle : "(loading the diff…)";
+  }
 }
 
 async function showTicket(id) {
@@ -359,7 +333,9 @@ async function showTicket(id) {
   const graph = h("div", { id: "graph", class: "graph-box" });
   const logs = h("pre", { id: "logs", class: "logs" });
   const tools = h("ol", { id: "tools", class: "tools" });
-  const diff = h("pre", { id: "diff", class: "diff" }, "(no changes yet)");
+  const NO_PUSH = "(nothing pushed yet: the change shows here once the ticket has committed it)";
+  const diffBox = h("pre", { id: "diff", class: "diff" }, NO_PUSH);
+  const recordsBox = h("div", { id: "records" }, h("p", { class: "muted" }, "(no signed record yet: afe signs one when it asks for an approval)"));
   const body = h("pre", { class: "body", id: "ticket-body" });
   const tests = h("div", { id: "test-output" });
   const usage = h("p", { class: "meta", id: "usage" });
@@ -368,7 +344,7 @@ async function showTicket(id) {
   const prompts = h("div", { id: "prompts" }, h("p", { class: "muted" }, "(no model node has started)"));
   const filterNote = h("p", { class: "meta", id: "log-filter", hidden: true });
   const spent = { nodes: new Map(), total: { input: 0, output: 0, cost: null, unpriced: false } };
-  const verified = {};   // head sha -> its verification (R41), from the events
+  let signed = 0;   // record.signed and approval.requested events seen: the records to load again
   let filter = "";   // a node id: the log shows only its lines (click its box in the graph; again to clear)
   const applyFilter = (span) => { span.hidden = !!filter && span.dataset.node !== filter; };
   const markSelected = () => {
@@ -389,13 +365,14 @@ async function showTicket(id) {
     h("div", { class: "split" },
       h("div", {}, h("h2", {}, "Live log"), filterNote, logs),
       h("div", {}, h("h2", {}, "Tool calls"), tools)),
-    h("h2", {}, "Diff"), diff, h("h2", {}, "Test output"), tests, usage,
+    h("h2", {}, "Diff"), diffBox, h("h2", {}, "Test output"), tests, usage,
+    h("h2", {}, "Signed run record"), recordsBox,
     h("h2", {}, "Tokens and cost"), costBox, h("h2", {}, "Prompts"), prompts, h("h2", {}, "Ticket"), body));
   renderCost(costBox, spent);
 
-  let ticket = null, stopped = false, sub = null, lastSeq = 0, refreshTimer = null, diffFor = "";
+  let ticket = null, stopped = false, sub = null, lastSeq = 0, refreshTimer = null;
   const render = () => {
-    if (!ticket) return;
+    if (!ticket || stopped) return;
     title.textContent = ticket.title;
     state.textContent = ticket.state.replace("_", " ");
     state.dataset.state = ticket.state;
@@ -432,15 +409,24 @@ async function showTicket(id) {
       prBox.append("Pull request ", link, ` (${pr.state}) ${pr.head_branch} → ${pr.base_branch}`,
         pr.merge_sha ? ` · merge ${pr.merge_sha.slice(0, 12)}` : "");
     }
+    // The diff of what is asked to be approved is fetched once the ticket waits for it (its
+    // workspace holds that head then), and the decision is offered only once it is shown.
+    const group = `${ticket.state}:${ticket.awaiting_sha}:${ticket.pr ? ticket.pr.head_sha : ""}`;
+    if (ticket.state === WAITING_APPROVAL || TERMINAL.has(ticket.state) || ticket.pr) {
+      diff.want(`${group}:${ticket.last_seq}`, group, () => rpc.call("tickets.diff", { id }));
+    }
+    showDiff(diffBox, diff, NO_PUSH);
+    if (ticket.state === WAITING_APPROVAL || TERMINAL.has(ticket.state) || signed) {
+      records.want(`${group}:${signed}`, group, () => rpc.call("tickets.records", { id }).then(decodeRecords));
+    }
+    if (records.value !== undefined && records.version !== shownRecords) {
+      shownRecords = records.version;
+      recordsView(recordsBox, records.value);
+    }
     clear(actions);
     if (ticket.state === WAITING_APPROVAL) {
-      const reason = h("input", { id: "reject-reason", placeholder: "reason (for reject)", maxlength: 2000 });
-      actions.append(
-        h("span", { class: "muted" }, `Merge ${(ticket.awaiting_sha || "").slice(0, 12)}? `),
-        verified[ticket.awaiting_sha] ? verificationBadge(verified[ticket.awaiting_sha]) : "",
-        h("button", { id: "approve", type: "button", class: "good", onclick: () => act("tickets.approve", { id, sha: ticket.awaiting_sha || undefined }) }, "Approve"),
-        reason,
-        h("button", { id: "reject", type: "button", class: "bad", onclick: () => act("tickets.reject", { id, reason: reason.value }) }, "Reject"));
+      actions.append(approvalPanel({ ticket, group, diff, records, act,
+                                     followup: (text) => reopen("tickets.followup", { id, instruction: text }) }));
     }
     if (!TERMINAL.has(ticket.state)) {
       actions.append(h("button", { id: "cancel", type: "button", class: "quiet", onclick: () => act("tickets.cancel", { id }) }, "Cancel ticket"));
@@ -460,12 +446,9 @@ async function showTicket(id) {
         ` ${ticket.approval.granted ? "approved" : "rejected"} by ${ticket.approval.principal}${ticket.approval.reason ? ": " + ticket.approval.reason : ""}`));
     }
     renderRecords(ticket, tests, usage);
-    const diffKey = `${ticket.state}:${ticket.awaiting_sha}:${ticket.last_seq}`;
-    if ((ticket.state === WAITING_APPROVAL || TERMINAL.has(ticket.state) || ticket.pr) && diffKey !== diffFor) {
-      diffFor = diffKey;
-      rpc.call("tickets.diff", { id }).then((d) => renderDiff(diff, (d.diff || "(no changes)") + (d.recorded ? "\n(stored when the ticket ended)" : ""))).catch(() => {});
-    }
   };
+  const diff = new Keyed(render), records = new Keyed(render);
+  let shownRecords = 0;
   const refresh = async () => {
     try { ticket = await rpc.call("tickets.get", { id }); render(); } catch (e) { if (!stopped) flash(errorText(e)); }
   };
@@ -494,8 +477,7 @@ async function showTicket(id) {
       }
     }
     if (e.type === "model.usage") { addUsage(spent, p); renderCost(costBox, spent); }
-    if (e.type === "verification.finished" && p.sha) verified[p.sha] = p;
-    if (e.type === "approval.requested" && p.verification && p.sha) verified[p.sha] = p.verification;
+    if (e.type === "record.signed" || e.type === "approval.requested") signed += 1;
     if (e.type === "node.prompt") {
       if (!prompts.querySelector("details")) clear(prompts);
       prompts.append(h("details", { class: "prompt", "data-node": p.node || "" },
@@ -526,12 +508,13 @@ async function showTicket(id) {
   if (!ticket) return;
   await startWatch();
   const tick = setInterval(() => { if (ticket && !TERMINAL.has(ticket.state)) { clear(graph).append(drawGraph(ticket.nodes, Date.now())); markSelected(); } }, 1000);
-  cleanup = () => { stopped = true; clearInterval(tick); if (sub) rpc.unwatch(sub); };
+  cleanup = () => { stopped = true; clearInterval(tick); diff.stop(); records.stop(); if (sub) rpc.unwatch(sub); };
 }
 
 // -- routing -------------------------------------------------------------
 async function route() {
   cleanup(); cleanup = () => {};
+  showDemoButton();
   const hash = location.hash || "#/";
   const pull = location.pathname.match(/^\/pulls\/([A-Za-z0-9][A-Za-z0-9_.-]{0,99})\/([0-9]{1,20})$/);
   if (pull && location.hash) { location.assign("/" + location.hash); return; }   // the nav's links leave the page

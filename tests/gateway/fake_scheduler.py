@@ -21,6 +21,10 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.calls: list[tuple[str, object]] = []
         self._changed = asyncio.Event()
         self._n = 0
+        self.records: dict[str, list[pb.RunRecord]] = {}     # GetRunRecords' answer per ticket
+        self.diff_gate: asyncio.Event | None = None           # set: GetTicketDiff waits for it (a slow broker)
+        self.diff_calls = 0
+        self.workflows: list[pb.Workflow] | None = None      # ListWorkflows' answer (None: the demo's)
 
     def _event(self, tid: str, type_: str, payload: dict) -> None:
         evs = self.events.setdefault(tid, [])
@@ -66,7 +70,26 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
 
     async def GetTicketDiff(self, request, context):
         self._get(request.id)
-        return pb.TicketDiff(diff="--- a/calc.py\n+++ b/calc.py\n", truncated=False)
+        self.diff_calls += 1
+        if self.diff_gate is not None:
+            await self.diff_gate.wait()
+        return pb.TicketDiff(diff="--- a/calc.py\n+++ b/calc.py\n-    return a - b\n+    return a + b\n",
+                             truncated=False)
+
+    async def GetRunRecords(self, request, context):
+        t = self._get(request.id)
+        return pb.RunRecords(ticket_id=t.id, head_sha=t.pr.head_sha if t.HasField("pr") else "",
+                             records=self.records.get(t.id, []))
+
+    async def FollowUpTicket(self, request, context):
+        self.calls.append(("FollowUpTicket", request))
+        t = self._get(request.id)
+        if t.state != pb.TICKET_STATE_WAITING_APPROVAL:
+            raise errors.FailedPrecondition("the ticket is not waiting for approval")
+        t.state = pb.TICKET_STATE_RUNNING
+        t.awaiting_sha = ""
+        self._event(t.id, "ticket.reopened", {"principal": request.principal, "reason": "follow-up"})
+        return t
 
     async def CancelTicket(self, request, context):
         self.calls.append(("CancelTicket", request))
@@ -108,6 +131,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
             await waiter.wait()
 
     async def ListWorkflows(self, request, context):
+        if self.workflows is not None:
+            return pb.ListWorkflowsResponse(workflows=self.workflows)
         return pb.ListWorkflowsResponse(workflows=[pb.Workflow(
             name="demo-fix", workspace="demo",
             inputs=[pb.WorkflowInput(name="issue", required=True),

@@ -1,8 +1,9 @@
 """R41 in the web UI (Debian's Chromium, headless, via Playwright) against
-the real system: next to the Approve button of a ticket waiting for
-approval, a badge says whether the head's clean-room verification passed —
-failed (with the command, its exit code and the base paths) for a model that
-weakened the test, passed for the positive control without base paths."""
+the real system: the approval panel of a ticket waiting for approval says
+whether the head's clean-room verification passed — failed (with the command,
+its exit code and the base paths) for a model that weakened the test, and then
+no Approve is offered (why, follow-up, reject); passed, with the Approve
+button, for the positive control without base paths."""
 
 from __future__ import annotations
 
@@ -53,24 +54,27 @@ async def test_r41_ui_shows_the_verification_badge_next_to_approve(short_tmp, ar
                     await page.wait_for_selector("#board")
 
                     await page.goto(f"{gw.url}/#/t/{ids['cheat']}")
-                    badge = await page.wait_for_selector("#actions #verification", timeout=60_000)
+                    badge = await page.wait_for_selector("#approval-panel #verification", timeout=60_000)
                     assert await badge.get_attribute("data-passed") == "false"
                     assert "verify-failed" in (await badge.get_attribute("class") or "")
-                    text = await badge.text_content() or ""
+                    text = await page.text_content("#verification-text") or ""
                     assert "verification failed" in text
                     assert f"{UNITTEST} exited 1 (tests/ from main)" in text, text
-                    # next to the Approve button, in the approval's row
-                    assert await page.evaluate(
-                        "() => document.getElementById('verification').nextElementSibling.id") == "approve"
+                    # no Approve for it: why, and the follow-up and reject instead
+                    assert await page.locator("#approve, #approve-harness").count() == 0
+                    assert "Approving is not offered" in (await page.text_content("#approve-blocked") or "")
+                    assert await page.locator("#followup").count() == 1 and await page.locator("#reject").count() == 1
                     await page.wait_for_function(
                         "() => document.getElementById('logs').textContent.includes('AssertionError: -1 != 5')")
                     await page.screenshot(path=str(artifacts_dir / "ui-r41-verification-failed.png"),
                                           full_page=True)
 
                     await page.goto(f"{gw.url}/#/t/{ids['trusting']}")        # positive control
-                    await page.wait_for_selector('#actions #verification[data-passed="true"]', timeout=60_000)
-                    text = await page.text_content("#verification") or ""
-                    assert "verified" in text and "verification passed: 2 commands" in text, text
+                    await page.wait_for_selector('#approval-panel #verification[data-passed="true"]', timeout=60_000)
+                    assert "verified" in (await page.text_content("#verification") or "")
+                    text = await page.text_content("#verification-text") or ""
+                    assert "verification passed: 2 commands" in text, text
+                    assert await page.locator("#approve").count() == 1
                     assert not problems, problems
                 finally:
                     await browser.close()
