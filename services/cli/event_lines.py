@@ -83,7 +83,8 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
         net = "egress " + ", ".join(p["egress"]) if p.get("egress") else "no network"
         return f"{at} sandbox ready: {p.get('image', '')} ({net})"
     if typ == "sandbox.env_names":   # names only (R9, R43)
-        agents = p.get("agents") if isinstance(p.get("agents"), dict) else {}
+        agents = p.get("agents")
+        agents = agents if isinstance(agents, dict) else {}
         per = "; ".join(f"{a}: {', '.join(str(n) for n in names)}" for a, names in agents.items()
                         if isinstance(names, list))
         return (f"{at} variables entered the sandbox (names): {', '.join(str(n) for n in p.get('names') or [])}"

@@ -34,13 +34,13 @@ from services.common.errors import AfeError, ConfigError, FailedPrecondition
 from services.common.layout import DEFAULT_PORTS, Layout
 from services.common.links import LinkSecrets, new_secret
 from services.common.manifests import load_config, missing_env
+from services.common.schema.sandboxenv import warnings as env_warnings
 from services.common.presets import preset_for_image
 
 from .environment import child_env
 from .supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
-from services.common.schema.sandboxenv import warnings as env_warnings
 
 MODULES = {
     "sandbox": "services.sandbox.main",
@@ -297,6 +297,8 @@ def _banner(opts: Options, config: Config, sup: Supervisor, token_where: str, ou
     out(f"  automation key: {opts.layout.automation_key}")
     for line in egress_lines(config, opts.egress_network):
         out(line)
+    for line in env_warnings(config):   # as `afe check` says it (R9, R43)
+        out(f"  warning: {line}")
     out("Press Ctrl-C to stop.")
 
 
@@ -304,8 +306,6 @@ def run(opts: Options, environ: Mapping[str, str] | None = None,
         out: Callable[[str], None] = print) -> int:
     environ = dict(os.environ if environ is None else environ)
     stop_requested: list[int] = []
-    for line in env_warnings(config):   # as `afe check` says it (R9, R43)
-        out(f"  warning: {line}")
 
     def on_signal(signum: int, frame: object) -> None:
         stop_requested.append(signum)

@@ -12,6 +12,8 @@ EVENTS = [
     ("node.retry", {"node": "test", "attempt": 1, "error": "exit 1"}, "attempt 1 failed, retrying"),
     ("workspace.ready", {"base_sha": "a" * 40, "branch": "afe/t-1"}, "workspace ready: branch afe/t-1"),
     ("sandbox.ready", {"image": "afe/sandbox:latest", "egress": [], "network": False}, "(no network)"),
+    ("sandbox.env_names", {"names": ["FOO_SETTING"], "agents": {"coder": ["FOO_SETTING"]}},
+     "variables entered the sandbox (names): FOO_SETTING (agent coder: FOO_SETTING)"),
     ("commit.done", {"node": "pr", "sha": "b" * 40, "changed": True}, "committed bbbbbbbbbbbb"),
     ("push.done", {"node": "pr", "branch": "afe/t-1", "sha": "c" * 40}, "pushed afe/t-1"),
     ("model.usage", {"node": "code", "model": "m", "input_tokens": 12, "output_tokens": 3},

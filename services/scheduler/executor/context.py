@@ -21,7 +21,7 @@ from services.common.config import Agent, Node
 from services.common.errors import AfeError, PeerUnavailable, ResourceExhausted
 from services.common.relayenv import relay_env
 
-from ..sandboxes.spec import SANDBOX_KINDS, relay_models, sandbox_spec
+from ..sandboxes.spec import SANDBOX_KINDS, agent_env_names, relay_models, sandbox_spec
 from ..store.base import TicketRecord
 from . import brokercalls, quoting, templates
 from .graph import ancestors
@@ -153,6 +153,9 @@ class RunContext:
             self._sb_ready = True
             self.emit("sandbox.ready", {"image": s.image, "egress": list(spec.egress),
                                         "network": bool(s.network)})
+            if spec.env_names:   # names only, never values (R9, R43): also in the run record (R42)
+                self.emit("sandbox.env_names", {"names": list(spec.env_names),
+                                                "agents": agent_env_names(self.config, self.workflow)})
 
     # ---- the model relay (R32) ----------------------------------------------------
 

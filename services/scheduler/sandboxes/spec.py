@@ -1,4 +1,5 @@
-"""The sandbox a workflow's tickets get on a Workspace (`sandbox_spec`) and the
+"""The sandbox a workflow's tickets get on a Workspace (`sandbox_spec`), the
+variable names its agents take into it (`agent_env_names`, R9) and the
 Models its agents reach through the ticket's relay (`relay_models`, R32):
 used by the executor to create a ticket's sandbox and by the warm pool to
 make one before the ticket exists."""
@@ -29,6 +30,17 @@ def sandbox_spec(config: Config, workflow: Workflow, workspace: Workspace) -> sp
                           disk_bytes=sb.limits.disk_bytes),
         egress=list(sb.egress), egress_private=list(sb.egress_private), env_names=sorted(env_names),
         relay=bool(relay_models(config, workflow)), runtime=sb.runtime if sb.runtime != "runc" else "")
+
+
+def agent_env_names(config: Config, workflow: Workflow) -> dict[str, list[str]]:
+    """Agent name -> the variable NAMES it takes into the sandbox (its `env:`, R9), for each
+    agent of the workflow that declares any: what the `sandbox.env_names` event lists."""
+    out: dict[str, list[str]] = {}
+    for n in workflow.nodes:
+        agent = config.agents.get(n.agent or "") if n.kind == "agent" else None
+        if agent is not None and agent.env:
+            out[agent.name] = sorted(agent.env)
+    return dict(sorted(out.items()))
 
 
 def relay_models(config: Config, workflow: Workflow) -> list[str]:

@@ -236,7 +236,8 @@ def _agents(config: Config, wf: Workflow) -> list[dict[str, Any]]:
             continue
         p = presets.PRESETS.get(a.preset or "")
         out.append({"name": a.name, "preset": a.preset or "", "version": p.version if p else "",
-                    "package": p.package if p else "", "image": a.image or "", "model": a.model or ""})
+                    "package": p.package if p else "", "image": a.image or "", "model": a.model or "",
+                    "env_names": sorted(a.env)})   # what entered the sandbox: names only (R9, R43)
     return out
 
 
