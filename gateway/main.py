@@ -71,7 +71,13 @@ async def _main(argv: list[str] | None) -> None:
     host, port = parse_listen(args.listen)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise errors.FailedPrecondition(f"cannot listen on {host}:{port} for the web UI and /rpc "
+                                        f"({exc.strerror}): stop what holds the port, or pass another "
+                                        "--listen HOST:PORT") from None
     port = sock.getsockname()[1]
     site = Site.build(args.public_url, host, port)
     token_file = Path(args.token_file) if args.token_file else ctx.layout.token_file

@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .errors import FailedPrecondition
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +148,15 @@ class OpsServer:
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise FailedPrecondition(f"cannot listen on {self.host}:{self.port} for /livez, /readyz and "
+                                     f"/metrics ({why}): stop what holds the port, or pass another "
+                                     "--ops-port (0 picks a free one)") from None
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         if sockets:

@@ -23,6 +23,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from .errors import AfeError
 from .layout import Layout
 from .links import LinkSecrets, read_link_fd
 from .logs import setup_logging
@@ -114,7 +115,12 @@ async def run_until_signalled(ctx: ProcessContext, checks: dict[str, ReadyCheck]
         loop.add_signal_handler(sig, ctx.stopping.set)
     ops = OpsServer(ctx.registry, checks, host=ctx.ops_host, port=ctx.ops_port, names=ctx.ops_names)
     info = await start()
-    port = await ops.start()
+    try:
+        port = await ops.start()
+    except AfeError as exc:     # a taken port: said once, without a traceback, and nothing left running
+        log.error("%s: %s", ctx.name, exc)
+        await asyncio.wait_for(stop(), 8)
+        raise SystemExit(2) from None
     log.info("%s ready (ops on %s:%s)", ctx.name, ctx.ops_host, port)
     report_ready(ctx, ops_port=port, **(info or {}))
     try:

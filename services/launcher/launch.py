@@ -1,15 +1,20 @@
 """`afe up`: pre-flight, then start and supervise the four processes.
 
-Pre-flight happens BEFORE anything starts: manifests load and validate, every
-variable a manifest names is set (the error names the variable and the
-manifest, never a value), the Docker images exist (built when missing), the
-runtime dir is 0700 and socket paths fit. Then one random secret per link is
-made (gateway->scheduler, scheduler->sandbox, scheduler->credentials, plus the
-`automation` secret in `Layout.automation_key`), and the children start in
-order: sandbox broker, credential broker, scheduler, gateway.
+Pre-flight happens BEFORE anything starts: every TCP port it will listen on
+is free (ports.py: else the port, its holder and the flag that moves it),
+manifests load and validate, every variable a manifest names is set (the
+error names the variable and the manifest, never a value), the Docker images
+exist (built when missing), the runtime dir is 0700 and socket paths fit.
+Then one random secret per link is made (gateway->scheduler,
+scheduler->sandbox, scheduler->credentials, plus the `automation` secret in
+`Layout.automation_key`), and the children start in order: sandbox broker,
+credential broker, scheduler, gateway.
 
 The launcher writes `<run>/launcher.json` (0600) with each child's pid and
-ops port, rewritten on every (re)start; it holds no secret.
+ops port, rewritten on every (re)start; it holds no secret. Once stopped, it
+says what it keeps on purpose (kept.py: the sandboxes, proxies, networks and
+workspace disks of tickets still running, for the next start to resume) and
+how to remove them.
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ from services.common.errors import AfeError, ConfigError, FailedPrecondition
 from services.common.layout import DEFAULT_PORTS, Layout
 from services.common.links import LinkSecrets, new_secret
 from services.common.manifests import load_config, missing_env
-from services.common.schema.sandboxenv import warnings as env_warnings
 from services.common.presets import preset_for_image
+from services.common.schema.sandboxenv import warnings as env_warnings
 
 from .environment import child_env
+from .kept import report as report_kept
+from .ports import check_ports, planned
 from .supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
@@ -313,6 +320,10 @@ def run(opts: Options, environ: Mapping[str, str] | None = None,
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
+            lock_file = opts.layout.run_dir / "launcher.lock"
+            if lock_file.exists():     # another `afe up` here holds the ports too: say that, not "port taken"
+                _Lock(lock_file).release()
+            check_ports(planned(opts.listen, opts.ops_host, opts.ops_ports))
             config = preflight(opts, environ, progress=lambda m: out(f"images: {m}"))
             opts.layout.ensure()
             lock = _Lock(opts.layout.run_dir / "launcher.lock")
@@ -354,6 +365,8 @@ def _supervise(opts: Options, config: Config, environ: dict[str, str], out: Call
         started = time.monotonic()
         sup.stop_all()
         log.info("all processes stopped in %.1f s", time.monotonic() - started)
+        if sup.child("sandbox").proc is not None:     # what is kept on purpose, and how to remove it
+            report_kept(opts.layout, opts.instance or "default", environ, out)
         for leftover in (opts.layout.run_dir / "launcher.json", opts.layout.automation_key):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
