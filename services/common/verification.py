@@ -69,8 +69,8 @@ def detail_lines(result: dict[str, Any]) -> list[str]:
                      f"{str(result.get('base_sha'))[:12]}")
     for c in result.get("commands") or []:
         how = "timed out" if c.get("timed_out") else f"exit {c.get('exit_code')}"
-        tests = counts_text(c.get("counts"))
-        lines.append(f"`{code(str(c.get('command') or ''))}`: {how}" + (f", {tests}" if tests else ""))
+        ran = counts_text(c.get("counts"))
+        lines.append(f"`{code(str(c.get('command') or ''))}`: {how}" + (f", {ran}" if ran else ""))
     tests, base = result.get("tests"), result.get("base_tests")
     if isinstance(tests, dict):
         lines.append(f"tests ran: {tests.get('ran', 0)}"

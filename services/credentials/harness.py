@@ -36,7 +36,7 @@ import re
 import shlex
 import sys
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -206,7 +206,7 @@ def _toml_header(line: str) -> str | None:
     if not m:
         return None
     name = m.group(1).replace('"', "").replace("'", "").replace(" ", "")
-    return name if name.startswith(("tool.pytest", "tool.tox")) or name in ("tool.pytest", "tool.tox") else ""
+    return name if name.startswith(("tool.pytest", "tool.tox")) else ""
 
 
 def _ini_header(line: str) -> str | None:
@@ -217,7 +217,7 @@ def _ini_header(line: str) -> str | None:
     return name if name in _SETUP_SECTIONS else ""
 
 
-def _split(text: str, header) -> tuple[list[str], list[str]]:  # type: ignore[no-untyped-def]
+def _split(text: str, header: Callable[[str], str | None]) -> tuple[list[str], list[str]]:
     """(lines outside the test sections, lines of the test sections), in order."""
     keep: list[str] = []
     test: list[str] = []
@@ -230,7 +230,8 @@ def _split(text: str, header) -> tuple[list[str], list[str]]:  # type: ignore[no
     return keep, test
 
 
-def _merge_ini_like(base: bytes | None, head: bytes, header, equal) -> SectionMerge | None:  # type: ignore[no-untyped-def]
+def _merge_ini_like(base: bytes | None, head: bytes, header: Callable[[str], str | None],
+                    equal: Callable[[bytes, bytes], bool]) -> SectionMerge | None:
     try:
         htext = head.decode("utf-8")
         btext = base.decode("utf-8") if base is not None else ""

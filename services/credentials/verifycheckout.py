@@ -38,6 +38,7 @@ from services.common.schema.verify import MAX_BASE_PATHS, base_path_problem
 
 from . import harness
 from .continuation import author_env
+from .gitcmd import GitResult
 from .workspaces import _remove_workspace
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class _CleanRoom:
         self.shadowing: list[str] = []
 
     async def _git(self, args: list[str], *, what: str, stdin: bytes | None = None,
-                   env: dict[str, str] | None = None, check: bool = True):  # type: ignore[no-untyped-def]
+                   env: dict[str, str] | None = None, check: bool = True) -> GitResult:
         return await self.wg.git.run(args, git_dir=self.gitdir, env={**_LITERAL, **(env or {})}, stdin=stdin,
                                      what=what, check=check)
 
@@ -260,9 +261,10 @@ class _CleanRoom:
             if q in edits or not loaded_in_place_of_source(q) or allowed_by(q, allow):
                 continue
             python = "__pycache__" in q.split("/")[:-1] or q.lower().endswith(_PYTHON_BYTECODE)
-            if python or base.get(q) != entry:
-                edits[q] = base.get(q) if not python and base.get(q) else _GONE
-                if base.get(q) != entry:
+            was = base.get(q)
+            if python or was != entry:
+                edits[q] = was if was is not None and not python else _GONE
+                if was != entry:
                     self.binary_files.append(q)
 
     async def _binary(self, base: dict[str, _Entry]) -> None:

@@ -79,6 +79,11 @@ class VerificationNotRun(FailedPrecondition):
     no verdict on the head, nothing stored; `afe ticket retry` runs it again."""
 
 
+def base_owner(workspace: str) -> str:
+    """The `ticket_id` under which a workspace's base runs are stored (no ticket has a ':')."""
+    return "base:" + workspace
+
+
 def verify_spec(workspace: Workspace) -> spb.SandboxSpec:
     """The verification sandbox: the workspace's own settings only — its image
     (never an agent's), limits, runtime and declared egress; no relay, no env names."""
@@ -222,9 +227,11 @@ class _Room:
         return reasons
 
     async def _base_counts(self, base_sha: str) -> dict[str, int] | None:
-        """The counts of the base tip's own run of the commands (kind 'base', once per tip and configuration)."""
+        """The counts of the base tip's own run of the commands (kind 'base'): once per workspace,
+        tip and configuration — the base's commit is no ticket's, so every ticket on it shares it."""
         ctx = self.ctx
-        stored = ctx.store.verification_with(self.tid, base_sha, base_sha, self.digest, BASE)
+        owner = base_owner(ctx.workspace.name)
+        stored = ctx.store.verification_with(owner, base_sha, base_sha, self.digest, BASE)
         if stored is None:
             try:
                 await self._prepare(base_sha)
@@ -233,8 +240,9 @@ class _Room:
                 await asyncio.shield(self._cleanup())
             tests = testcounts.total(outcome.counts)
             stored = ctx.store.put_verification(
-                self.tid, base_sha, base_sha, {"sha": base_sha, "tests": tests, "commands": outcome.commands},
-                now_ms(), base_sha=base_sha, config=self.digest, kind=BASE)
+                owner, base_sha, outcome.exited_ok(len(self.rendered)),
+                {"sha": base_sha, "tests": tests, "commands": outcome.commands}, now_ms(),
+                base_sha=base_sha, config=self.digest, kind=BASE)
             ctx.emit("verification.base", {"node": self.node.id, "base_sha": base_sha, "tests": tests})
         tests = stored.result.get("tests")
         return tests if isinstance(tests, dict) else None
