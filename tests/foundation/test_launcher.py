@@ -136,6 +136,8 @@ def test_banner_names_url_token_source_and_ops_ports_never_the_token(afe):
         assert value not in text
     for info in afe.state()["children"].values():
         assert f"ops http://127.0.0.1:{info['ops_port']}/readyz" in text
+    # the agent's env: name is allowed, with the warning `afe check` gives (R9, R43); its value never shown
+    assert "warning: agent coder: env: FND_AGENT_KEY enters the sandbox with its value" in text
 
 
 def test_r23_children_ops_ports_listen_on_loopback_only(afe):
