@@ -5,7 +5,7 @@ import { Rpc, RpcError } from "./rpc.js";
 import { h, clear, when } from "./dom.js";
 import { drawGraph, elapsed } from "./graph.js";
 import { eventLine, usd } from "./events.js";
-import { Keyed, approvalPanel, decodeRecords, recordsView } from "./review.js";
+import { Keyed, showApprovalPanel, decodeRecords, recordsView } from "./review.js";
 import { STATES, TERMINAL, WAITING_APPROVAL, RETRYABLE } from "/states.js";   // served from services/common/states.py
 const DEMO = { workspace: "demo", workflow: "demo-fix", title: "Fix add() in the demo calculator",
                body: "The test for add() fails: add(2, 3) returns -1. Make the tests pass." };
@@ -268,9 +268,10 @@ async function showPull(workspace, number) {
   const title = h("h1", { id: "pull-title" });
   const state = h("span", { id: "pull-state", class: "badge" });
   const meta = h("p", { class: "meta", id: "pull-meta" });
+  const decision = h("div", { id: "decision" });
   const actions = h("div", { id: "actions" });
   const diffBox = h("pre", { id: "diff", class: "diff" }, "(loading the diff…)");
-  clear(app).append(h("section", { class: "ticket pull" }, h("div", { class: "head" }, title, state), meta, actions,
+  clear(app).append(h("section", { class: "ticket pull" }, h("div", { class: "head" }, title, state), meta, decision, actions,
     h("h2", {}, "Diff"), diffBox));
   let stopped = false, ticket = null;
   const render = () => {
@@ -290,9 +291,9 @@ async function showPull(workspace, number) {
     if (ticket.state === WAITING_APPROVAL) {
       // Pinned to the head shown here: a newer push makes the approval fail (R16).
       records.want(group, group, () => rpc.call("tickets.records", { id: ticket.id }).then(decodeRecords));
-      actions.append(approvalPanel({ ticket, group, diff, records, act,
-                                     followup: (text) => act("tickets.followup", { id: ticket.id, instruction: text }) }));
-    }
+      showApprovalPanel(decision, { ticket, group, diff, records, act,
+                                    followup: (text) => act("tickets.followup", { id: ticket.id, instruction: text }) });
+    } else showApprovalPanel(decision, null);
     if (ticket.approval) {
       actions.append(h("p", { class: "muted", id: "approval" },
         ` ${ticket.approval.granted ? "approved" : "rejected"} by ${ticket.approval.principal}${ticket.approval.reason ? ": " + ticket.approval.reason : ""}`));
@@ -328,6 +329,7 @@ async function showTicket(id) {
   const state = h("span", { id: "ticket-state", class: "badge" });
   const meta = h("p", { class: "meta", id: "ticket-meta" });
   const err = h("pre", { class: "flash error", id: "ticket-error", hidden: true });   // multi-line errors keep their lines
+  const decision = h("div", { id: "decision" });
   const actions = h("div", { class: "actions", id: "actions" });
   const prBox = h("p", { id: "pr" });
   const graph = h("div", { id: "graph", class: "graph-box" });
@@ -360,7 +362,7 @@ async function showTicket(id) {
     markSelected();
   });
   clear(app).append(h("section", { class: "ticket" },
-    h("div", { class: "head" }, title, state), meta, provenance, err, actions, prBox,
+    h("div", { class: "head" }, title, state), meta, provenance, err, decision, actions, prBox,
     h("h2", {}, "Workflow"), graph,
     h("div", { class: "split" },
       h("div", {}, h("h2", {}, "Live log"), filterNote, logs),
@@ -423,11 +425,9 @@ async function showTicket(id) {
       shownRecords = records.version;
       recordsView(recordsBox, records.value);
     }
+    showApprovalPanel(decision, ticket.state === WAITING_APPROVAL ? { ticket, group, diff, records, act,
+      followup: (text) => reopen("tickets.followup", { id, instruction: text }) } : null);
     clear(actions);
-    if (ticket.state === WAITING_APPROVAL) {
-      actions.append(approvalPanel({ ticket, group, diff, records, act,
-                                     followup: (text) => reopen("tickets.followup", { id, instruction: text }) }));
-    }
     if (!TERMINAL.has(ticket.state)) {
       actions.append(h("button", { id: "cancel", type: "button", class: "quiet", onclick: () => act("tickets.cancel", { id }) }, "Cancel ticket"));
     }

@@ -183,6 +183,18 @@ export function approvalPanel({ ticket, group, diff, records, act, followup }) {
   return panel;
 }
 
+// The panel in `box` (null opts: none), made again only when what it shows changed, so a
+// reviewer's typing and focus survive the page's refreshes.
+export function showApprovalPanel(box, opts) {
+  if (!opts) { box.dataset.key = ""; box.replaceChildren(); return; }
+  const { group, diff, records } = opts;
+  const key = [opts.ticket.id, group, diff.ready(group), records.ready(group) ? records.version : "-",
+               diff.error ? errorText(diff.error) : "", records.error ? errorText(records.error) : ""].join("|");
+  if (box.dataset.key === key) return;
+  box.dataset.key = key;
+  box.replaceChildren(approvalPanel(opts));
+}
+
 function errorText(e) {
   if (!e) return "";
   return e.name && e.name !== "Error" && e.name !== "error" ? `${e.message} (${e.name})` : String(e.message || e);

@@ -210,6 +210,14 @@ async def test_r41_approval_panel_offers_only_what_the_verification_allows(gatew
             await page.goto(f"{gateway.url}/pulls/demo/77")
             await page.wait_for_selector("#approve-blocked")
             assert await page.locator("#approve, #approve-harness").count() == 0
+            # A reviewer's typing survives the page's refreshes (every 2 s: the control counts them).
+            await page.evaluate("""() => { window.__renders = 0; new MutationObserver(() => window.__renders++)
+                .observe(document.getElementById('pull-meta'), { childList: true }); }""")
+            await page.click("#followup-text")
+            await page.keyboard.type("half a thought")
+            await page.wait_for_function("() => window.__renders >= 2", timeout=10_000)
+            assert await page.input_value("#followup-text") == "half a thought"
+            assert await page.evaluate("() => document.activeElement.id") == "followup-text"
             assert not problems, problems
         finally:
             await browser.close()
