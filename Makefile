@@ -2,18 +2,39 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two installs into one venv: afe alone for `make run` (no test or lint tools:
+# most of a first `make run`'s time went to them), and afe with its dev extras
+# for `make test`, `make lint` and the rest. The dev install counts as both.
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 ENSURE_IMAGES := $(BIN)/python -c "from services.sandbox.images import ensure_images; ensure_images()"
+PREFIX ?= $(HOME)/.local
 
-.PHONY: run test proto proto-check lint bench images images-ready check install clean
+.PHONY: run test proto proto-check lint bench images images-ready check install install-cli clean
+
+$(RUN_STAMP): pyproject.toml
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then touch $(RUN_STAMP); exit 0; fi; \
+	  set -e; test -x $(BIN)/python || $(PY) -m venv $(VENV); \
+	  echo "installing afe into $(VENV) (runtime only; make test adds the dev tools)"; \
+	  $(BIN)/pip install --quiet --upgrade pip; \
+	  $(BIN)/pip install --quiet -e .; \
+	  touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 install: $(STAMP)
+
+# `afe` on your PATH, for your own repository (docs/GUIDE.md): a link to this
+# checkout's .venv/bin/afe in $(PREFIX)/bin (default ~/.local/bin).
+install-cli: $(RUN_STAMP)
+	mkdir -p $(PREFIX)/bin
+	ln -sf $(abspath $(BIN))/afe $(PREFIX)/bin/afe
+	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) echo "afe is on your PATH: $(PREFIX)/bin/afe";; \
+	  *) echo "linked $(PREFIX)/bin/afe; add $(PREFIX)/bin to PATH (e.g. in ~/.profile) to run afe anywhere";; esac
 
 proto: $(STAMP)
 	$(BIN)/python scripts/genproto.py
@@ -24,18 +45,19 @@ proto-check: $(STAMP)
 # Build the Docker images that are missing (afe/base:bookworm via debootstrap,
 # afe/sandbox:latest, afe/proxy:latest). AFE_BASE_IMAGE=debian:bookworm-slim
 # pulls a base from a registry instead, which is much faster.
-images-ready: $(STAMP)
+images-ready: $(RUN_STAMP)
 	$(ENSURE_IMAGES)
 
 # Rebuild the sandbox and proxy images.
-images: $(STAMP)
+images: $(RUN_STAMP)
 	$(BIN)/python -c "from services.sandbox.images import ensure_images; ensure_images(force=True)"
 
-# Start afe (all four processes) on ./afe.d, or on the bundled demo when absent.
-run: $(STAMP)
+# Start afe (all four processes) on ./afe.d, or on the bundled demo when absent;
+# more options of `afe up` in AFE_ARGS, e.g. make run AFE_ARGS="--config ./afe.d --listen 127.0.0.1:8421".
+run: $(RUN_STAMP)
 	$(BIN)/afe up $(AFE_ARGS)
 
-check: $(STAMP)
+check: $(RUN_STAMP)
 	$(BIN)/afe check $(AFE_ARGS)
 
 # The whole suite. pytest's "no tests collected" (exit 5) is a failure too.
