@@ -38,6 +38,7 @@ FORGE_OPS = ("open_pr", "find_pr", "pr_status", "merge")
 FORGE_TYPES = ("github", "local")
 MODEL_PROVIDERS = ("openai", "anthropic", "gemini", "replay")
 EGRESS_MODES = ("none", "allowlist")
+RELAY_LIMITS = ("connections", "idle_timeout", "head_timeout", "body_timeout", "buffered")
 STORE_RETRY_REASONS = ("connection_lost", "admin_shutdown", "starting_up", "serialization_failure", "deadlock",
                        "busy", "locked")
 GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
@@ -142,6 +143,8 @@ class CredentialsMetrics:
 class RelayMetrics:
     requests: Bounded             # counter {provider, outcome}: requests to the model relay (R32)
     tokens: Bounded               # counter {model, direction}: tokens counted by the relay
+    limited: Bounded              # counter {reason}: connections and requests a ticket's relay limits stopped
+    masked: Bounded               # counter: secrets of the broker masked in upstream answers
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,10 @@ def relay_metrics(registry: CollectorRegistry, model_names: Iterable[str]) -> Re
                               "denied = refused by the relay.", provider=MODEL_PROVIDERS, outcome=OUTCOMES),
             tokens=_counter(registry, "afe_relay_tokens_total", "Tokens counted by the model relay.",
                             model=names, direction=("input", "output")),
+            limited=_counter(registry, "afe_relay_limited_total", "Connections and requests a ticket's model relay "
+                             "limits stopped, by limit.", reason=RELAY_LIMITS),
+            masked=_counter(registry, "afe_relay_secrets_masked_total", "Secrets of the credential broker found "
+                            "in model answers (headers and bodies) and masked by the relay."),
         )
     return _once(registry, "relay", build)
 

@@ -10,20 +10,27 @@ runtime folder is private). On every request the relay
 2. checks the capability the client presents (as its API key: Authorization
    Bearer, x-api-key, x-goog-api-key, api-key, or ?key=) in constant time,
 3. takes the Model from the path, `/m/<model name>/<API path>`, and refuses a
-   Model the ticket's workflow did not declare, and any path that is not one
-   of the provider's inference endpoints (`ROUTES`),
+   Model the ticket's workflow did not declare, a path with a dot segment or
+   an encoded dot, slash, backslash or percent sign, and any path that is not
+   one of the provider's inference endpoints (`ROUTES`); the upstream path
+   is rebuilt from the endpoint's fixed text and a model id, nothing else,
 4. refuses it once the ticket's token budget is spent,
-5. drops every credential the client sent (auth headers, cookies, `key=`),
-   pins the Model's model id in the request, adds the real key the way the
-   provider expects, and sends it to the Model's baseUrl from this host,
-6. streams the answer back chunk by chunk (SSE or not) while reading the
-   token usage from it, and counts that usage against the ticket.
+5. reads the body within the ticket's limits (relaylimits.py), drops every
+   credential the client sent (auth headers, cookies, `key=`), pins the
+   Model's model id in the request, adds the real key the way the provider
+   expects, and sends it to the Model's baseUrl from this host,
+6. streams the answer back chunk by chunk (SSE or not) with every secret of
+   the broker masked (relaysecrets.py), in headers and bodies, while reading
+   the token usage from it, and counts that usage against the ticket,
+   whichever node of the ticket (an agent, a `run:` command) made the call.
 
 Refusals use the provider's own error shape (relayproviders.py::refusal): 401 for a
 missing, wrong or ended capability, 403 for an undeclared Model, 404 for a
-path that is not an inference endpoint, 413 for a body over the limit, and
-400 for a spent budget (400, not 429: the SDKs retry 429 for minutes, while
-a spent budget is final for this ticket).
+path that is not an inference endpoint, 400 for a path that tries to leave
+its endpoint, 413 for a body over the limit, 408 for a body that did not
+arrive in time, 429 when the ticket already holds its limit of body bytes
+(retried by the SDKs; it passes), and 400 for a spent budget (400, not 429:
+the SDKs retry 429 for minutes, while a spent budget is final for this ticket).
 
 State (capability, declared models, budget, usage) is kept in the broker's
 private folder so a restarted broker serves the same capability and budget.
@@ -38,14 +45,11 @@ import logging
 import os
 import secrets
 import socket
-import ssl
 import stat
-import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from services.common.config import Config, Model
@@ -55,30 +59,31 @@ from services.common.redact import Redactor
 from services.common.relayenv import RELAY_PROVIDERS, RELAY_SOCKET
 from services.common.secrets import SecretValue
 
-from .httpclient import proxy_for
+from .relaylimits import GuardedSite, Limiter, RelayLimits
 from .relayproviders import (
-    DROP_REQUEST,
-    KEEP_RESPONSE,
     ROUTES,
     Refused,
     auth_headers,
-    check_route,
+    check_raw_path,
     presented_capability,
     refusal,
     rewrite,
+    upstream_path,
     upstream_root,
 )
+from .relaysecrets import SecretForms
 from .relaystate import RelayStates, TicketRelay
+from .relayupstream import Upstream
 from .relayusage import Usage, UsageMeter, usage_of
 
 # Older imports name these here; they live in relayproviders.py, relaystate.py and relayusage.py.
-__all__ = ["MAX_BODY", "ROUTES", "RelayHub", "TicketRelay", "Usage", "UsageMeter", "auth_headers", "check_route",
-           "presented_capability", "rewrite", "upstream_root", "usage_of"]
+__all__ = ["MAX_BODY", "ROUTES", "RelayHub", "RelayLimits", "TicketRelay", "Usage", "UsageMeter", "auth_headers",
+           "presented_capability", "rewrite", "upstream_path", "upstream_root", "usage_of"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 32 * 1024 * 1024          # a request body (a long conversation with images fits)
-MAX_ERROR_BODY = 64 * 1024           # an upstream error body passed back
+READ_CHUNK = 256 * 1024
 SUN_PATH_MAX = 107
 
 
@@ -90,19 +95,28 @@ class RelayHub:
 
     def __init__(self, config: Config, layout: Layout, keys: Mapping[str, SecretValue], redactor: Redactor, *,
                  state_dir: Path, ca_file: Path | None = None, proxies: Mapping[str, str] | None = None,
-                 max_body: int = MAX_BODY) -> None:
+                 max_body: int = MAX_BODY, limits: RelayLimits | None = None) -> None:
         self.config = config
         self.layout = layout
         self.keys = keys
         self.redactor = redactor
         self.state_dir = state_dir
         self.states = RelayStates(state_dir)
-        self.ca_file = ca_file
-        self.proxies = dict(proxies or {})
         self.max_body = max_body
         self.metrics: Any = None          # services.common.metrics.RelayMetrics, set by main
         self.tickets: dict[str, TicketRelay] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self.limiter = Limiter(limits if limits is not None else RelayLimits(buffered=2 * max_body),
+                               lambda reason: self._metric("limited", reason=reason))
+        # Every secret this broker holds (model keys and forge tokens alike) is masked in answers.
+        self.upstream = Upstream(keys, redactor, SecretForms(v.reveal() for v in keys.values()),
+                                 self.limiter.throttle, ca_file=ca_file, proxies=proxies or {})
+        self.upstream.masked = lambda n: self._metric("masked", n=n)
+
+    def _metric(self, family: str, n: int = 1, **labels: str) -> None:
+        if self.metrics is not None:
+            with contextlib.suppress(Exception):
+                m = getattr(self.metrics, family)
+                (m.labels(**labels) if labels else m.metric).inc(n)
 
     # -- lifecycle ---------------------------------------------------------------
     def _check_models(self, models: list[str]) -> tuple[str, ...]:
@@ -188,9 +202,7 @@ class RelayHub:
                 with contextlib.suppress(Exception):
                     await runner.cleanup()
         self.tickets.clear()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.upstream.close()
 
     async def _serve(self, t: TicketRelay) -> web.AppRunner:
         d = self.layout.relay_dir(t.ticket_id)
@@ -225,17 +237,10 @@ class RelayHub:
         app[_TICKET] = t
         app.router.add_route("*", "/m/{model}/{rest:.*}", self._handle)
         app.router.add_route("*", "/{rest:.*}", self._no_model)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await GuardedSite(runner, sock, t.ticket_id, t.load, self.limiter).start()
         return runner
-
-    def _session_for(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=ctx, limit=256), trust_env=False, auto_decompress=False)
-        return self._session
 
     # -- requests ----------------------------------------------------------------
     def _count(self, t: TicketRelay, model: str, provider: str, outcome: str) -> None:
@@ -253,105 +258,101 @@ class RelayHub:
     async def _no_model(self, request: web.Request) -> web.Response:
         t: TicketRelay = request.app[_TICKET]
         self._count(t, "", "openai", "denied")
+        self.limiter.busy(t.load, request.transport, False)     # answered at once: the connection is idle
         return refusal("openai", 404, "not_found_error",
                         "use the base URL afe gave the agent: /m/<Model name>/ followed by the API path")
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         t: TicketRelay = request.app[_TICKET]
+        self.limiter.busy(t.load, request.transport, True)
+        try:
+            return await self._checked(request, t)
+        except Exception as exc:  # noqa: BLE001 - one line per interval, never a traceback per request
+            self.limiter.throttle.note(f"{t.ticket_id}:internal", f"model relay of ticket {t.ticket_id}: "
+                                       f"internal error {self.redactor.redact(repr(exc))[:300]}", logging.ERROR)
+            return refusal("openai", 500, "api_error", "internal error of the relay (the broker's log says more)")
+        finally:
+            self.limiter.busy(t.load, request.transport, False)
+
+    async def _checked(self, request: web.Request, t: TicketRelay) -> web.StreamResponse:
         name = request.match_info["model"]
         model = self.config.models.get(name)
         provider = model.provider if model is not None else "openai"
-        try:
-            if t.closed:
-                raise Refused(401, "authentication_error",
-                              "this ticket has ended; its relay capability is no longer valid")
-            cap = presented_capability(request)
-            if not cap:
-                raise Refused(401, "authentication_error",
-                              "no capability: send the value afe set in the agent's API key variable")
-            if not hmac.compare_digest(cap.encode(), t.capability.encode()):
-                raise Refused(401, "authentication_error",
-                              "the capability is not this ticket's; use the value afe set in the agent's "
-                              "API key variable")
-            if model is None or name not in t.models:
-                raise Refused(403, "permission_error",
-                              f"model {name[:64]!r} is not declared by this ticket's workflow; it may use: "
-                              + ", ".join(t.models))
-            rest = request.match_info["rest"]
-            check_route(provider, request.method, rest)
-            if t.budget and t.used >= t.budget:
-                raise Refused(400, "invalid_request_error",
-                              f"the ticket's token budget of {t.budget} is spent ({t.used} tokens used); "
-                              "raise maxTokens on the Workflow (or max_tokens on the node) to allow more")
-            if request.content_length is not None and request.content_length > self.max_body:
-                raise Refused(413, "request_too_large",
-                              f"the request body is over the relay's limit of {self.max_body} bytes")
-            try:
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                raise Refused(413, "request_too_large",
-                              f"the request body is over the relay's limit of {self.max_body} bytes") from None
-            rest, body = rewrite(model, rest, body)
-        except Refused as r:
-            self._count(t, name, provider, "denied")
-            return refusal(provider, r.status, r.kind, r.message)
-        return await self._forward(request, t, model, rest, body)
+        held = [0]     # body bytes this request holds of the ticket's limit
 
-    async def _forward(self, request: web.Request, t: TicketRelay, model: Model, rest: str,
-                       body: bytes) -> web.StreamResponse:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in DROP_REQUEST}
-        headers["Accept-Encoding"] = "identity"
-        if model.api_key_env:
-            secret = self.keys.get(model.api_key_env)
-            if secret is None:
-                self._count(t, model.name, model.provider, "error")
-                return refusal(model.provider, 502, "api_error",
-                                f"model {model.name!r}: {model.api_key_env} (its apiKeyEnv) is not set in the "
-                                "credential broker's environment")
-            headers.update(auth_headers(model.provider, secret.reveal()))
-        query = [(k, v) for k, v in request.query.items() if k != "key"]
-        url = f"{upstream_root(model)}/{rest}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=model.timeout_s)
-        outcome = "error"
-        meter: UsageMeter | None = None
+        async def release() -> None:
+            n, held[0] = held[0], 0
+            self.limiter.release(t.load, n)
+
         try:
-            async with self._session_for().request(
-                    request.method, url, data=body if body else None, headers=headers, timeout=timeout,
-                    proxy=proxy_for(url, self.proxies), allow_redirects=False) as up:
-                out_headers = {k: v for k, v in up.headers.items() if KEEP_RESPONSE.match(k.lower())}
-                if up.status >= 400:
-                    text = (await up.content.read(MAX_ERROR_BODY)).decode("utf-8", "replace")
-                    self._count(t, model.name, model.provider, "error")
-                    outcome = ""
-                    return web.Response(status=up.status, text=self.redactor.redact(text),
-                                        headers={k: v for k, v in out_headers.items()
-                                                 if k.lower() != "content-type"},
-                                        content_type=(up.content_type or "application/json"))
-                resp = web.StreamResponse(status=up.status, headers=out_headers)
-                await resp.prepare(request)
-                meter = UsageMeter("event-stream" in (up.headers.get("Content-Type") or ""))
-                async for chunk in up.content.iter_any():
-                    meter.feed(chunk)
-                    await resp.write(chunk)
-                await resp.write_eof()
-                outcome = "ok"
+            try:
+                if t.closed:
+                    raise Refused(401, "authentication_error",
+                                  "this ticket has ended; its relay capability is no longer valid")
+                cap = presented_capability(request)
+                if not cap:
+                    raise Refused(401, "authentication_error",
+                                  "no capability: send the value afe set in the agent's API key variable")
+                if not hmac.compare_digest(cap.encode(), t.capability.encode()):
+                    raise Refused(401, "authentication_error",
+                                  "the capability is not this ticket's; use the value afe set in the agent's "
+                                  "API key variable")
+                if model is None or name not in t.models:
+                    raise Refused(403, "permission_error",
+                                  f"model {name[:64]!r} is not declared by this ticket's workflow; it may use: "
+                                  + ", ".join(t.models))
+                rest = request.match_info["rest"]
+                check_raw_path(request.raw_path)
+                path = upstream_path(provider, request.method, rest, model)
+                if t.budget and t.used >= t.budget:
+                    raise Refused(400, "invalid_request_error",
+                                  f"the ticket's token budget of {t.budget} is spent ({t.used} tokens used); "
+                                  "raise maxTokens on the Workflow (or max_tokens on the node) to allow more")
+                body = await self._read_body(request, t, held)
+                body = rewrite(model, rest, body)
+            except Refused as r:
+                self._count(t, name, provider, "denied")
+                resp = refusal(provider, r.status, r.kind, r.message)
+                if r.status in (408, 413, 429):
+                    resp.force_close()          # the rest of an unread body is not waited for
+                    if r.status == 429:
+                        resp.headers["retry-after"] = "1"
                 return resp
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            if meter is not None:       # the answer had started: it just ends
-                raise
-            what = "no answer in time" if isinstance(exc, TimeoutError) else type(exc).__name__
-            outcome = "timeout" if isinstance(exc, TimeoutError) else "error"
-            return refusal(model.provider, 502, "api_error",
-                            f"could not reach model {model.name!r} at {urllib.parse.urlsplit(url).netloc} "
-                            f"({what}); check its baseUrl and that the host can reach it")
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
+            return await self.upstream.forward(request, t, model, path, body, release, self._count, self._record)
         finally:
-            if outcome:
-                self._count(t, model.name, model.provider, outcome)
-            if meter is not None:
-                self._record(t, model, *meter.finish())
+            await release()
+
+    async def _read_body(self, request: web.Request, t: TicketRelay, held: list[int]) -> bytes:
+        """The request body, within the body limit and the ticket's limits of
+        body bytes held at once and of time (`held[0]`: the bytes reserved)."""
+        over = Refused(413, "request_too_large", f"the request body is over the relay's limit of {self.max_body} "
+                                                 "bytes")
+        busy = Refused(429, "rate_limit_error", "this ticket's requests hold the relay's limit of request-body "
+                                                "bytes at once; retry when one has been sent")
+        length = request.content_length
+        if length is not None and length > self.max_body:
+            raise over
+        if length and not self.limiter.reserve(t.ticket_id, t.load, length):
+            raise busy
+        held[0] = length or 0
+        data = bytearray()
+        try:
+            async with asyncio.timeout(self.limiter.limits.body_s or None):
+                async for chunk in request.content.iter_chunked(READ_CHUNK):
+                    if len(data) + len(chunk) > self.max_body:
+                        raise over
+                    data += chunk
+                    if len(data) > held[0]:           # no or a wrong Content-Length: reserve as it comes
+                        extra = len(data) - held[0]
+                        if not self.limiter.reserve(t.ticket_id, t.load, extra):
+                            raise busy
+                        held[0] += extra
+        except TimeoutError:
+            self.limiter.stopped(t.ticket_id, "body_timeout", "request bodies that did not arrive within "
+                                 f"{self.limiter.limits.body_s:g}s were refused")
+            raise Refused(408, "request_timeout", f"the request body did not arrive within "
+                                                  f"{self.limiter.limits.body_s:g}s") from None
+        return bytes(data)
 
     def _record(self, t: TicketRelay, model: Model, inp: int, out: int) -> None:
         u = t.usage.setdefault(model.name, Usage())
@@ -365,4 +366,5 @@ class RelayHub:
             try:
                 self.states.save(t)
             except OSError as exc:
-                log.warning("could not save the relay usage of ticket %s: %s", t.ticket_id, exc.strerror)
+                self.limiter.throttle.note(f"{t.ticket_id}:save", f"could not save the relay usage of ticket "
+                                           f"{t.ticket_id}: {exc.strerror}")

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from services.common.layout import check_ticket_id
 
+from .relaylimits import TicketLoad
 from .relayusage import Usage
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class TicketRelay:
     closed: bool = False
     runner: web.AppRunner | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    load: TicketLoad = field(default_factory=TicketLoad)   # connections and body bytes held now
 
     @property
     def used(self) -> int:
