@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -48,6 +49,8 @@ class RunContext:
         self._ws_ready = False
         self._sb_ready = False
         self._relay_cap = ""
+        self._relay_id = ""
+        self._relay_counted: dict[str, tuple[int, int]] | None = None
         self._prep_lock = asyncio.Lock()
 
     def emit(self, type_: str, payload: dict[str, Any]) -> None:
@@ -158,12 +161,23 @@ class RunContext:
                                                 "agents": agent_env_names(self.config, self.workflow)})
 
     # ---- the model relay (R32) ----------------------------------------------------
+    #
+    # The relay counts every token it serves for the ticket, whichever process in the
+    # sandbox made the call (an agent, a `run:` command, something either left running).
+    # `account_relay` adds what it counted since the last look to the ticket's tokens
+    # (`model.usage` events carrying `relay`, the relay's id, and its running counts), so
+    # the budget each `open_relay` gives the relay is what the ticket really has left.
 
-    async def open_relay(self, node: Node | None) -> int:
+    async def open_relay(self, node: Node | None) -> None:
         """Open (idempotent: again after a broker restart) the ticket's relay
-        with the budget for `node`: what the Workflow's maxTokens leaves for
-        the ticket, and at most the node's max_tokens. Returns the tokens the
-        relay had counted before."""
+        with the budget for `node`: a cap on all the relay counts for the
+        ticket, namely what it counted so far plus what the Workflow's
+        maxTokens leaves for the ticket, and at most the node's max_tokens."""
+        await self._open_relay(node)
+        if await self.account_relay(node.id if node is not None else "", "before"):
+            await self._open_relay(node)     # tokens nobody had counted yet: the cap shrinks by them
+
+    async def _open_relay(self, node: Node | None) -> None:
         tid, limit_s = self.ticket.id, self.host.broker_retry_s
         usage = await brokercalls.retry_unavailable(limit_s, "reading the model relay's usage",
                                                     lambda: self.credentials.relay_usage(tid), PeerUnavailable)
@@ -184,7 +198,9 @@ class RunContext:
         if r.capability != self._relay_cap:
             self.host.redactor.register(r.capability)   # a placeholder, but no event needs to show it
             self._relay_cap = r.capability
-        return usage.total_tokens
+            # The relay's id in events: a new capability is a new relay (the ticket re-opened), counting from 0.
+            self._relay_id = hashlib.sha256(r.capability.encode()).hexdigest()[:16]
+            self._relay_counted = None
 
     def agent_env(self, agent: Agent) -> dict[str, str]:
         """The agent process's literal environment: its fixed settings and,
@@ -196,21 +212,57 @@ class RunContext:
                                  capability=self._relay_cap))
         return env
 
-    async def record_relay_usage(self, node: Node, before: dict[str, tuple[int, int]]) -> None:
-        """`model.usage` events for what the node's agent used, added to the ticket's tokens."""
+    async def settle_relay(self, node: Node | None) -> None:
+        """After a node that ran in the sandbox, and at the ticket's end: what the
+        relay counted since the last look becomes the ticket's."""
+        await self.account_relay(node.id if node is not None else "", "after" if node is not None else "end")
+
+    def _counted(self) -> dict[str, tuple[int, int]]:
+        """Per Model, the relay's (input, output) counts already added to the
+        ticket: the latest `model.usage` event of this relay (a scheduler that
+        took the ticket over, or restarted, reads them back from the events)."""
+        if self._relay_counted is None:
+            self.host.events.flush()
+            counted: dict[str, tuple[int, int]] = {}
+            seq = 0
+            while True:
+                batch = self.store.events(self.ticket.id, seq, 1000)
+                for e in batch:
+                    if e.type == "model.usage" and f'"{self._relay_id}"' in e.payload_json:
+                        p = json.loads(e.payload_json)
+                        if p.get("relay") == self._relay_id:
+                            counted[str(p.get("model"))] = (int(p.get("ticket_input_tokens") or 0),
+                                                            int(p.get("ticket_output_tokens") or 0))
+                if len(batch) < 1000:
+                    break
+                seq = batch[-1].seq + 1
+            self._relay_counted = counted
+        return self._relay_counted
+
+    async def account_relay(self, node_id: str, when: str) -> int:
+        """`model.usage` events (node `node_id`; `counted`: before, after the node
+        or at the ticket's end) for what the relay counted and the ticket has not
+        yet, added to the ticket's tokens; returns how many were added."""
         tid = self.ticket.id
+        if not self._relay_cap or self.host.lease_lost(tid):
+            return 0
         try:
             usage = await self.credentials.relay_usage(tid)
         except AfeError as exc:
-            log.warning("ticket %s: could not read the model relay's usage: %s", tid, exc.message)
-            return
+            log.warning("ticket %s: could not read the model relay's usage (counted at the next look): %s",
+                        tid, exc.message)
+            return 0
+        counted = self._counted()
         added = 0
         for m in usage.models:
-            i0, o0 = before.get(m.model, (0, 0))
-            di, do = m.input_tokens - i0, m.output_tokens - o0
+            i0, o0 = counted.get(m.model, (0, 0))
+            di, do = max(0, m.input_tokens - i0), max(0, m.output_tokens - o0)
             if di or do:
                 added += di + do
-                self.record_usage(node.id, m.model, di, do, ticket_input_tokens=m.input_tokens,
-                                  ticket_output_tokens=m.output_tokens, budget_tokens=usage.budget_tokens)
+                counted[m.model] = (m.input_tokens, m.output_tokens)
+                self.record_usage(node_id, m.model, di, do, relay=self._relay_id, counted=when,
+                                  ticket_input_tokens=m.input_tokens, ticket_output_tokens=m.output_tokens,
+                                  budget_tokens=usage.budget_tokens)
         if added:
             self.add_tokens(added)
+        return added

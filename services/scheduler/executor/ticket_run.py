@@ -103,10 +103,12 @@ class TicketRun:
 
         while True:
             failure = await run_graph(self.workflow.nodes, states, run, skip)
-            if failure is None:
-                return SUCCEEDED, ""
-            if not self._feedback_round(failure, states):
-                return FAILED, f"node {failure.node_id} failed: {failure.reason}"
+            if failure is None or not self._feedback_round(failure, states):
+                break
+        await ctx.settle_relay(None)     # what the model relay counted since the last node is the ticket's (R32)
+        if failure is None:
+            return SUCCEEDED, ""
+        return FAILED, f"node {failure.node_id} failed: {failure.reason}"
 
     def _feedback_round(self, failure: NodeFailed, states: dict[str, str]) -> bool:
         """`on_failure: {retry_from: R, max: N}` of the failed node: give its

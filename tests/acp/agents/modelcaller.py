@@ -1,20 +1,29 @@
 """Calls its Model the way a coding agent does (R32): a streamed Anthropic
 Messages request to $ANTHROPIC_BASE_URL with $ANTHROPIC_API_KEY, once per
 line of the prompt that says `call`. Its final message is `REPORT {json}`:
-each call's status and text, and the names (never values) of its env."""
+each call's status and text, and the names (never values) of its env.
+
+A prompt word `leak` makes it leave its relay variables in the workspace
+(LEAK_FILE), as a hostile agent could; `modelcaller.py --spend` (a `run:`
+command of the same ticket) then calls the relay with them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from _base import BaseAgent, prompt_text
 from acp import run_agent, update_agent_message_text
 from acp.schema import PromptResponse
+
+LEAK_FILE = "/workspace/.relay-leak.json"
+RELAY_VARS = ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")
 
 
 def call() -> list:
@@ -35,11 +44,20 @@ def call() -> list:
 
 class ModelCaller(BaseAgent):
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
-        calls = [await asyncio.to_thread(call) for line in prompt_text(prompt).split() if line == "call"]
+        words = prompt_text(prompt).split()
+        if "leak" in words:
+            leak = json.dumps({k: os.environ.get(k, "") for k in RELAY_VARS})
+            await asyncio.to_thread(Path(LEAK_FILE).write_text, leak)
+        calls = [await asyncio.to_thread(call) for line in words if line == "call"]
         report = {"calls": calls, "env_names": sorted(os.environ)}
         await self.conn.session_update(session_id, update_agent_message_text("REPORT " + json.dumps(report)))
         return PromptResponse(stop_reason="end_turn")
 
 
 if __name__ == "__main__":
-    asyncio.run(run_agent(ModelCaller()))
+    if sys.argv[1:] == ["--spend"]:
+        with open(LEAK_FILE) as f:
+            os.environ.update(json.load(f))
+        print("SPENT " + json.dumps(call()))
+    else:
+        asyncio.run(run_agent(ModelCaller()))

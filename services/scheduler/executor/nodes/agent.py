@@ -1,9 +1,11 @@
 """An `agent` node: an ACP agent inside the ticket's sandbox (acp/runner.py).
 
 An agent with a Model reaches it through the ticket's model relay (R32):
-the relay opens with the node's budget before the agent starts, the agent's
-environment carries the relay's base URL and capability, and what it used is
-recorded as `model.usage` events afterwards, whatever the outcome.
+the relay opens with the node's budget before the agent starts (what the
+relay counted for the ticket so far, whichever node made the calls, is the
+ticket's first), the agent's environment carries the relay's base URL and
+capability, and what the relay counted is recorded as `model.usage` events
+afterwards, whatever the outcome.
 """
 
 from __future__ import annotations
@@ -31,15 +33,11 @@ async def agent_node(ctx: RunContext, node: Node) -> str:
     async def emit(type_: str, payload: dict[str, Any]) -> None:
         ctx.emit(type_, {"node": node.id, **payload})
 
-    before: dict[str, tuple[int, int]] | None = None
     if agent.model:
         await ctx.open_relay(node)
-        usage = await ctx.credentials.relay_usage(ctx.ticket.id)
-        before = {m.model: (m.input_tokens, m.output_tokens) for m in usage.models}
     try:
         return await run_agent_node(ticket_id=ctx.ticket.id, node=node, agent=agent,
                                     prompt=ctx.prompt(node), sandbox=ctx.sandbox.stub_for(ctx.ticket.id),
                                     emit=emit, env=ctx.agent_env(agent))
     finally:
-        if before is not None:
-            await asyncio.shield(ctx.record_relay_usage(node, before))
+        await asyncio.shield(ctx.settle_relay(node))

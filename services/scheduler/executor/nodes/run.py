@@ -2,9 +2,12 @@
 streams out as `node.output` events. Template values reach the command as
 positional parameters, never as shell code (R36, templates.render_command).
 A non-zero exit fails the node with the output's tail (and, when the disk cap
-was hit, which limit, R34)."""
+was hit, which limit, R34). What the ticket's model relay counted while it
+ran is the ticket's (R32: a command that reaches the relay is counted too)."""
 
 from __future__ import annotations
+
+import asyncio
 
 from services.common.config import Node, Workspace
 from services.common.errors import DeadlineExceeded, FailedPrecondition
@@ -26,6 +29,13 @@ class CommandFailed(FailedPrecondition):
 
 async def run_node(ctx: RunContext, node: Node) -> str:
     await ctx.ensure_sandbox()
+    try:
+        return await _run(ctx, node)
+    finally:   # model calls through the relay from the command are the ticket's too (R32)
+        await asyncio.shield(ctx.settle_relay(node))
+
+
+async def _run(ctx: RunContext, node: Node) -> str:
     script, args = ctx.render_command(node.run or "", node.id)
     out: list[str] = []
     code, timed_out, truncated = -1, False, False
