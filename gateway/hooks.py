@@ -166,5 +166,7 @@ _MESSAGES = {
     "own_check": "afe's own status or check; it starts nothing",
     "stale_head": "not the pull request's current head; nothing to do",
     "merged": "the pull request is merged; nothing to do",
+    "no_ci_iteration": "the ticket's workflow has no on_ci_failure: the failure is noted on the ticket, no round",
+    "past_max": "the ticket had its on_ci_failure rounds: no round; a comment asks a person to look",
 }
 _REASONS = set(_MESSAGES)

@@ -337,7 +337,7 @@ GITHUB_REASONS = (
     # one ticket per piece of work, and follow-ups gathered or queued (docs/GITHUB.md)
     "joined", "gathered", "queued",
     # failing CI on afe's pull requests (docs/GITHUB.md "Failing CI")
-    "passing", "own_check", "stale_head", "merged",
+    "passing", "own_check", "stale_head", "merged", "no_ci_iteration", "past_max",
 )
 
 

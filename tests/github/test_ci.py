@@ -52,9 +52,14 @@ def _check_run(examples, *, sha: str = SHA, name: str = "test", conclusion: str 
     return e
 
 
-def _status(examples, *, sha: str = SHA, context: str = "ci/build", state: str = "failure") -> dict:
+def _status(examples, *, sha: str = SHA, context: str = "ci/build", state: str = "failure",
+            branch: str = "") -> dict:
+    """GitHub's status example; `branch` added to the branches that contain the commit (as GitHub lists
+    afe's branch `afe/<ticket>` for a commit of afe's pull request)."""
     e = example(examples, "status")
     e.update(sha=sha, context=context, state=state, description="The build failed")
+    if branch:
+        e["branches"].append({"name": branch, "commit": {"sha": SHA, "url": ""}, "protected": False})
     return e
 
 
@@ -136,7 +141,11 @@ async def test_success_an_older_head_and_other_pull_requests_start_nothing(stack
             ("check_suite", _suite(examples, conclusion="success"), "passing"),
             ("status", _status(examples, state="pending"), "passing"),
             ("check_run", _check_run(examples, sha=OLD), "stale_head"),
-            ("status", _status(examples, sha=OLD), "not_afe_pull_request")):
+            # A status names no pull request: an older head of afe's is known by afe's branch containing it
+            # (docs/GITHUB.md says `stale_head`); the example's own branches are no afe pull request's.
+            ("status", _status(examples, sha=OLD, branch=f"afe/{tid}"), "stale_head"),
+            ("status", _status(examples, sha=OLD), "not_afe_pull_request"),
+            ("status", _status(examples, sha=OLD, branch="afe/t-someone-elses"), "not_afe_pull_request")):
         status, doc = await stack.post(event, payload)
         assert (status, doc["outcome"], doc["reason"]) == (202, "ignored", reason), (event, doc)
     assert stack.scheduler.store.ci_failures(tid) == []
@@ -160,8 +169,11 @@ async def test_rounds_are_bounded_then_a_comment_asks_a_person(stack, examples):
     store = stack.scheduler.store
     assert store.claim_ci_failure(tid, OLD, "earlier", 1)
     store.put_ci_failure(tid, OLD, {"state": ROUND, "round": 1, "checks": []})     # the one round, done before
-    _, doc = await stack.post("status", _status(examples))
-    assert doc["reason"] == "followup"
+    # Answered as what happens: no round (not `accepted/followup`), also for the same failure's other reports.
+    status, doc = await stack.post("status", _status(examples))
+    assert (status, doc["outcome"], doc["reason"], doc["tickets"]) == (202, "ignored", "past_max", [tid])
+    status, doc = await stack.post("check_suite", _suite(examples))
+    assert (status, doc["outcome"], doc["reason"]) == (202, "ignored", "past_max")
     await _until(_round_done(stack, tid))
     assert store.ci_failure(tid, SHA).state == OVER
     assert store.followups(tid, 0) == [] and store.get_ticket(tid).state == WAITING_APPROVAL
@@ -172,8 +184,8 @@ async def test_rounds_are_bounded_then_a_comment_asks_a_person(stack, examples):
 
 async def test_without_on_ci_failure_a_failure_is_only_noted(stack, examples):
     tid = _afe_ticket(stack, rounds=0)
-    _, doc = await stack.post("status", _status(examples))
-    assert doc["reason"] == "followup"
+    status, doc = await stack.post("status", _status(examples))
+    assert (status, doc["outcome"], doc["reason"], doc["tickets"]) == (202, "ignored", "no_ci_iteration", [tid])
     await _until(_round_done(stack, tid))
     store = stack.scheduler.store
     assert store.ci_failure(tid, SHA).state == QUIET and store.followups(tid, 0) == []

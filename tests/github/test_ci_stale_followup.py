@@ -3,8 +3,12 @@ the failing check of head H1 arrives while a re-run of the ticket is under
 way; its follow-up waits (`queued`). When that re-run ends having pushed a
 newer head, the failure of H1 is stale: the follow-up is dropped with a
 `followup.dropped` event saying why, the ticket is not re-opened, and the
-round does not count against on_ci_failure. Positive control: a re-run that
-pushed nothing (the head is still H1) is followed by the CI round's re-run.
+round does not count against on_ci_failure. The comment that announced the
+round on the pull request (while the ticket ran: "once its current run
+ends, unless ...") is corrected: not taken up. Positive control: a re-run
+that pushed nothing (the head is still H1) is followed by the CI round's
+re-run, and the comment still announces the round. A head that moved within
+the CI settle window starts no round and announces none.
 
 The real gateway process gets GitHub's example `check_run` payload, signed;
 the engine's dispatcher runs with each run held (`HeldRuns`)."""
@@ -21,7 +25,7 @@ from services.scheduler.engine.followups import follow_up
 from services.scheduler.store.base import PullRequestRecord
 from services.scheduler.store.ci_records import QUIET, ROUND
 
-from .test_ci import SHA, _check_run, _serve_failing_check
+from .test_ci import NUMBER, SHA, _check_run, _serve_failing_check
 from .test_ci import _afe_ticket as _ticket_with_pr
 from .test_review_gathering import HeldRuns
 
@@ -55,6 +59,8 @@ async def test_a_ci_round_queued_while_the_ticket_runs_is_dropped_once_its_head_
     [received] = [r for r in _events(store, tid, "followup.received") if r["source"] == "github:ci"]
     assert received["taken"] == "queued"
     assert store.ci_failure(tid, SHA).state == ROUND
+    announced = "CI failed on `bbbbbbbbbbbb`: `test`; afe takes it up as round 1 of 2 once its current run ends"
+    await _until(lambda: announced in _pr_comment(stack))
     if pushed:      # what builtin:open_pr records when the re-run pushes a new head to the pull request
         pr = store.get_pr(tid)
         store.put_pr(PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, NEWER, "open"))
@@ -63,6 +69,7 @@ async def test_a_ci_round_queued_while_the_ticket_runs_is_dropped_once_its_head_
         await runs.started(2)
         assert runs.seen[1][0].startswith(f"CI failed on commit {SHA}:")       # the round's re-run
         assert _events(store, tid, "followup.dropped") == []
+        assert announced in _pr_comment(stack)
         return
     await _until(lambda: bool(_events(store, tid, "followup.dropped")))
     [dropped] = _events(store, tid, "followup.dropped")
@@ -75,3 +82,34 @@ async def test_a_ci_round_queued_while_the_ticket_runs_is_dropped_once_its_head_
     assert sum(e.type == "ticket.reopened" for e in store.events(tid, 1)) == 1    # only the first re-run
     row = store.ci_failure(tid, SHA)
     assert (row.state, row.doc["reason"]) == (QUIET, "stale_head")          # the round did not count
+    # The announcement is corrected, in the same (edited) comment: one comment per head (R37).
+    await _until(lambda: "Not taken up" in _pr_comment(stack))
+    body = _pr_comment(stack)
+    assert announced not in body and "round 1 of 2" not in body
+    assert f"afe's run meanwhile pushed `{NEWER[:12]}`, a newer head whose own CI decides" in body
+    assert len([c for c in stack.github.comments if c["number"] == NUMBER and "CI failed" in c["body"]]) == 1
+
+
+async def test_a_head_that_moved_within_the_settle_window_starts_and_announces_no_round(stack, examples):
+    tid = _ticket_with_pr(stack, rounds=2)
+    _serve_failing_check(stack)
+    store = stack.scheduler.store
+    stack.scheduler.intake.ci_settle_s = 1.0
+    status, doc = await stack.post("check_run", _check_run(examples))
+    assert (status, doc["reason"]) == (202, "followup")
+    pr = store.get_pr(tid)        # a run pushed a newer head before the window ended
+    store.put_pr(PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, NEWER, "open"))
+    await _until(lambda: store.ci_failure(tid, SHA).state != "gathering")
+    row = store.ci_failure(tid, SHA)
+    assert (row.state, row.doc["reason"]) == (QUIET, "stale_head")
+    [noted] = _events(store, tid, "ci.noted")
+    assert f"no longer the pull request's head ({NEWER[:12]})" in noted["reason"]
+    await asyncio.sleep(0.5)
+    assert store.followups(tid, 0) == [] and stack.github.comments == []
+    assert store.get_ticket(tid).reopened_at_ms == 0
+
+
+def _pr_comment(stack) -> str:
+    """The CI round's comment on the pull request ("" before there is one)."""
+    bodies = [c["body"] for c in stack.github.comments if c["number"] == NUMBER and "CI failed" in c["body"]]
+    return bodies[0] if bodies else ""

@@ -22,7 +22,8 @@ the workflow is gone) is dropped loudly: an event on the ticket and a
 comment on the pull request. A CI round's follow-up (`github:ci`) whose
 failed head is no longer the pull request's when it would be given (the
 run it waited for pushed a newer head) is dropped with an event: the newer
-head's own CI decides (store/ci_records.py drop_stale_ci). Every arrival is an event on the ticket
+head's own CI decides (store/ci_records.py drop_stale_ci), and `stale_ci`
+corrects the comment that announced the round. Every arrival is an event on the ticket
 (`followup.received`, saying whether it starts, joins or waits for a re-run).
 """
 
@@ -117,11 +118,13 @@ class FollowUpQueue:
     one re-open, queued while the ticket runs, never dropped silently."""
 
     def __init__(self, engine: Any, *, settle_s: float = SETTLE_S,
-                 reply: Callable[[str, str], Awaitable[None]] | None = None) -> None:
+                 reply: Callable[[str, str], Awaitable[None]] | None = None,
+                 stale_ci: Callable[[str, str, str], Awaitable[None]] | None = None) -> None:
         self.engine = engine
         self.store = engine.store
         self.settle_s = max(0.0, settle_s)
         self.reply = reply          # (ticket id, text): a comment on the ticket's pull request
+        self.stale_ci = stale_ci    # (ticket id, failed head, new head): a CI round was dropped as stale
         self._drivers: dict[str, asyncio.Task] = {}
         self._first: dict[str, float] = {}    # ticket -> first arrival of the open window (monotonic)
         self._last: dict[str, float] = {}     # and the latest
@@ -233,7 +236,7 @@ class FollowUpQueue:
                 if refusal:
                     await self._drop(ticket_id, refusal)
                     continue
-                if self._drop_stale(ticket_id, pending):
+                if await self._drop_stale(ticket_id, pending):
                     continue
                 try:
                     await self._reopen(ticket_id, pending)
@@ -281,15 +284,21 @@ class FollowUpQueue:
             except Exception:   # noqa: BLE001 - said on the ticket and in the log already
                 log.warning("ticket %s: the reply about dropped follow-ups could not be posted", ticket_id)
 
-    def _drop_stale(self, ticket_id: str, pending: list[FollowUpRecord]) -> bool:
+    async def _drop_stale(self, ticket_id: str, pending: list[FollowUpRecord]) -> bool:
         """CI rounds' follow-ups about a head that is no longer the pull request's are dropped (said on
-        the ticket) just before a re-open would give them; True when any was."""
+        the ticket, and by `stale_ci` on the pull request) just before a re-open would give them; True
+        when any was."""
         dropped = drop_stale_ci(self.store, ticket_id, pending)
         for d in dropped:
             self._event(ticket_id, "followup.dropped", {
                 "reason": d["reason"], "count": d["count"], "stale_head": d["sha"], "head": d["head"],
                 "followups": [_brief(f) for f in pending if failed_head(f.source, f.text) == d["sha"]]})
             log.info("ticket %s: %s", ticket_id, d["reason"])
+            if self.stale_ci is not None:
+                try:
+                    await self.stale_ci(ticket_id, d["sha"], d["head"])
+                except Exception:   # noqa: BLE001 - said on the ticket and in the log already
+                    log.warning("ticket %s: the comment of the dropped CI round could not be corrected", ticket_id)
         return bool(dropped)
 
     def _event(self, ticket_id: str, type_: str, payload: dict) -> None:

@@ -6,9 +6,13 @@ A `check_run` (completed: failure, timed_out, action_required), a
 on the HEAD of a pull request afe opened (ticket_for_head) is noted on its
 ticket, and, when the ticket's Workflow says `on_ci_failure: {max: N}`,
 becomes one follow-up round (source `github:ci`). Ignored: success, pending,
-cancelled and skipped results, another SHA (an older head), a merged pull
-request, pull requests afe did not open, and afe's OWN checks and statuses
-(context or name `afe` or `afe/...`: afe's ticket status, its verification).
+cancelled and skipped results, another SHA (an older head of afe's pull
+request: `stale_head`, found by the pull request a check names or, for a
+status, by afe's branch `afe/<ticket>` among the commit's branches), a
+merged pull request, pull requests afe did not open, and afe's OWN checks
+and statuses (context or name `afe` or `afe/...`: afe's ticket status, its
+verification). A failure that will never be a round is answered as such
+(`no_ci_iteration`, `past_max`), though it is still noted on the ticket.
 
 One round per (ticket, head): the first failure claims the row in
 `ci_failures` (ci_records.py) atomically; further deliveries of the same
@@ -16,9 +20,14 @@ failure (a check_run per check, the check_suite, the status) and later polls
 join it. After CI_SETTLE_S the credential broker reads the head's failing
 checks and their logs' redacted tails (GetCheckDetails) and the round starts:
 a follow-up through FollowUpQueue (queued while the ticket runs) and a
-comment on the pull request. Past the bound, no follow-up: an event and a
-comment that a person must look. Everything from GitHub here is untrusted:
-it reaches the prompt only quoted (R36), PR comments only as inline code.
+comment on the pull request, once the head is checked again (a head that
+moved during the window starts nothing). A round that had to wait for the
+ticket's run and is dropped because that run pushed a newer head
+(FollowUpQueue, store/ci_records.drop_stale_ci) gets its comment corrected:
+it says the round was not taken up. Past the bound, no follow-up: an event
+and a comment that a person must look. Everything from GitHub here is
+untrusted: it reaches the prompt only quoted (R36), PR comments only as
+inline code.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import Any
 from services.common.ci import FAILING_RUN, FAILING_STATUS, FAILING_SUITE
 from services.common.errors import AfeError
 
+from ..engine.followups import QUEUED_NEXT
 from ..store.base import TERMINAL, WAITING_APPROVAL
 from ..store.ci_records import CI_SOURCE, GATHERING, OVER, QUIET, ROUND
 from .outcome import Outcome, _text
@@ -43,6 +53,9 @@ CI_SETTLE_S = 10.0          # the checks of one head that fail within this of th
 CI_WATCH_S = 7 * 24 * 3600  # polling looks at heads of tickets that changed within this
 MAX_CI_POLLS = 20           # heads polled per workspace and poll (2 requests each)
 TEXT_BUDGET = 7 * 1024      # the follow-up's text (a follow-up holds at most 8 KiB)
+# What a failure that will never be a round is answered (metrics.GITHUB_REASONS); it is still noted.
+NO_ROUNDS = "no_ci_iteration"   # the ticket's Workflow has no on_ci_failure (or is gone)
+PAST_MAX = "past_max"           # the ticket had its on_ci_failure.max rounds: a comment asks a person
 
 
 def own_check(name: str) -> bool:
@@ -139,11 +152,38 @@ class CiIteration:
             tid = self.store.ticket_for_head(ws.name, sha.lower())
             if tid:
                 return self._ci_failed(tid, sha.lower(), [check], f"{event} (delivery {delivery})")
+        if self._older_head(data, {ws.name for ws in spaces}):
+            return Outcome("ignored", "stale_head")
+        return Outcome("ignored", "not_afe_pull_request")
+
+    def _older_head(self, data: dict, spaces: set[str]) -> bool:
+        """Is the failing commit of afe's pull request, but not its head? A check run or suite names its
+        pull requests; a status names the branches that contain the commit (GitHub lists up to 10),
+        and afe's pull request's branch is `afe/<ticket>`."""
         for pr in (data.get("check_run") or data.get("check_suite") or {}).get("pull_requests") or []:
             number = pr.get("number") if isinstance(pr, dict) else None
-            if any(self.store.ticket_for_pr(ws.name, str(number)) for ws in spaces):
-                return Outcome("ignored", "stale_head")
-        return Outcome("ignored", "not_afe_pull_request")
+            if any(self.store.ticket_for_pr(ws, str(number)) for ws in spaces):
+                return True
+        for branch in data.get("branches") or []:
+            name = _text(branch.get("name")) if isinstance(branch, dict) else ""
+            if not name.startswith("afe/"):
+                continue
+            t = self.store.get_ticket(name[len("afe/"):])
+            pr = self.store.get_pr(t.id) if t is not None and t.workspace in spaces else None
+            if pr is not None and pr.head_branch == name:
+                return True
+        return False
+
+    def _ci_fate(self, tid: str) -> str:
+        """What a failure on the ticket's head becomes: "" a round, else why not (NO_ROUNDS, PAST_MAX),
+        by the rounds the ticket has had so far (_ci_decide decides, with the same rule, once the
+        settle window is over)."""
+        t = self.store.get_ticket(tid)
+        wf = self.config.workflows.get(t.workflow) if t is not None else None
+        bound = wf.ci_rounds if wf is not None else 0
+        if not bound:
+            return NO_ROUNDS
+        return PAST_MAX if sum(1 for r in self.store.ci_failures(tid) if r.state == ROUND) >= bound else ""
 
     def _ci_failed(self, tid: str, sha: str, checks: list[dict], what: str) -> Outcome:
         """Claim (ticket, head) for one round, or join the round that has it."""
@@ -154,17 +194,20 @@ class CiIteration:
         if pr.state == "merged":
             return Outcome("ignored", "merged")
         key = (tid, sha)
+        fate = self._ci_fate(tid)
         if not self.store.claim_ci_failure(tid, sha, uuid.uuid4().hex, int(time.time() * 1000)):
             row = self.store.ci_failure(tid, sha)
             if row is not None and row.state == GATHERING:
                 self._ci_seen.setdefault(key, []).extend(checks)
-                return Outcome("accepted", "gathered", [tid])     # the same round: its settle window
+                # the same round (its settle window), or the same note of a failure that is no round
+                return Outcome("ignored", fate, [tid]) if fate else Outcome("accepted", "gathered", [tid])
             return Outcome("ignored", "duplicate", [tid])          # this head had its round (or its note)
         self._ci_seen[key] = list(checks)
         self._note(tid, "ci.failed", {"sha": sha, "checks": [_brief(c) for c in checks], "via": what})
-        log.info("github %s: CI failed on %s of ticket %s (its pull request's head)", what, sha[:12], tid)
+        log.info("github %s: CI failed on %s of ticket %s (its pull request's head)%s", what, sha[:12], tid,
+                 f"; no round: {fate}" if fate else "")
         self._ci_start(tid, sha)
-        return Outcome("accepted", "followup", [tid])
+        return Outcome("ignored", fate, [tid]) if fate else Outcome("accepted", "followup", [tid])
 
     def _ci_start(self, tid: str, sha: str) -> None:
         tasks = self._ci_tasks()
@@ -227,11 +270,15 @@ class CiIteration:
         doc = {**row.doc, "checks": [{k: v for k, v in c.items() if k != "log_tail"} for c in checks]}
         pr = self.store.get_pr(tid)
         names = ", ".join(_code(c["name"]) for c in checks) or "(none listed)"
-        if not bound or pr is None or pr.state == "merged":
-            self.store.put_ci_failure(tid, sha, {**doc, "state": QUIET})
+        moved = pr is not None and pr.head_sha.lower() != sha     # a newer head came during the window
+        if not bound or pr is None or pr.state == "merged" or moved:
+            self.store.put_ci_failure(tid, sha, {**doc, "state": QUIET, **({"reason": "stale_head"} if moved
+                                                                           else {})})
             self._note(tid, "ci.noted", {"sha": sha, "checks": [_brief(c) for c in checks],
                                          "reason": "no on_ci_failure in the workflow" if not bound
-                                         else "the pull request is merged"})
+                                         else "the pull request is merged" if pr is None or pr.state == "merged"
+                                         else f"no longer the pull request's head ({pr.head_sha[:12]}): "
+                                              "its own CI decides"})
             return
         if rounds >= bound:
             self.store.put_ci_failure(tid, sha, {**doc, "state": OVER})
@@ -252,8 +299,51 @@ class CiIteration:
             self.store.put_ci_failure(tid, sha, {**doc, "state": QUIET, "reason": exc.message})
             return
         log.info("ticket %s: CI round %d of %d for %s: %s", tid, k, bound, sha[:12], how)
-        await self._ci_comment(t, pr, f"ci-{sha[:12]}", f"CI failed on `{sha[:12]}`: {names}; afe is on it, "
-                               f"round {k} of {bound}.")
+        await self._ci_round_comment(tid, sha, queued=how == QUEUED_NEXT)
+
+    async def ci_dropped(self, tid: str, sha: str, head: str) -> None:
+        """FollowUpQueue dropped the round of `sha` (the run it waited for pushed `head`): the round's
+        comment, which announced it, says so now."""
+        await self._ci_round_comment(tid, sha)
+
+    async def _ci_round_comment(self, tid: str, sha: str, *, queued: bool = False) -> None:
+        """The round's comment (one per head, edited) as the row says NOW: taken, or dropped as stale.
+        Written under the ticket's lock, so an announcement still under way when the round is dropped
+        is followed by the correction, never the other way round."""
+        locks = self._ci_comment_locks()
+        held = locks.setdefault(tid, (asyncio.Lock(), [0]))
+        held[1][0] += 1
+        try:
+            async with held[0]:
+                t, pr, row = self.store.get_ticket(tid), self.store.get_pr(tid), self.store.ci_failure(tid, sha)
+                if t is None or pr is None or row is None:
+                    return
+                checks = row.doc.get("checks") or []
+                names = ", ".join(_code(str(c.get("name") or "")) for c in checks) or "(none listed)"
+                bound = getattr(self.config.workflows.get(t.workflow), "ci_rounds", 0)
+                if row.state == ROUND:
+                    k = row.doc.get("round", 0)
+                    body = (f"CI failed on `{sha[:12]}`: {names}; afe is on it, round {k} of {bound}." if not queued
+                            else f"CI failed on `{sha[:12]}`: {names}; afe takes it up as round {k} of {bound} "
+                                 "once its current run ends, unless that run pushes a newer head (whose own CI "
+                                 "then decides).")
+                elif row.state == QUIET and row.doc.get("reason") == "stale_head":
+                    body = (f"CI failed on `{sha[:12]}`: {names}. Not taken up: afe's run meanwhile pushed "
+                            f"`{pr.head_sha[:12]}`, a newer head whose own CI decides; this was no round of "
+                            f"on_ci_failure (max {bound}).")
+                else:
+                    return
+                await self._ci_comment(t, pr, f"ci-{sha[:12]}", body)
+        finally:
+            held[1][0] -= 1
+            if not held[1][0]:
+                del locks[tid]
+
+    def _ci_comment_locks(self) -> dict[str, tuple[asyncio.Lock, list[int]]]:
+        """Per ticket: the lock of its CI comments and how many wait for it (gone when none)."""
+        if not hasattr(self, "_ci_locks"):
+            self._ci_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        return self._ci_locks
 
     async def _ci_comment(self, t: Any, pr: Any, step: str, body: str) -> None:
         try:

@@ -97,8 +97,8 @@ class GitHubIntake(ReviewIteration, CiIteration):
         self.credentials = credentials
         self.metrics = github_deliveries(registry, "scheduler") if registry is not None else None
         # Review iteration: follow-ups gathered for `settle_s`, queued while their ticket runs.
-        self.followups = (FollowUpQueue(engine, settle_s=settle_s, reply=self._reply_on_pr)
-                          if engine is not None else None)
+        self.followups = (FollowUpQueue(engine, settle_s=settle_s, reply=self._reply_on_pr,
+                                        stale_ci=self.ci_dropped) if engine is not None else None)
         self.ci_settle_s = max(settle_s, CI_SETTLE_S)   # failing CI: github_ci.py
 
     def start(self) -> None:
