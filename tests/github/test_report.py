@@ -222,3 +222,35 @@ async def test_r37_a_copied_mark_in_a_later_comment_is_not_taken_for_afes(report
     await r.move(tid, RUNNING)
     assert r.github.edits == [1]
     assert "again" in r.github.comments[0]["body"] and "again" not in r.github.comments[1]["body"]
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["superseded", "positive-control-without-it"])
+async def test_a_head_a_re_opened_run_replaced_gets_a_final_status(reporting, monkeypatch, fixed):
+    """The ticket waits for approval of H1, a follow-up re-opens it and its run pushes H2: H1's
+    `afe/fix` status was left "pending: running" (the reporter only ever looked at the current head);
+    now it gets `error`, "superseded by H2". Control: without that step, H1 stays pending."""
+    r = reporting
+    if not fixed:
+        async def nothing(self, t, head) -> None:
+            return None
+        monkeypatch.setattr(type(r.app.reporter), "_superseded", nothing)
+    tid = await r.ticket_from_issue()
+    await r.move(tid, RUNNING)
+    h1, h2 = "1" * 40, "2" * 40
+    await r.open_pr(tid, h1)
+    await r.move(tid, "waiting_approval")
+    r.store.update_ticket(tid, reopened_at_ms=1)                     # Engine.reopen: the follow-up's run
+    await r.move(tid, RUNNING)
+    await r.open_pr(tid, h2)
+    latest = {}
+    for s in r.github.statuses:
+        latest[s["sha"]] = (s["state"], s["description"])
+    assert latest[h2] == ("pending", f"afe ticket {tid}: running")
+    if not fixed:
+        assert latest[h1] == ("pending", f"afe ticket {tid}: running")
+        return
+    assert latest[h1] == ("error", f"afe ticket {tid}: superseded by {h2[:12]}")
+    assert [s["sha"] for s in r.github.statuses].count(h1) == 4       # running, waiting, running, superseded
+    before = len(r.github.statuses)
+    await r.move(tid, SUCCEEDED)                                     # H2 ends; H1 is not touched again
+    assert [(s["sha"], s["state"]) for s in r.github.statuses[before:]] == [(h2, "success")]

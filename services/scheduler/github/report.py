@@ -6,7 +6,9 @@ or whose pull request is on GitHub:
 - `started`: a comment on the issue with the ticket's link, once the ticket
   runs (edited, not repeated, when a follow-up runs it again);
 - `status`: a commit status `afe/<workflow>` on the pull request's head,
-  pending while the ticket is live, then success, failure or error;
+  pending while the ticket is live, then success, failure or error; a head
+  a re-opened ticket's run replaced gets `error`, "superseded by <new head>",
+  instead of staying pending;
 - `final`: when the ticket ends, a comment (on the issue, else on the pull
   request) with what was done, the checks' result, tokens and duration.
 
@@ -201,6 +203,7 @@ class GitHubReporter:
                                 f"afe is working on this{again}: ticket {self._ticket_ref(t)} "
                                 f"(workflow `{t.workflow}`).")
         if pr is not None and re.fullmatch(r"[0-9a-f]{40}", pr.head_sha or ""):
+            await self._superseded(t, pr.head_sha)
             await self._status(t, pr.head_sha)
             await self._verify_status(t, pr.head_sha)
         if t.state in TERMINAL and (issue or pr is not None):
@@ -250,6 +253,20 @@ class GitHubReporter:
             state = "pending"
             description = "waiting for approval" if t.state == "waiting_approval" else "running"
         await self._set_status(t, sha, STATUS, state, f"afe/{t.workflow}", f"afe ticket {t.id}: {description}")
+
+    async def _superseded(self, t: TicketRecord, head: str) -> None:
+        """The head the ticket's status was last set on, when the pull request has moved past it (a
+        re-opened ticket's run pushed `head`): a final `error`, "superseded", instead of the pending it
+        was left with. Before the new head's status, so a failed call leaves the old head recorded and
+        the retry sets it again."""
+        known = self.store.report(t.id, STATUS)
+        old = known[0] if known is not None else ""
+        if not re.fullmatch(r"[0-9a-f]{40}", old) or old == head:
+            return
+        await self.credentials.set_status(t.workspace, old, "error", f"afe/{t.workflow}",
+                                          f"afe ticket {t.id}: superseded by {head[:12]}", self.link(t.id), t.id,
+                                          self._fence(t.id))
+        log.info("ticket %s: the status of %s, no longer the pull request's head, is final now", t.id, old[:12])
 
     async def _verify_status(self, t: TicketRecord, sha: str) -> None:
         """`afe/verify` on `sha` from its stored clean-room verification (R41); nothing without one."""
