@@ -9,7 +9,11 @@ creation: the delivery was answered "redeliver later", the redelivery was a
 duplicate, and the exception's repr carried the issue's text into the error
 log. Decoding here replaces every lone surrogate (and any byte that is not
 UTF-8) with U+FFFD, so everything after this point holds text that encodes,
-and a signed event is kept rather than lost over one odd character.
+and a signed event is kept rather than lost over one odd character. So is
+a NUL (`"\u0000"`, in an issue's title, say): PostgreSQL stores no NUL in a
+text column, so such an issue's ticket could not be created there (and on
+SQLite it was made, but git refused its title as a commit message: see
+executor/nodes/forge_text.py for what else leaves text bound for git).
 
 The delivery id is claimed before anything happens (a replay changes
 nothing). When the handling then fails, the gateway answers 503 "redeliver
@@ -35,11 +39,13 @@ from ..store.base import Store
 log = logging.getLogger(__name__)
 
 REPLACEMENT = "\ufffd"
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")   # json.loads pairs a valid surrogate pair into one character
+# json.loads pairs a valid surrogate pair into one character; what is left is lone. And NUL, which
+# PostgreSQL's text columns refuse.
+_UNSTORABLE = re.compile("[\ud800-\udfff\x00]")
 
 
 def decode_payload(payload: bytes) -> dict[str, Any] | None:
-    """The body's JSON object with lone surrogates replaced, or None when it is
+    """The body's JSON object with lone surrogates and NULs replaced, or None when it is
     not a JSON object (or nests deeper than the parser allows)."""
     try:
         text = payload.decode(json.detect_encoding(payload), errors="replace")
@@ -48,14 +54,14 @@ def decode_payload(payload: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(doc, dict):
         return None
-    return _replace_lone_surrogates(doc)
+    return _replace_unstorable(doc)
 
 
 def _clean(value: Any) -> Any:
-    return _LONE_SURROGATE.sub(REPLACEMENT, value) if isinstance(value, str) else value
+    return _UNSTORABLE.sub(REPLACEMENT, value) if isinstance(value, str) else value
 
 
-def _replace_lone_surrogates(doc: dict[str, Any]) -> dict[str, Any]:
+def _replace_unstorable(doc: dict[str, Any]) -> dict[str, Any]:
     """Every key and string value of `doc`, in place. Iterative: the depth is
     whatever the sender nested, and a recursive walk would fail on it."""
     todo: list[dict[str, Any] | list[Any]] = [doc]
