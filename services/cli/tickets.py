@@ -309,20 +309,20 @@ async def _follow(client: RpcClient, ticket_id: str, args: argparse.Namespace) -
     started: dict[str, int] = {}
     if not args.json:
         print(f"{t['id']}  {t['title']}  ({t['workflow']})", flush=True)
-    # A ticket that has already ended (or already waits, with --until-waiting)
-    # gets its history printed and no live follow.
+    # Ended (or waiting, with --until-waiting): the whole history, no live follow. Live, --until-waiting stops at
+    # the CURRENT wait: the ticket's last event when an approval request (maybe an earlier one) finds it waiting.
     settled = t["state"] in TERMINAL or (args.until_waiting and t["state"] == WAITING)
+    stop_at = 0
     async for e in client.watch(ticket_id, follow=not settled):
         if args.json:
             _emit_json(e)
-        else:
-            line = _describe(e, started, t0, args.verbose)
-            if line:
-                print(line, flush=True)
-        if args.until_waiting and e["type"] == "approval.requested":
+        elif line := _describe(e, started, t0, args.verbose):
+            print(line, flush=True)
+        if args.until_waiting and not settled and not stop_at and e["type"] == "approval.requested":
             t = await client.call("tickets.get", {"id": ticket_id})
-            if t["state"] == WAITING:
-                break
+            stop_at = t["last_seq"] if t["state"] == WAITING else 0
+        if stop_at and e["seq"] >= stop_at:
+            break
     t = await client.call("tickets.get", {"id": ticket_id})
     if not args.json:
         print(f"{t['id']} {t['state']}" + (f": {t['error']}" if t.get("error") else ""), flush=True)
