@@ -14,6 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from services.common.errors import NotFound, Unavailable
 
@@ -92,6 +93,14 @@ class DockerAPI:
             raise Unavailable("the Docker engine is not reachable") from exc
 
     async def request(self, method: str, path: str, body: Any | None = None) -> Any:
+        headers, data = await self._call(method, path, body)
+        if not data:
+            return None
+        if headers.get("content-type", "").startswith("application/json"):
+            return json.loads(data)
+        return data
+
+    async def _call(self, method: str, path: str, body: Any | None = None) -> tuple[dict[str, str], bytes]:
         reader, writer = await self._connect()
         try:
             writer.write(_request_bytes(method, path, body, upgrade=False))
@@ -108,11 +117,23 @@ class DockerAPI:
             if status == 404:
                 raise NotFound(msg or "not found")
             raise EngineError(status, msg)
-        if not data:
-            return None
-        if headers.get("content-type", "").startswith("application/json"):
-            return json.loads(data)
-        return data
+        return headers, data
+
+    async def inspect_container(self, container: str) -> dict:
+        return await self.request("GET", f"/containers/{container}/json")
+
+    async def wait_stopped(self, container: str) -> int:
+        """Wait until the container is no longer running (however long that
+        is); its exit code. NotFound when there is no such container."""
+        doc = await self.request("POST", f"/containers/{container}/wait?condition=not-running")
+        return int((doc or {}).get("StatusCode", -1))
+
+    async def events(self, *, since: float, until: float, filters: dict[str, list[str]]) -> list[dict]:
+        """The engine's events between two Unix times (`until` at most a moment
+        ahead: the engine answers then)."""
+        query = urlencode({"since": f"{since:.6f}", "until": f"{until:.6f}", "filters": json.dumps(filters)})
+        _headers, data = await self._call("GET", f"/events?{query}")
+        return [json.loads(line) for line in data.splitlines() if line.strip()]
 
     async def exec_create(self, container: str, argv: list[str], *, workdir: str, env: list[str],
                           stdin: bool, user: str = "") -> str:
@@ -183,3 +204,7 @@ class ExecStream:
 
     def close(self) -> None:
         self.writer.close()
+
+    def abort(self) -> None:
+        """Drop the connection now: a `frame` waiting on it ends (None)."""
+        self.writer.transport.abort()

@@ -14,17 +14,21 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from services.common.errors import AfeError, FailedPrecondition, InvalidArgument, NotFound
 
+from . import deaths
+from .deaths import DeathWatch
 from .dockerapi import STDERR, STDOUT, DockerAPI, EngineError, ExecStream
 from .hardening import WORKSPACE
 from .nspids import namespace_pid
 from .paths import split_relative
+from .sandbox_info import SandboxInfo
 from .sandboxes import SandboxManager
 from .supervisor import SupervisedCommand, SupervisorDown, Supervisors
 
@@ -61,6 +65,14 @@ def workdir(cwd: str) -> str:
 # A gVisor exec starts by saying its pid in gVisor's kernel (InnerPidExec).
 PID_WORD = b"afe-exec-pid"
 SAY_PID = ["/bin/sh", "-c", f'echo "{PID_WORD.decode()} $$"; exec "$@"', "sh"]
+# What runsc writes on an exec's stderr when its sandbox's kernel is gone under it
+# (the stream then stays open, or ends with 128 a moment before the engine sees
+# the container stop): the broker says why instead (deaths.py).
+RUNSC_LOST = re.compile(rb'waiting on pid \d+: waiting on PID \d+ in sandbox "[0-9a-f]+": '
+                        rb'urpc method "containerManager\.WaitPID" failed: EOF\n?')
+# How long the engine may take to see a gVisor sandbox stop after runsc said so
+# (measured about 1 s under load).
+RUNSC_LOST_GRACE_S = 5.0
 
 
 def check_argv(argv: list[str]) -> list[str]:
@@ -98,6 +110,10 @@ class _Exec:
     def close(self) -> None:
         self.stream.close()
 
+    def abort(self) -> None:
+        """Its sandbox stopped: end the output now (the engine may keep the stream open)."""
+        self.stream.abort()
+
     async def kill(self) -> None:
         await self.runner.kill(self.exec_id)
 
@@ -119,8 +135,24 @@ class InnerPidExec(_Exec):
         self.pid = 0                  # >0 once said, -1 when it never was
         self._head = b""              # stdout before the pid line ended
         self._said = asyncio.Event()
+        self._next: list[tuple[int, bytes] | None] = []
+        self.runsc_lost = b""         # runsc's last words, held back (`Runner._sandbox_lost`)
 
     async def frame(self) -> tuple[int, bytes] | None:
+        """The next frame; runsc's word that the sandbox is gone, when it is
+        the last, is held back in `runsc_lost` for the runner to weigh."""
+        if self._next:
+            return self._next.pop(0)
+        frame = await self._frame()
+        if frame is not None and frame[0] == STDERR and RUNSC_LOST.fullmatch(frame[1]):
+            following = await self._frame()
+            if following is None:
+                self.runsc_lost = frame[1]
+                return None
+            self._next.append(following)
+        return frame
+
+    async def _frame(self) -> tuple[int, bytes] | None:
         while True:
             frame = await self.stream.frame()
             if frame is None or self.pid or frame[0] != STDOUT:
@@ -162,13 +194,16 @@ class Runner:
     command supervisor (supervisor.py) when it has one, else one `docker
     exec` each; the caller sees no difference but the speed."""
 
-    def __init__(self, sandboxes: SandboxManager, api: DockerAPI | None = None, *, supervise: bool = True) -> None:
+    def __init__(self, sandboxes: SandboxManager, api: DockerAPI | None = None, *, supervise: bool = True,
+                 death_watch: DeathWatch | None = None) -> None:
         self.sandboxes = sandboxes
         self.api = api or DockerAPI()
         self.supervisors = Supervisors(self.api, enabled=supervise)
+        self.death_watch = death_watch or DeathWatch(self.api)
         self._containers: dict[str, str] = {}     # ticket -> container whose supervisor we hold
 
-    async def _open(self, ticket_id: str, argv: list[str], cwd: str, env: list[str], stdin: bool) -> Handle:
+    async def _open(self, ticket_id: str, argv: list[str], cwd: str, env: list[str],
+                    stdin: bool) -> tuple[Handle, SandboxInfo]:
         info = await self.sandboxes.get(ticket_id)
         argv, wd = check_argv(argv), workdir(cwd)
         if info.state == "paused":
@@ -180,22 +215,23 @@ class Runner:
             if link is not None:
                 self._containers[ticket_id] = info.container_id
                 try:
-                    return await link.open(argv, wd, env, stdin)
+                    return await link.open(argv, wd, env, stdin), info
                 except SupervisorDown:
                     pass                  # it stopped before the command started: one exec instead
             if info.runtime == "gvisor":
                 exec_id = await self.api.exec_create(info.container_id, [*SAY_PID, *argv], workdir=wd, env=env,
                                                      stdin=stdin)
-                return InnerPidExec(self, exec_id, await self.api.exec_start(exec_id), info.container_id)
+                return InnerPidExec(self, exec_id, await self.api.exec_start(exec_id), info.container_id), info
             exec_id = await self.api.exec_create(info.container_id, argv, workdir=wd, env=env, stdin=stdin)
-            return _Exec(self, exec_id, await self.api.exec_start(exec_id))
+            return _Exec(self, exec_id, await self.api.exec_start(exec_id)), info
         except NotFound:
             self.sandboxes.forget(ticket_id)
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from None
         except EngineError as exc:
             if exc.status == 409:
-                raise FailedPrecondition(
-                    f"the sandbox of {ticket_id} is not running (frozen or stopped)") from exc
+                why = await deaths.why_killed(self.api, info.container_id)
+                raise FailedPrecondition(f"the sandbox of {ticket_id} is not running "
+                                         + (f"({why})" if why else "(frozen or stopped)")) from exc
             raise
 
     async def warm(self, ticket_id: str) -> None:
@@ -263,60 +299,101 @@ class Runner:
                 pass
             s.close()
 
+    @contextlib.contextmanager
+    def _watch(self, stream: Handle, info: SandboxInfo) -> Iterator[deaths.Watch | None]:
+        """While an exec runs, its container's watch (deaths.py): if the
+        sandbox stops, the exec's output ends at once. (A supervised command
+        needs none: its supervisor's stream ends with the container.)"""
+        if not isinstance(stream, _Exec):
+            yield None
+            return
+        with self.death_watch.watching(info.container_id) as watch:
+            def ended(w: deaths.Watch) -> None:
+                if deaths.died(w):
+                    stream.abort()
+            watch.add_done_callback(ended)
+            try:
+                yield watch
+            finally:
+                watch.remove_done_callback(ended)
+
+    @staticmethod
+    async def _sandbox_lost(stream: Handle, watch: deaths.Watch | None) -> tuple[bool, bytes]:
+        """Whether the sandbox stopped under the exec whose output just
+        ended, and else what runsc said last (held back, to be passed on).
+        When runsc says its sandbox is gone, the engine is given a moment to
+        see the container stop."""
+        if watch is None:
+            return False, b""
+        said = stream.runsc_lost if isinstance(stream, InnerPidExec) else b""
+        if said and not watch.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(watch), RUNSC_LOST_GRACE_S)
+        lost = deaths.died(watch)
+        return lost, b"" if lost else said
+
     async def run_exec(self, ticket_id: str, argv: list[str], *, cwd: str = "", timeout_ms: int = 0,
                        output_cap: int = 0, stdin: bytes = b"") -> AsyncIterator[Output | Exit]:
         if timeout_ms < 0 or output_cap < 0:
             raise InvalidArgument("timeout_ms and output_cap_bytes must be >= 0 (0 = default)")
         timeout = min(timeout_ms or DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS) / 1000
         cap = min(output_cap or DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP)
-        t0 = time.monotonic()
-        stream = await self._open(ticket_id, argv, cwd, [], stdin=bool(stdin))
+        t0, began = time.monotonic(), time.time()
+        stream, info = await self._open(ticket_id, argv, cwd, [], stdin=bool(stdin))
         sent = 0
         truncated = False
         timed_out = False
+        lost = False
         writer_task = None
         if stdin:
             writer_task = asyncio.create_task(_feed(stream, stdin))
         # One deadline for the whole command (asyncio.timeout, not a wait_for per
         # frame: that made a task for every frame).
         deadline = asyncio.get_running_loop().time() + max(0.0, t0 + timeout - time.monotonic())
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        frame = await stream.frame()
-                except TimeoutError:
-                    timed_out = True
-                    break
-                if frame is None:
-                    break
-                kind, data = frame
-                if kind not in (STDOUT, STDERR) or truncated:
-                    continue
-                if sent + len(data) > cap:
-                    data = data[:cap - sent]
-                    truncated = True
-                sent += len(data)
-                name = "stdout" if kind == STDOUT else "stderr"
-                for i in range(0, len(data), MAX_CHUNK):
-                    yield Output(name, data[i:i + MAX_CHUNK])
-                if truncated:
-                    yield Output("stderr", truncation_marker(cap))
-            if timed_out:
-                await stream.kill()
-                code = -1
-            else:
-                code = await stream.exit_code()
-        except BaseException:
-            # The caller went away (cancelled): never leave the process behind.
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(stream.kill())
-            raise
-        finally:
-            if writer_task:
-                writer_task.cancel()
-            stream.close()
+        with self._watch(stream, info) as watch:
+            try:
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            frame = await stream.frame()
+                    except TimeoutError:
+                        timed_out = True
+                        break
+                    if frame is None:
+                        break
+                    kind, data = frame
+                    if kind not in (STDOUT, STDERR) or truncated:
+                        continue
+                    if sent + len(data) > cap:
+                        data = data[:cap - sent]
+                        truncated = True
+                    sent += len(data)
+                    name = "stdout" if kind == STDOUT else "stderr"
+                    for i in range(0, len(data), MAX_CHUNK):
+                        yield Output(name, data[i:i + MAX_CHUNK])
+                    if truncated:
+                        yield Output("stderr", truncation_marker(cap))
+                lost, said = await self._sandbox_lost(stream, watch)
+                if said:
+                    yield Output("stderr", said)
+                if timed_out:
+                    await stream.kill()
+                    code = -1
+                else:
+                    code = deaths.KILLED if lost else await _exit_code(stream)
+            except BaseException:
+                # The caller went away (cancelled): never leave the process behind.
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(stream.kill())
+                raise
+            finally:
+                if writer_task:
+                    writer_task.cancel()
+                stream.close()
         reason = self.sandboxes.disk_exceeded(ticket_id)
+        if not reason and not timed_out and code == deaths.KILLED:
+            # killed with its sandbox, or by the kernel at the sandbox's memory limit: say which limit
+            reason = await deaths.why_killed(self.api, info.container_id, since=began)
         if reason:
             yield Output("stderr", f"\n{reason}\n".encode())
         yield Exit(code=code, timed_out=timed_out, truncated=truncated,
@@ -328,7 +405,16 @@ class Runner:
         info = await self.sandboxes.get(ticket_id)
         literal = self.sandboxes.literal_env_for(info, env)
         env = literal + self.sandboxes.env_for(info, env_names)
-        return Process(await self._open(ticket_id, argv, cwd, env, stdin=True))
+        stream, info = await self._open(ticket_id, argv, cwd, env, stdin=True)
+        return Process(stream, self, info)
+
+
+async def _exit_code(stream: Handle) -> int:
+    """The command's exit code; `KILLED` when its exec went with its container."""
+    try:
+        return await stream.exit_code()
+    except NotFound:
+        return deaths.KILLED
 
 
 async def _feed(stream: Handle, data: bytes) -> None:
@@ -344,9 +430,12 @@ class Process:
     """An interactive process: write stdin, close stdin (EOF), kill, and read
     output until the Exit."""
 
-    def __init__(self, stream: Handle) -> None:
+    def __init__(self, stream: Handle, runner: Runner, info: SandboxInfo) -> None:
         self.stream = stream
+        self.runner = runner
+        self.info = info
         self.t0 = time.monotonic()
+        self.began = time.time()
         self.killed = False
         self._stdin_closed = False
 
@@ -365,22 +454,30 @@ class Process:
         await self.stream.kill()
 
     async def output(self) -> AsyncIterator[Output | Exit]:
-        try:
-            while True:
-                frame = await self.stream.frame()
-                if frame is None:
-                    break
-                kind, data = frame
-                if kind not in (STDOUT, STDERR):
-                    continue
-                name = "stdout" if kind == STDOUT else "stderr"
-                for i in range(0, len(data), MAX_CHUNK):
-                    yield Output(name, data[i:i + MAX_CHUNK])
-            code = await self.stream.exit_code()
-        except BaseException:
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(self.stream.kill())
-            raise
-        finally:
-            self.stream.close()
+        with self.runner._watch(self.stream, self.info) as watch:
+            try:
+                while True:
+                    frame = await self.stream.frame()
+                    if frame is None:
+                        break
+                    kind, data = frame
+                    if kind not in (STDOUT, STDERR):
+                        continue
+                    name = "stdout" if kind == STDOUT else "stderr"
+                    for i in range(0, len(data), MAX_CHUNK):
+                        yield Output(name, data[i:i + MAX_CHUNK])
+                lost, said = await self.runner._sandbox_lost(self.stream, watch)
+                if said:
+                    yield Output("stderr", said)
+                code = deaths.KILLED if lost else await _exit_code(self.stream)
+            except BaseException:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(self.stream.kill())
+                raise
+            finally:
+                self.stream.close()
+        if code == deaths.KILLED and not self.killed:
+            reason = await deaths.why_killed(self.runner.api, self.info.container_id, since=self.began)
+            if reason:
+                yield Output("stderr", f"\n{reason}\n".encode())
         yield Exit(code=code, duration_ms=int((time.monotonic() - self.t0) * 1000))
