@@ -3,9 +3,16 @@ needed), the default sandbox image and the egress proxy image, all built
 from `deploy/images/`; and, on request, the agent preset images
 (`deploy/images/agents/NAME/`, `build_agent_image`).
 
-`ensure_images()` builds whatever is missing and stays quiet when all three
-are present; `force=True` rebuilds the sandbox and proxy images (the base is
-only rebuilt when it is missing: it is the slow, network-bound step).
+`ensure_images()` builds whatever is missing or stale and stays quiet when
+all three are present and current; `force=True` rebuilds the sandbox and
+proxy images (the base is only rebuilt when it is missing: it is the slow,
+network-bound step). The sandbox and proxy images carry a label hashing
+their inputs (`image_digest`: their folder's files and the base image's id),
+so a changed Dockerfile or source is rebuilt once and then kept.
+
+The sandbox image holds a small C library (`sandbox/statx-compat.c`, compiled
+on this machine into the build's context, preloaded into every program of
+the image) that makes `ls -l` and `stat` work under gVisor.
 """
 
 from __future__ import annotations
@@ -82,9 +89,54 @@ def check_engine(environ: Mapping[str, str] | None = None) -> None:
                           + ": start it, or set DOCKER_HOST to its address, and retry")
 
 
+# The label of a local image (sandbox, proxy) that hashes its inputs (`image_digest`).
+IMAGE_DIGEST_LABEL = "afe.image.digest"
+# sandbox/: the gVisor statx library's source, and what it is compiled to in the build context.
+STATX_SOURCE = "statx-compat.c"
+STATX_LIBRARY = "afe-statx.so"
+# The host's C compiler reads nothing but PATH and its own settings (R33).
+CC_NAMES = ("CC",)
+
+
+def image_digest(folder: Path, base_id: str) -> str:
+    """A hash of every input of a local image: the files of its folder
+    (Dockerfile, sources) and the base image's id."""
+    h = hashlib.sha256(base_id.encode() + b"\0")
+    for f in sorted(p for p in folder.iterdir() if p.is_file()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def _compile_statx(source: Path, out: Path, progress: Progress) -> None:
+    """The gVisor statx library (statx-compat.c), built with this machine's C compiler."""
+    env = tool_env(CC_NAMES)
+    cc = env.get("CC") or shutil.which("gcc", path=env["PATH"]) or shutil.which("cc", path=env["PATH"])
+    if not cc:
+        raise FailedPrecondition(
+            f"building {SANDBOX_IMAGE} needs a C compiler on this machine: it compiles {source.name}, a small "
+            "library that makes `ls -l` and `stat` work in gVisor sandboxes. Install one (Debian/Ubuntu: "
+            "`apt-get install gcc libc6-dev`) or name it in CC, and retry")
+    _run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-s", "-o", str(out), str(source)],
+         f"compiling {source.name} with {cc}", progress, env)
+
+
+def _build_local(image: str, folder: Path, base: str, digest: str, progress: Progress) -> None:
+    """`docker build` of a folder of deploy/images, from a copy of it (plus the
+    compiled statx library when the folder has its source)."""
+    with tempfile.TemporaryDirectory(prefix=f"afe-image-{folder.name}-") as tmp:
+        ctx = Path(tmp)
+        for f in folder.iterdir():
+            if f.is_file():
+                shutil.copy2(f, ctx / f.name)
+        if (folder / STATX_SOURCE).is_file():
+            _compile_statx(folder / STATX_SOURCE, ctx / STATX_LIBRARY, progress)
+        _run(["docker", "build", "--build-arg", f"BASE={base}", "--label", f"{IMAGE_DIGEST_LABEL}={digest}",
+              "-t", image, str(ctx)], f"building {image}", progress, docker_cli_env())
+
+
 def ensure_images(progress: Progress = print, force: bool = False,
                   sandbox_image: str = SANDBOX_IMAGE, proxy_image: str = PROXY_IMAGE) -> list[str]:
-    """Build missing images (all of them with force, except an existing base).
+    """Build missing or stale images (all of them with force, except an existing base).
 
     Returns the names of the images that were built.
     """
@@ -98,10 +150,14 @@ def ensure_images(progress: Progress = print, force: bool = False,
             _run(["bash", str(IMAGES_DIR / "build-base.sh"), base],
                  f"building {base} with debootstrap (a few minutes)", progress, tool_env(BASE_BUILD_NAMES))
         built.append(base)
+    base_id = _image_id(base)
+    if base_id is None:
+        raise FailedPrecondition(f"the base image {base} is missing after it was built; run `afe images build` "
+                                 "again")
     for image, folder in ((sandbox_image, "sandbox"), (proxy_image, "proxy")):
-        if force or not _present(image):
-            _run(["docker", "build", "--build-arg", f"BASE={base}", "-t", image,
-                  str(IMAGES_DIR / folder)], f"building {image}", progress, docker_cli_env())
+        digest = image_digest(IMAGES_DIR / folder, base_id)
+        if force or _image_label(image, IMAGE_DIGEST_LABEL) != digest:
+            _build_local(image, IMAGES_DIR / folder, base, digest, progress)
             built.append(image)
     if built:
         progress("images ready: " + ", ".join(built))

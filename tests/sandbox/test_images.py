@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,16 @@ from pathlib import Path
 import docker
 import pytest
 
-from services.sandbox.images import ensure_images
+from services.common.errors import FailedPrecondition
+from services.sandbox.images import (
+    IMAGE_DIGEST_LABEL,
+    IMAGES_DIR,
+    STATX_LIBRARY,
+    STATX_SOURCE,
+    _compile_statx,
+    ensure_images,
+    image_digest,
+)
 from tests.support.sandbox_broker import new_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
@@ -40,7 +50,41 @@ def test_missing_images_are_built_with_progress():
                                     labels={"afe.instance": tag})
         assert out.decode().split("\n")[0] == "10001"
         assert client.images.get(proxy).attrs["Config"]["User"] == "proxy"
+        # the gVisor statx library is in the sandbox image, preloaded into every program
+        out = client.containers.run(sandbox, ["cat", "/etc/ld.so.preload"], remove=True, labels={"afe.instance": tag})
+        assert out.decode() == f"/usr/local/lib/afe/{STATX_LIBRARY}\n"
+        # kept while its inputs are the same (CI does not rebuild it every run)
+        lines.clear()
+        assert ensure_images(progress=lines.append, sandbox_image=sandbox, proxy_image=proxy) == []
+        assert lines == []
+        # an image built from other inputs (its label says so) is rebuilt, once
+        client.images.build(fileobj=io.BytesIO(f"FROM {sandbox}\nLABEL {IMAGE_DIGEST_LABEL}=old\n".encode()),
+                            tag=sandbox, rm=True)
+        assert ensure_images(progress=lines.append, sandbox_image=sandbox, proxy_image=proxy) == [sandbox]
+        assert ensure_images(progress=lines.append, sandbox_image=sandbox, proxy_image=proxy) == []
     finally:
         for image in (sandbox, proxy):
             with contextlib.suppress(docker.errors.ImageNotFound):
                 client.images.remove(image, noprune=False)
+
+
+def test_an_images_digest_changes_with_each_input_and_only_then(tmp_path):
+    folder = tmp_path / "sandbox"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text("FROM x\n")
+    (folder / STATX_SOURCE).write_text("int x;\n")
+    first = image_digest(folder, "sha256:base1")
+    assert image_digest(folder, "sha256:base1") == first
+    assert image_digest(folder, "sha256:base2") != first                  # a new base image
+    (folder / STATX_SOURCE).write_text("int y;\n")
+    assert image_digest(folder, "sha256:base1") != first                  # a changed source
+    assert image_digest(IMAGES_DIR / "sandbox", "b") != image_digest(IMAGES_DIR / "proxy", "b")
+
+
+def test_building_the_sandbox_image_without_a_c_compiler_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))          # no gcc, no cc
+    monkeypatch.delenv("CC", raising=False)
+    with pytest.raises(FailedPrecondition) as ei:
+        _compile_statx(IMAGES_DIR / "sandbox" / STATX_SOURCE, tmp_path / STATX_LIBRARY, lambda _m: None)
+    assert "apt-get install gcc libc6-dev" in str(ei.value) and "gVisor" in str(ei.value)
+    assert not (tmp_path / STATX_LIBRARY).exists()
