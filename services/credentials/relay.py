@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from services.common.config import Config, Model
 from services.common.errors import InvalidArgument, NotFound
@@ -59,7 +60,7 @@ from services.common.redact import Redactor
 from services.common.relayenv import RELAY_PROVIDERS, RELAY_SOCKET
 from services.common.secrets import SecretValue
 
-from .relaylimits import GuardedSite, Limiter, RelayLimits
+from .relaylimits import GuardedSite, Limiter, RelayLimits, ServerLog
 from .relayproviders import (
     ROUTES,
     Refused,
@@ -237,7 +238,8 @@ class RelayHub:
         app[_TICKET] = t
         app.router.add_route("*", "/m/{model}/{rest:.*}", self._handle)
         app.router.add_route("*", "/{rest:.*}", self._no_model)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                               logger=ServerLog(t.ticket_id, self.limiter.throttle))
         await runner.setup()
         await GuardedSite(runner, sock, t.ticket_id, t.load, self.limiter).start()
         return runner
@@ -347,6 +349,9 @@ class RelayHub:
                         if not self.limiter.reserve(t.ticket_id, t.load, extra):
                             raise busy
                         held[0] += extra
+        except HttpProcessingError:
+            raise Refused(400, "invalid_request_error", "the request body is malformed (its length or chunked "
+                                                        "encoding)") from None
         except TimeoutError:
             self.limiter.stopped(t.ticket_id, "body_timeout", "request bodies that did not arrive within "
                                  f"{self.limiter.limits.body_s:g}s were refused")

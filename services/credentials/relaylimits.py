@@ -112,6 +112,35 @@ class Limiter:
             g.busy(on)
 
 
+class ServerLog:
+    """aiohttp's server logger for one ticket's relay. aiohttp logs each
+    request it cannot handle (a malformed head, say) with a traceback; here
+    that is one line per interval with a count, and its debug lines are dropped."""
+
+    def __init__(self, ticket_id: str, throttle: Throttle) -> None:
+        self.ticket_id = ticket_id
+        self.throttle = throttle
+
+    def _note(self, what: str, exc: object) -> None:
+        kind = type(exc).__name__ if isinstance(exc, BaseException) else "error"
+        self.throttle.note(f"{self.ticket_id}:server:{kind}", f"model relay of ticket {self.ticket_id}: {what} "
+                           f"({kind}); answered with an error")
+
+    def debug(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def info(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def warning(self, *args: Any, **kwargs: Any) -> None:
+        self._note("the HTTP server warned", kwargs.get("exc_info"))
+
+    def error(self, *args: Any, **kwargs: Any) -> None:
+        self._note("a request the HTTP server could not handle", kwargs.get("exc_info"))
+
+    exception = error
+
+
 class _Guard(asyncio.Protocol):
     """Sits in front of aiohttp's protocol for one connection (see the module doc)."""
 

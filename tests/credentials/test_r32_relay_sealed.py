@@ -11,7 +11,7 @@ would attack it, each with its positive control:
   idle or slow connections and request bodies over its byte limit fail that
   ticket only, counted and logged once per interval (control: with the
   limits off, the same flood makes another ticket's OpenRelay fail with
-  "Too many open files").
+  "Too many open files"; a plain aiohttp server logs every malformed request).
 The budget across nodes is tests/scheduler/executor/test_r32_relay_budget.py.
 """
 
@@ -21,6 +21,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import sys
 import urllib.parse
 from pathlib import Path
@@ -381,3 +382,35 @@ async def test_r32_connection_flood_from_one_ticket_does_not_fail_another_ticket
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+
+
+async def test_r32_malformed_requests_are_logged_once_per_interval_not_once_each(tmp_path, caplog):
+    bad = b"POST /m/claude/v1/messages HTTP/1.1\r\nBad Header Line\r\n\r\n"
+
+    async def hammer(sock: str) -> int:
+        caplog.clear()
+        for _ in range(30):
+            reader, writer = await asyncio.open_unix_connection(sock)
+            writer.write(bad)
+            await writer.drain()
+            assert b" 400 " in (await asyncio.wait_for(reader.read(), 5)).split(b"\r\n", 1)[0]
+            writer.close()
+        return len([r for r in caplog.records if r.levelno >= logging.WARNING])
+
+    caplog.set_level(logging.DEBUG)
+    hub = _hub(tmp_path, "http://127.0.0.1:9")
+    try:
+        await hub.open("tm", ["claude"], 0)
+        assert await hammer(str(hub.layout.relay_dir("tm") / RELAY_SOCKET)) == 1
+    finally:
+        await hub.aclose()
+    # Positive control: an aiohttp server with its own logger logs each one, with a traceback.
+    app = web.Application()
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.UnixSite(runner, str(tmp_path / "plain.sock"))
+    await site.start()
+    try:
+        assert await hammer(str(tmp_path / "plain.sock")) == 30
+    finally:
+        await runner.cleanup()
