@@ -1,7 +1,10 @@
 """How the relay speaks each provider's API (R32): the inference endpoints
-it forwards (`ROUTES`, `check_route`), the request rewrite that pins the
-Model's model id (`rewrite`), where the capability and the real key go in a
-request, which headers cross, and refusals in the provider's own error shape."""
+it forwards (`ROUTES`) and the upstream path it sends for each, made of the
+endpoint's fixed text and a model id only (`upstream_path`; a path that
+tries to leave its endpoint is refused first, `check_raw_path`), the
+request rewrite that pins the Model's model id (`rewrite`), where the
+capability and the real key go in a request, which headers cross, and
+refusals in the provider's own error shape."""
 
 from __future__ import annotations
 
