@@ -111,6 +111,16 @@ def _repo(bare: Path, files: dict[str, str], tmp: Path) -> None:
     subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], env=env, check=True, capture_output=True)
 
 
+def _maintainer_adds(bare: Path, work: Path, path: str, text: str) -> None:
+    """A person pushes a commit adding `path` to the repository's main."""
+    env = {"GIT_AUTHOR_NAME": "m", "GIT_AUTHOR_EMAIL": "m@m", "GIT_COMMITTER_NAME": "m",
+           "GIT_COMMITTER_EMAIL": "m@m", "PATH": "/usr/bin:/bin", "HOME": str(work.parent)}
+    subprocess.run(["git", "clone", "-q", str(bare), str(work)], env=env, check=True, capture_output=True)
+    (work / path).write_text(text)
+    for args in (["add", "-A"], ["commit", "-q", "-m", f"add {path}"], ["push", "-q", "origin", "HEAD:main"]):
+        subprocess.run(["git", *args], cwd=work, env=env, check=True, capture_output=True)
+
+
 def _config(cfg: Path) -> None:
     docs: list[dict[str, Any]] = [
         {"kind": "Workspace", "name": ws, "repo": f"repos/{ws}.git", "forge": {"type": "local"},
@@ -196,38 +206,32 @@ def test_r41_cheats_through_afe_up_are_never_merged_and_honest_fixes_are():
             assert "verification passed" in watched[name].stdout, (name, watched[name].stdout[-3000:])
             p = cli("approve", tickets[name])
             assert p.returncode == 0, p.stdout + p.stderr
-
-        # A legitimate harness change: refused without the acknowledgement, merged with it.
-        assert watched["p-harness"].returncode == 6, watched["p-harness"].stdout[-3000:]
-        p = cli("approve", tickets["p-harness"])
-        assert p.returncode == 3 and "changes how its tests run: conftest.py" in p.stderr, p.stdout + p.stderr
-        assert "--accept-harness-change" in p.stderr
-
-        # The base gains a test the head does not pass, after the head was verified and before the merge.
-        assert watched["p-moved"].returncode == 6, watched["p-moved"].stdout[-3000:]
-        work = base / "maintainer"
-        git(base, "clone", "-q", str(cfg / "repos" / "pyproj.git"), str(work))
-        (work / "tests" / "test_mul.py").write_text("from calc import mul\n\n\ndef test_mul():\n"
-                                                     "    assert mul(2, 3) == 6\n")
-        git(work, "add", "-A")
-        git(work, "-c", "user.name=m", "-c", "user.email=m@m", "commit", "-qm", "a test for mul()")
-        git(work, "push", "-q", "origin", "HEAD:main")
-        p = cli("approve", tickets["p-moved"])
-        assert p.returncode == 0, p.stdout + p.stderr
-
         for name in ("p-honest", "u-honest"):
             p = cli("ticket", "watch", tickets[name])
             assert p.returncode == 0, (name, p.stdout[-3000:])
-        p = cli("ticket", "watch", tickets["p-moved"])
-        assert p.returncode == 1, p.stdout[-3000:]
-        assert "builtin:merge refused" in p.stdout and "the base moved" in p.stdout, p.stdout[-3000:]
 
-        # The honest pytest fix is merged, so the harness ticket's base moved too: it verifies again
-        # (merged onto the new base) and merges once acknowledged.
+        # A legitimate harness change: refused without the acknowledgement, merged with it (the honest
+        # pytest fix moved the base meanwhile: verified again, merged onto the new base).
+        assert watched["p-harness"].returncode == 6, watched["p-harness"].stdout[-3000:]
+        assert "this head changes how tests run: conftest.py" in watched["p-harness"].stdout
+        p = cli("approve", tickets["p-harness"])
+        assert p.returncode == 3 and "changes how its tests run: conftest.py" in p.stderr, p.stdout + p.stderr
+        assert "--accept-harness-change" in p.stderr
         p = cli("approve", tickets["p-harness"], "--accept-harness-change")
         assert p.returncode == 0, p.stdout + p.stderr
         p = cli("ticket", "watch", tickets["p-harness"])
         assert p.returncode == 0, p.stdout[-3000:]
+        assert "the base moved" in p.stdout and "verified again, passed" in p.stdout, p.stdout[-3000:]
+
+        # The base gains a test the head does not pass, after the head was verified and before the merge.
+        assert watched["p-moved"].returncode == 6, watched["p-moved"].stdout[-3000:]
+        _maintainer_adds(cfg / "repos" / "pyproj.git", base / "maintainer", "tests/test_mul.py",
+                         "from calc import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n")
+        p = cli("approve", tickets["p-moved"])
+        assert p.returncode == 0, p.stdout + p.stderr
+        p = cli("ticket", "watch", tickets["p-moved"])
+        assert p.returncode == 1, p.stdout[-3000:]
+        assert "builtin:merge refused" in p.stdout and "the base moved" in p.stdout, p.stdout[-3000:]
 
         for name in CHEATS:
             assert show(tickets[name])["state"] == "failed", name
@@ -240,4 +244,7 @@ def test_r41_cheats_through_afe_up_are_never_merged_and_honest_fixes_are():
     finally:
         if afe is not None:
             afe.stop()
+            text = afe.text()              # shown when the test fails: its errors, then its end
+            print("\n".join(ln for ln in text.splitlines() if '"level": "error"' in ln)[-20000:])
+            print(text[-3000:])
         remove_temp_root(base)
