@@ -70,6 +70,8 @@ class Workspace:
     max_running: int = 0                   # 0 = only the global limit applies
     # paths where builtin:commit may add compiled files (services/common/bytecode.py)
     allow_compiled_paths: tuple[str, ...] = ()
+    # more harness files for verify: (R41), beside the ones afe knows (services/credentials/harness.py)
+    verify_harness: tuple[str, ...] = ()
     source: str = ""                       # "file.yaml#2" for error messages
 
     @property

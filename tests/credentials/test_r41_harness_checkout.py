@@ -190,3 +190,19 @@ async def test_r41_a_base_path_missing_from_the_base_or_a_pattern_is_refused(roo
         await _verify(stub, head, base_paths=("tests/*.py",))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "is a pattern" in e.value.details() and "name tests/ instead" in e.value.details()
+
+
+async def test_r41_a_workspaces_verify_harness_extends_what_comes_from_the_base(local_origin, layout):
+    _seed(local_origin)
+    plain = make_config(layout.data_dir.parent, local_workspace(local_origin))
+    extended = make_config(layout.data_dir.parent, local_workspace(local_origin, verify_harness=("ci/*.cfg",)))
+    files = {"ci/runner.cfg": "skip = test_sum\n", "calc.py": "def add(a, b):\n    return a * b\n"}
+    for config, kept in ((plain, True), (extended, False)):      # the first: the positive control
+        async with broker_stub(config, layout) as (stub, _):
+            await stub.PrepareWorkspace(pb.PrepareWorkspaceRequest(ticket_id=TID, workspace="local"))
+            head = _push_head(local_origin, files, name=f"person-{kept}")
+            r = await _verify(stub, head)
+            verify = layout.workspace(TID + "-verify")
+            assert (verify / "ci" / "runner.cfg").exists() is kept
+            assert list(r.harness_changes) == ([] if kept else ["ci/runner.cfg"])
+            await stub.ReleaseWorkspace(pb.ReleaseWorkspaceRequest(ticket_id=TID, workspace="local"))

@@ -47,6 +47,9 @@ def test_r41_verify_is_read_with_its_defaults(tmp_path):
     ("verify:\n  run: [make]\n  base_paths: ['  ']", "is empty"),
     ("verify:\n  run: [make]\n  timeout: 0", "verify.timeout: must be greater than 0"),
     ("verify:\n  run: [make]\n  image: evil", "verify.image: unknown field"),
+    ("verify:\n  run: [make]\n  base_paths: ['tests/*.py']",
+     "verify.base_paths[0]: 'tests/*.py' is a pattern, but base paths are taken literally; name tests/ instead"),
+    ("verify:\n  run: [make]\n  base_paths: ['test_[ab].py']", "is a pattern"),
 ])
 def test_r41_bad_verify_is_refused(tmp_path, verify, expected):
     assert expected in errors_of(tmp_path, _config(tmp_path, verify))
@@ -56,3 +59,14 @@ def test_r41_verify_is_in_the_manifest_schema():
     schema = manifest_json_schema()
     decl = schema["$defs"]["VerifyDecl"]
     assert set(decl["properties"]) == {"run", "base_paths", "timeout"} and decl["required"] == ["run"]
+
+
+def test_r41_a_workspace_extends_the_harness(tmp_path):
+    ws = WORKSPACE.rstrip("\n") + "\nverifyHarness: [scripts/ci.sh, ci/*.cfg, tools/]\n"
+    cfg = load_config(write(tmp_path, "---\n".join([ws, MODEL, FLOW.format(verify="verify: {run: [make]}")])))
+    assert cfg.workspaces["shop"].verify_harness == ("scripts/ci.sh", "ci/*.cfg", "tools/")
+    for bad, expected in (("[../x]", "verifyHarness[0]: '../x' must not contain . or .."),
+                          ("['/etc/x']", "must be a plain path relative to the repository root"),
+                          ("[.git/hooks/]", "names git's own folder")):
+        ws = WORKSPACE.rstrip("\n") + f"\nverifyHarness: {bad}\n"
+        assert expected in errors_of(tmp_path, "---\n".join([ws, MODEL, FLOW.format(verify="")]))

@@ -65,6 +65,20 @@ def base_path_problem(raw: object) -> str:
     return ""
 
 
+def harness_pattern_problem(raw: str) -> str:
+    """Why `raw` is no entry of a Workspace's verifyHarness ("" when it is one): a path, a folder
+    ending in / or a glob (`*` crosses /), relative to the repository root."""
+    if not raw.strip() or raw.strip() != raw:
+        return "is empty or starts or ends with a space; write a path such as scripts/ci.sh or ci/*.cfg"
+    if raw.startswith("/") or "\\" in raw or not raw.isprintable():
+        return "must be a plain path relative to the repository root, with / between names"
+    if any(p in ("..", ".") for p in raw.rstrip("/").split("/")):
+        return "must not contain . or .. components; write the path from the repository root"
+    if raw.split("/", 1)[0] == ".git":
+        return "names git's own folder; name files of the repository"
+    return ""
+
+
 def load_verify(doc: Doc, d: Mapping[str, Any]) -> Verify | None:
     if "verify" not in d:
         return None

@@ -21,6 +21,7 @@ from ..bytecode import check_allow_pattern
 from ..config import DEFAULT_SANDBOX_IMAGE, Author, ForgeConfig, Limits, SandboxConfig, Workspace
 from .document import Doc, check_api_url
 from .text import EGRESS_RE, ENV_NAME_RE, GITHUB_REPO_RE, NAME_RE, fields_of, parse_memory, show
+from .verify import harness_pattern_problem
 
 if TYPE_CHECKING:
     from .collected import Collected as Loader
@@ -102,6 +103,11 @@ class WorkspaceManifest(BaseModel):
         default_factory=list, description="where builtin:commit may add or change files a runtime loads in "
         "place of source (__pycache__/, *.pyc, *.so, *.class, ...; refused elsewhere): paths, folders ending "
         "in / or globs, relative to the repository root")
+    verifyHarness: list[str] = Field(
+        default_factory=list, description="more files that decide how verify: commands run (R41), taken from "
+        "the base branch in the clean room and shown when a head changes them: paths, folders ending in / or "
+        "globs, relative to the repository root (conftest.py, test-runner configs and the scripts the commands "
+        "name are known already)")
 
 
 def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> None:
@@ -201,11 +207,16 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
         problem = check_allow_pattern(pattern)
         if problem:
             doc.error(f"allowCompiledPaths[{i}]", f"{show(pattern)} {problem}")
+    harness = doc.str_list(d, "verifyHarness", "verifyHarness")
+    for i, pattern in enumerate(harness):
+        problem = harness_pattern_problem(pattern)
+        if problem:
+            doc.error(f"verifyHarness[{i}]", f"{show(pattern)} {problem}")
     if doc.named and name is not None and repo is not None:
         loader.workspaces[name] = Workspace(
             name=name, repo=repo, base_branch=base_branch, token_env=token_env, forge=forge,
             sandbox=sandbox, author=author, max_running=max_running,
-            allow_compiled_paths=allow_compiled, source=doc.where)
+            allow_compiled_paths=allow_compiled, verify_harness=tuple(harness), source=doc.where)
 
 
 def push_url(repo_url: str, push_repo: str) -> str | None:
