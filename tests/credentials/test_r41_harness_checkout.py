@@ -163,7 +163,7 @@ async def test_r41_the_heads_gitattributes_never_rewrite_files_at_checkout(room)
 
 
 async def test_r41_the_head_is_verified_merged_onto_the_current_base(room):
-    stub, origin, verify, base = room
+    stub, origin, verify, _ = room
     head = _push_head(origin, {"calc.py": "def add(a, b):\n    return a + b\n"})
     # the base gains a test after the head was made
     newer = _push_head(origin, {"tests/test_more.py": "def test_more():\n    assert False\n"}, name="maintainer",
@@ -180,7 +180,7 @@ async def test_r41_the_head_is_verified_merged_onto_the_current_base(room):
 
 
 async def test_r41_a_base_path_missing_from_the_base_or_a_pattern_is_refused(room):
-    stub, origin, verify, _ = room
+    stub, origin, _, _ = room
     head = _push_head(origin, {"calc.py": "def add(a, b):\n    return a + b\n"})
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await _verify(stub, head, base_paths=("spec/",))
