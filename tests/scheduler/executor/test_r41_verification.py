@@ -286,3 +286,21 @@ async def test_r41_a_changed_verify_declaration_verifies_again(harness):
     assert config_digest(changed, ws) != first
     assert h.store.verification_with(tid, HEAD, "b" * 40, first) is not None
     assert h.store.verification_with(tid, HEAD, "b" * 40, config_digest(changed, ws)) is None
+
+
+async def test_r41_a_command_that_reaches_the_clean_rooms_time_out_is_no_verdict(harness):
+    h = _harness(harness, workflow('["echo ok"]'))
+    real_exec = h.sandbox.exec
+
+    async def timing_out(ticket_id, argv, timeout_ms=0, output_cap_bytes=0, cwd=""):  # type: ignore[no-untyped-def]
+        async for ev in real_exec(ticket_id, argv, timeout_ms, output_cap_bytes, cwd):
+            if ticket_id.endswith("-verify") and ev.WhichOneof("event") == "exit":
+                ev = spb.ExecEvent(exit=spb.ExecExit(code=-1, timed_out=True))
+            yield ev
+
+    h.sandbox.exec = timing_out
+    await h.start()
+    tid = h.create("review")
+    t = await h.until(tid)
+    assert t.state == FAILED and "did not finish within 30 s (verify.timeout)" in t.error, t.error
+    assert "verification could not run" in t.error and h.store.verification(tid, HEAD) is None

@@ -30,7 +30,8 @@ head, base tip, configuration): a resumed ticket gets it back and runs
 nothing again; a moved base or a changed `verify:` verifies again. A
 verification that could not run (a dead sandbox, a missing image, a failed
 checkout) is no verdict: nothing is stored, `verification.error` says why,
-and the node fails so `afe ticket retry` runs it again (VerificationNotRun).
+and the node fails so `afe ticket retry` runs it again (VerificationNotRun); so
+does a command that reached `verify.timeout`.
 `ensure_mergeable` refuses to merge a head whose verification on the base's
 current tip did not pass, or whose harness change was not acknowledged.
 """
@@ -268,7 +269,11 @@ class _Room:
             entry["counts"] = counts.as_dict() if counts is not None else None
             outcome.commands.append(entry)
             outcome.counts.append(counts)
-            if entry["exit_code"] != 0 or entry["timed_out"]:
+            if entry["timed_out"]:
+                # the clean room's own time-out: no verdict on the head (a slow machine, a hang either way)
+                raise VerificationNotRun(f"`{template[:200]}` did not finish within {self.verify.timeout_s:g} s "
+                                         "(verify.timeout); raise verify.timeout, or find what hangs")
+            if entry["exit_code"] != 0:
                 await self._alive()
                 break
         return outcome
