@@ -846,6 +846,7 @@ class OpenRelayRequest(_message.Message):
     TICKET_ID_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
     BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    MCP_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     budget_tokens: _builtins.int
     """Tokens (input + output, counted by the relay for this ticket) after which
@@ -855,20 +856,52 @@ class OpenRelayRequest(_message.Message):
     def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Model manifest names the ticket's agents may use"""
 
+    @_builtins.property
+    def mcp(self) -> _containers.RepeatedCompositeFieldContainer[Global___RelayMcpGrant]:
+        """MCP servers (McpServer manifest names, remote ones) and the tools of each
+        the ticket's agents may call through the relay at /mcp/<server> (R43).
+        """
+
     def __init__(
         self,
         *,
         ticket_id: _builtins.str = ...,
         models: _abc.Iterable[_builtins.str] | None = ...,
         budget_tokens: _builtins.int = ...,
+        mcp: _abc.Iterable[Global___RelayMcpGrant] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "models", b"models", "ticket_id", b"ticket_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "mcp", b"mcp", "models", b"models", "ticket_id", b"ticket_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OpenRelayRequest: _TypeAlias = OpenRelayRequest  # noqa: Y015
+
+@_typing.final
+class RelayMcpGrant(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    server: _builtins.str
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """exact tool names; every other tools/call is refused"""
+
+    def __init__(
+        self,
+        *,
+        server: _builtins.str = ...,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["server", b"server", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayMcpGrant: _TypeAlias = RelayMcpGrant  # noqa: Y015
 
 @_typing.final
 class OpenRelayResponse(_message.Message):
@@ -895,19 +928,82 @@ class RelayUsageRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TICKET_ID_FIELD_NUMBER: _builtins.int
+    MCP_CALLS_FROM_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
+    mcp_calls_from: _builtins.int
+    """answer the MCP calls from this sequence number on (R43)"""
     def __init__(
         self,
         *,
         ticket_id: _builtins.str = ...,
+        mcp_calls_from: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ticket_id", b"ticket_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mcp_calls_from", b"mcp_calls_from", "ticket_id", b"ticket_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RelayUsageRequest: _TypeAlias = RelayUsageRequest  # noqa: Y015
+
+@_typing.final
+class RelayMcpCall(_message.Message):
+    """One MCP call an agent made through the relay (R43): names, a digest and
+    sizes only, never the arguments or the result (untrusted text, R36).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    TOOL_SHA256_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_SHA256_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    REQUEST_BYTES_FIELD_NUMBER: _builtins.int
+    RESPONSE_BYTES_FIELD_NUMBER: _builtins.int
+    AT_MS_FIELD_NUMBER: _builtins.int
+    DURATION_MS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """1, 2, ... per ticket's relay"""
+    server: _builtins.str
+    tool: _builtins.str
+    """"" when the name asked for is not a plain tool name"""
+    tool_sha256: _builtins.str
+    """of the name as asked for"""
+    arguments_sha256: _builtins.str
+    """of the arguments as canonical JSON"""
+    outcome: _builtins.str
+    """ok | tool_error | error | refused | timeout | unreachable | no_answer"""
+    request_bytes: _builtins.int
+    response_bytes: _builtins.int
+    at_ms: _builtins.int
+    duration_ms: _builtins.int
+    reason: _builtins.str
+    """why it was refused or failed (afe's words, never the server's)"""
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        server: _builtins.str = ...,
+        tool: _builtins.str = ...,
+        tool_sha256: _builtins.str = ...,
+        arguments_sha256: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+        request_bytes: _builtins.int = ...,
+        response_bytes: _builtins.int = ...,
+        at_ms: _builtins.int = ...,
+        duration_ms: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_sha256", b"arguments_sha256", "at_ms", b"at_ms", "duration_ms", b"duration_ms", "outcome", b"outcome", "reason", b"reason", "request_bytes", b"request_bytes", "response_bytes", b"response_bytes", "seq", b"seq", "server", b"server", "tool", b"tool", "tool_sha256", b"tool_sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayMcpCall: _TypeAlias = RelayMcpCall  # noqa: Y015
 
 @_typing.final
 class ModelUsage(_message.Message):
@@ -950,11 +1046,19 @@ class RelayUsageResponse(_message.Message):
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
     OPEN_FIELD_NUMBER: _builtins.int
+    MCP_CALLS_FIELD_NUMBER: _builtins.int
+    MCP_CALLS_TOTAL_FIELD_NUMBER: _builtins.int
     total_tokens: _builtins.int
     budget_tokens: _builtins.int
     open: _builtins.bool
+    mcp_calls_total: _builtins.int
+    """the highest sequence number so far"""
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelUsage]: ...
+    @_builtins.property
+    def mcp_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___RelayMcpCall]:
+        """from mcp_calls_from on, oldest first (at most 1000)"""
+
     def __init__(
         self,
         *,
@@ -962,10 +1066,12 @@ class RelayUsageResponse(_message.Message):
         total_tokens: _builtins.int = ...,
         budget_tokens: _builtins.int = ...,
         open: _builtins.bool = ...,
+        mcp_calls: _abc.Iterable[Global___RelayMcpCall] | None = ...,
+        mcp_calls_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "models", b"models", "open", b"open", "total_tokens", b"total_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "mcp_calls", b"mcp_calls", "mcp_calls_total", b"mcp_calls_total", "models", b"models", "open", b"open", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
