@@ -45,7 +45,8 @@ def test_afe_up_no_images_without_docker_says_which_host(tmp_path):
     nowhere = f"unix://{tmp_path}/no-docker.sock"
     env = {**os.environ, "DOCKER_HOST": nowhere}
     r = subprocess.run([sys.executable, "-m", "services.cli.main", "up", "--no-images", "--data",
-                        str(tmp_path / "data")], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
+                        str(tmp_path / "data"), "--listen", "127.0.0.1:0", "--ops-port", "0"],
+                       cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode != 0
     assert f"the Docker engine at {nowhere} is not reachable" in r.stderr + r.stdout
