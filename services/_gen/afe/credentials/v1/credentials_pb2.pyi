@@ -1755,3 +1755,186 @@ class GetCheckDetailsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetCheckDetailsResponse: _TypeAlias = GetCheckDetailsResponse  # noqa: Y015
+
+@_typing.final
+class ListMcpToolsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    WORKFLOW_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    workflow: _builtins.str
+    """the Workflow manifest's name"""
+    node: _builtins.str
+    """a model node of it"""
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        workflow: _builtins.str = ...,
+        node: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "ticket_id", b"ticket_id", "workflow", b"workflow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMcpToolsRequest: _TypeAlias = ListMcpToolsRequest  # noqa: Y015
+
+@_typing.final
+class McpToolSpec(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    server: _builtins.str
+    """McpServer manifest name"""
+    name: _builtins.str
+    """the tool's name as the server lists it"""
+    description: _builtins.str
+    """the server's text (untrusted, bounded)"""
+    input_schema_json: _builtins.str
+    """a JSON Schema object (the server's, bounded; {"type": "object"} if unusable)"""
+    def __init__(
+        self,
+        *,
+        server: _builtins.str = ...,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        input_schema_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "input_schema_json", b"input_schema_json", "name", b"name", "server", b"server"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpToolSpec: _TypeAlias = McpToolSpec  # noqa: Y015
+
+@_typing.final
+class McpToolRef(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    server: _builtins.str
+    tool: _builtins.str
+    def __init__(
+        self,
+        *,
+        server: _builtins.str = ...,
+        tool: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["server", b"server", "tool", b"tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpToolRef: _TypeAlias = McpToolRef  # noqa: Y015
+
+@_typing.final
+class ListMcpToolsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOLS_FIELD_NUMBER: _builtins.int
+    MISSING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___McpToolSpec]:
+        """the granted tools the servers offer"""
+
+    @_builtins.property
+    def missing(self) -> _containers.RepeatedCompositeFieldContainer[Global___McpToolRef]:
+        """granted tools a server does not list"""
+
+    def __init__(
+        self,
+        *,
+        tools: _abc.Iterable[Global___McpToolSpec] | None = ...,
+        missing: _abc.Iterable[Global___McpToolRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["missing", b"missing", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMcpToolsResponse: _TypeAlias = ListMcpToolsResponse  # noqa: Y015
+
+@_typing.final
+class CallMcpToolRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    WORKFLOW_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    workflow: _builtins.str
+    node: _builtins.str
+    server: _builtins.str
+    tool: _builtins.str
+    arguments_json: _builtins.str
+    """a JSON object"""
+    fence: _builtins.int
+    """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
+    with FAILED_PRECONDITION when the broker has seen a higher one for the
+    ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        workflow: _builtins.str = ...,
+        node: _builtins.str = ...,
+        server: _builtins.str = ...,
+        tool: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+        fence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "fence", b"fence", "node", b"node", "server", b"server", "ticket_id", b"ticket_id", "tool", b"tool", "workflow", b"workflow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallMcpToolRequest: _TypeAlias = CallMcpToolRequest  # noqa: Y015
+
+@_typing.final
+class CallMcpToolResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """the result's content as text (untrusted, bounded)"""
+    is_error: _builtins.bool
+    """the tool reported a failure (isError)"""
+    bytes: _builtins.int
+    """the size of the result as the server sent it (its JSON)"""
+    truncated: _builtins.bool
+    """`text` was cut"""
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        is_error: _builtins.bool = ...,
+        bytes: _builtins.int = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "is_error", b"is_error", "text", b"text", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallMcpToolResponse: _TypeAlias = CallMcpToolResponse  # noqa: Y015

@@ -174,6 +174,16 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsResponse.FromString,
                 _registered_method=True)
+        self.ListMcpTools = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/ListMcpTools',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListMcpToolsRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListMcpToolsResponse.FromString,
+                _registered_method=True)
+        self.CallMcpTool = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/CallMcpTool',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CallMcpToolRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CallMcpToolResponse.FromString,
+                _registered_method=True)
 
 
 class CredentialBrokerServicer:
@@ -413,6 +423,30 @@ class CredentialBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMcpTools(self, request, context):
+        """MCP tools of afe's own model nodes (docs/MCP.md, R43): `tools: [mcp:SERVER/TOOL]`.
+        The broker reads the node's grant from its own manifests (the workflow's
+        node, which must be a model node), asks each granted remote McpServer for
+        its tools (tools/list, with the token only the broker holds) and answers
+        those the grant names; granted tools the server does not offer are
+        `missing`. UNAVAILABLE / FAILED_PRECONDITION / DEADLINE_EXCEEDED name the
+        server that could not be asked and why.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CallMcpTool(self, request, context):
+        """One tools/call of a granted tool, the token added by the broker; a tool
+        outside the node's grant is refused (PERMISSION_DENIED) without contacting
+        the server. Bounded in size (arguments, answer) and time (the server's
+        timeout:); fenced like every side effect of a ticket (R37). The result is
+        the server's untrusted text (R36).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CredentialBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -555,6 +589,16 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.GetCheckDetails,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsResponse.SerializeToString,
+            ),
+            'ListMcpTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMcpTools,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListMcpToolsRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.ListMcpToolsResponse.SerializeToString,
+            ),
+            'CallMcpTool': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallMcpTool,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CallMcpToolRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CallMcpToolResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1313,6 +1357,60 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/GetCheckDetails',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.GetCheckDetailsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMcpTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/ListMcpTools',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.ListMcpToolsRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.ListMcpToolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallMcpTool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/CallMcpTool',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CallMcpToolRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CallMcpToolResponse.FromString,
             options,
             channel_credentials,
             insecure,

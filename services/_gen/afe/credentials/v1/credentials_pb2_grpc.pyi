@@ -145,6 +145,22 @@ class CredentialBrokerStub:
     302 to a download URL fetched without the token): at most 200 lines /
     8 KiB, ANSI stripped, redacted. All of it is untrusted text (R36).
     """
+    ListMcpTools: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.ListMcpToolsRequest, _credentials_pb2.ListMcpToolsResponse]
+    """MCP tools of afe's own model nodes (docs/MCP.md, R43): `tools: [mcp:SERVER/TOOL]`.
+    The broker reads the node's grant from its own manifests (the workflow's
+    node, which must be a model node), asks each granted remote McpServer for
+    its tools (tools/list, with the token only the broker holds) and answers
+    those the grant names; granted tools the server does not offer are
+    `missing`. UNAVAILABLE / FAILED_PRECONDITION / DEADLINE_EXCEEDED name the
+    server that could not be asked and why.
+    """
+    CallMcpTool: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.CallMcpToolRequest, _credentials_pb2.CallMcpToolResponse]
+    """One tools/call of a granted tool, the token added by the broker; a tool
+    outside the node's grant is refused (PERMISSION_DENIED) without contacting
+    the server. Bounded in size (arguments, answer) and time (the server's
+    timeout:); fenced like every side effect of a ticket (R37). The result is
+    the server's untrusted text (R36).
+    """
 
 @_typing.type_check_only
 class CredentialBrokerAsyncStub(CredentialBrokerStub):
@@ -258,6 +274,22 @@ class CredentialBrokerAsyncStub(CredentialBrokerStub):
     failing GitHub Actions job's log (GET .../actions/jobs/{job_id}/logs, a
     302 to a download URL fetched without the token): at most 200 lines /
     8 KiB, ANSI stripped, redacted. All of it is untrusted text (R36).
+    """
+    ListMcpTools: _aio.UnaryUnaryMultiCallable[_credentials_pb2.ListMcpToolsRequest, _credentials_pb2.ListMcpToolsResponse]  # type: ignore[assignment]
+    """MCP tools of afe's own model nodes (docs/MCP.md, R43): `tools: [mcp:SERVER/TOOL]`.
+    The broker reads the node's grant from its own manifests (the workflow's
+    node, which must be a model node), asks each granted remote McpServer for
+    its tools (tools/list, with the token only the broker holds) and answers
+    those the grant names; granted tools the server does not offer are
+    `missing`. UNAVAILABLE / FAILED_PRECONDITION / DEADLINE_EXCEEDED name the
+    server that could not be asked and why.
+    """
+    CallMcpTool: _aio.UnaryUnaryMultiCallable[_credentials_pb2.CallMcpToolRequest, _credentials_pb2.CallMcpToolResponse]  # type: ignore[assignment]
+    """One tools/call of a granted tool, the token added by the broker; a tool
+    outside the node's grant is refused (PERMISSION_DENIED) without contacting
+    the server. Bounded in size (arguments, answer) and time (the server's
+    timeout:); fenced like every side effect of a ticket (R37). The result is
+    the server's untrusted text (R36).
     """
 
 class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -537,6 +569,34 @@ class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
         failing GitHub Actions job's log (GET .../actions/jobs/{job_id}/logs, a
         302 to a download URL fetched without the token): at most 200 lines /
         8 KiB, ANSI stripped, redacted. All of it is untrusted text (R36).
+        """
+
+    @_abc_1.abstractmethod
+    def ListMcpTools(
+        self,
+        request: _credentials_pb2.ListMcpToolsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.ListMcpToolsResponse, _abc.Awaitable[_credentials_pb2.ListMcpToolsResponse]]:
+        """MCP tools of afe's own model nodes (docs/MCP.md, R43): `tools: [mcp:SERVER/TOOL]`.
+        The broker reads the node's grant from its own manifests (the workflow's
+        node, which must be a model node), asks each granted remote McpServer for
+        its tools (tools/list, with the token only the broker holds) and answers
+        those the grant names; granted tools the server does not offer are
+        `missing`. UNAVAILABLE / FAILED_PRECONDITION / DEADLINE_EXCEEDED name the
+        server that could not be asked and why.
+        """
+
+    @_abc_1.abstractmethod
+    def CallMcpTool(
+        self,
+        request: _credentials_pb2.CallMcpToolRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.CallMcpToolResponse, _abc.Awaitable[_credentials_pb2.CallMcpToolResponse]]:
+        """One tools/call of a granted tool, the token added by the broker; a tool
+        outside the node's grant is refused (PERMISSION_DENIED) without contacting
+        the server. Bounded in size (arguments, answer) and time (the server's
+        timeout:); fenced like every side effect of a ticket (R37). The result is
+        the server's untrusted text (R36).
         """
 
 def add_CredentialBrokerServicer_to_server(servicer: CredentialBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
