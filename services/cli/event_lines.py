@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.common import cost
-from services.common.verification import code, counts_text, detail_lines, failure_line
+from services.common.verification import code, counts_text, detail_lines, failure_line, shown
 
 
 def _fmt_secs(ms: int) -> str:
@@ -89,6 +89,11 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
                         if isinstance(names, list))
         return (f"{at} variables entered the sandbox (names): {', '.join(str(n) for n in p.get('names') or [])}"
                 + (f" (agent {per})" if per else ""))
+    if typ == "mcp.call":   # names, a digest and sizes only (R43, services/common/mcpcall.py)
+        who = f"{node:<16} " if node else ""
+        why = f" — {shown(str(p['reason']), 300)}" if p.get("reason") else ""
+        return (f"{at} {who}MCP {shown(str(p.get('server', '')), 64)}/{shown(str(p.get('tool', '')), 128)}: "
+                f"{shown(str(p.get('outcome', '')), 20)} ({p.get('response_bytes', 0)} bytes){why}")
     if typ == "commit.done":
         return f"{at} {node:<16} committed {str(p.get('sha', ''))[:12]}" + ("" if p.get("changed", True)
                                                                                else " (no changes)")

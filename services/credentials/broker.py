@@ -28,6 +28,8 @@ from .forges import MERGE_METHODS, Forge, PullRequestInfo
 from .github import GitHubForge
 from .github_checks import CheckDetails, ChecksReader
 from .github_events import RepoEvents
+from .mcpclient import ToolResult
+from .mcpnodes import Listed, ModelNodeMcp
 from .models.base import Completion, ModelProvider, Msg, Tool
 from .relay import RelayHub, Usage
 from .reportmarks import STEP, load_key, mark
@@ -62,8 +64,9 @@ class CredentialCore:
     def __init__(self, config: Config, git: WorkspaceGit, forges: dict[str, Forge],
                  providers: dict[str, ModelProvider], redactor: Redactor, relay: RelayHub | None = None,
                  report_key_file: Path | None = None, fences: Fences | None = None,
-                 signer: Signer | None = None) -> None:
+                 signer: Signer | None = None, mcp: ModelNodeMcp | None = None) -> None:
         self.config = config
+        self.mcp = mcp                                # mcpnodes.py: model nodes' MCP tools (R43)
         self.signer = signer                          # signing.py: the run records' key (R42)
         self.fences = fences if fences is not None else Fences(None)   # R37: the highest fence per ticket
         self.relay = relay
@@ -353,6 +356,19 @@ class CredentialCore:
     async def close_relay(self, ticket_id: str) -> None:
         if self.relay is not None:
             await self.relay.close(ticket_id)
+
+    # -- MCP tools of model nodes (R43, mcpnodes.py) ---------------------------
+    def _mcp(self) -> ModelNodeMcp:
+        if self.mcp is None:
+            raise FailedPrecondition("this credential broker serves no MCP tools")
+        return self.mcp
+
+    async def list_mcp_tools(self, ticket_id: str, workflow: str, node: str) -> Listed:
+        return await self._mcp().list_tools(ticket_id, workflow, node)
+
+    async def call_mcp_tool(self, ticket_id: str, workflow: str, node: str, server: str, tool: str,
+                            arguments_json: str, fence: int = 0) -> ToolResult:
+        return await self._mcp().call_tool(ticket_id, workflow, node, server, tool, arguments_json, fence)
 
     # -- the run record (R42, signing.py) ------------------------------------
     def signing_key(self) -> tuple[str, str, bytes]:

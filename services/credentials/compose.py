@@ -18,6 +18,8 @@ from .gitcmd import GitRunner
 from .github import GitHubForge
 from .httpclient import HttpClient, RetryPolicy
 from .localforge import LocalForge
+from .mcpclient import McpClient
+from .mcpnodes import ModelNodeMcp
 from .models.anthropic import AnthropicProvider
 from .models.openai import OpenAIProvider
 from .models.replay import ReplayProvider
@@ -54,6 +56,12 @@ def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], 
         "replay": ReplayProvider(),
     }
     relay = RelayHub(config, layout, secrets, redactor, state_dir=own / "relay", ca_file=ca_file, proxies=proxies)
+    fences = Fences(own / "fences.json")
+
+    def token(name: str) -> str | None:
+        held = secrets.get(name)
+        return held.reveal() if held is not None else None
+
+    mcp = ModelNodeMcp(config, McpClient(token, ca_file=ca_file, proxies=proxies), fences)
     return CredentialCore(config, git, forges, providers, redactor, relay, report_key_file=own / "report.key",
-                          fences=Fences(own / "fences.json"),
-                          signer=Signer(SigningKey(own / "signing"), git, redactor))
+                          fences=fences, signer=Signer(SigningKey(own / "signing"), git, redactor), mcp=mcp)

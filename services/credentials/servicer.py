@@ -198,6 +198,19 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
                                    summary=c.summary, description=c.description, details_url=c.details_url,
                                    target_url=c.target_url, log_tail=c.log_tail, id=c.id) for c in r.checks])
 
+    # -- MCP tools of model nodes (R43, mcpnodes.py) -----------------------------
+    async def ListMcpTools(self, request, context):
+        r = await self.core.list_mcp_tools(request.ticket_id, request.workflow, request.node)
+        return pb.ListMcpToolsResponse(
+            tools=[pb.McpToolSpec(server=s, name=t.name, description=t.description,
+                                  input_schema_json=t.input_schema_json) for s, t in r.tools],
+            missing=[pb.McpToolRef(server=s, tool=t) for s, t in r.missing])
+
+    async def CallMcpTool(self, request, context):
+        r = await self.core.call_mcp_tool(request.ticket_id, request.workflow, request.node, request.server,
+                                          request.tool, request.arguments_json, fence=request.fence)
+        return pb.CallMcpToolResponse(text=r.text, is_error=r.is_error, bytes=r.bytes, truncated=r.truncated)
+
 
 async def _archive_input(request_iterator, rpc: str):
     """(the first message's request, the archive's chunks) of a CommitArchive-like stream."""

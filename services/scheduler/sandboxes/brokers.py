@@ -98,6 +98,9 @@ class CredentialBroker(Protocol):
                        max_tokens: int, ticket_id: str, timeout: float) -> cpb.CompleteResponse: ...
     async def sign_statement(self, ticket_id: str, statement: bytes) -> str: ...
     async def signing_key(self) -> cpb.SigningKeyResponse: ...
+    async def list_mcp_tools(self, ticket_id: str, workflow: str, node: str) -> cpb.ListMcpToolsResponse: ...
+    async def call_mcp_tool(self, ticket_id: str, workflow: str, node: str, server: str, tool: str,
+                            arguments_json: str, fence: int, timeout: float) -> cpb.CallMcpToolResponse: ...
 
 
 class SandboxClient:
@@ -383,3 +386,16 @@ class CredentialsClient(VerificationCalls):
     async def signing_key(self) -> cpb.SigningKeyResponse:
         async with rpc_errors(CREDENTIALS, "reading the signing key"):
             return await self.stub.SigningKey(cpb.SigningKeyRequest(), timeout=SHORT)
+
+    # MCP tools of model nodes (executor/nodes/mcptools.py, R43): asked and called by the broker.
+    async def list_mcp_tools(self, ticket_id: str, workflow: str, node: str) -> cpb.ListMcpToolsResponse:
+        async with rpc_errors(CREDENTIALS, "listing the node's MCP tools"):
+            return await self.stub.ListMcpTools(cpb.ListMcpToolsRequest(ticket_id=ticket_id, workflow=workflow,
+                                                                        node=node), timeout=LONG)
+
+    async def call_mcp_tool(self, ticket_id: str, workflow: str, node: str, server: str, tool: str,
+                            arguments_json: str, fence: int, timeout: float) -> cpb.CallMcpToolResponse:
+        async with fenced_errors(ticket_id, fence, "an MCP tool call"):
+            return await self.stub.CallMcpTool(cpb.CallMcpToolRequest(
+                ticket_id=ticket_id, workflow=workflow, node=node, server=server, tool=tool,
+                arguments_json=arguments_json, fence=fence), timeout=timeout)

@@ -2,10 +2,10 @@
 
 Each turn sends the conversation to `credentials.Complete` (the scheduler
 never holds a model key), records the assistant message and its tool calls
-as events, runs the calls through the `Toolbox` (sandbox broker) and feeds
-the results back. It stops at a final answer (no tool calls), or fails with
-the reason recorded when `max_turns` or a token budget (per node, per
-ticket) is reached.
+as events, runs the calls through the `Toolbox` (sandbox broker; MCP tools
+through the credential broker, mcptools.py) and feeds the results back. It
+stops at a final answer (no tool calls), or fails with the reason recorded
+when `max_turns` or a token budget (per node, per ticket) is reached.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from services.common.errors import ResourceExhausted
 
 from ...sandboxes.brokers import CredentialBroker
 from ..context import RunContext
+from .mcptools import NodeMcpTools
 from .tools import Toolbox
 
 SYSTEM_PROMPT = (
@@ -39,7 +40,15 @@ async def model_node(ctx: RunContext, node: Node) -> str:
     async def on_output(stream: str, text: str) -> None:
         ctx.emit("node.output", {"node": node.id, "stream": stream, "text": text})
 
-    toolbox = Toolbox(ctx.sandbox, ctx.ticket.id, node.tools, on_output)
+    tid = ctx.ticket.id
+
+    def fence() -> int:   # an MCP call may write (create an issue): fenced like every side effect (R37)
+        ctx.host.check_lease(tid)
+        return ctx.host.fence(tid)
+
+    mcp = NodeMcpTools(ctx.credentials, tid, ctx.workflow.name, node, ctx.config.mcp_servers, fence, ctx.emit)
+    await mcp.load()
+    toolbox = Toolbox(ctx.sandbox, tid, node.tools, on_output, mcp)
     return await run_model_node(
         ticket_id=ctx.ticket.id, node=node, model=model, prompt=ctx.prompt(node),
         toolbox=toolbox, credentials=ctx.credentials, emit=ctx.emit, add_tokens=ctx.add_tokens,

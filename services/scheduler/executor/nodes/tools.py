@@ -1,6 +1,8 @@
 """The fixed, safe tool set a `model` node may use. Every tool runs through
 the sandbox broker against the ticket's workspace: file tools on the host
 with the broker's path checks (R17-R19), `run` inside the sandbox (R4).
+The node's MCP tools (`mcp:SERVER/TOOL`, offered as `mcp__SERVER__TOOL`)
+run through the credential broker (mcptools.py, R43).
 
 A tool's failure (bad path, missing file, non-zero exit) is returned to the
 model as text; it does not fail the node.
@@ -11,11 +13,14 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.common.errors import AfeError, InvalidArgument
 
 from ...sandboxes.brokers import SandboxBroker
+
+if TYPE_CHECKING:
+    from .mcptools import NodeMcpTools
 
 OUTPUT_CAP = 32 * 1024       # characters of a tool result handed back to the model
 RUN_OUTPUT_CAP = 64 * 1024   # bytes of command output the broker keeps
@@ -99,18 +104,21 @@ class Toolbox:
     """Executes tool calls for one ticket; `allowed` is the node's tool list."""
 
     def __init__(self, sandbox: SandboxBroker, ticket_id: str, allowed: tuple[str, ...],
-                 on_output: Callable[[str, str], Awaitable[None]] | None = None) -> None:
+                 on_output: Callable[[str, str], Awaitable[None]] | None = None,
+                 mcp: NodeMcpTools | None = None) -> None:
         self.sandbox = sandbox
         self.ticket_id = ticket_id
         self.allowed = tuple(t for t in allowed if t in TOOLS)
         self.on_output = on_output
+        self.mcp = mcp          # the node's MCP tools, loaded (mcptools.py)
 
     def specs(self) -> list[ToolDef]:
-        return [TOOLS[t] for t in self.allowed]
+        return [TOOLS[t] for t in self.allowed] + (self.mcp.specs() if self.mcp is not None else [])
 
     async def call(self, name: str, arguments_json: str) -> tuple[str, bool]:
         """Run one call; returns (result text, ok)."""
-        if name not in self.allowed:
+        mcp = self.mcp if self.mcp is not None and self.mcp.owns(name) else None
+        if name not in self.allowed and mcp is None:
             return f"error: tool {name!r} is not available to this node", False
         try:
             args = json.loads(arguments_json or "{}")
@@ -124,6 +132,8 @@ class Toolbox:
             # gRPC (protobuf strings are UTF-8) nor name a file. A tool error, not a failed node.
             return (f"error: argument {bad!r} is not valid UTF-8 text (it holds a lone surrogate "
                     "escape such as \\udc80); use only valid Unicode characters in tool arguments"), False
+        if mcp is not None:
+            return await mcp.call(name, args)
         try:
             return valid_text(await getattr(self, "_" + name)(args)), True
         except AfeError as exc:
