@@ -1,7 +1,9 @@
 """`afe check [--config DIR] [--online]`: validate the manifests (fields,
 references, templates, inputs, the names an Agent's env: may take into the
 sandbox) and each Workspace's repository and base branch (repocheck.py), and
-say what to fix; warn about each env: name that does enter a sandbox.
+say what to fix; warn about each env: name that does enter a sandbox. With
+`--online`, list each remote MCP server's tools and check the grants against
+them (mcpcheck.py).
 `afe check --schema`: print the JSON Schema of the manifests, for editors."""
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from services.common.errors import ConfigError
 from services.common.manifests import load_config, missing_env
 from services.common.schema.sandboxenv import warnings as env_warnings
 
+from .mcpcheck import check_mcp_servers
 from .repocheck import check_repositories
 
 
@@ -34,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="data folder, for a relative sqlite AFE_DATABASE_URL (default: .afe/data)")
     p.add_argument("--online", action="store_true",
                    help="also contact each https:// repository (git ls-remote with its tokenEnv) and check "
-                   "its base branch; local repositories are always checked")
+                   "its base branch, and list each remote MCP server's tools (with its tokenEnv) and check "
+                   "the grants against them; local repositories are always checked")
     p.add_argument("--schema", action="store_true",
                    help="print the JSON Schema (draft 2020-12) of every manifest kind, for editors, and exit")
     p.set_defaults(func=run)
@@ -61,14 +65,21 @@ def run(args: argparse.Namespace) -> int:
             config = load_config(directory)
             problems, repo_notes = check_repositories(config, online=getattr(args, "online", False),
                                                       environ=os.environ)
+            mcp_problems, mcp_lines = check_mcp_servers(config, online=getattr(args, "online", False),
+                                                        environ=os.environ)
+            problems += mcp_problems
+            repo_notes += mcp_lines
     except ConfigError as exc:
         print(f"afe check: {exc}", file=sys.stderr)
         print("(file.yaml#N is the N-th document of file.yaml.) Fix the fields above and run "
               "`afe check` again.", file=sys.stderr)
         return 1
     if problems:
-        print(f"afe check: {len(problems)} problem(s) with the repositories of {config.directory}:\n"
-              + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
+        for line in repo_notes:   # what was reached (an MCP server's tools: what a grant may name)
+            if not line.lstrip().startswith("note:"):
+                print(line)
+        print(f"afe check: {len(problems)} problem(s) with the repositories or MCP servers of "
+              f"{config.directory}:\n" + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
         return 1
     mcp = f", {len(config.mcp_servers)} MCP server(s)" if config.mcp_servers else ""
     print(f"{config.directory}: OK — {len(config.workspaces)} workspace(s), {len(config.models)} model(s), "

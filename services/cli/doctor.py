@@ -5,7 +5,9 @@ network), a probe egress sandbox with its squid proxy, and a local target
 HTTP server container on a probe network of its own (never a public host),
 and proves each of R5-R12 and R31 live. It lists the engine's OCI runtimes
 and, when gVisor's is one, runs the checks of a sandbox without egress again
-on gVisor (doctor_gvisor.py). One PASS/FAIL line per rule with the evidence;
+on gVisor (doctor_gvisor.py). With manifests (--config or ./afe.d), it lists
+each remote MCP server's reachable tools, asked from this host with the
+token from this shell, never from a sandbox (mcpcheck.py). One PASS/FAIL line per rule with the evidence;
 exit status 1 on any FAIL; everything it created is removed.
 """
 
@@ -39,7 +41,9 @@ __all__ = ["CONNECT", "DIRECT", "FETCH", "FORK", "LISTENER", "PROBE", "TARGET_SE
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="prove the sandbox isolation rules live on this machine",
                        description="Check the Docker engine and images, then start probe containers and prove "
-                       "R5-R12 and R31 (one PASS/FAIL line per rule), on gVisor too when the engine has it. "
+                       "R5-R12 and R31 (one PASS/FAIL line per rule), on gVisor too when the engine has it, and "
+                       "list each remote MCP server's reachable tools (from this host, with the token in this "
+                       "shell). "
                        "Exit status 1 on any FAIL.")
     p.add_argument("--no-build", action="store_true", help="do not build missing images")
     p.add_argument("--egress-network", default="bridge", metavar="NAME",
@@ -83,6 +87,22 @@ def _egress_settings(report: Report, client, network: str, config_dir: str | Non
     return config
 
 
+async def _mcp_servers(report: Report, config) -> None:
+    """Each remote MCP server's reachable tools (R43: asked from the host, never a sandbox); a server
+    whose tokenEnv is not set in this shell is not contacted."""
+    from .mcpcheck import list_servers, tools_line
+
+    if config is None:
+        return
+    for r in await list_servers(config, os.environ):
+        if r.unset:
+            print(f"info MCP server {r.server.name}: not contacted: {r.problem}", flush=True)
+        elif r.ok:
+            report.add(f"MCP server {r.server.name}", True, tools_line(r))
+        else:
+            report.add(f"MCP server {r.server.name}", False, r.problem)
+
+
 async def doctor(build: bool = True, egress_network: str = "bridge", config_dir: str | None = None,
                  gvisor_runtime: str = "runsc") -> int:
     import docker
@@ -111,6 +131,7 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
         report.add("images", False, str(exc).splitlines()[0])
         return 1
     config = _egress_settings(report, client, egress_network, config_dir)
+    await _mcp_servers(report, config)
     gvisor = engine_runtimes(report, client, gvisor_runtime, config)
 
     instance = "doctor-" + secrets.token_hex(4)
