@@ -239,6 +239,11 @@ def _failure(server: McpServer, what: str, exc: BaseException, wire: _Wire) -> A
         return FailedPrecondition(f"{name} refused the request (HTTP {refused[0]}) with {cred}; check the "
                                   "token's value and what it may access"
                                   + ("" if server.token_env else ", or add tokenEnv:"))
+    moved = [s for s in wire.statuses if 300 <= s < 400]
+    if moved:
+        return FailedPrecondition(f"{name} answered {what} with a redirect (HTTP {moved[0]}) off {server.url}; afe "
+                                  "follows none that leaves the server's origin (the token goes nowhere else): "
+                                  "set url: to the server's real MCP endpoint")
     bad = [s for s in wire.statuses if s >= 400]
     if bad:
         return Unavailable(f"{name} answered {what} with HTTP {bad[0]} at {server.url}; check the url: (the "

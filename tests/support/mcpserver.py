@@ -92,27 +92,51 @@ def _app(srv: McpTestServer, transport: str):
 
 
 @contextlib.contextmanager
-def mcp_server(token: str, transport: str = "http") -> Iterator[McpTestServer]:
-    """`transport`: http (Streamable HTTP at /mcp) or sse (HTTP+SSE at /sse)."""
+def _serving(app, sock: socket.socket, lifespan: str = "on") -> Iterator[None]:
+    """Serve the ASGI `app` with uvicorn on `sock` in a thread, until the block ends."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = McpTestServer(url=f"http://127.0.0.1:{port}/mcp", sse_url=f"http://127.0.0.1:{port}/sse", token=token)
-    config = uvicorn.Config(_app(srv, transport), log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test MCP server did not start")
+            raise RuntimeError("the test server did not start")
         time.sleep(0.02)
     try:
-        yield srv
+        yield
     finally:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def _loopback_socket() -> tuple[socket.socket, int]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock, sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mcp_server(token: str, transport: str = "http") -> Iterator[McpTestServer]:
+    """`transport`: http (Streamable HTTP at /mcp) or sse (HTTP+SSE at /sse)."""
+    sock, port = _loopback_socket()
+    srv = McpTestServer(url=f"http://127.0.0.1:{port}/mcp", sse_url=f"http://127.0.0.1:{port}/sse", token=token)
+    with _serving(_app(srv, transport), sock):
+        yield srv
+
+
+@contextlib.contextmanager
+def redirecting_server(location: str) -> Iterator[str]:
+    """A server whose every answer is `307 Location: <location>` (another origin); yields its URL."""
+    from starlette.responses import RedirectResponse
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            await RedirectResponse(location, status_code=307)(scope, receive, send)
+
+    sock, port = _loopback_socket()
+    with _serving(app, sock, lifespan="off"):
+        yield f"http://127.0.0.1:{port}/mcp"
