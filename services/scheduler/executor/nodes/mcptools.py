@@ -116,8 +116,8 @@ class NodeMcpTools:
             self._record(server, tool, args, "refused", sent, 0, started, reason)
             granted = ", ".join(self.tools) or "none"
             return f"error: tool {name!r} is not available to this node (its MCP tools: {granted})", False
-        server = self.servers.get(ref.server)
-        timeout = (server.timeout_s if server else 60.0) + CALL_MARGIN_S
+        manifest = self.servers.get(ref.server)
+        timeout = (manifest.timeout_s if manifest else 60.0) + CALL_MARGIN_S
         try:
             r = await self.credentials.call_mcp_tool(self.ticket_id, self.workflow, self.node.id, ref.server,
                                                      ref.tool, arguments_json, self.fence(), timeout)
