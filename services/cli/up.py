@@ -47,8 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="warm sandboxes kept ready in all (each Workspace asks for its own with sandbox.pool; "
                    "default 8; 0 = none)")
     p.add_argument("--instance", default=None, metavar="ID",
-                   help="label value afe.instance=<ID> on every Docker object this afe owns (default: "
-                   "default); two afe installations on one Docker engine need different ids")
+                   help="label value afe.instance=<ID> on every Docker object this afe owns (default: the data "
+                   "folder's own, made on its first start and kept in <data>/instance; `default` for a data "
+                   "folder used before); two afe installations on one Docker engine need different ids")
     p.add_argument("--egress-network", default="bridge", metavar="NAME",
                    help="the Docker network the egress proxies join to reach the allowed hosts (default: "
                    "bridge); pick the one that routes to an internal mirror a Workspace lists in "

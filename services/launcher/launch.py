@@ -43,6 +43,7 @@ from services.common.presets import preset_for_image
 from services.common.schema.sandboxenv import warnings as env_warnings
 
 from .environment import child_env
+from .instance import resolve as resolve_instance
 from .kept import report as report_kept
 from .ports import check_ports, planned
 from .supervisor import ChildSpec, Supervisor
@@ -302,6 +303,7 @@ def _banner(opts: Options, config: Config, sup: Supervisor, token_where: str, ou
         port = (c.ready or {}).get("ops_port")
         out(f"  {c.name:<12} pid {c.pid:<8} ops http://{opts.ops_host}:{port}/readyz")
     out(f"  automation key: {opts.layout.automation_key}")
+    out(f"  instance: {opts.instance or 'default'} (the afe.instance label of its sandboxes; --instance)")
     for line in egress_lines(config, opts.egress_network):
         out(line)
     for line in env_warnings(config):   # as `afe check` says it (R9, R43)
@@ -326,6 +328,7 @@ def run(opts: Options, environ: Mapping[str, str] | None = None,
             check_ports(planned(opts.listen, opts.ops_host, opts.ops_ports))
             config = preflight(opts, environ, progress=lambda m: out(f"images: {m}"))
             opts.layout.ensure()
+            opts.instance = resolve_instance(opts.layout, opts.instance)   # this data folder's own label
             lock = _Lock(opts.layout.run_dir / "launcher.lock")
         except AfeError as exc:
             out(f"afe up: {exc}")

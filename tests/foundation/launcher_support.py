@@ -140,13 +140,15 @@ class Afe:
         return self.proc.returncode
 
 
-def start_afe(base: Path, env: dict[str, str], *extra: str) -> Afe:
+def start_afe(base: Path, env: dict[str, str], *extra: str, own_instance: bool = True) -> Afe:
+    """`afe up` on `base`; `own_instance=False` leaves --instance out, as a user's `afe up` does."""
     cfg = base / "cfg"
     if not cfg.exists():
         make_config(base)
+    instance = ["--instance", f"fnd-{secrets.token_hex(4)}"] if own_instance else []
     argv = [sys.executable, "-m", "services.cli.main", "up", "--config", str(cfg),
             "--data", str(base / "data"), "--run", str(base / "run"), "--ops-port", "0",
-            "--listen", "127.0.0.1:0", "--instance", f"fnd-{secrets.token_hex(4)}", "--no-images", *extra]
+            "--listen", "127.0.0.1:0", *instance, "--no-images", *extra]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     afe = Afe(base, proc)
