@@ -222,7 +222,7 @@ function plainBlock(v) {
 }
 
 const KNOWN = new Set(["kind", "ticket", "repository", "head", "afe_run", "workflow", "agents", "models", "prompts",
-                       "egress", "usage", "commands", "agent_commands", "verification", "decision"]);
+                       "egress", "usage", "commands", "agent_commands", "mcp_calls", "verification", "decision"]);
 
 function runSections(p) {
   const out = [];
@@ -249,6 +249,11 @@ function runSections(p) {
   if (arr(p.agent_commands).length) {
     out.push(section("Commands the agents ran (the program; the command line as SHA-256)",
       table(null, ["node", "program", "exit code"], p.agent_commands.map((c) => [c.node, c.program, c.exit_code === null ? (c.signal ? `signal ${c.signal}` : "not waited for") : c.exit_code]))));
+  }
+  if (arr(p.mcp_calls).length) {
+    out.push(section("MCP tool calls (the arguments as SHA-256; results are not in the record)",
+      table(null, ["node", "via", "server", "tool", "outcome", "bytes sent", "bytes received"],
+        p.mcp_calls.map((c) => [c.node, c.via, c.server, c.tool || (c.server ? "(not a tool name)" : ""), c.outcome + (c.count ? ` (${c.count})` : ""), c.request_bytes, c.response_bytes]))));
   }
   return out;
 }

@@ -3,7 +3,8 @@ inside the sandbox and the environment an agent gets for its Model.
 
 The sandbox broker mounts the ticket's relay folder read-only at
 `RELAY_MOUNT` and runs a forwarder on the sandbox's own loopback at
-`RELAY_PORT`; the relay serves each declared Model under `/m/<model name>/`.
+`RELAY_PORT`; the relay serves each declared Model under `/m/<model name>/`
+and each granted MCP server at `/mcp/<server name>` (R43).
 An agent's `relay_env` maps variable NAMES to templates of `{base_url}`,
 `{capability}` (the ticket's placeholder credential) and `{model}` (the
 Model's model id); an agent without one gets its provider's default below.
@@ -30,6 +31,11 @@ DEFAULT_RELAY_ENV: dict[str, tuple[tuple[str, str], ...]] = {
 def relay_base_url(model_name: str) -> str:
     """The base URL an agent uses for `model_name`, inside the sandbox (no trailing slash)."""
     return f"http://127.0.0.1:{RELAY_PORT}/m/{model_name}"
+
+
+def relay_mcp_url(server_name: str) -> str:
+    """The URL an agent uses for MCP server `server_name`, inside the sandbox (R43)."""
+    return f"http://127.0.0.1:{RELAY_PORT}/mcp/{server_name}"
 
 
 def template_problem(template: str) -> str | None:

@@ -347,11 +347,16 @@ class CredentialCore:
             raise FailedPrecondition("this credential broker has no model relay")
         return self.relay
 
-    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> str:
-        return await self._relay().open(ticket_id, models, budget_tokens)
+    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int,
+                         mcp: dict[str, list[str]] | None = None) -> str:
+        return await self._relay().open(ticket_id, models, budget_tokens, mcp)
 
     def relay_usage(self, ticket_id: str) -> tuple[dict[str, Usage], int, bool]:
         return self._relay().usage(ticket_id)
+
+    def relay_mcp_calls(self, ticket_id: str, since: int) -> tuple[list[dict], int]:
+        """The MCP calls the ticket's relay made (R43), numbered `since` and on, and the last number."""
+        return self._relay().mcp_calls(ticket_id, since)
 
     async def close_relay(self, ticket_id: str) -> None:
         if self.relay is not None:

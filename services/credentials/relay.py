@@ -34,6 +34,9 @@ the SDKs retry 429 for minutes, while a spent budget is final for this ticket).
 
 State (capability, declared models, budget, usage) is kept in the broker's
 private folder so a restarted broker serves the same capability and budget.
+
+The same socket and capability serve the ticket's MCP servers (R43) at
+`/mcp/<server>`: relaymcp.py.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import os
 import secrets
 import socket
 import stat
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,7 +64,9 @@ from services.common.redact import Redactor
 from services.common.relayenv import RELAY_PROVIDERS, RELAY_SOCKET
 from services.common.secrets import SecretValue
 
+from .mcpfilter import Call
 from .relaylimits import GuardedSite, Limiter, RelayLimits, ServerLog
+from .relaymcp import McpRelay
 from .relayproviders import (
     ROUTES,
     Refused,
@@ -112,6 +118,9 @@ class RelayHub:
         self.upstream = Upstream(keys, redactor, SecretForms(v.reveal() for v in keys.values()),
                                  self.limiter.throttle, ca_file=ca_file, proxies=proxies or {})
         self.upstream.masked = lambda n: self._metric("masked", n=n)
+        self.mcp = McpRelay(config.mcp_servers, keys, self.upstream.forms, self.limiter.throttle,
+                            self.upstream.session, dict(proxies or {}), self._record_mcp,
+                            lambda n: self._metric("masked", n=n))
 
     def _metric(self, family: str, n: int = 1, **labels: str) -> None:
         if self.metrics is not None:
@@ -133,12 +142,31 @@ class RelayHub:
             out.append(name)
         return tuple(sorted(set(out)))
 
-    async def open(self, ticket_id: str, models: list[str], budget: int) -> str:
-        """Serve the ticket's relay (idempotent); returns its capability."""
+    def _check_mcp(self, grants: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for name, tools in grants.items():
+            s = self.config.mcp_servers.get(name)
+            if s is None:
+                known = ", ".join(sorted(self.config.mcp_servers)) or "none"
+                raise NotFound(f"unknown MCP server {name!r}; the manifests define: {known}")
+            if s.transport != "http":
+                raise InvalidArgument(f"MCP server {name!r} is {s.transport}: the relay serves remote servers that "
+                                      "speak Streamable HTTP (transport: http); a stdio server runs in the sandbox")
+            names = tuple(sorted({str(x) for x in tools}))
+            if not names:
+                raise InvalidArgument(f"MCP server {name!r}: a grant names at least one tool")
+            out[name] = names
+        return dict(sorted(out.items()))
+
+    async def open(self, ticket_id: str, models: list[str], budget: int,
+                   mcp: Mapping[str, Any] | None = None) -> str:
+        """Serve the ticket's relay (idempotent); returns its capability. `mcp`: server -> the
+        tools the ticket's agents may call through it (R43)."""
         check_ticket_id(ticket_id)
         names = self._check_models(models)
-        if not names:
-            raise InvalidArgument("a relay needs at least one Model name")
+        grants = self._check_mcp(mcp or {})
+        if not names and not grants:
+            raise InvalidArgument("a relay needs at least one Model name or MCP grant")
         if budget < 0:
             raise InvalidArgument("budget_tokens must be >= 0 (0 = no budget)")
         t = self.tickets.get(ticket_id) or self.states.load(ticket_id)
@@ -146,11 +174,12 @@ class RelayHub:
             t = TicketRelay(ticket_id, "afe-relay-" + secrets.token_urlsafe(32), names, budget)
         self.tickets[ticket_id] = t
         async with t.lock:
-            t.models, t.budget, t.closed = names, budget, False
+            t.models, t.budget, t.closed, t.mcp = names, budget, False, grants
             self.states.save(t)
             if t.runner is None:
                 t.runner = await self._serve(t)
-                log.info("relay of ticket %s serves %s (budget %s)", ticket_id, ", ".join(names), budget or "none")
+                log.info("relay of ticket %s serves %s (budget %s)", ticket_id,
+                         ", ".join([*names, *(f"mcp:{k}" for k in grants)]), budget or "none")
         return t.capability
 
     async def resume(self) -> int:
@@ -163,7 +192,7 @@ class RelayHub:
             if t is None or t.ticket_id in self.tickets:
                 continue
             try:
-                await self.open(t.ticket_id, list(t.models), t.budget)
+                await self.open(t.ticket_id, list(t.models), t.budget, t.mcp)
                 n += 1
             except Exception as exc:  # noqa: BLE001 - one bad relay must not stop the others
                 log.warning("could not serve the relay of ticket %s again: %s", t.ticket_id,
@@ -177,6 +206,14 @@ class RelayHub:
         if t is None:
             return {}, 0, False
         return {k: Usage(**vars(u)) for k, u in t.usage.items()}, t.budget, not t.closed and t.runner is not None
+
+    def mcp_calls(self, ticket_id: str, since: int = 0, limit: int = 1000) -> tuple[list[dict], int]:
+        """(the MCP calls numbered `since` and on, at most `limit`, oldest first; the last number so far)."""
+        check_ticket_id(ticket_id)
+        t = self.tickets.get(ticket_id) or self.states.load(ticket_id)
+        if t is None:
+            return [], 0
+        return [c for c in t.mcp_calls if int(c.get("seq", 0)) >= since][:limit], t.mcp_seq
 
     async def close(self, ticket_id: str) -> None:
         """Revoke the capability for good and remove the socket folder."""
@@ -237,6 +274,7 @@ class RelayHub:
         app = web.Application(client_max_size=self.max_body)
         app[_TICKET] = t
         app.router.add_route("*", "/m/{model}/{rest:.*}", self._handle)
+        app.router.add_route("*", "/mcp/{server}", self._mcp_handle)
         app.router.add_route("*", "/{rest:.*}", self._no_model)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
                                logger=ServerLog(t.ticket_id, self.limiter.throttle))
@@ -262,7 +300,8 @@ class RelayHub:
         self._count(t, "", "openai", "denied")
         self.limiter.busy(t.load, request.transport, False)     # answered at once: the connection is idle
         return refusal("openai", 404, "not_found_error",
-                        "use the base URL afe gave the agent: /m/<Model name>/ followed by the API path")
+                        "use the base URL afe gave the agent: /m/<Model name>/ followed by the API path, or "
+                        "/mcp/<MCP server name> for an MCP server")
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         t: TicketRelay = request.app[_TICKET]
@@ -324,15 +363,16 @@ class RelayHub:
         finally:
             await release()
 
-    async def _read_body(self, request: web.Request, t: TicketRelay, held: list[int]) -> bytes:
-        """The request body, within the body limit and the ticket's limits of
+    async def _read_body(self, request: web.Request, t: TicketRelay, held: list[int], limit: int = 0) -> bytes:
+        """The request body, within the body limit (`limit`, else the relay's) and the ticket's limits of
         body bytes held at once and of time (`held[0]`: the bytes reserved)."""
-        over = Refused(413, "request_too_large", f"the request body is over the relay's limit of {self.max_body} "
+        max_body = limit or self.max_body
+        over = Refused(413, "request_too_large", f"the request body is over the relay's limit of {max_body} "
                                                  "bytes")
         busy = Refused(429, "rate_limit_error", "this ticket's requests hold the relay's limit of request-body "
                                                 "bytes at once; retry when one has been sent")
         length = request.content_length
-        if length is not None and length > self.max_body:
+        if length is not None and length > max_body:
             raise over
         if length and not self.limiter.reserve(t.ticket_id, t.load, length):
             raise busy
@@ -341,7 +381,7 @@ class RelayHub:
         try:
             async with asyncio.timeout(self.limiter.limits.body_s or None):
                 async for chunk in request.content.iter_chunked(READ_CHUNK):
-                    if len(data) + len(chunk) > self.max_body:
+                    if len(data) + len(chunk) > max_body:
                         raise over
                     data += chunk
                     if len(data) > held[0]:           # no or a wrong Content-Length: reserve as it comes
@@ -372,4 +412,58 @@ class RelayHub:
                 self.states.save(t)
             except OSError as exc:
                 self.limiter.throttle.note(f"{t.ticket_id}:save", f"could not save the relay usage of ticket "
+                                           f"{t.ticket_id}: {exc.strerror}")
+
+    # -- MCP servers (R43) -------------------------------------------------------------
+    async def _mcp_handle(self, request: web.Request) -> web.StreamResponse:
+        t: TicketRelay = request.app[_TICKET]
+        server = request.match_info["server"]
+        self.limiter.busy(t.load, request.transport, True)
+        held = [0]
+
+        async def release() -> None:
+            n, held[0] = held[0], 0
+            self.limiter.release(t.load, n)
+
+        try:
+            try:
+                if t.closed:
+                    raise Refused(401, "", "this ticket has ended; its relay capability is no longer valid")
+                cap = presented_capability(request)
+                if not cap or not hmac.compare_digest(cap.encode(), t.capability.encode()):
+                    raise Refused(401, "", "the capability is missing or not this ticket's; send the header afe "
+                                           "gave the agent with this MCP server")
+                return await self.mcp.handle(request, t, server,
+                                             lambda limit: self._read_body(request, t, held, limit), release)
+            except Refused as r:
+                resp = web.json_response({"jsonrpc": "2.0", "id": None, "error": {
+                    "code": -32600 if r.status != 401 else -32001, "message": f"afe relay: {r.message}"}},
+                    status=r.status)
+                if r.status in (408, 413, 429):
+                    resp.force_close()
+                    if r.status == 429:
+                        resp.headers["retry-after"] = "1"
+                return resp
+        except Exception as exc:  # noqa: BLE001 - one line per interval, never a traceback per request
+            self.limiter.throttle.note(f"{t.ticket_id}:mcp:internal", f"MCP relay of ticket {t.ticket_id}: "
+                                       f"internal error {self.redactor.redact(repr(exc))[:300]}", logging.ERROR)
+            return web.json_response({"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32603, "message": "afe relay: internal error of the relay (the broker's log says more)"}},
+                status=500)
+        finally:
+            await release()
+            self.limiter.busy(t.load, request.transport, False)
+
+    def _record_mcp(self, t: TicketRelay, server: str, call: Call, outcome: str, response_bytes: int,
+                    reason: str, started: float) -> None:
+        t.add_mcp_call({"server": server, "tool": call.tool, "tool_sha256": call.tool_sha256,
+                        "arguments_sha256": call.arguments_sha256, "outcome": outcome,
+                        "request_bytes": call.request_bytes, "response_bytes": response_bytes,
+                        "at_ms": int(time.time() * 1000),
+                        "duration_ms": int((time.monotonic() - started) * 1000), "reason": reason[:500]})
+        if not t.closed:
+            try:
+                self.states.save(t)
+            except OSError as exc:
+                self.limiter.throttle.note(f"{t.ticket_id}:save", f"could not save the relay state of ticket "
                                            f"{t.ticket_id}: {exc.strerror}")

@@ -1,6 +1,8 @@
-"""The relay's per-ticket state (R32): capability, declared models, budget
-and usage, kept as one file per ticket in the broker's private folder so a
-restarted broker serves the same capability and budget."""
+"""The relay's per-ticket state (R32, R43): capability, declared models,
+budget and usage, the MCP servers and tools granted and the MCP calls made
+(the latest `MCP_CALLS_KEPT`), kept as one file per ticket in the broker's
+private folder so a restarted broker serves the same capability, budget and
+grants, and the scheduler still reads every call it has not yet recorded."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from .relayusage import Usage
 
 log = logging.getLogger(__name__)
 
+MCP_CALLS_KEPT = 1000       # MCP calls a ticket's relay remembers until the scheduler has read them
+
 
 @dataclass
 class TicketRelay:
@@ -32,6 +36,9 @@ class TicketRelay:
     runner: web.AppRunner | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     load: TicketLoad = field(default_factory=TicketLoad)   # connections and body bytes held now
+    mcp: dict[str, tuple[str, ...]] = field(default_factory=dict)   # MCP server -> the tools granted (R43)
+    mcp_calls: list[dict] = field(default_factory=list)   # the latest MCP calls (RelayMcpCall fields)
+    mcp_seq: int = 0                                       # MCP calls so far (the last one's seq)
 
     @property
     def used(self) -> int:
@@ -40,7 +47,17 @@ class TicketRelay:
     def state(self) -> dict:
         return {"capability": self.capability, "models": list(self.models), "budget": self.budget,
                 "usage": {k: [u.input_tokens, u.output_tokens, u.requests, u.refused]
-                          for k, u in self.usage.items()}}
+                          for k, u in self.usage.items()},
+                "mcp": {k: list(v) for k, v in self.mcp.items()}, "mcp_calls": self.mcp_calls,
+                "mcp_seq": self.mcp_seq}
+
+    def add_mcp_call(self, call: dict) -> dict:
+        """Number `call` and keep it (the oldest are forgotten past MCP_CALLS_KEPT)."""
+        self.mcp_seq += 1
+        call = {**call, "seq": self.mcp_seq}
+        self.mcp_calls.append(call)
+        del self.mcp_calls[:-MCP_CALLS_KEPT]
+        return call
 
 
 class RelayStates:
@@ -65,7 +82,10 @@ class RelayStates:
         try:
             doc = json.loads(self.path(ticket_id).read_text())
             usage = {k: Usage(*[int(x) for x in v]) for k, v in doc.get("usage", {}).items()}
-            return TicketRelay(ticket_id, str(doc["capability"]), tuple(doc["models"]), int(doc["budget"]), usage)
+            mcp = {str(k): tuple(str(x) for x in v) for k, v in (doc.get("mcp") or {}).items()}
+            calls = [c for c in doc.get("mcp_calls") or [] if isinstance(c, dict)][-MCP_CALLS_KEPT:]
+            return TicketRelay(ticket_id, str(doc["capability"]), tuple(doc["models"]), int(doc["budget"]), usage,
+                               mcp=mcp, mcp_calls=calls, mcp_seq=int(doc.get("mcp_seq") or 0))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError):

@@ -17,6 +17,8 @@ from .broker import Approval, CredentialCore
 from .forges import PullRequestInfo
 from .models.base import Msg, Tool, ToolCallData
 
+MCP_CALL_FIELDS = frozenset(pb.RelayMcpCall.DESCRIPTOR.fields_by_name)
+
 
 def _pr(info: PullRequestInfo) -> pb.PullRequest:
     return pb.PullRequest(number=info.number, url=info.url, head_branch=info.head_branch,
@@ -119,15 +121,21 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
 
 
     async def OpenRelay(self, request, context):
-        cap = await self.core.open_relay(request.ticket_id, list(request.models), request.budget_tokens)
+        mcp = {g.server: list(g.tools) for g in request.mcp}
+        if len(mcp) != len(request.mcp):
+            raise InvalidArgument("OpenRelay: each MCP server is granted once")
+        cap = await self.core.open_relay(request.ticket_id, list(request.models), request.budget_tokens, mcp)
         return pb.OpenRelayResponse(capability=cap)
 
     async def RelayUsage(self, request, context):
         usage, budget, is_open = self.core.relay_usage(request.ticket_id)
+        calls, total = self.core.relay_mcp_calls(request.ticket_id, request.mcp_calls_from)
         return pb.RelayUsageResponse(
             models=[pb.ModelUsage(model=k, input_tokens=u.input_tokens, output_tokens=u.output_tokens,
                                   requests=u.requests, refused=u.refused) for k, u in sorted(usage.items())],
-            total_tokens=sum(u.total for u in usage.values()), budget_tokens=budget, open=is_open)
+            total_tokens=sum(u.total for u in usage.values()), budget_tokens=budget, open=is_open,
+            mcp_calls=[pb.RelayMcpCall(**{k: v for k, v in c.items() if k in MCP_CALL_FIELDS}) for c in calls],
+            mcp_calls_total=total)
 
     async def CloseRelay(self, request, context):
         await self.core.close_relay(request.ticket_id)

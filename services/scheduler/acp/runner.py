@@ -6,7 +6,9 @@
 The agent process starts through the sandbox broker's interactive
 `Process` with the agent's declared env NAMES only (R9). The engine is the
 ACP client: `initialize` (advertising exactly fs read/write and terminal),
-`session/new` in /workspace, one `session/prompt` with the rendered prompt.
+`session/new` in /workspace (with the node's MCP servers at the ticket's
+relay, R43, when the agent advertises `mcpCapabilities.http`), one
+`session/prompt` with the rendered prompt.
 The node's output is the agent's final message; stop reasons other than
 `end_turn` fail the node.
 
@@ -27,13 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from acp import PROTOCOL_VERSION, RequestError, text_block
 from acp.client.connection import ClientSideConnection
 from acp.meta import CLIENT_METHODS
-from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
+from acp.schema import ClientCapabilities, FileSystemCapabilities, HttpHeader, HttpMcpServer, Implementation
 from pydantic import ValidationError
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2
@@ -81,8 +83,9 @@ class _Run:
     """State of one agent node run (one process, one session, one prompt)."""
 
     def __init__(self, *, ticket_id: str, node: Node, agent: Agent, sandbox: Any, emit: Emit,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, mcp_servers: Sequence[tuple[str, str, str]] = ()) -> None:
         self.node = node
+        self.mcp_servers = tuple(mcp_servers)
         self.agent = agent
         self.events = EventLog(emit)
         self.terminals = Terminals(sandbox, ticket_id)
@@ -144,7 +147,8 @@ class _Run:
             raise FailedPrecondition(
                 f"agent {self.agent.name!r} speaks ACP protocol version {init.protocol_version}; "
                 f"afe speaks version {PROTOCOL_VERSION}")
-        session = await self.call("session/new", self.conn.new_session(cwd=WORKSPACE, mcp_servers=[]))
+        session = await self.call("session/new", self.conn.new_session(cwd=WORKSPACE,
+                                                                       mcp_servers=self.mcp_for(init)))
         self.session_id = session.session_id
         self.client.session_id = session.session_id
         self.prompt_task = asyncio.ensure_future(
@@ -156,6 +160,25 @@ class _Run:
             cls, why = failure
             raise cls(f"agent {self.agent.name!r}: {why}")
         return self.events.final_message()
+
+    def mcp_for(self, init: Any) -> list[Any]:
+        """The node's MCP servers for `session/new`: each at the ticket's relay, with the relay's
+        capability as its bearer token, never the server's credential (R43); none when the agent
+        cannot take an HTTP MCP server (it did not advertise `mcpCapabilities.http`)."""
+        if not self.mcp_servers:
+            return []
+        names = [name for name, _, _ in self.mcp_servers]
+        caps = getattr(getattr(init, "agent_capabilities", None), "mcp_capabilities", None)
+        if not getattr(caps, "http", False):
+            self.events.record("agent.mcp_servers", {
+                "servers": names, "given": False,
+                "reason": "the agent does not advertise mcpCapabilities.http in its initialize answer, so it "
+                          "cannot take an HTTP MCP server; it ran without its granted MCP tools"})
+            return []
+        self.events.record("agent.mcp_servers", {"servers": names, "given": True})
+        return [HttpMcpServer(type="http", name=name, url=url,
+                              headers=[HttpHeader(name="Authorization", value=f"Bearer {cap}")])
+                for name, url, cap in self.mcp_servers]
 
     async def shutdown(self, *, cancel: bool) -> None:
         """session/cancel (if a turn is running and we are stopping it), kill, close."""
@@ -183,15 +206,18 @@ class _Run:
 
 
 async def run_agent_node(*, ticket_id: str, node: Node, agent: Agent, prompt: str, sandbox: Any,
-                         emit: Emit, env: dict[str, str] | None = None) -> str:
+                         emit: Emit, env: dict[str, str] | None = None,
+                         mcp_servers: Sequence[tuple[str, str, str]] = ()) -> str:
     """Run an ACP agent for one node; return its final message (see module doc).
     `env`: literal, non-secret NAME=value settings for the agent's process only
-    (the model relay's base URL and capability, R32; a preset's fixed settings)."""
+    (the model relay's base URL and capability, R32; a preset's fixed settings).
+    `mcp_servers`: (name, URL, capability) of the MCP servers at the ticket's relay (R43)."""
     if agent.type != "acp":
         raise InvalidArgument(f"agent {agent.name!r} has type {agent.type!r}; only 'acp' agents can run")
     if not agent.command:
         raise InvalidArgument(f"agent {agent.name!r} has no command")
-    run = _Run(ticket_id=ticket_id, node=node, agent=agent, sandbox=sandbox, emit=emit, env=env)
+    run = _Run(ticket_id=ticket_id, node=node, agent=agent, sandbox=sandbox, emit=emit, env=env,
+               mcp_servers=mcp_servers)
     stopping = False
     try:
         try:

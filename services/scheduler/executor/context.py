@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from services.common import cost
 from services.common.config import Agent, Node
 from services.common.errors import AfeError, PeerUnavailable, ResourceExhausted
-from services.common.relayenv import relay_env
+from services.common.relayenv import relay_env, relay_mcp_url
 
-from ..sandboxes.spec import SANDBOX_KINDS, agent_env_names, relay_models, sandbox_spec
+from ..sandboxes.spec import SANDBOX_KINDS, agent_env_names, relay_mcp, relay_models, sandbox_spec
 from ..store.base import TicketRecord
 from . import brokercalls, quoting, templates
 from .graph import ancestors
@@ -51,6 +51,7 @@ class RunContext:
         self._relay_cap = ""
         self._relay_id = ""
         self._relay_counted: dict[str, tuple[int, int]] | None = None
+        self._mcp_seen = 0          # the last MCP call of this relay recorded as an `mcp.call` event (R43)
         self._prep_lock = asyncio.Lock()
 
     def emit(self, type_: str, payload: dict[str, Any]) -> None:
@@ -192,8 +193,9 @@ class RunContext:
                                     f"maxTokens on workflow {self.workflow.name!r} to allow more")
         budget = usage.total_tokens + min(limits) if limits else 0
         models = relay_models(self.config, self.workflow)
+        mcp = relay_mcp(self.config, self.workflow)
         r = await brokercalls.retry_unavailable(limit_s, "opening the model relay",
-                                                lambda: self.credentials.open_relay(tid, models, budget),
+                                                lambda: self.credentials.open_relay(tid, models, budget, mcp),
                                                 PeerUnavailable)
         if r.capability != self._relay_cap:
             self.host.redactor.register(r.capability)   # a placeholder, but no event needs to show it
@@ -201,6 +203,7 @@ class RunContext:
             # The relay's id in events: a new capability is a new relay (the ticket re-opened), counting from 0.
             self._relay_id = hashlib.sha256(r.capability.encode()).hexdigest()[:16]
             self._relay_counted = None
+            self._mcp_seen = 0
 
     def agent_env(self, agent: Agent) -> dict[str, str]:
         """The agent process's literal environment: its fixed settings and,
@@ -211,6 +214,14 @@ class RunContext:
             env.update(relay_env(agent.relay_env, provider=m.provider, model_name=m.name, model_id=m.model,
                                  capability=self._relay_cap))
         return env
+
+    def agent_mcp_servers(self, node: Node) -> list[tuple[str, str, str]]:
+        """(name, URL inside the sandbox, capability) of each remote MCP server the workflow grants
+        agent node `node`: reached through the ticket's relay, which alone holds its credential (R43)."""
+        if not self._relay_cap:
+            return []
+        return [(name, relay_mcp_url(name), self._relay_cap) for name in relay_mcp(self.config, self.workflow,
+                                                                                  node.id)]
 
     async def settle_relay(self, node: Node | None) -> None:
         """After a node that ran in the sandbox, and at the ticket's end: what the
@@ -228,9 +239,13 @@ class RunContext:
             while True:
                 batch = self.store.events(self.ticket.id, seq, 1000)
                 for e in batch:
-                    if e.type == "model.usage" and f'"{self._relay_id}"' in e.payload_json:
+                    if e.type in ("model.usage", "mcp.call") and f'"{self._relay_id}"' in e.payload_json:
                         p = json.loads(e.payload_json)
-                        if p.get("relay") == self._relay_id:
+                        if p.get("relay") != self._relay_id:
+                            continue
+                        if e.type == "mcp.call":
+                            self._mcp_seen = max(self._mcp_seen, int(p.get("seq") or 0))
+                        else:
                             counted[str(p.get("model"))] = (int(p.get("ticket_input_tokens") or 0),
                                                             int(p.get("ticket_output_tokens") or 0))
                 if len(batch) < 1000:
@@ -246,13 +261,14 @@ class RunContext:
         tid = self.ticket.id
         if not self._relay_cap or self.host.lease_lost(tid):
             return 0
+        counted = self._counted()
         try:
-            usage = await self.credentials.relay_usage(tid)
+            usage = await self.credentials.relay_usage(tid, self._mcp_seen + 1)
         except AfeError as exc:
             log.warning("ticket %s: could not read the model relay's usage (counted at the next look): %s",
                         tid, exc.message)
             return 0
-        counted = self._counted()
+        self._record_mcp_calls(node_id, usage)
         added = 0
         for m in usage.models:
             i0, o0 = counted.get(m.model, (0, 0))
@@ -266,3 +282,28 @@ class RunContext:
         if added:
             self.add_tokens(added)
         return added
+
+    def _record_mcp_calls(self, node_id: str, usage: Any) -> None:
+        """An `mcp.call` event for each MCP call the relay made since the last look (R43): names,
+        digests, outcome and sizes, never the arguments or the result (R36); also in the run record."""
+        calls = list(getattr(usage, "mcp_calls", ()))
+        if not calls and not getattr(usage, "mcp_calls_total", 0):
+            return
+        first = calls[0].seq if calls else usage.mcp_calls_total + 1
+        if first > self._mcp_seen + 1:      # the relay kept only its latest calls: say how many were lost
+            self.emit("mcp.call", {"server": "", "tool": "", "outcome": "not_recorded", "node": node_id,
+                                   "via": "relay", "relay": self._relay_id, "seq": first - 1,
+                                   "missed": first - 1 - self._mcp_seen})
+        for c in calls:
+            if c.seq <= self._mcp_seen:
+                continue
+            # the payload of services/common/mcpcall.py, with the relay's own fields (who made the call
+            # is unknown to the relay: the node is the one that ran, or ended, before this look)
+            self.emit("mcp.call", {"server": c.server, "tool": c.tool, "arguments_sha256": c.arguments_sha256,
+                                   "outcome": c.outcome, "request_bytes": c.request_bytes,
+                                   "response_bytes": c.response_bytes, "duration_ms": c.duration_ms,
+                                   **({"reason": c.reason[:300]} if c.reason else {}), "node": node_id,
+                                   "via": "relay", "relay": self._relay_id, "seq": c.seq,
+                                   "tool_sha256": c.tool_sha256, "at_ms": c.at_ms})
+            self._mcp_seen = c.seq
+        self._mcp_seen = max(self._mcp_seen, first - 1)

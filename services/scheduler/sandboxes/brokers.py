@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
@@ -92,8 +92,9 @@ class CredentialBroker(Protocol):
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
                     at_ms: int, method: str = "", fence: int = 0,
                     accepted_harness_change: Sequence[str] = ()) -> cpb.MergePullRequestResponse: ...
-    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse: ...
-    async def relay_usage(self, ticket_id: str) -> cpb.RelayUsageResponse: ...
+    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int,
+                         mcp: Mapping[str, Sequence[str]] | None = None) -> cpb.OpenRelayResponse: ...
+    async def relay_usage(self, ticket_id: str, mcp_calls_from: int = 0) -> cpb.RelayUsageResponse: ...
     async def complete(self, model: str, messages: list[cpb.Message], tools: list[cpb.ToolSpec],
                        max_tokens: int, ticket_id: str, timeout: float) -> cpb.CompleteResponse: ...
     async def sign_statement(self, ticket_id: str, statement: bytes) -> str: ...
@@ -318,14 +319,18 @@ class CredentialsClient(VerificationCalls):
                 approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms,
                                             accepted_harness_change=list(accepted_harness_change))), timeout=LONG)
 
-    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse:
+    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int,
+                         mcp: Mapping[str, Sequence[str]] | None = None) -> cpb.OpenRelayResponse:
+        grants = [cpb.RelayMcpGrant(server=k, tools=list(v)) for k, v in sorted((mcp or {}).items())]
         async with rpc_errors(CREDENTIALS, "opening the model relay"):
             return await self.stub.OpenRelay(cpb.OpenRelayRequest(ticket_id=ticket_id, models=models,
-                                                                  budget_tokens=budget_tokens), timeout=SHORT)
+                                                                  budget_tokens=budget_tokens, mcp=grants),
+                                             timeout=SHORT)
 
-    async def relay_usage(self, ticket_id: str) -> cpb.RelayUsageResponse:
+    async def relay_usage(self, ticket_id: str, mcp_calls_from: int = 0) -> cpb.RelayUsageResponse:
         async with rpc_errors(CREDENTIALS, "reading the model relay's usage"):
-            return await self.stub.RelayUsage(cpb.RelayUsageRequest(ticket_id=ticket_id), timeout=SHORT)
+            return await self.stub.RelayUsage(cpb.RelayUsageRequest(ticket_id=ticket_id,
+                                                                    mcp_calls_from=mcp_calls_from), timeout=SHORT)
 
     async def close_relay(self, ticket_id: str) -> None:
         async with rpc_errors(CREDENTIALS, "closing the model relay"):

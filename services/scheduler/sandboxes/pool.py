@@ -49,7 +49,7 @@ from services.common.layout import check_ticket_id, new_ticket_id
 from services.common.metrics import SchedulerMetrics
 
 from .brokers import CredentialBroker, SandboxBroker
-from .spec import SANDBOX_KINDS, relay_models, sandbox_spec
+from .spec import SANDBOX_KINDS, relay_mcp, relay_models, sandbox_spec
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ class SandboxPool:
             await self.credentials.prepare(tid, p.workspace.name)
             if p.spec.relay:   # the relay folder must exist before the sandbox mounts it (R32)
                 await self.credentials.open_relay(tid, relay_models(self.config, p.workflow),
-                                                  p.workflow.max_tokens)
+                                                  p.workflow.max_tokens, relay_mcp(self.config, p.workflow))
             await self.sandbox.create(tid, p.spec)
         except asyncio.CancelledError:
             self._making.pop(tid, None)

@@ -1,6 +1,7 @@
 """The sandbox a workflow's tickets get on a Workspace (`sandbox_spec`), the
-variable names its agents take into it (`agent_env_names`, R9) and the
-Models its agents reach through the ticket's relay (`relay_models`, R32):
+variable names its agents take into it (`agent_env_names`, R9), the
+Models its agents reach through the ticket's relay (`relay_models`, R32)
+and the MCP servers and tools they reach through it (`relay_mcp`, R43):
 used by the executor to create a ticket's sandbox and by the warm pool to
 make one before the ticket exists."""
 
@@ -29,7 +30,8 @@ def sandbox_spec(config: Config, workflow: Workflow, workspace: Workspace) -> sp
         limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids,
                           disk_bytes=sb.limits.disk_bytes),
         egress=list(sb.egress), egress_private=list(sb.egress_private), env_names=sorted(env_names),
-        relay=bool(relay_models(config, workflow)), runtime=sb.runtime if sb.runtime != "runc" else "")
+        relay=bool(relay_models(config, workflow) or relay_mcp(config, workflow)),
+        runtime=sb.runtime if sb.runtime != "runc" else "")
 
 
 def agent_env_names(config: Config, workflow: Workflow) -> dict[str, list[str]]:
@@ -47,3 +49,16 @@ def relay_models(config: Config, workflow: Workflow) -> list[str]:
     """The Models the workflow's agents reach through the ticket's relay (R32)."""
     return sorted({config.agents[n.agent].model or "" for n in workflow.nodes
                    if n.kind == "agent" and n.agent in config.agents and config.agents[n.agent].model})
+
+
+def relay_mcp(config: Config, workflow: Workflow, node_id: str | None = None) -> dict[str, list[str]]:
+    """The remote MCP servers, and the tools of each, the workflow's agents (or agent node
+    `node_id`) reach through the ticket's relay (R43); a stdio server runs in the sandbox itself."""
+    if not any(n.kind == "agent" and (node_id is None or n.id == node_id) for n in workflow.nodes):
+        return {}       # a model node's MCP tools are called by the scheduler, never from the sandbox
+    out: dict[str, list[str]] = {}
+    for g in workflow.mcp_grants(node_id):
+        s = config.mcp_servers.get(g.server)
+        if s is not None and s.remote:
+            out[g.server] = sorted(g.tools)
+    return dict(sorted(out.items()))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives import serialization
@@ -188,11 +188,12 @@ class FakeCredentials:
         pr.state, pr.merge_sha = "merged", "m" * 40
         return cpb.MergePullRequestResponse(merged=True, merge_sha=pr.merge_sha)
 
-    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse:
+    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int,
+                         mcp: Mapping[str, Sequence[str]] | None = None) -> cpb.OpenRelayResponse:
         self._call("open_relay")
         return cpb.OpenRelayResponse(capability="relay-capability")
 
-    async def relay_usage(self, ticket_id: str) -> cpb.RelayUsageResponse:
+    async def relay_usage(self, ticket_id: str, mcp_calls_from: int = 0) -> cpb.RelayUsageResponse:
         self._call("relay_usage")
         return cpb.RelayUsageResponse()
 

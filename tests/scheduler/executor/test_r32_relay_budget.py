@@ -14,6 +14,7 @@ Workflow's maxTokens."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 
 import aiohttp
 import pytest
@@ -81,17 +82,20 @@ class RelayCredentials(FakeCredentials):
         super().__init__()
         self.hub = hub
 
-    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int) -> cpb.OpenRelayResponse:
+    async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int,
+                         mcp: Mapping[str, Sequence[str]] | None = None) -> cpb.OpenRelayResponse:
         self._call("open_relay")
-        return cpb.OpenRelayResponse(capability=await self.hub.open(ticket_id, models, budget_tokens))
+        return cpb.OpenRelayResponse(capability=await self.hub.open(ticket_id, models, budget_tokens, mcp))
 
-    async def relay_usage(self, ticket_id: str) -> cpb.RelayUsageResponse:
+    async def relay_usage(self, ticket_id: str, mcp_calls_from: int = 0) -> cpb.RelayUsageResponse:
         self._call("relay_usage")
         usage, budget, is_open = self.hub.usage(ticket_id)
+        calls, total = self.hub.mcp_calls(ticket_id, mcp_calls_from)
         return cpb.RelayUsageResponse(
             models=[cpb.ModelUsage(model=k, input_tokens=u.input_tokens, output_tokens=u.output_tokens,
                                    requests=u.requests, refused=u.refused) for k, u in sorted(usage.items())],
-            total_tokens=sum(u.total for u in usage.values()), budget_tokens=budget, open=is_open)
+            total_tokens=sum(u.total for u in usage.values()), budget_tokens=budget, open=is_open,
+            mcp_calls=[cpb.RelayMcpCall(**c) for c in calls], mcp_calls_total=total)
 
     async def release(self, ticket_id: str, workspace: str) -> None:
         self._call("release")
@@ -128,7 +132,7 @@ async def _run(harness, tmp_path, monkeypatch, *, old_accounting: bool) -> tuple
         h.credentials = RelayCredentials(hub)
         h.sandbox = LeakySandbox(layout, leaked)
 
-        async def agent(*, ticket_id, node, agent, prompt, sandbox, emit, env) -> str:
+        async def agent(*, ticket_id, node, agent, prompt, sandbox, emit, env, mcp_servers=()) -> str:
             leaked[ticket_id] = env["ANTHROPIC_API_KEY"]      # e.g. written into /workspace
             return json.dumps([await _call(layout, ticket_id, env["ANTHROPIC_API_KEY"])
                                for word in prompt.split() if word == "call"])

@@ -5,7 +5,10 @@ the relay opens with the node's budget before the agent starts (what the
 relay counted for the ticket so far, whichever node made the calls, is the
 ticket's first), the agent's environment carries the relay's base URL and
 capability, and what the relay counted is recorded as `model.usage` events
-afterwards, whatever the outcome.
+afterwards, whatever the outcome. The remote MCP servers the Workflow
+grants reach the agent the same way (R43): `session/new` names each at the
+relay with the ticket's capability, and the calls the relay made become
+`mcp.call` events.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 from services.common.config import Node
 from services.common.errors import FailedPrecondition
 
+from ...sandboxes.spec import relay_mcp
 from ..context import RunContext
 
 try:
@@ -33,11 +37,11 @@ async def agent_node(ctx: RunContext, node: Node) -> str:
     async def emit(type_: str, payload: dict[str, Any]) -> None:
         ctx.emit(type_, {"node": node.id, **payload})
 
-    if agent.model:
+    if agent.model or relay_mcp(ctx.config, ctx.workflow, node.id):
         await ctx.open_relay(node)
     try:
         return await run_agent_node(ticket_id=ctx.ticket.id, node=node, agent=agent,
                                     prompt=ctx.prompt(node), sandbox=ctx.sandbox.stub_for(ctx.ticket.id),
-                                    emit=emit, env=ctx.agent_env(agent))
+                                    emit=emit, env=ctx.agent_env(agent), mcp_servers=ctx.agent_mcp_servers(node))
     finally:
         await asyncio.shield(ctx.settle_relay(node))

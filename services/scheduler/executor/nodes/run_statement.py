@@ -40,7 +40,10 @@ TEXT_MAX = 500                 # characters of one string of the verification ke
 LIST_MAX = 200                 # entries of one list of the verification kept
 COUNT_KEYS = ("ran", "passed", "failed", "errors", "skipped", "deselected")
 # what the run made, attributed to the head only when afe's run pushed it
-RUN_KEYS = ("prompts", "usage", "commands", "agent_commands", "agents", "models")
+RUN_KEYS = ("prompts", "usage", "commands", "agent_commands", "agents", "models", "mcp_calls")
+MCP_CALLS_KEPT = 1000          # MCP calls named in the record (the first; `omitted` counts the rest)
+MCP_CALL_KEYS = ("node", "via", "server", "tool", "arguments_sha256", "outcome", "request_bytes",
+                 "response_bytes", "duration_ms")
 
 
 def digest(text: str) -> str:
@@ -76,6 +79,7 @@ def statement(config: Config, store: Store, t: TicketRecord, sha: str, *, pr: Pu
         "usage": _usage(events),
         "commands": _commands(store, t, wf, events),
         "agent_commands": _agent_commands(events),
+        "mcp_calls": _mcp_calls(events),
         "verification": verification_record(verification),
     }
     pushed = afe_pushed(store, t.id)
@@ -296,6 +300,23 @@ def _commands(store: Store, t: TicketRecord, wf: Workflow,
                 codes.append(int(m.group(1)) if m else None)
         out.append({"node": n.id, "command": n.run or "", "command_sha256": digest(n.run or ""),
                     "exit_codes": codes})
+    return out
+
+
+def _mcp_calls(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each MCP call of the run (the `mcp.call` events, R43: an agent's through the relay, `via`
+    relay; a model node's through the broker, `via` broker): server and tool names, the digest of
+    the arguments, the outcome and sizes; never the arguments, the result or a reason's text. A
+    call the relay could no longer name is an entry of outcome `not_recorded` with the count."""
+    out: list[dict[str, Any]] = []
+    for p in _payloads(events, "mcp.call"):
+        entry = {k: (_int(p.get(k)) if k.endswith(("_bytes", "_ms")) else _text(p.get(k, ""), 200))
+                 for k in MCP_CALL_KEYS}
+        if p.get("outcome") == "not_recorded":
+            entry["count"] = _int(p.get("missed"))
+        out.append(entry)
+    if len(out) > MCP_CALLS_KEPT:
+        out[MCP_CALLS_KEPT - 1:] = [{"outcome": "omitted", "count": len(out) - MCP_CALLS_KEPT + 1}]
     return out
 
 
