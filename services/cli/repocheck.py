@@ -58,6 +58,31 @@ async def _local(config: Config, ws: Workspace, runner) -> str | None:
     return None
 
 
+async def _base_paths(config: Config, ws: Workspace, runner) -> list[str]:
+    """Every `verify.base_paths` entry of the Workspace's workflows is on its base branch:
+    the clean room takes each from there, so one the branch lacks fails every verification
+    to run, found only once a ticket's change waits for its approval."""
+    from services.credentials.localforge import git_dir
+
+    path = local_path(config, ws)
+    assert path is not None
+    gdir = git_dir(path, ws.name)
+    problems = []
+    for wf in sorted(config.workflows.values(), key=lambda w: w.name):
+        if wf.workspace != ws.name or wf.verify is None:
+            continue
+        for p in wf.verify.base_paths:
+            name = p.rstrip("/")
+            res = await runner.run(["cat-file", "-e", f"refs/heads/{ws.base_branch}:{name}"], git_dir=gdir,
+                                   check=False, what="git cat-file")
+            if res.returncode != 0:
+                problems.append(f"{wf.source} Workflow {wf.name} verify.base_paths: {p!r} is not on "
+                                f"{ws.base_branch} of {path}, and every verification takes it from there; "
+                                "name a folder or file the base branch has (its tests, e.g. tests/), "
+                                "or remove it")
+    return problems
+
+
 async def _remote(ws: Workspace, runner, helper: Path, environ: Mapping[str, str]) -> str | None:
     from services.credentials.askpass import askpass_env
 
@@ -114,6 +139,8 @@ def check_repositories(config: Config, *, online: bool, environ: Mapping[str, st
             for ws in sorted(config.workspaces.values(), key=lambda w: w.name):
                 if local_path(config, ws) is not None:
                     line = await _local(config, ws, runner)
+                    if line is None:
+                        problems += await _base_paths(config, ws, runner)
                 elif online:
                     line = await _remote(ws, runner, helper, environ)
                 else:

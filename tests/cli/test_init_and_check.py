@@ -157,3 +157,36 @@ def test_images_build_builds_the_project_image(tmp_path, capsys):
         assert r.stdout.strip() == "10001"
     finally:
         subprocess.run(["docker", "image", "rm", "-f", image], capture_output=True, check=False)
+
+
+VERIFY_WF = """\
+kind: Workflow
+name: wf
+workspace: ws
+verify:
+  run: ["python3 -m pytest -q"]
+  base_paths: [tests/]
+nodes:
+  - {id: test, run: "python3 -m pytest -q"}
+  - {id: pr, uses: builtin:open_pr, needs: [test]}
+  - {id: merge, uses: builtin:merge, needs: [pr]}
+"""
+
+
+def test_check_refuses_verify_base_paths_the_base_branch_lacks(tmp_path, capsys):
+    """The GUIDE's `verify:` (base_paths: [tests/]) pasted into a project whose tests sit
+    at the top: `afe check` names it, instead of every ticket failing at its approval
+    with "verification could not run". Control: once the base branch has tests/, it passes."""
+    repo = project(tmp_path, files={"calc.py": "def add(a, b):\n    return a - b\n",
+                                    "test_calc.py": "from calc import add\n"})
+    conf = _config(tmp_path, "../My Project", VERIFY_WF)
+    code, _, err = afe(capsys, "check", "--config", str(conf))
+    assert code == 1, err
+    assert "afe.yaml#2 Workflow wf verify.base_paths: 'tests/' is not on trunk of" in err, err
+    assert "name a folder or file the base branch has" in err
+
+    (repo / "tests").mkdir()
+    git("mv", "test_calc.py", "tests/test_calc.py", cwd=repo)
+    git("commit", "-qm", "tests/", cwd=repo)
+    code, _, err = afe(capsys, "check", "--config", str(conf))
+    assert code == 0, err
