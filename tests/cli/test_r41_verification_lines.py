@@ -39,5 +39,6 @@ def test_r41_show_lists_each_verification_and_its_commands(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "verification failed: `python -m pytest -q` exited 1 (tests/ from main) on aaaaaaaaaaaa"
     assert out[1] == "    python -m pytest -q: exit 1 (1.5s)"
-    assert out[2].startswith("verification passed: 1 command on ")
-    assert out[3] == "    make xlint: exit 0 (0.0s)"      # the template shown without backticks or line breaks
+    assert out[2] == "    merged onto main at " + "b" * 12             # the base the head was verified on
+    assert out[3].startswith("verification passed: 1 command on ")
+    assert out[4] == "    make xlint: exit 0 (0.0s)"      # the template shown without backticks or line breaks

@@ -13,14 +13,11 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from services.common.errors import AfeError, InvalidArgument
 
 from ...sandboxes.brokers import SandboxBroker
-
-if TYPE_CHECKING:
-    from .mcptools import NodeMcpTools
 
 OUTPUT_CAP = 32 * 1024       # characters of a tool result handed back to the model
 RUN_OUTPUT_CAP = 64 * 1024   # bytes of command output the broker keeps
@@ -32,6 +29,14 @@ class ToolDef:
     name: str
     description: str
     schema: dict[str, Any]
+
+
+class ExtraTools(Protocol):
+    """Tools a node has besides afe's own: its MCP tools (mcptools.py's NodeMcpTools)."""
+
+    def specs(self) -> list[ToolDef]: ...
+    def owns(self, name: str) -> bool: ...
+    async def call(self, name: str, args: dict[str, Any]) -> tuple[str, bool]: ...
 
 
 def _obj(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -105,7 +110,7 @@ class Toolbox:
 
     def __init__(self, sandbox: SandboxBroker, ticket_id: str, allowed: tuple[str, ...],
                  on_output: Callable[[str, str], Awaitable[None]] | None = None,
-                 mcp: NodeMcpTools | None = None) -> None:
+                 mcp: ExtraTools | None = None) -> None:
         self.sandbox = sandbox
         self.ticket_id = ticket_id
         self.allowed = tuple(t for t in allowed if t in TOOLS)
