@@ -56,6 +56,7 @@ from services.common.layout import verify_id
 from services.common.verification import failure_line
 
 from ...events.log import now_ms
+from ...sandboxes.spec import egress_rules_spec
 from ...store.base import ApprovalRecord, LeaseLost, PullRequestRecord
 from ...store.verification_records import BASE, HEAD, VerificationRecord
 from .. import brokercalls
@@ -67,8 +68,9 @@ log = logging.getLogger(__name__)
 OUTPUT_CAP = 1024 * 1024          # bytes of one command's output the broker streams
 SUMMARY_CHARS = 16 * 1024         # of each command's output, read for its test runner's summary
 # What the clean room takes from the base and how a verdict is reached: part of
-# the configuration digest, so a stored verdict of older rules is not reused.
-RULES = "r41-merge-harness-counts-1"
+# the configuration digest, so a stored verdict of older rules is not reused
+# (2: distribution metadata, pytest.toml, shared files at any depth, -m modules).
+RULES = "r41-merge-harness-counts-2"
 
 
 class VerificationFailed(FailedPrecondition):
@@ -87,14 +89,14 @@ def base_owner(workspace: str) -> str:
 
 def verify_spec(workspace: Workspace) -> spb.SandboxSpec:
     """The verification sandbox: the workspace's own settings only — its image
-    (never an agent's), limits, runtime and declared egress; no relay, no env names."""
+    (never an agent's), limits, runtime and declared egress (with its rules, R44); no relay, no env names."""
     sb = workspace.sandbox
     return spb.SandboxSpec(
         image=sb.image,
         limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids,
                           disk_bytes=sb.limits.disk_bytes),
         egress=list(sb.egress), egress_private=list(sb.egress_private), env_names=[], relay=False,
-        runtime=sb.runtime if sb.runtime != "runc" else "")
+        egress_rules=egress_rules_spec(sb), runtime=sb.runtime if sb.runtime != "runc" else "")
 
 
 def config_digest(verify: Verify, workspace: Workspace) -> str:
@@ -128,7 +130,8 @@ async def _verified(ctx: RunContext, node: Node, sha: str) -> VerificationRecord
         raise
     except AfeError as exc:
         message = (f"verification could not run: {exc.message}; nothing was recorded for head {sha[:12]}: "
-                   f"`afe ticket retry {ctx.ticket.id}` runs it again")
+                   f"`afe ticket retry {ctx.ticket.id}` runs it again (when the cause is in verify: or the "
+                   "Workspace, fix the manifest and restart afe up first)")
         ctx.emit("verification.error", {"node": node.id, "sha": sha, "message": exc.message})
         raise VerificationNotRun(message) from None
 
@@ -167,6 +170,9 @@ class _Room:
         self.tid = ctx.ticket.id
         self.vid = verify_id(self.tid)
         self.rendered = [(t, ctx.render_command(t, node.id)) for t in verify.run]
+        values = [args for _, (_, args) in self.rendered]
+        if any(values):   # the ticket's values ($1..) decide what the commands run, the base's run too
+            self.digest = hashlib.sha256(json.dumps([digest, values]).encode()).hexdigest()[:32]
 
     async def head(self, sha: str) -> VerificationRecord:
         ctx, ws = self.ctx, self.ctx.workspace
