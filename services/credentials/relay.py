@@ -226,6 +226,8 @@ class RelayHub:
                 await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
             self.states.path(ticket_id).unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self.states.calls_path(ticket_id).unlink()
         d = self.layout.relay_dir(ticket_id)
         with contextlib.suppress(FileNotFoundError):
             (d / RELAY_SOCKET).unlink()
@@ -456,14 +458,20 @@ class RelayHub:
 
     def _record_mcp(self, t: TicketRelay, server: str, call: Call, outcome: str, response_bytes: int,
                     reason: str, started: float) -> None:
-        t.add_mcp_call({"server": server, "tool": call.tool, "tool_sha256": call.tool_sha256,
+        call = t.add_mcp_call({"server": server, "tool": call.tool, "tool_sha256": call.tool_sha256,
                         "arguments_sha256": call.arguments_sha256, "outcome": outcome,
                         "request_bytes": call.request_bytes, "response_bytes": response_bytes,
                         "at_ms": int(time.time() * 1000),
                         "duration_ms": int((time.monotonic() - started) * 1000), "reason": reason[:500]})
-        if not t.closed:
-            try:
-                self.states.save(t)
-            except OSError as exc:
-                self.limiter.throttle.note(f"{t.ticket_id}:save", f"could not save the relay state of ticket "
-                                           f"{t.ticket_id}: {exc.strerror}")
+        # kept in memory now (the scheduler reads it from there); on disk, for a restart, just after
+        # the answer is on its way
+        asyncio.get_running_loop().call_soon(self._save_mcp_call, t, call)
+
+    def _save_mcp_call(self, t: TicketRelay, call: dict) -> None:
+        if t.closed:
+            return
+        try:
+            self.states.append_call(t, call)
+        except OSError as exc:
+            self.limiter.throttle.note(f"{t.ticket_id}:save", f"could not save the relay state of ticket "
+                                       f"{t.ticket_id}: {exc.strerror}")

@@ -234,10 +234,11 @@ class McpRelay:
                     resp = web.StreamResponse(status=up.status, headers={
                         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                         **self._back_headers(t, server.name, up)})
-                    await self._stream(t, server.name, up, request, resp, pending, tools, self.max_response)
+                    whole = await self._stream(t, server.name, up, request, resp, pending, tools,
+                                               self.max_response)
                     self._finish(t, server.name, pending, "no_answer", "the stream ended without the answer")
-                    if not resp.prepared:
-                        await resp.prepare(request)
+                    if whole is not None:     # it ended after one event: one answer, written at once
+                        return web.Response(body=whole, status=up.status, headers=resp.headers)
                     await resp.write_eof()
                     return resp
                 return self._failed(t, server.name, pending, 502, "error",
@@ -323,13 +324,18 @@ class McpRelay:
         return self._json(t, server, doc, up.status, self._back_headers(t, server, up))
 
     async def _stream(self, t: TicketRelay, server: str, up: aiohttp.ClientResponse, request: web.Request,
-                      resp: web.StreamResponse, pending: _Pending | None, tools: frozenset[str], cap: int) -> None:
+                      resp: web.StreamResponse, pending: _Pending | None, tools: frozenset[str],
+                      cap: int) -> bytes | None:
         """Copy an event stream: each JSON-RPC event filtered, re-serialized and masked; any other event
         dropped. `cap`: the bytes the whole stream may carry (0: no cap, only the size of one event).
-        `resp` is sent from its first event on, so a failure before it is still a JSON-RPC error."""
+        A POST's stream (`pending`) is sent as it comes until every request has its answer; what
+        comes from then on is held, and a stream that ends there (a tool's answer, the usual case)
+        is returned whole, for the caller to send in one write instead of three; a failure before
+        anything is sent is still a JSON-RPC error."""
         reader = SseReader(self.max_response)
         total = 0
         dropped = 0
+        held: list[bytes] = []
 
         async def send(events: list) -> None:
             nonlocal dropped
@@ -350,10 +356,16 @@ class McpRelay:
                     head += f"id: {eid}\n" if "\n" not in eid and "\r" not in eid else ""
                 if ev.retry:
                     head += f"retry: {ev.retry}\n"
+                data = head.encode() + b"event: message\ndata: " + self._redact(t, server, encode(doc)) + b"\n\n"
+                if pending is not None and not resp.prepared and not pending.requests:
+                    held.append(data)      # every request is answered: the stream is ending
+                    continue
                 if not resp.prepared:
                     await resp.prepare(request)
-                await resp.write(head.encode() + b"event: message\ndata: " + self._redact(t, server, encode(doc))
-                                 + b"\n\n")
+                if held:
+                    data = b"".join(held) + data
+                    held.clear()
+                await resp.write(data)
 
         async for chunk in up.content.iter_any():
             total += len(chunk)
@@ -364,6 +376,11 @@ class McpRelay:
         if dropped:
             self.throttle.note(f"{t.ticket_id}:mcp:{server}:dropped", f"MCP relay of ticket {t.ticket_id}: "
                                f"dropped {dropped} event(s) of MCP server {server!r} that were not JSON-RPC")
+        if pending is not None and not resp.prepared:
+            return b"".join(held)
+        if held:
+            await resp.write(b"".join(held))
+        return None
 
     async def _other(self, request: web.Request, t: TicketRelay, server: McpServer,
                      tools: frozenset[str]) -> web.StreamResponse:

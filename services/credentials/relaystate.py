@@ -48,8 +48,7 @@ class TicketRelay:
         return {"capability": self.capability, "models": list(self.models), "budget": self.budget,
                 "usage": {k: [u.input_tokens, u.output_tokens, u.requests, u.refused]
                           for k, u in self.usage.items()},
-                "mcp": {k: list(v) for k, v in self.mcp.items()}, "mcp_calls": self.mcp_calls,
-                "mcp_seq": self.mcp_seq}
+                "mcp": {k: list(v) for k, v in self.mcp.items()}}
 
     def add_mcp_call(self, call: dict) -> dict:
         """Number `call` and keep it (the oldest are forgotten past MCP_CALLS_KEPT)."""
@@ -61,13 +60,49 @@ class TicketRelay:
 
 
 class RelayStates:
-    """The state files, `<state_dir>/<ticket>.json` (0600, written atomically)."""
+    """The state files, `<state_dir>/<ticket>.json` (0600, written atomically), and each
+    ticket's MCP calls, `<state_dir>/<ticket>.mcp.jsonl` (0600, one line appended per call, so
+    recording a call costs one small write; rewritten with the latest calls when it grows)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
 
     def path(self, ticket_id: str) -> Path:
         return self.state_dir / f"{check_ticket_id(ticket_id)}.json"
+
+    def calls_path(self, ticket_id: str) -> Path:
+        return self.state_dir / f"{check_ticket_id(ticket_id)}.mcp.jsonl"
+
+    def append_call(self, t: TicketRelay, call: dict) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.calls_path(t.ticket_id)
+        if t.mcp_seq % (2 * MCP_CALLS_KEPT) == 0:        # compact: only the calls still kept
+            tmp = path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.writelines(json.dumps(c) + "\n" for c in t.mcp_calls)
+            os.replace(tmp, path)
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, (json.dumps(call) + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def _calls(self, ticket_id: str) -> list[dict]:
+        try:
+            lines = self.calls_path(ticket_id).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines[-MCP_CALLS_KEPT:]:
+            try:
+                c = json.loads(line)
+            except ValueError:       # a line cut by a crash
+                continue
+            if isinstance(c, dict) and isinstance(c.get("seq"), int):
+                out.append(c)
+        return out
 
     def save(self, t: TicketRelay) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -83,9 +118,9 @@ class RelayStates:
             doc = json.loads(self.path(ticket_id).read_text())
             usage = {k: Usage(*[int(x) for x in v]) for k, v in doc.get("usage", {}).items()}
             mcp = {str(k): tuple(str(x) for x in v) for k, v in (doc.get("mcp") or {}).items()}
-            calls = [c for c in doc.get("mcp_calls") or [] if isinstance(c, dict)][-MCP_CALLS_KEPT:]
+            calls = self._calls(ticket_id)
             return TicketRelay(ticket_id, str(doc["capability"]), tuple(doc["models"]), int(doc["budget"]), usage,
-                               mcp=mcp, mcp_calls=calls, mcp_seq=int(doc.get("mcp_seq") or 0))
+                               mcp=mcp, mcp_calls=calls, mcp_seq=max((c["seq"] for c in calls), default=0))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError):

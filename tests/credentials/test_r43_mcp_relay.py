@@ -326,3 +326,39 @@ async def test_r43_grants_and_calls_survive_a_broker_restart(tmp_path, hub, srv)
         assert [c["seq"] for c in again.mcp_calls("t8", 2)[0]] == [2]
     finally:
         await again.aclose()
+
+
+SSE_CONFIG = """\
+kind: McpServer
+name: monitor
+url: http://127.0.0.1:9/sse
+transport: sse
+---
+kind: Agent
+name: coder
+type: acp
+command: [coder-acp]
+---
+kind: Workflow
+name: w
+mcp: {monitor: [get_issue]}
+nodes:
+  - {id: code, agent: coder, prompt: "x"}
+"""
+
+
+async def test_r43_an_sse_server_is_not_served_to_agents_and_afe_check_says_so(tmp_path):
+    from services.common.errors import ConfigError
+    from services.common.manifests import load_config
+
+    (tmp_path / "afe.yaml").write_text(SSE_CONFIG)
+    with pytest.raises(ConfigError, match="Streamable HTTP"):
+        load_config(tmp_path)
+    (tmp_path / "afe.yaml").write_text(SSE_CONFIG.replace("transport: sse", "transport: http"))
+    load_config(tmp_path)                                     # positive control: the same, over Streamable HTTP
+    h = _hub(tmp_path, {"monitor": McpServer("monitor", "sse", url="http://127.0.0.1:9/sse")})
+    try:
+        with pytest.raises(Exception, match="Streamable HTTP"):
+            await h.open("t9", [], 0, {"monitor": ["get_issue"]})
+    finally:
+        await h.aclose()

@@ -172,6 +172,11 @@ def grant_problems(loader: Loader, declared: Collection[str]) -> list[str]:
                 out.append(f"{where} {p}: list the tools the agents may call, e.g. {g.server}: [get_issue]; "
                            f"the relay passes only listed tools of a remote server (R43), so "
                            f"{MCP_ALL_TOOLS!r} is not accepted for it")
+            elif s.transport == "sse":
+                out.append(f"{where} {p}: McpServer {show(g.server)} speaks the older HTTP+SSE (transport: sse), "
+                           "which the relay does not serve to agents; agents reach servers that speak Streamable "
+                           "HTTP (transport: http). A model node can use it: tools: [mcp:"
+                           f"{g.server}/TOOL]")
             elif not s.remote and g.tools != (MCP_ALL_TOOLS,):
                 out.append(f"{where} {p}: McpServer {show(g.server)} runs inside the sandbox (command:), where "
                            f"afe cannot filter its tools; write {g.server}: {MCP_ALL_TOOLS} to let the agents "
