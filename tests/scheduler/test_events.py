@@ -13,6 +13,7 @@ from services.common.errors import NotFound
 from services.common.redact import Redactor
 from services.scheduler.events.log import EventLog
 from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.worker import ThreadedStore
 from tests.support.postgres import open_store_url
 
 pytestmark = pytest.mark.timeout(60)
@@ -20,13 +21,15 @@ pytestmark = pytest.mark.timeout(60)
 SECRET = "s3cr3t-Value-9f8e7d6c"
 
 
-@pytest.fixture
-def make_log(store_url, tmp_path):
-    """An EventLog on a new store of each backend."""
+@pytest.fixture(params=["on-the-loop", "own-thread"])
+def make_log(store_url, tmp_path, request):
+    """An EventLog on a new store of each backend, called where it is made or,
+    as in the scheduler, on the store's own thread (store/worker.py)."""
     stores = []
 
     def make(redactor: Redactor | None = None) -> EventLog:
-        stores.append(open_store_url(store_url, tmp_path))
+        store = open_store_url(store_url, tmp_path)
+        stores.append(ThreadedStore(store) if request.param == "own-thread" else store)
         return EventLog(stores[-1], redactor or Redactor())
 
     yield make

@@ -190,7 +190,7 @@ class EventLog(EventWrites):
         if text is None or "\\" in text or len(text) > MAX_STRING:
             text = _encode_slow(payload or {}, self._strings)
         if self.unavailable_since is not None and type_ in DROPPABLE and (
-                len(self._unstored) + len(self._buffer) >= MAX_UNSTORED):
+                len(self._unstored) + len(self._buffer) + self._inflight_n >= MAX_UNSTORED):
             return self._lose(ticket_id, type_)
         try:
             seq = self._seq[ticket_id] + 1
@@ -215,11 +215,13 @@ class EventLog(EventWrites):
         self.flush(write=self.unavailable_since is None)
 
     def flush(self, write: bool = True) -> None:
-        """Redact the buffered events and write them, after any earlier ones
-        the store did not take yet. Never raises for the store: events it
-        cannot take now are kept, in order with their seqs, and written again
-        later (`_retry_later`); only what it refuses for good is reported on
-        the ticket as lost (`_store_apart`)."""
+        """Redact the buffered events and hand them to the store, after any
+        earlier ones it did not take yet (writes.py: on the store's own
+        thread, in order; a statement submitted after this call runs after
+        them). Never raises for the store: events it cannot take now are
+        kept, in order with their seqs, and written again later
+        (`_retry_later`); only what it refuses for good is reported on the
+        ticket as lost (`_store_apart`)."""
         self._flush_scheduled = False
         if self._buffer:
             batch, self._buffer = self._buffer, []
@@ -233,25 +235,12 @@ class EventLog(EventWrites):
                          for ev in batch]
             if self._unstored:
                 self._unstored.extend(batch)
-                batch = self._unstored
-        elif self._unstored:
-            batch = self._unstored
-        else:
+            else:
+                self._unstored = batch
+        elif not self._unstored:
             return
-        self._unstored = batch
-        if not write:
-            return
-        try:
-            stored = self._store(batch)
-        except Unavailable as exc:
-            self._unavailable(exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - refused for good: said loudly, on the ticket too
-            stored = self._store_apart(batch, exc)
-        self._unstored = []
-        self._stored_again()
-        if self._watchers and stored:
-            self.delivered(stored)
+        if write:
+            self._write()
 
     def delivered(self, batch: Sequence[tuple[str, int, str, str, int]]) -> None:
         """Hand stored events to live watchers (also used for events the store
@@ -324,12 +313,18 @@ class EventLog(EventWrites):
                     while not q.empty():
                         q.get_nowait()
                     q.behind = False
-                    while page := self.store.events(ticket_id, sent + 1, 1000):
-                        for ev in page:
-                            yield ev
-                            sent = ev.seq
-                            if ev.type == FINAL_EVENT:
-                                return
+                    try:
+                        while page := self.store.events(ticket_id, sent + 1, 1000):
+                            for ev in page:
+                                yield ev
+                                sent = ev.seq
+                                if ev.type == FINAL_EVENT:
+                                    return
+                    except Unavailable:
+                        # The store does not answer (store/worker.py): the watch stays open and reads
+                        # from its cursor again once it does; nothing it missed is skipped.
+                        q.behind = True
+                        await asyncio.sleep(WATCH_POLL_S)
                     continue
                 # The common case: the next events in order, none of them final.
                 if (evs[0][1] == sent + 1 and evs[-1][1] == sent + len(evs)

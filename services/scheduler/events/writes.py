@@ -12,20 +12,30 @@ event is lost and no loss is hidden.
   another scheduler wrote the ticket meanwhile (docs/SCALE.md). Events that
   were truly never stored are never hidden that way: the ticket gets an
   `events.lost` event saying how many and why, where they went missing.
+- A batch is written on the store's own thread (store/worker.py), never on
+  the event loop: `_write` queues it there (one `Chain`: a batch after one
+  that failed is not written) and `_written` takes the outcome on the loop,
+  batch by batch in order. A failed batch and every later one in flight go
+  back to the front of what waits. While the store is failing only the batch
+  in flight is out; the others wait for its outcome. A store without its own
+  thread (tools, tests) writes at once, in the caller's thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from time import time_ns
 from typing import Any, cast
 
-from services.common.errors import FailedPrecondition
+from services.common.errors import FailedPrecondition, Unavailable
 
 from ..store.base import EventRecord, LeaseLost, Store
+from ..store.worker import Chain, StoreJob, ThreadedStore, store_failing, submit
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,13 @@ class _LossMarker:
     at_ms: int
     count: int = 0
     types: dict[str, int] = field(default_factory=dict)
+    sealed: bool = False     # its payload went out with a batch: later losses count in a new marker
+
+
+Event = tuple[str, int, str, str, int]      # EventRecord's fields, in order
+# A batch handed to the store's thread: (the events as kept, as written with the
+# losses filled in, its job).
+InFlight = tuple[list[Event], list[Event], StoreJob[None]]
 
 
 def _json(data: object) -> str:
@@ -63,25 +80,113 @@ class EventWrites:
     _seq: dict[str, int]
     _buffer: list[tuple[str, int, str, str, int]]
     _unstored: list[tuple[str, int, str, str, int]]
+    _inflight: deque[InFlight]
+    _inflight_n: int
+    _chain: Chain
     _retry_handle: asyncio.TimerHandle | None
     _retries: int
     _lost_marker: dict[str, _LossMarker]
+    _markers: dict[tuple[str, int], _LossMarker]
     unavailable_since: int | None
     unavailable_reason: str
     lost_metric: Any
+    _watchers: dict
 
     def _init_writes(self) -> None:
-        # Redacted events the store did not take yet, in seq order (flush).
+        # Redacted events not handed to the store yet, in seq order (flush).
         self._unstored = []
+        # Batches on the store's thread, oldest first, and how many events they hold.
+        self._inflight = deque()
+        self._inflight_n = 0
+        self._chain = Chain()
         self._retry_handle = None
         self._retries = 0
-        self._lost_marker = {}
+        self._lost_marker = {}          # ticket -> the marker its losses count in now
+        self._markers = {}              # (ticket, seq) -> every marker not stored yet
         self.unavailable_since = None   # ms: the store has not taken events since
         self.unavailable_reason = ""
         self.lost_metric = None         # counter {reason} (metrics.SchedulerMetrics.events_lost)
 
     def flush(self, write: bool = True) -> None:
         raise NotImplementedError
+
+    def delivered(self, batch: Any) -> None:
+        raise NotImplementedError
+
+    # -- the store's thread ------------------------------------------------------------
+
+    def _write(self) -> None:
+        """Hand the events that wait to the store's thread (after the batches in flight)."""
+        if not self._unstored:
+            return
+        if self._inflight and store_failing(self.store):
+            return      # the batch in flight meets the store first; these follow its outcome
+        batch, self._unstored = self._unstored, []
+        sent = self._finish_markers(batch)
+        job = submit(self.store, lambda s: s.append_events(cast(list[EventRecord], sent)), self._chain)
+        entry: InFlight = (batch, sent, job)
+        self._inflight.append(entry)
+        self._inflight_n += len(batch)
+        if not isinstance(self.store, ThreadedStore):
+            self._written(entry)            # written here, in this call
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            job.done.wait()                 # no loop (a tool): wait for it here
+            self._written(entry)
+            return
+
+        def done(_job: StoreJob[None]) -> None:
+            with contextlib.suppress(RuntimeError):     # the loop is closed: the process is stopping
+                loop.call_soon_threadsafe(self._written, entry)
+        job.add_done_callback(done)
+
+    def _written(self, entry: InFlight) -> None:
+        """A batch's outcome, on the loop, in the order the batches went out."""
+        if not self._inflight or self._inflight[0] is not entry:
+            return      # handed back already: an earlier batch failed
+        self._inflight.popleft()
+        batch, sent, job = entry
+        self._inflight_n -= len(batch)
+        if job.error is None:
+            self._stored(sent)
+            if self._unstored and self.unavailable_since is None:
+                self._write()
+            return
+        later = [ev for b, _sent, _job in self._inflight for ev in b]     # not written either (Chain)
+        self._inflight.clear()
+        self._inflight_n = 0
+        self._chain = Chain()
+        self._unstored = batch + later + self._unstored
+        if isinstance(job.error, Unavailable):
+            self._unavailable(job.error)
+            return
+        self._write_now()       # refused (a takeover, another writer, an error): handled here, as before
+
+    def _write_now(self) -> None:
+        """Write what waits in this call, through `_store`'s checks (on a
+        ThreadedStore, each statement a synchronous call of its thread)."""
+        batch = self._unstored
+        try:
+            stored = self._store(batch)
+        except Unavailable as exc:
+            self._unavailable(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - refused for good: said loudly, on the ticket too
+            stored = self._store_apart(batch, exc)
+        self._unstored = []
+        self._markers = {k: m for k, m in self._markers.items() if not m.sealed}
+        self._stored(stored)
+
+    def _stored(self, stored: list[Event]) -> None:
+        if self._markers:
+            for ev in stored:
+                if ev[2] == LOST_EVENT:
+                    self._markers.pop((ev[0], ev[1]), None)
+        self._stored_again()
+        if self._watchers and stored:
+            self.delivered(stored)
 
     def _unavailable(self, exc: Exception) -> None:
         """Keep what was not stored; past MAX_UNSTORED, count further events
@@ -113,7 +218,7 @@ class EventWrites:
         self.unavailable_since = None
         self.unavailable_reason = ""
         self._retries = 0
-        self._lost_marker.clear()
+        self._lost_marker.clear()       # a marker still waiting is in _markers
         if self._retry_handle is not None:
             self._retry_handle.cancel()
             self._retry_handle = None
@@ -123,10 +228,11 @@ class EventWrites:
         kept, and the ticket's `events.lost` event (one per outage, written
         where the loss began) counts it. Returns the marker's seq."""
         marker = self._lost_marker.get(ticket_id)
-        if marker is None:
+        if marker is None or marker.sealed:
             seq = self._seq.get(ticket_id, 0) + 1
             self._seq[ticket_id] = seq
             marker = self._lost_marker[ticket_id] = _LossMarker(seq, time_ns() // 1_000_000)
+            self._markers[(ticket_id, seq)] = marker
             self._buffer.append((ticket_id, seq, LOST_EVENT, "", marker.at_ms))
         marker.count += 1
         marker.types[type_] = marker.types.get(type_, 0) + 1
@@ -135,13 +241,15 @@ class EventWrites:
         return marker.seq
 
     def _finish_markers(self, batch: list[tuple[str, int, str, str, int]]) -> list[tuple[str, int, str, str, int]]:
-        """Fill in the payload of the `events.lost` events of this batch."""
-        if not self._lost_marker:
+        """Fill in the payload of the `events.lost` events of this batch (a
+        copy: the batch keeps them empty, to be filled again if it comes back)."""
+        if not self._markers:
             return batch
         out = []
         for ev in batch:
-            marker = self._lost_marker.get(ev[0])
-            if ev[2] == LOST_EVENT and not ev[3] and marker is not None and marker.seq == ev[1]:
+            marker = self._markers.get((ev[0], ev[1])) if ev[2] == LOST_EVENT and not ev[3] else None
+            if marker is not None:
+                marker.sealed = True
                 text = _json({"count": marker.count, "types": marker.types,
                                  "reason": "the store did not answer and the events kept in memory reached "
                                            f"{MAX_UNSTORED}: {self.unavailable_reason}"[:2000]})
@@ -243,5 +351,6 @@ class EventWrites:
         return stored
 
     def holds_unstored(self, ticket_id: str) -> bool:
-        """Whether events of this ticket wait in memory for the store."""
-        return any(ev[0] == ticket_id for ev in self._unstored) or any(ev[0] == ticket_id for ev in self._buffer)
+        """Whether events of this ticket wait in memory for the store (or are on their way to it)."""
+        return (any(ev[0] == ticket_id for ev in self._unstored) or any(ev[0] == ticket_id for ev in self._buffer)
+                or any(ev[0] == ticket_id for b, _sent, _job in self._inflight for ev in b))

@@ -19,8 +19,12 @@ a batch with what the store holds, ticket + seq; `create_ticket` finds its
 own row). After `budget_s` the error becomes `StoreUnavailable`, naming the
 database and the last cause; anything else is raised at once, unchanged.
 
-Waits are synchronous: the store is used from the scheduler's event loop
-thread, and nothing a scheduler does can progress without its database.
+The waits never hold the scheduler's event loop: in the scheduler every
+statement runs on the store's own thread (worker.py), whose `pause` waits on
+the job's own event, so a call whose caller stopped waiting ends at once
+(`StoreUnavailable`), and `health` tells that thread when the database
+stops and starts answering. Without those hooks (a tool, a test) a wait is a
+plain sleep of the calling thread.
 """
 
 from __future__ import annotations
@@ -102,6 +106,10 @@ class Retrier:
         self.budget_s = budget_s
         self.metric: Any = None         # counter {store, reason} (metrics.SchedulerMetrics.store_retries)
         self.retried = 0                # tries after a failure in the current call
+        # (seconds) -> False when the call should give up instead (its caller stopped waiting): worker.py
+        self.pause: Callable[[float], bool] = _sleep
+        # (reason of a failure, or None: the database answered) -> None: worker.py
+        self.health: Callable[[str | None], None] | None = None
         self._depth = 0
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -112,13 +120,19 @@ class Retrier:
         while True:
             self._depth += 1
             try:
-                return fn(*args, **kwargs)
-            except (FailedPrecondition, StoreUnavailable):
+                result = fn(*args, **kwargs)
+            except StoreUnavailable:
+                raise
+            except FailedPrecondition:
+                self._answered()
                 raise
             except Exception as exc:
                 reason = self.classify(exc, self.broken())
                 if reason is None:
+                    self._answered()
                     raise
+                if self.health is not None:
+                    self.health(reason)
                 delay = BACKOFF_S[min(self.retried, len(BACKOFF_S) - 1)]
                 start = start or time.monotonic()
                 spent = time.monotonic() - start
@@ -129,10 +143,20 @@ class Retrier:
                         "answers again") from None
                 self._note(fn, reason, delay)
                 self.reset(reason)
-                time.sleep(delay)
+                if not self.pause(delay):
+                    raise StoreUnavailable(
+                        f"{self.where} did not answer for {time.monotonic() - start:.1f} s "
+                        f"({reason.replace('_', ' ')}); the caller stopped waiting") from None
                 self.retried += 1
+            else:
+                self._answered()
+                return result
             finally:
                 self._depth -= 1
+
+    def _answered(self) -> None:
+        if self.health is not None:
+            self.health(None)
 
     def _note(self, fn: Callable[..., Any], reason: str, delay: float) -> None:
         if self.metric is not None:
@@ -140,6 +164,11 @@ class Retrier:
         level = logging.WARNING if self.retried in (0, 5) or self.retried % 20 == 0 else logging.DEBUG
         log.log(level, "store: %s on %s (%s); trying again in %.2f s", reason.replace("_", " "), self.where,
                 getattr(fn, "__name__", "a statement"), delay)
+
+
+def _sleep(seconds: float) -> bool:
+    time.sleep(seconds)
+    return True
 
 
 def count_outages(store: Any, events: Any, metrics: Any) -> None:
