@@ -30,6 +30,7 @@ from .sandboxes.remoteworkspace import RemoteWorkspaces
 from .servicer import WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
 from .store.base import Store
 from .store.sqlite import SqliteStore
+from .store.worker import threaded
 
 
 @dataclass
@@ -84,9 +85,9 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
     """`store` (already open, e.g. PostgreSQL from AFE_DATABASE_URL) wins over
     `store_path` (a SQLite file, default `<data>/afe.db`). `public_url`: the UI's
     address, for the ticket links afe writes on GitHub (github_report.py). `owner`, `lease_s`:
-    this scheduler's id and its tickets' lease on a shared store (docs/SCALE.md)."""
-    if store is None:
-        store = SqliteStore(store_path or layout.store_file)
+    this scheduler's id and its tickets' lease on a shared store (docs/SCALE.md). The store's
+    statements run on its own thread, never on the event loop (store/worker.py)."""
+    store = threaded(store if store is not None else SqliteStore(store_path or layout.store_file))
     # `sandbox`: brokers on other hosts (placement.py, --sandbox-broker); else the local one
     sandbox = sandboxes or SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
     credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))

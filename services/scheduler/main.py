@@ -34,6 +34,7 @@ from .sandboxes.placement import add_flags as add_placement_flags
 from .sandboxes.placement import from_flags as brokers_from_flags
 from .sandboxes.pool import DEFAULT_CAP
 from .store.url import open_store, read_database_url
+from .store.worker import store_answers, threaded
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ async def amain(argv: list[str] | None = None) -> int:
     ctx.layout.ensure()
     config = load_config(ctx.config_dir)
     try:
-        store = open_store(read_database_url(ctx.layout, ctx.redactor))
+        # From here on every statement runs on the store's own thread (store/worker.py).
+        store = threaded(open_store(read_database_url(ctx.layout, ctx.redactor)))
     except AfeError as exc:
         log.error("scheduler: cannot open its store: %s", ctx.redactor.redact(str(exc)))
         return 2
@@ -87,8 +89,9 @@ async def amain(argv: list[str] | None = None) -> int:
                     github_settle_s=max(0.0, args.github_settle_seconds))
 
     async def store_ready() -> bool:
-        # Not ready while events wait in memory for the store (event_writes.py), even if it answers a ping.
-        return app.engine.events.unavailable_since is None and app.store.ping()
+        # Not ready while events wait in memory for the store (event_writes.py), even if it answers a ping;
+        # at once not ready while its thread sees it failing, else a ping on that thread within 1.5 s.
+        return app.engine.events.unavailable_since is None and await store_answers(app.store)
 
     async def sandbox_ready() -> bool:
         if brokers is not None:   # ready while one broker answers (placement.py)

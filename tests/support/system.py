@@ -63,6 +63,8 @@ class System:
     scheduler_env: dict = field(default_factory=dict)
     scheduler_args: list = field(default_factory=list)   # more arguments of the subprocess (--lease-seconds)
     database_url: str = ""
+    # the subprocess's module (tests/support/scheduler_on_loop.py: the positive control of issue 32)
+    scheduler_module: str = "services.scheduler.main"
     proc: subprocess.Popen | None = None
     app: object | None = None
     channel: object | None = None
@@ -109,7 +111,7 @@ class System:
         if self.database_url:
             env["AFE_DATABASE_URL"] = self.database_url
         self.log_path = self.layout.data_dir.parent / "scheduler.log"
-        argv = [sys.executable, "-m", "services.scheduler.main", "--config", str(self.config_dir),
+        argv = [sys.executable, "-m", self.scheduler_module, "--config", str(self.config_dir),
                 "--data", str(self.layout.data_dir), "--run", str(self.layout.run_dir),
                 "--link-fd", str(link_fd), "--status-fd", str(status_w), "--ops-port", "0",
                 "--max-running", str(self.max_running), *self.scheduler_args]
@@ -171,7 +173,8 @@ def _read_all(fd: int) -> str:
 async def afe_system(config_dir: str | Path, layout: Layout, *, max_running: int = 4, subprocess: bool = False,
                      scheduler_env: dict | None = None, broker_secrets: dict[str, str] | None = None,
                      agent_env: dict | None = None, start: bool = True,
-                     database_url: str = "", scheduler_args: list | None = None) -> AsyncIterator[System]:
+                     database_url: str = "", scheduler_args: list | None = None,
+                     scheduler_module: str = "services.scheduler.main") -> AsyncIterator[System]:
     """Start both brokers and the scheduler for `config_dir`, all on `layout`'s sockets."""
     config_dir = Path(config_dir)
     config = load_config(config_dir)
@@ -186,7 +189,8 @@ async def afe_system(config_dir: str | Path, layout: Layout, *, max_running: int
                         automation_secret=new_secret(), gateway_secret=new_secret(),
                         sandbox_secret=sb_secret, credentials_secret=cb_secret, max_running=max_running,
                         subprocess_mode=subprocess, scheduler_env=dict(scheduler_env or {}),
-                        database_url=database_url, scheduler_args=list(scheduler_args or []))
+                        database_url=database_url, scheduler_args=list(scheduler_args or []),
+                        scheduler_module=scheduler_module)
         system._sandbox_channel = grpcutil.open_channel(sb_sock, sb_secret)
         system.sandbox = sandbox_pb2_grpc.SandboxBrokerStub(system._sandbox_channel)
         try:

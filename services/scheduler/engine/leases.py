@@ -24,7 +24,17 @@ from typing import TYPE_CHECKING
 from services.common.metrics import SchedulerMetrics
 
 from ..events.log import EventLog
-from ..store.base import RUNNING, TERMINAL, WAITING_APPROVAL, ApprovalRecord, LeaseLost, Store, TicketRecord
+from ..store.base import (
+    RUNNING,
+    TERMINAL,
+    WAITING_APPROVAL,
+    ApprovalRecord,
+    Lease,
+    LeaseLost,
+    Store,
+    TicketRecord,
+)
+from ..store.worker import run_in_store, store_failing
 
 if TYPE_CHECKING:
     from .view import TicketView
@@ -139,7 +149,13 @@ class Leases:
             if not held:
                 continue
             try:
-                leases = {lease.ticket_id: lease for lease in self.store.renew_leases(held, self.lease_ms)}
+                # On the store's thread (store/worker.py), waited for at most a lease (a renewal later
+                # than that renews nothing): a database that does not answer holds neither the loop
+                # nor the heartbeat, which counts the failure and tries again.
+                def renew(s: Store, ids: list[str] = held) -> list[Lease]:
+                    return s.renew_leases(ids, self.lease_ms)
+                renewed = await run_in_store(self.store, renew, timeout=self.lease_s)
+                leases = {lease.ticket_id: lease for lease in renewed}
             except Exception as exc:  # noqa: BLE001 - the database is away: the leases run out unless it is back
                 log.warning("scheduler: could not renew its tickets' leases: %s",
                             getattr(exc, "message", type(exc).__name__))
@@ -173,8 +189,11 @@ class Leases:
         interval = max(0.2, self.lease_s / 5)
         while not self._stopping:
             await asyncio.sleep(interval)
+            if store_failing(self.store):
+                continue          # nothing to take over from a database that does not answer
             try:
-                for tid in self.store.expired_tickets(HELD):
+                expired = await run_in_store(self.store, lambda s: s.expired_tickets(HELD), timeout=self.lease_s)
+                for tid in expired:
                     if self._stopping or tid in self._tasks:
                         continue
                     if len(self._running) >= self.max_running:

@@ -33,6 +33,7 @@ from ..store.base import (
     LeaseLost,
     TicketRecord,
 )
+from ..store.worker import run_in_store
 from .context import RunContext
 from .graph import NodeFailed, descendants, run_graph
 from .host import Host
@@ -142,6 +143,13 @@ class TicketRun:
                                                                     if n.id in again]})
         return True
 
+    async def _node_state(self, node_id: str, **fields: object) -> None:
+        """Store a node's state, awaited on the store's thread (store/worker.py): a
+        node that starts or ends while the database is away waits for it (within
+        the store's retries) instead of holding the loop or failing at once."""
+        tid = self.ticket.id
+        await run_in_store(self.host.store, lambda s: s.update_node(tid, node_id, **fields))
+
     async def run_node(self, node: Node, attempt: int) -> str:
         """Run `node` until it succeeds or its retries are spent (then `NodeFailed`)."""
         tid, store, host = self.ticket.id, self.host.store, self.host
@@ -151,8 +159,8 @@ class TicketRun:
             tries += 1
             attempt += 1
             started = time.monotonic()
-            store.update_node(tid, node.id, state=N_RUNNING, attempt=attempt, started_at_ms=now_ms(),
-                              finished_at_ms=0, error="")
+            await self._node_state(node.id, state=N_RUNNING, attempt=attempt, started_at_ms=now_ms(),
+                                   finished_at_ms=0, error="")
             self.attempts[node.id] = attempt
             self.ctx.emit("node.started", {"node": node.id, "kind": kind, "attempt": attempt})
             outcome = "error"
@@ -170,8 +178,8 @@ class TicketRun:
                         raise DeadlineExceeded(
                             f"timed out after {node.timeout_s:g}s (the node's timeout)") from None
                 out = out or ""
-                store.update_node(tid, node.id, state=N_SUCCEEDED, finished_at_ms=now_ms(),
-                                  output=host.redactor.redact(_keep(out)))
+                await self._node_state(node.id, state=N_SUCCEEDED, finished_at_ms=now_ms(),
+                                       output=host.redactor.redact(_keep(out)))
                 self.ctx.emit("node.finished", {"node": node.id, "state": N_SUCCEEDED, "output": out[-4000:]})
                 host.node_metric(kind, "ok", time.monotonic() - started)
                 return out
@@ -201,8 +209,8 @@ class TicketRun:
                     self.ctx.emit("node.retry", {"node": node.id, "attempt": attempt, "error": reason})
                     continue
                 kept = exc.output if isinstance(exc, CommandFailed) else ""   # what a failed command printed
-                store.update_node(tid, node.id, state=N_FAILED, finished_at_ms=now_ms(), error=reason,
-                                  **({"output": host.redactor.redact(_keep(kept))} if kept else {}))
+                await self._node_state(node.id, state=N_FAILED, finished_at_ms=now_ms(), error=reason,
+                                       **({"output": host.redactor.redact(_keep(kept))} if kept else {}))
                 self.ctx.emit("node.finished", {"node": node.id, "state": N_FAILED, "error": reason})
                 raise NodeFailed(node.id, reason, rejected=isinstance(exc, NOT_RETRIED)) from None
 
