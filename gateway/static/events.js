@@ -101,6 +101,7 @@ const LINES = {
       ? Object.entries(p.agents).filter(([, v]) => Array.isArray(v)).map(([a, v]) => `${a}: ${v.join(", ")}`).join("; ") : "";
     return { cls: "sys", text: `variables entered the sandbox (names only): ${(p.names || []).join(", ")}${agents ? " (agent " + agents + ")" : ""}` };
   },
+  "agent.mcp_servers": (p, n) => ({ cls: "sys", text: p.given ? `${n}MCP servers given to the agent at the relay: ${(p.servers || []).join(", ")}` : `${n}MCP servers not given to the agent (${(p.servers || []).join(", ")}): ${p.reason || ""}` }),   // names only (R43)
   "mcp.call": (p, n) => ({ cls: "tool", text: `${n}MCP ${p.server || ""}/${p.tool || ""}: ${p.outcome || ""} (${plural(p.response_bytes || 0, "byte")})${p.reason ? " — " + p.reason : ""}` }),   // names, a digest and sizes only (R43)
   "egress.denied": (p, n) => ({ cls: "sys", text: `${n}the egress proxy refused requests to ${hostCounts(p.hosts) || "(no host named)"}${p.truncated ? " and more hosts" : ""}; add a host the work needs to the Workspace's sandbox.egress` }),
   "commit.done": (p, n) => ({ cls: "sys", text: `${n}committed ${short(p.sha)}${p.changed === false ? " (no changes)" : ""}` }),

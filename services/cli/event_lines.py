@@ -89,6 +89,11 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
                         if isinstance(names, list))
         return (f"{at} variables entered the sandbox (names): {', '.join(str(n) for n in p.get('names') or [])}"
                 + (f" (agent {per})" if per else ""))
+    if typ == "agent.mcp_servers":   # names only (R43)
+        names = ", ".join(shown(str(n), 64) for n in p.get("servers") or [])
+        if p.get("given"):
+            return f"{at} {node:<16} MCP servers given to the agent at the relay: {names}"
+        return f"{at} {node:<16} MCP servers not given to the agent ({names}): {shown(str(p.get('reason', '')), 300)}"
     if typ == "mcp.call":   # names, a digest and sizes only (R43, services/common/mcpcall.py)
         who = f"{node:<16} " if node else ""
         why = f" — {shown(str(p['reason']), 300)}" if p.get("reason") else ""
