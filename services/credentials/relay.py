@@ -458,14 +458,14 @@ class RelayHub:
 
     def _record_mcp(self, t: TicketRelay, server: str, call: Call, outcome: str, response_bytes: int,
                     reason: str, started: float) -> None:
-        call = t.add_mcp_call({"server": server, "tool": call.tool, "tool_sha256": call.tool_sha256,
-                        "arguments_sha256": call.arguments_sha256, "outcome": outcome,
-                        "request_bytes": call.request_bytes, "response_bytes": response_bytes,
-                        "at_ms": int(time.time() * 1000),
-                        "duration_ms": int((time.monotonic() - started) * 1000), "reason": reason[:500]})
+        kept = t.add_mcp_call({"server": server, "tool": call.tool, "tool_sha256": call.tool_sha256,
+                               "arguments_sha256": call.arguments_sha256, "outcome": outcome,
+                               "request_bytes": call.request_bytes, "response_bytes": response_bytes,
+                               "at_ms": int(time.time() * 1000),
+                               "duration_ms": int((time.monotonic() - started) * 1000), "reason": reason[:500]})
         # kept in memory now (the scheduler reads it from there); on disk, for a restart, just after
         # the answer is on its way
-        asyncio.get_running_loop().call_soon(self._save_mcp_call, t, call)
+        asyncio.get_running_loop().call_soon(self._save_mcp_call, t, kept)
 
     def _save_mcp_call(self, t: TicketRelay, call: dict) -> None:
         if t.closed:
