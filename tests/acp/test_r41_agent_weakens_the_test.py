@@ -2,8 +2,8 @@
 sandbox over the Agent Client Protocol): it "fixes" the failing test by
 editing the TEST and runs it in a terminal, where it passes; the workflow's own
 `run:` node passes too. The clean-room verification with `base_paths: [tests/]`
-runs the base branch's test on the head and fails, and after a person approves,
-`builtin:merge` refuses: nothing is merged. Positive control: without base
+runs the base branch's test on the head and fails, a person's approval is
+refused, and nothing is merged. Positive control: without base
 paths the same edit verifies and merges. (The same with a model node, and the
 sandbox's properties: tests/scheduler/test_r41_clean_room_verification.py.)"""
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
@@ -70,14 +71,22 @@ async def test_r41_an_acp_agent_that_edits_the_test_is_never_merged(short_tmp, a
         assert {n.id: n.state for n in t.nodes}["test"] == pb.NODE_STATE_SUCCEEDED
         assert "add(2, 3), -1)" in git(bare, "show", f"{t.awaiting_sha}:tests/test_add.py")
         (finished,) = [payload(e) for e in events if e.type == "verification.finished"]
-        t = await sys_.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="carol", sha=t.awaiting_sha))
-        t = await wait_for_state(sys_.stub, t.id, {"failed", "succeeded"})
         if base_paths:
             assert finished["passed"] is False and finished["commands"][0]["exit_code"] == 1
-            assert state_name(t) == "failed" and "builtin:merge refused: verification failed" in t.error, t.error
+            with pytest.raises(grpc.aio.AioRpcError) as refused:     # a failed head is not approvable
+                await sys_.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="carol",
+                                                                      sha=t.awaiting_sha))
+            assert "verification failed" in refused.value.details() and "cannot be approved" in \
+                refused.value.details()
+            await sys_.stub.RejectTicket(pb.RejectTicketRequest(id=t.id, principal="carol", reason="tests fail"))
+            t = await wait_for_state(sys_.stub, t.id, {"failed", "succeeded"})
+            assert state_name(t) == "failed"
             assert git(bare, "rev-parse", "main").strip() == base                  # nothing merged
             assert forge_records(layout.data_dir, t.id)[0]["state"] == "open"
         else:       # positive control: the head's own (weakened) test verifies, and the merge happens
+            t = await sys_.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="carol",
+                                                                      sha=t.awaiting_sha))
+            t = await wait_for_state(sys_.stub, t.id, {"failed", "succeeded"})
             assert finished["passed"] is True
             assert state_name(t) == "succeeded", t.error
             assert "add(2, 3), -1)" in git(bare, "show", "main:tests/test_add.py")

@@ -3,8 +3,8 @@ the local forge): a model node (the `replay` provider's script, through the
 credential broker, with the real write_file tool) "fixes" a failing test by
 EDITING THE TEST. The workflow's own `run:` node passes in the workspace;
 the clean-room verification with `base_paths: [tests/]` runs the base
-branch's test on the head and fails; the approval shows it; after a person
-approves, `builtin:merge` refuses and nothing is merged. Positive control:
+branch's test on the head and fails; the approval shows it; a person cannot
+approve it, and nothing is merged. Positive control:
 the same workflow without base paths verifies the weakened test, passes,
 and merges. The verification sandbox is another container than the
 ticket's, of the workspace's image, with no relay mount and no environment
@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import docker
+import grpc
 import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
@@ -150,11 +151,14 @@ async def test_r41_an_agent_that_weakens_the_test_passes_in_its_workspace_but_is
         asked = next(payload(e) for e in events if e.type == "approval.requested")
         assert asked["verification"]["passed"] is False and asked["sha"] == t.awaiting_sha
 
-        t = await sys_.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="carol", sha=t.awaiting_sha))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:     # a failed head is not approvable
+            await sys_.stub.ApproveTicket(pb.ApproveTicketRequest(id=t.id, principal="carol", sha=t.awaiting_sha))
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (f"verification failed: `{UNITTEST}` exited 1 (tests/ from main)" in refused.value.details()
+                and "cannot be approved" in refused.value.details()), refused.value.details()
+        await sys_.stub.RejectTicket(pb.RejectTicketRequest(id=t.id, principal="carol", reason="tests fail"))
         t = await wait_for_state(sys_.stub, t.id, {"failed", "succeeded"})
         assert state_name(t) == "failed"
-        assert (f"builtin:merge refused: verification failed: `{UNITTEST}` exited 1 (tests/ from main)"
-                in t.error), t.error
         assert git(bare, "rev-parse", "main").strip() == base                  # nothing merged
         records = forge_records(layout.data_dir, t.id)
         assert len(records) == 1 and records[0]["state"] == "open"

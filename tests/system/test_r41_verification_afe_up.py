@@ -2,7 +2,7 @@
 Docker and git, the local forge) and the CLI: a scripted model weakens the
 failing test; `afe ticket watch` stops at the approval and shows that the
 clean-room verification (the base branch's tests/ on the head) failed, `afe
-ticket show` lists it, and after `afe approve` the merge is refused and the
+ticket show` lists it, `afe approve` is refused (exit 3) saying why, and the
 repository's main is untouched."""
 
 from __future__ import annotations
@@ -86,10 +86,11 @@ def test_r41_afe_up_cli_shows_the_failed_verification_and_the_merge_is_refused()
         assert re.search(r"waiting for approval of [0-9a-f]{40} \(" + re.escape(shown) + r"\)", p.stdout), p.stdout
         p = cli("ticket", "show", ticket)
         assert p.returncode == 0 and shown in p.stdout and f"    {UNITTEST}: exit 1" in p.stdout, p.stdout
-        p = cli("approve", ticket)
+        p = cli("approve", ticket)                  # a failed head is not approvable: exit 3, saying why
+        assert p.returncode == 3 and shown in p.stderr and "cannot be approved" in p.stderr, p.stdout + p.stderr
+        p = cli("reject", ticket, "--reason", "the base's tests fail")
         assert p.returncode == 0, p.stdout + p.stderr
         p = cli("ticket", "watch", ticket)
-        assert "builtin:merge refused: " + shown in p.stdout, p.stdout
         assert "ticket failed" in p.stdout
         assert _main(cfg / "repos" / "calc.git") == before                  # nothing merged
     finally:
