@@ -39,59 +39,14 @@ EGRESS_PORT = 3128                   # the sandbox's forwarder, on its own 127.0
 PROXY_UID = 13                       # the proxy image's `proxy` user (Debian's), who makes the socket
 TRANSPORTS = ("network", "socket")
 
-# The proxy container's main process: squid as its child, listening on the
-# container's loopback; the socket is bound once squid answers there (so a
-# socket that accepts means a proxy that works), and each connection to it is
-# copied to squid. It ends when squid ends, with squid's exit code.
-PROXY_MAIN = f"""
-import os, socket, subprocess, sys, threading, time
-SOCK = {EGRESS_MOUNT + "/" + EGRESS_SOCKET!r}
-with open("/tmp/squid.conf", "w") as f:
-    f.write(os.environ["AFE_SQUID_CONF"])
-squid = subprocess.Popen(["squid", "-N", "-f", "/tmp/squid.conf"])
-for _ in range(400):
-    try:
-        socket.create_connection(("127.0.0.1", {PROXY_PORT}), 1).close()
-        break
-    except OSError:
-        if squid.poll() is not None:
-            sys.exit(squid.returncode or 1)
-        time.sleep(0.05)
-try:
-    os.unlink(SOCK)
-except FileNotFoundError:
-    pass
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(SOCK)
-os.chmod(SOCK, 0o666)
-s.listen(128)
-
-{relayforward.PIPE}
-def serve(c):
-    try:
-        u = socket.create_connection(("127.0.0.1", {PROXY_PORT}))
-    except OSError:
-        c.close()
-        return
-    u.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    t = threading.Thread(target=pipe, args=(c, u), daemon=True)
-    t.start()
-    pipe(u, c)
-    t.join()
-    c.close()
-    u.close()
-
-def accept():
-    while True:
-        try:
-            c, _ = s.accept()
-        except OSError:
-            continue
-        threading.Thread(target=serve, args=(c,), daemon=True).start()
-
-threading.Thread(target=accept, daemon=True).start()
-sys.exit(squid.wait())
-"""
+# The proxy container's main process (egress_relay_main.py): squid as its
+# child, listening on the container's loopback; the socket is bound once
+# squid answers there (so a socket that accepts means a proxy that works),
+# and one selector loop copies every connection to it to squid, at most
+# MAX_CONNECTIONS at once (more are closed as they come, counted in the
+# container's log once a minute). It ends when squid ends, with squid's exit code.
+PROXY_MAIN = Path(__file__).with_name("egress_relay_main.py").read_text()
+MAX_CONNECTIONS = 256
 
 SANDBOX_FORWARDER = relayforward.source(EGRESS_PORT, f"{EGRESS_MOUNT}/{EGRESS_SOCKET}")
 
@@ -133,8 +88,8 @@ def sandbox_proxy_env() -> dict[str, str]:
     return proxy_env("127.0.0.1", EGRESS_PORT)
 
 
-def proxy_command() -> list[str]:
-    return ["python3", "-c", PROXY_MAIN]
+def proxy_command(max_connections: int = MAX_CONNECTIONS) -> list[str]:
+    return ["python3", "-c", PROXY_MAIN, f"{EGRESS_MOUNT}/{EGRESS_SOCKET}", str(PROXY_PORT), str(max_connections)]
 
 
 def _accepts(path: str) -> bool:
