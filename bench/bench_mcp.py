@@ -14,6 +14,11 @@ answer. Both clients keep their connection and MCP session (as an agent
 does); medians of REPEAT calls, alternating the two paths. A second row
 reports the same with a server that answers at once: the relay's own cost,
 with no target.
+
+The relayed call wakes two more processes than the direct one (the
+forwarder and the relay's side of the broker) after the server's wait, so
+on a machine whose cores are all busy the ratio grows with that machine's
+scheduling delay, not with the relay's work: read it with the report's load.
 """
 
 from __future__ import annotations
@@ -154,5 +159,6 @@ def run(out_dir: Path) -> list[Result]:
             baseline="the same call straight to the same MCP server, with its token", measured_s=med(r),
             baseline_s=med(d), target=target,
             notes=f"official mcp SDK server in its own process, Streamable HTTP, bearer token; kept connection and "
-                  f"session; median of {REPEAT}" + ("" if target else "; the relay's own cost, no target")))
+                  f"session; median of {REPEAT}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+                  + ("" if target else "; the relay's own cost, no target")))
     return out
