@@ -11,16 +11,31 @@ head makes to it is reported so a person acknowledges it before a merge.
 The harness of a checkout is, by path:
 
 - whole files, at any depth: `conftest.py`, `pytest.ini`, `.pytest.ini`,
-  `tox.ini`, `noxfile.py`, `.gitattributes` (it decides how files are
-  written at checkout), `Makefile`/`makefile`/`GNUmakefile`, the
+  `pytest.toml`, `.pytest.toml` (pytest 9), `tox.ini`, `noxfile.py`,
+  `.gitattributes` (it decides how files are written at checkout),
+  `Makefile`/`makefile`/`GNUmakefile`, `justfile`, `Taskfile.yml`, the
   configuration files of JavaScript test runners and transpilers (jest,
-  vitest/vite, mocha, ava, karma, babel, playwright, cypress), and
+  vitest/vite, mocha, ava, karma, babel, playwright, cypress), npm's and
+  yarn's project settings (`.npmrc`: `node-options` preloads a file into
+  every script; `.yarnrc.yml`: `yarnPath` runs a file as yarn), and
   `sitecustomize.py`/`usercustomize.py`;
-- sections of shared files at the root: the `tool.pytest*`/`tool.tox`
-  tables of `pyproject.toml`, the `[tool:pytest]` section of `setup.cfg`,
-  and the `scripts`/`jest`/`mocha`/`ava`/`babel` keys of `package.json`
-  (the rest of those files, dependencies among them, stays the head's);
-- every file a verify command names (`sh run_tests.sh`, `python3 scripts/check.py`);
+- everything in a Python distribution's metadata folder (`*.dist-info/`,
+  `*.egg-info/`): pytest loads the `pytest11` entry points of every
+  distribution it finds on `sys.path`, and `python3 -m pytest` puts the
+  checkout's root there;
+- sections of shared files, at any depth (pytest reads the first
+  configuration file above the paths it is given, a monorepo has one per
+  package): the `tool.pytest*`/`tool.tox` tables of `pyproject.toml`, the
+  `[tool:pytest]` section of `setup.cfg`, and the
+  `scripts`/`jest`/`mocha`/`ava`/`babel` keys of `package.json` (the rest
+  of those files, dependencies among them, stays the head's). Those
+  sections are compared as the runners read them (TOML as data, setup.cfg
+  headers as pytest's ini reader finds them), and a shared file that is not
+  a plain file (a symbolic link) is taken whole from the base;
+- every file a verify command names (`sh run_tests.sh`, `python3 scripts/check.py`),
+  and the files of a module it runs from the checkout (`python3 -m tools.check`:
+  `tools/check.py` or `tools/check/__main__.py`, and the `__init__.py` files of
+  its packages);
 - what the Workspace's `verifyHarness` patterns add.
 
 The functions here are pure (paths and bytes in, decisions out); the git
@@ -29,7 +44,6 @@ side is verifycheckout.py.
 
 from __future__ import annotations
 
-import configparser
 import fnmatch
 import json
 import re
@@ -45,7 +59,13 @@ WHOLE_NAMES = frozenset({
     "conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "noxfile.py", ".gitattributes",
     "Makefile", "makefile", "GNUmakefile", "sitecustomize.py", "usercustomize.py",
     ".babelrc", ".mocharc", "karma.conf.js",
+    "pytest.toml", ".pytest.toml",                     # pytest 9's own configuration files
+    "justfile", "Justfile", ".justfile", "Taskfile.yml", "Taskfile.yaml", "taskfile.yml", "taskfile.yaml",
+    ".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs", "bunfig.toml",
 })
+# Folders whose every file is harness, at any depth: a distribution's metadata
+# (its entry_points.txt registers pytest plugins, loaded from any sys.path entry).
+METADATA_SUFFIXES = (".dist-info", ".egg-info")
 # ... and by pattern of the name
 WHOLE_PATTERNS = (
     "jest.config.*", "vitest.config.*", "vitest.workspace.*", "vite.config.*", ".mocharc.*", "ava.config.*",
@@ -58,9 +78,17 @@ SECTION_FILES = (PYPROJECT, SETUP_CFG, PACKAGE_JSON)
 PACKAGE_KEYS = ("scripts", "jest", "mocha", "ava", "babel")
 _SETUP_SECTIONS = ("tool:pytest",)
 
-# Modules a test command commonly runs besides the standard library's.
+# Modules a test command commonly runs besides the standard library's, and the
+# modules those runners import before any test (pytest: iniconfig, packaging,
+# pluggy, attrs in pytest 7, pygments, exceptiongroup, tomli): `python3 -m pytest`
+# puts the checkout's root first on sys.path, so a top-level `iniconfig/` the
+# head adds runs inside pytest before its configuration is read.
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "nose", "nose2", "tox", "nox", "coverage",
-                            "hypothesis", "pip", "setuptools"})
+                            "hypothesis", "pip", "setuptools", "iniconfig", "packaging", "attr", "attrs",
+                            "pygments", "colorama", "exceptiongroup", "tomli", "more_itertools",
+                            "pkg_resources", "xdist", "execnet", "_distutils_hack"})
+# ... and plugins of pytest, by the prefix of their modules (pytest_cov, pytest_asyncio, ...)
+RUNNER_PREFIXES = ("pytest_", "_pytest")
 STANDARD_MODULES = frozenset(sys.stdlib_module_names)
 
 # Programs whose own configuration lives in a harness file already: no file to add for them.
@@ -69,10 +97,20 @@ _MAX_COMMAND_PATHS = 200
 
 def is_whole_file(path: str, extra: Iterable[str] = ()) -> bool:
     """A file of the harness taken whole from the base."""
-    name = path.rsplit("/", 1)[-1]
+    parts = path.split("/")
+    name = parts[-1]
     if name in WHOLE_NAMES or any(fnmatch.fnmatchcase(name, p) for p in WHOLE_PATTERNS):
         return True
+    if any(d.endswith(METADATA_SUFFIXES) for d in parts[:-1]):
+        return True
     return any(_matches(path, p) for p in extra)
+
+
+def section_file(path: str) -> str:
+    """The kind of shared file whose test sections are harness (its name: pyproject.toml,
+    setup.cfg, package.json), at any depth; "" for any other path."""
+    name = path.rsplit("/", 1)[-1]
+    return name if name in SECTION_FILES else ""
 
 
 def _matches(path: str, pattern: str) -> bool:
@@ -85,16 +123,29 @@ def _matches(path: str, pattern: str) -> bool:
 
 def command_paths(commands: Iterable[str], known: set[str]) -> list[str]:
     """Files of the checkout (`known`, repository-relative) that the commands name:
-    `sh run_tests.sh`, `python3 ./scripts/check.py --fast`, `bash -c 'make -f ci.mk'`."""
+    `sh run_tests.sh`, `python3 ./scripts/check.py --fast`, `bash -c 'make -f ci.mk'`,
+    and those of a module they run from the checkout: `python3 -m tools.check`."""
     out: list[str] = []
     for command in commands:
-        for token in _tokens(command):
-            for candidate in _path_forms(token):
-                if candidate in known and candidate not in out:
-                    out.append(candidate)
+        candidates = [c for token in _tokens(command) for c in _path_forms(token)]
+        candidates += [c for module in run_module_names(command) for c in _module_files(module)]
+        for candidate in candidates:
+            if candidate in known and candidate not in out:
+                out.append(candidate)
         if len(out) >= _MAX_COMMAND_PATHS:
             break
     return out[:_MAX_COMMAND_PATHS]
+
+
+def _module_files(module: str) -> list[str]:
+    """The files `python -m a.b.c` may run from the working directory: a/__init__.py,
+    a/b/__init__.py, then a/b/c.py, or the package a/b/c/ (__init__.py, __main__.py)."""
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return []
+    out = ["/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts))]
+    path = "/".join(parts)
+    return [*out, path + ".py", path + "/__init__.py", path + "/__main__.py"]
 
 
 def _tokens(command: str) -> list[str]:
@@ -128,14 +179,18 @@ def _path_forms(token: str) -> list[str]:
 
 def run_modules(commands: Iterable[str]) -> set[str]:
     """The top-level modules the commands run with `python -m X` (X's first part)."""
-    out: set[str] = set()
-    for command in commands:
-        words = _tokens(command)
-        for i, w in enumerate(words):
-            if w == "-m" and i + 1 < len(words):
-                out.add(words[i + 1].split(".", 1)[0])
-            elif w.startswith("-m") and len(w) > 2 and not w.startswith("--"):
-                out.add(w[2:].split(".", 1)[0])
+    return {m.split(".", 1)[0] for command in commands for m in run_module_names(command)}
+
+
+def run_module_names(command: str) -> list[str]:
+    """The modules a command runs with `python -m X.Y` (whole dotted names)."""
+    out: list[str] = []
+    words = _tokens(command)
+    for i, w in enumerate(words):
+        if w == "-m" and i + 1 < len(words):
+            out.append(words[i + 1])
+        elif w.startswith("-m") and len(w) > 2 and not w.startswith("--"):
+            out.append(w[2:])
     return out
 
 
@@ -151,7 +206,8 @@ def shadowing_names(top_level_added: Iterable[str], commands: Iterable[str]) -> 
             if name.endswith(suffix):
                 stem = name[: -len(suffix)]
                 break
-        if name.endswith(".pth") or stem in shadowed or stem.split(".", 1)[0] in shadowed:
+        if (name.endswith(".pth") or stem in shadowed or stem.split(".", 1)[0] in shadowed
+                or stem.startswith(RUNNER_PREFIXES)):
             out.append(entry)
     return sorted(out)
 
@@ -198,7 +254,6 @@ def _merge_package_json(base: bytes | None, head: bytes) -> SectionMerge | None:
 
 
 _TOML_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_INI_HEADER = re.compile(r"^\s*\[([^\]]+)\]\s*$")
 
 
 def _toml_header(line: str) -> str | None:
@@ -210,10 +265,17 @@ def _toml_header(line: str) -> str | None:
 
 
 def _ini_header(line: str) -> str | None:
-    m = _INI_HEADER.match(line)
-    if not m:
+    """A section header as pytest's ini reader (iniconfig) finds one: `[` in the first column
+    (an indented line continues a value), a `#` or `;` and what follows left out, `]` last
+    (`[tool:pytest] ; note` is a header; a regular expression anchored at the line's end missed it)."""
+    line = line.lstrip("\ufeff").rstrip()
+    if not line.startswith("["):
         return None
-    name = m.group(1).strip()
+    for c in "#;":
+        line = line.split(c, 1)[0].rstrip()
+    if not line.endswith("]"):
+        return None
+    name = line[1:-1].strip()
     return name if name in _SETUP_SECTIONS else ""
 
 
@@ -239,7 +301,9 @@ def _merge_ini_like(base: bytes | None, head: bytes, header: Callable[[str], str
         return None
     hkeep, htest = _split(htext, header)
     _, btest = _split(btext, header)
-    if htest == btest:
+    # the same lines under the same headers are not enough: a TOML table written as dotted keys
+    # (`[tool]` then `pytest.ini_options.addopts = ...`) has no header to find
+    if htest == btest and equal(head, base or b""):
         return SectionMerge(head, False)
     body = "".join(hkeep)
     if body and not body.endswith("\n"):
@@ -267,12 +331,12 @@ def _pyproject_sections_equal(a: bytes, b: bytes) -> bool:
 
 
 def _setup_sections_equal(a: bytes, b: bytes) -> bool:
-    def sections(data: bytes) -> dict[str, dict[str, str]] | None:
-        cp = configparser.ConfigParser(interpolation=None, strict=False)
+    """The test sections' lines as pytest's ini reader splits them (configparser's reading
+    differs: it takes an indented header for a header, iniconfig for a value's continuation)."""
+    def lines(data: bytes) -> list[str] | None:
         try:
-            cp.read_string(data.decode() if data else "")
-        except (configparser.Error, UnicodeDecodeError):
+            return [ln.rstrip() for ln in _split(data.decode("utf-8") if data else "", _ini_header)[1]]
+        except UnicodeDecodeError:
             return None
-        return {s: dict(cp[s]) for s in _SETUP_SECTIONS if cp.has_section(s)}
-    sa, sb = sections(a), sections(b)
-    return sa is not None and sa == sb
+    la, lb = lines(a), lines(b)
+    return la is not None and la == lb

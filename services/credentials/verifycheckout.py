@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -50,7 +51,9 @@ SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}   # a path is a path, never a glob or a magic pathspec
 _PYTHON_BYTECODE = (".pyc", ".pyo")
 MAX_LISTED = 200                            # paths of one kind in a verification's answer
+MAX_SECTION_BYTES = 1024 * 1024             # a bigger pyproject.toml/setup.cfg/package.json: the base's whole
 _GONE = ""                                  # an edit that removes the path
+_PLAIN = ("100644", "100755")               # a regular file's modes (not a symbolic link or a submodule)
 
 
 @dataclass(frozen=True)
@@ -181,11 +184,6 @@ class _CleanRoom:
             out[path.decode("utf-8", "surrogateescape")] = _Entry(mode, kind, oid)
         return out
 
-    async def _blob(self, entry: _Entry | None) -> bytes | None:
-        if entry is None or entry.kind != "blob":
-            return None
-        return (await self._git(["cat-file", "blob", entry.oid], what="git cat-file")).stdout
-
     async def commit(self) -> str:
         """The commit whose tree is checked out (a child of the base and the head)."""
         merged = await self._entries(self.merged_tree)
@@ -217,29 +215,78 @@ class _CleanRoom:
         extra = tuple(getattr(self.ws, "verify_harness", ()) or ())
         named = set(harness.command_paths(self.commands, set(merged) | set(base)))
         changes: set[str] = set()
+        shared: list[str] = []                    # pyproject.toml, setup.cfg, package.json (any depth) changed
         for q in set(merged) | set(base):
-            if q in edits or not (q in named or harness.is_whole_file(q, extra)):
+            if q in edits or merged.get(q) == base.get(q):
                 continue
-            if merged.get(q) != base.get(q):
+            if q in named or harness.is_whole_file(q, extra):
                 changes.add(q)
                 edits[q] = base.get(q) or _GONE
-        for name in harness.SECTION_FILES:
-            if name in edits or name in named or (name not in merged and name not in base):
-                continue
-            mb, bb = await self._blob(merged.get(name)), await self._blob(base.get(name))
-            if mb == bb:
-                continue
-            sm = harness.merge_sections(name, bb, mb if mb is not None else b"")
-            if sm is None:                        # unreadable: the base's whole file
+            elif harness.section_file(q):
+                shared.append(q)
+        await self._sections(sorted(shared), merged, base, edits, changes)
+        self.harness_changes = sorted(changes)
+
+    async def _sections(self, names: list[str], merged: dict[str, _Entry], base: dict[str, _Entry],
+                        edits: dict[str, _Entry | str], changes: set[str]) -> None:
+        """The shared files the head changed, with the base's test sections (harness.merge_sections);
+        read and written in one git call each, however many a monorepo (or a hostile head) has."""
+        contents = await self._blobs([e for q in names for e in (merged.get(q), base.get(q)) if e is not None])
+        written: dict[str, bytes] = {}
+        for name in names:
+            m, b = merged.get(name), base.get(name)
+            sm = None                 # a symbolic link (to a file that is no harness), too big: the base's whole file
+            if all(e is None or (e.mode in _PLAIN and e.oid in contents) for e in (m, b)):
+                sm = harness.merge_sections(harness.section_file(name), contents[b.oid] if b else None,
+                                            contents[m.oid] if m else b"")
+            if sm is None:
                 changes.add(name)
-                edits[name] = base.get(name) or _GONE
+                edits[name] = b or _GONE
             elif sm.changed:
                 changes.add(name)
-                oid = (await self._git(["hash-object", "-w", "--stdin"], stdin=sm.content,
-                                       what="git hash-object")).out.strip()
-                mode = merged[name].mode if name in merged else base[name].mode
-                edits[name] = _Entry(mode, "blob", oid)
-        self.harness_changes = sorted(changes)
+                written[name] = sm.content
+        for name, oid in zip(written, await self._hash(list(written.values())), strict=True):
+            m, b = merged.get(name), base.get(name)
+            edits[name] = _Entry(m.mode if m is not None else b.mode if b is not None else "100644", "blob", oid)
+
+    async def _blobs(self, entries: list[_Entry]) -> dict[str, bytes]:
+        """The contents of these blobs (by object id), those of at most MAX_SECTION_BYTES each."""
+        oids = sorted({e.oid for e in entries if e.kind == "blob"})
+        if not oids:
+            return {}
+        stdin = ("\n".join(oids) + "\n").encode()
+        sizes = (await self._git(["cat-file", "--batch-check=%(objectname) %(objectsize)"], stdin=stdin,
+                                 what="git cat-file")).out.split()
+        small = [o for o, n in zip(sizes[0::2], sizes[1::2], strict=True) if int(n) <= MAX_SECTION_BYTES]
+        if not small:
+            return {}
+        data = (await self._git(["cat-file", "--batch"], stdin=("\n".join(small) + "\n").encode(),
+                                what="git cat-file")).stdout
+        out: dict[str, bytes] = {}
+        pos = 0
+        for oid in small:                     # "<oid> blob <size>\n<content>\n" each
+            eol = data.index(b"\n", pos)
+            size = int(data[pos:eol].split(b" ")[2])
+            out[oid] = data[eol + 1:eol + 1 + size]
+            pos = eol + 1 + size + 1
+        return out
+
+    async def _hash(self, contents: list[bytes]) -> list[str]:
+        """Write these blobs into the git dir (one `hash-object --stdin-paths`); their ids, in order."""
+        if not contents:
+            return []
+        with tempfile.TemporaryDirectory(dir=self.gitdir, prefix="afe-sections-") as tmp:
+            paths = []
+            for i, content in enumerate(contents):
+                path = Path(tmp) / str(i)
+                path.write_bytes(content)
+                paths.append(str(path))
+            res = await self._git(["hash-object", "-w", "--no-filters", "--stdin-paths"],
+                                  stdin=("\n".join(paths) + "\n").encode(), what="git hash-object")
+        oids = res.out.split()
+        if len(oids) != len(contents):
+            raise FailedPrecondition(f"git hash-object wrote {len(oids)} of {len(contents)} files")
+        return oids
 
     def _shadowing(self, merged: dict[str, _Entry], base: dict[str, _Entry],
                    edits: dict[str, _Entry | str]) -> None:
