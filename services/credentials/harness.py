@@ -18,7 +18,8 @@ The harness of a checkout is, by path:
   vitest/vite, mocha, ava, karma, babel, playwright, cypress), npm's and
   yarn's project settings (`.npmrc`: `node-options` preloads a file into
   every script; `.yarnrc.yml`: `yarnPath` runs a file as yarn), and
-  `sitecustomize.py`/`usercustomize.py`;
+  `sitecustomize.py`/`usercustomize.py` and `*.pth` files (Python runs them
+  at start-up from a site dir, a committed virtualenv's for one);
 - everything in a Python distribution's metadata folder (`*.dist-info/`,
   `*.egg-info/`): pytest loads the `pytest11` entry points of every
   distribution it finds on `sys.path`, and `python3 -m pytest` puts the
@@ -70,6 +71,7 @@ METADATA_SUFFIXES = (".dist-info", ".egg-info")
 WHOLE_PATTERNS = (
     "jest.config.*", "vitest.config.*", "vitest.workspace.*", "vite.config.*", ".mocharc.*", "ava.config.*",
     "babel.config.*", ".babelrc.*", "karma.conf.*", "playwright.config.*", "cypress.config.*", "*.mk",
+    "*.pth",                   # run by `site` at start-up from a site dir (a committed venv's site-packages)
 )
 
 # Shared files at the root whose test sections are harness: name -> how to read them.

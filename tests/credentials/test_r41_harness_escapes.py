@@ -218,6 +218,7 @@ async def test_r41_setup_cfg_sections_are_split_as_pytests_ini_reader_splits_the
 @pytest.mark.parametrize(("path", "harness_file"), [
     (".npmrc", True), ("web/.yarnrc.yml", True), ("justfile", True), ("tests/pytest.toml", True),
     ("vendor/x-1.0.dist-info/entry_points.txt", True), ("x.egg-info/PKG-INFO", True),
+    (".venv/lib/python3.11/site-packages/zz.pth", True),
     ("docs/info.txt", False), ("dist-info.md", False), ("src/calc.py", False),
 ])
 def test_r41_harness_files_by_path(path, harness_file):
