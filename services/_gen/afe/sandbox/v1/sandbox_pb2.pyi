@@ -206,6 +206,7 @@ class SandboxSpec(_message.Message):
     RELAY_FIELD_NUMBER: _builtins.int
     EGRESS_PRIVATE_FIELD_NUMBER: _builtins.int
     RUNTIME_FIELD_NUMBER: _builtins.int
+    EGRESS_RULES_FIELD_NUMBER: _builtins.int
     image: _builtins.str
     """"" = default sandbox image"""
     relay: _builtins.bool
@@ -241,6 +242,14 @@ class SandboxSpec(_message.Message):
         multicast stay refused. Empty = every private address refused (R11).
         """
 
+    @_builtins.property
+    def egress_rules(self) -> _containers.RepeatedCompositeFieldContainer[Global___EgressRule]:
+        """Methods and paths allowed on hosts of `egress` (R44): the proxy
+        terminates TLS for these hosts with a per-ticket CA and judges each
+        request; a host of `egress` without rules keeps CONNECT pass-through.
+        Several rules of one host add up. Empty = every host is pass-through.
+        """
+
     def __init__(
         self,
         *,
@@ -251,14 +260,57 @@ class SandboxSpec(_message.Message):
         relay: _builtins.bool = ...,
         egress_private: _abc.Iterable[_builtins.str] | None = ...,
         runtime: _builtins.str = ...,
+        egress_rules: _abc.Iterable[Global___EgressRule] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_private", b"egress_private", "env_names", b"env_names", "image", b"image", "limits", b"limits", "relay", b"relay", "runtime", b"runtime"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "egress_private", b"egress_private", "egress_rules", b"egress_rules", "env_names", b"env_names", "image", b"image", "limits", b"limits", "relay", b"relay", "runtime", b"runtime"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SandboxSpec: _TypeAlias = SandboxSpec  # noqa: Y015
+
+@_typing.final
+class EgressRule(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    METHODS_FIELD_NUMBER: _builtins.int
+    PATHS_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    IGNORE_CASE_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    """a host of `egress` (exact or ".suffix")"""
+    name: _builtins.str
+    """what a refusal names: the preset, or the manifest entry"""
+    ignore_case: _builtins.bool
+    """paths matched ignoring case (a case-insensitive host)"""
+    @_builtins.property
+    def methods(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """upper case; empty = any method"""
+
+    @_builtins.property
+    def paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Path patterns, decoded: `*` within a segment, a `**` segment any number
+        of segments, `?name=value&...` required query parameters. Empty = any path.
+        """
+
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        methods: _abc.Iterable[_builtins.str] | None = ...,
+        paths: _abc.Iterable[_builtins.str] | None = ...,
+        name: _builtins.str = ...,
+        ignore_case: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "ignore_case", b"ignore_case", "methods", b"methods", "name", b"name", "paths", b"paths"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressRule: _TypeAlias = EgressRule  # noqa: Y015
 
 @_typing.final
 class CreateSandboxRequest(_message.Message):
@@ -571,9 +623,13 @@ class DeniedEgressResponse(_message.Message):
     TRUNCATED_FIELD_NUMBER: _builtins.int
     ALLOWED_FIELD_NUMBER: _builtins.int
     ALLOWED_TRUNCATED_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    REQUESTS_TRUNCATED_FIELD_NUMBER: _builtins.int
     truncated: _builtins.bool
     """more distinct names were refused than listed"""
     allowed_truncated: _builtins.bool
+    requests_truncated: _builtins.bool
+    """more distinct requests were logged than listed"""
     @_builtins.property
     def hosts(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeniedHost]:
         """most tried first; at most 50"""
@@ -584,6 +640,10 @@ class DeniedEgressResponse(_message.Message):
         for the run record (R42): from the same newest lines of the proxy's log.
         """
 
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___EgressRequest]:
+        """Every logged request, allowed or refused, grouped by what it was (R44)."""
+
     def __init__(
         self,
         *,
@@ -591,14 +651,76 @@ class DeniedEgressResponse(_message.Message):
         truncated: _builtins.bool = ...,
         allowed: _abc.Iterable[Global___DeniedHost] | None = ...,
         allowed_truncated: _builtins.bool = ...,
+        requests: _abc.Iterable[Global___EgressRequest] | None = ...,
+        requests_truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "allowed_truncated", b"allowed_truncated", "hosts", b"hosts", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "allowed_truncated", b"allowed_truncated", "hosts", b"hosts", "requests", b"requests", "requests_truncated", b"requests_truncated", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeniedEgressResponse: _TypeAlias = DeniedEgressResponse  # noqa: Y015
+
+@_typing.final
+class EgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METHOD_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    PATH_SHA256_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    DENIED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    BYTES_OUT_FIELD_NUMBER: _builtins.int
+    BYTES_IN_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    method: _builtins.str
+    """CONNECT for a tunnel the proxy did not open (pass-through)"""
+    host: _builtins.str
+    path: _builtins.str
+    """The path as sent, without its query ("" for a tunnel); syntax-checked and clipped
+    (the log is sandbox-made text).
+    """
+    path_sha256: _builtins.str
+    """of the path's normal form (egress_judge.normal_path), "" for a tunnel"""
+    status: _builtins.int
+    """the HTTP status the proxy answered"""
+    denied: _builtins.bool
+    reason: _builtins.str
+    """Why a refusal happened ("method", "path", "unclear-path", "upgrade", ...), or "" when allowed."""
+    rule: _builtins.str
+    """the rules that decided (names, comma-separated), "" without rules"""
+    bytes_out: _builtins.int
+    """request bytes from the sandbox, summed"""
+    bytes_in: _builtins.int
+    """reply bytes to the sandbox, summed"""
+    count: _builtins.int
+    """requests of this kind"""
+    def __init__(
+        self,
+        *,
+        method: _builtins.str = ...,
+        host: _builtins.str = ...,
+        path: _builtins.str = ...,
+        path_sha256: _builtins.str = ...,
+        status: _builtins.int = ...,
+        denied: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        rule: _builtins.str = ...,
+        bytes_out: _builtins.int = ...,
+        bytes_in: _builtins.int = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_in", b"bytes_in", "bytes_out", b"bytes_out", "count", b"count", "denied", b"denied", "host", b"host", "method", b"method", "path", b"path", "path_sha256", b"path_sha256", "reason", b"reason", "rule", b"rule", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressRequest: _TypeAlias = EgressRequest  # noqa: Y015
 
 @_typing.final
 class ExecRequest(_message.Message):

@@ -179,7 +179,9 @@ class SandboxBrokerServicer:
     def DeniedEgress(self, request, context):
         """The host names the ticket's egress proxy refused (its access log's
         TCP_DENIED lines), with how often each was tried: names only, never a
-        path or query, syntax-checked (the log is sandbox-made text) and bounded.
+        path or query, syntax-checked (the log is sandbox-made text) and bounded;
+        the same for the hosts it let through, and every request it logged
+        (R44: method, host, path without its query, verdict, bytes).
         Empty for a sandbox without egress.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -52,7 +52,9 @@ class SandboxBrokerStub:
     DeniedEgress: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.DeniedEgressRequest, _sandbox_pb2.DeniedEgressResponse]
     """The host names the ticket's egress proxy refused (its access log's
     TCP_DENIED lines), with how often each was tried: names only, never a
-    path or query, syntax-checked (the log is sandbox-made text) and bounded.
+    path or query, syntax-checked (the log is sandbox-made text) and bounded;
+    the same for the hosts it let through, and every request it logged
+    (R44: method, host, path without its query, verdict, bytes).
     Empty for a sandbox without egress.
     """
     Exec: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.ExecRequest, _sandbox_pb2.ExecEvent]
@@ -119,7 +121,9 @@ class SandboxBrokerAsyncStub(SandboxBrokerStub):
     DeniedEgress: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.DeniedEgressRequest, _sandbox_pb2.DeniedEgressResponse]  # type: ignore[assignment]
     """The host names the ticket's egress proxy refused (its access log's
     TCP_DENIED lines), with how often each was tried: names only, never a
-    path or query, syntax-checked (the log is sandbox-made text) and bounded.
+    path or query, syntax-checked (the log is sandbox-made text) and bounded;
+    the same for the hosts it let through, and every request it logged
+    (R44: method, host, path without its query, verdict, bytes).
     Empty for a sandbox without egress.
     """
     Exec: _aio.UnaryStreamMultiCallable[_sandbox_pb2.ExecRequest, _sandbox_pb2.ExecEvent]  # type: ignore[assignment]
@@ -225,7 +229,9 @@ class SandboxBrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_sandbox_pb2.DeniedEgressResponse, _abc.Awaitable[_sandbox_pb2.DeniedEgressResponse]]:
         """The host names the ticket's egress proxy refused (its access log's
         TCP_DENIED lines), with how often each was tried: names only, never a
-        path or query, syntax-checked (the log is sandbox-made text) and bounded.
+        path or query, syntax-checked (the log is sandbox-made text) and bounded;
+        the same for the hosts it let through, and every request it logged
+        (R44: method, host, path without its query, verdict, bytes).
         Empty for a sandbox without egress.
         """
 
