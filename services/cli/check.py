@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from services.common import egress_rules
 from services.common.config import Config
 from services.common.errors import ConfigError
 from services.common.manifests import load_config, missing_env
@@ -86,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
           f"{len(config.agents)} agent(s){mcp}, {len(config.workflows)} workflow(s)")
     for name, wf in sorted(config.workflows.items()):
         print(f"  workflow {name}: {' -> '.join(n.id for n in wf.nodes)}")
+    for ws in sorted(config.workspaces.values(), key=lambda w: w.name):
+        for line in egress_rules.describe(ws.sandbox.egress_rules):   # what each rule and preset allows (R44)
+            print(f"  egress rule of workspace {ws.name}: {line}")
     unset = missing_env(config, os.environ)
     for var, where in unset:
         print(f"  note: {var} is not set in this shell ({where}); `afe up` will refuse to start without it")

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .egress_rules import EgressRule
+
 DEFAULT_SANDBOX_IMAGE = "afe/sandbox:latest"
 DEFAULT_PROXY_IMAGE = "afe/proxy:latest"
 
@@ -34,6 +36,9 @@ class SandboxConfig:
     egress: tuple[str, ...] = ()          # empty => --network none (R10)
     # operator-allowed private destinations: names (also in egress) and CIDRs (R11)
     egress_private: tuple[str, ...] = ()
+    # methods and paths allowed on hosts of `egress` that have rules (R44, egress_rules.py);
+    # a host of `egress` without rules is reached by CONNECT pass-through
+    egress_rules: tuple[EgressRule, ...] = ()
     # warm sandboxes kept ready per profile of this workspace (services/scheduler/sandboxes/pool.py)
     pool: int = 0
     # the OCI runtime: runc (namespaces, the host's kernel) or gvisor (runsc: a

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ..bytecode import check_allow_pattern
 from ..config import DEFAULT_SANDBOX_IMAGE, Author, ForgeConfig, Limits, SandboxConfig, Workspace
+from ..egress_rules import PRESETS, RULES_MAX, EgressRule, overlap_problems, parse_entry
 from .document import Doc, check_api_url
 from .text import EGRESS_RE, ENV_NAME_RE, GITHUB_REPO_RE, NAME_RE, fields_of, parse_memory, show
 from .verify import harness_pattern_problem
@@ -64,13 +65,29 @@ class LimitsManifest(BaseModel):
     disk: Size = Field("10g", description="the workspace's disk cap, 16m to 16t (R34)")
 
 
+class EgressRuleManifest(BaseModel):
+    """A host of sandbox.egress bound to methods and paths (R44)."""
+    model_config = _STRICT
+    host: Annotated[str, StringConstraints(pattern=EGRESS_RE.pattern)]
+    preset: Literal["read-only", "git-fetch"] | None = Field(
+        None, description="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values()))
+    methods: list[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9-]{0,31}$")]] | None = Field(
+        None, description="the HTTP methods allowed (capitals); left out: any method")
+    paths: list[str] | None = Field(
+        None, description="path patterns allowed, decoded: * within a segment, ** any segments, "
+        "?name=value required query parameters; left out: any path")
+    pathCase: Literal["sensitive", "insensitive"] = Field(
+        "sensitive", description="insensitive for a host that treats paths case-insensitively")
+
+
 class SandboxManifest(BaseModel):
     model_config = _STRICT
     image: str = DEFAULT_SANDBOX_IMAGE
     limits: LimitsManifest | None = None
-    egress: list[Annotated[str, StringConstraints(pattern=EGRESS_RE.pattern)]] = Field(
+    egress: list[Annotated[str, StringConstraints(pattern=EGRESS_RE.pattern)] | EgressRuleManifest] = Field(
         default_factory=list, description="host names the sandbox may reach through the proxy; empty = no "
-        "network (R10). .example.com allows a domain and its subdomains")
+        "network (R10). .example.com allows a domain and its subdomains. An entry {host, preset} or {host, "
+        "methods, paths} allows only those requests on that host, judged on the decrypted request (R44)")
     egressPrivate: list[str] = Field(
         default_factory=list, description="names (also in egress) allowed to resolve to private addresses, "
         "or private CIDR subnets (R11)")
@@ -174,19 +191,7 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
                 else:
                     disk = parsed
             limits = Limits(cpus=cpus, memory_bytes=memory, pids=pids, disk_bytes=disk)
-        egress = doc.str_list(sd, "egress", "sandbox.egress", pattern=EGRESS_RE,
-                              what="write a lower-case host name such as pypi.org, or .example.com for "
-                              "a domain and its subdomains (no scheme, port, path or IP address)")
-        bad_ip = []
-        for host in egress:
-            try:
-                ipaddress.ip_address(host.lstrip("."))
-                bad_ip.append(host)
-            except ValueError:
-                pass
-        for host in bad_ip:
-            doc.error("sandbox.egress", f"{show(host)} is an IP address; name a host instead")
-        egress = tuple(h for h in egress if h not in bad_ip)
+        egress, egress_rules = _egress(doc, sd)
         pool = doc.integer(sd, "pool", "sandbox.pool", 0, minimum=0)
         if pool > MAX_POOL:
             doc.error("sandbox.pool", f"{pool} is above the maximum of {MAX_POOL}; lower it")
@@ -194,7 +199,7 @@ def load(loader: Loader, doc: Doc, d: Mapping[str, Any], name: str | None) -> No
         runtime = doc.choice(sd, "runtime", "sandbox.runtime", RUNTIMES, "runc")
         sandbox = SandboxConfig(image=image, limits=limits, egress=egress,
                                 egress_private=_egress_private(loader, doc, sd, egress), pool=pool,
-                                runtime=runtime)
+                                runtime=runtime, egress_rules=egress_rules)
     author = Author()
     ad = doc.mapping(d, "author", "author")
     if ad is not None:
@@ -247,6 +252,54 @@ def _check_push_repo(doc: Doc, ftype: str, frepo: str, push_repo: str, repo: str
         doc.error("forge.pushRepo", "needs repo to be an https:// URL ending in owner/name (the fork is "
                   "reached on the same host, e.g. https://github.com/" + push_repo + ".git); write repo "
                   "that way")
+
+
+def _egress(doc: Doc, sd: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[EgressRule, ...]]:
+    """sandbox.egress: host names (the whole host, CONNECT pass-through) and
+    mappings binding a host to methods and paths or a preset (R44,
+    egress_rules.py). Returns every host name and the rules."""
+    raw = sd.get("egress")
+    if raw is None:
+        return (), ()
+    if not isinstance(raw, list):
+        doc.error("sandbox.egress", "must be a list of host names or {host, preset | methods, paths} mappings")
+        return (), ()
+    hosts: list[str] = []
+    plain: list[str] = []
+    rules: list[EgressRule] = []
+    for i, item in enumerate(raw):
+        path = f"sandbox.egress[{i}]"
+        if isinstance(item, dict):
+            host, got, problems = parse_entry(item, path)
+            for where, message in problems:
+                doc.error(where, message)
+            if host is not None and not problems:
+                rules.extend(got)
+                if host not in hosts:
+                    hosts.append(host)
+            continue
+        if not isinstance(item, str) or not EGRESS_RE.match(item):
+            doc.error(path, f"{show(item)} is not valid; write a lower-case host name such as pypi.org, or "
+                      ".example.com for a domain and its subdomains (no scheme, port, path or IP address), or "
+                      "a mapping {host: NAME, preset: read-only} (egress rules, docs/GUIDE.md)")
+            continue
+        try:
+            ipaddress.ip_address(item.lstrip("."))
+            doc.error("sandbox.egress", f"{show(item)} is an IP address; name a host instead")
+            continue
+        except ValueError:
+            pass
+        if item in plain:
+            doc.error(path, f"{show(item)} is listed twice; remove the duplicate")
+            continue
+        plain.append(item)
+        if item not in hosts:
+            hosts.append(item)
+    for problem in overlap_problems(plain, [r.host for r in rules]):
+        doc.error("sandbox.egress", problem)
+    if len(rules) > RULES_MAX:
+        doc.error("sandbox.egress", f"has {len(rules)} rules; at most {RULES_MAX}")
+    return tuple(hosts), tuple(rules)
 
 
 def _egress_private(loader: Loader, doc: Doc, sd: Mapping[str, Any], egress: tuple[str, ...]) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ make one before the ticket exists."""
 from __future__ import annotations
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common.config import Config, Workflow, Workspace
+from services.common.config import Config, SandboxConfig, Workflow, Workspace
 
 SANDBOX_KINDS = ("run", "model", "agent")
 
@@ -30,8 +30,16 @@ def sandbox_spec(config: Config, workflow: Workflow, workspace: Workspace) -> sp
         limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids,
                           disk_bytes=sb.limits.disk_bytes),
         egress=list(sb.egress), egress_private=list(sb.egress_private), env_names=sorted(env_names),
+        egress_rules=egress_rules_spec(sb),
         relay=bool(relay_models(config, workflow) or relay_mcp(config, workflow)),
         runtime=sb.runtime if sb.runtime != "runc" else "")
+
+
+def egress_rules_spec(sb: SandboxConfig) -> list[spb.EgressRule]:
+    """The methods and paths allowed on the Workspace's hosts with rules (R44),
+    for every sandbox of its tickets (the clean room's too)."""
+    return [spb.EgressRule(host=r.host, methods=list(r.methods), paths=list(r.paths), name=r.name,
+                           ignore_case=r.ignore_case) for r in sb.egress_rules]
 
 
 def agent_env_names(config: Config, workflow: Workflow) -> dict[str, list[str]]:

@@ -56,6 +56,7 @@ from services.common.layout import verify_id
 from services.common.verification import failure_line
 
 from ...events.log import now_ms
+from ...sandboxes.spec import egress_rules_spec
 from ...store.base import ApprovalRecord, LeaseLost, PullRequestRecord
 from ...store.verification_records import BASE, HEAD, VerificationRecord
 from .. import brokercalls
@@ -88,14 +89,14 @@ def base_owner(workspace: str) -> str:
 
 def verify_spec(workspace: Workspace) -> spb.SandboxSpec:
     """The verification sandbox: the workspace's own settings only — its image
-    (never an agent's), limits, runtime and declared egress; no relay, no env names."""
+    (never an agent's), limits, runtime and declared egress (with its rules, R44); no relay, no env names."""
     sb = workspace.sandbox
     return spb.SandboxSpec(
         image=sb.image,
         limits=spb.Limits(cpus=sb.limits.cpus, memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids,
                           disk_bytes=sb.limits.disk_bytes),
         egress=list(sb.egress), egress_private=list(sb.egress_private), env_names=[], relay=False,
-        runtime=sb.runtime if sb.runtime != "runc" else "")
+        egress_rules=egress_rules_spec(sb), runtime=sb.runtime if sb.runtime != "runc" else "")
 
 
 def config_digest(verify: Verify, workspace: Workspace) -> str:
