@@ -27,7 +27,7 @@ root=$(mktemp -d /var/tmp/afe-base.XXXXXX)
 trap 'rm -rf "$root"' EXIT
 echo "debootstrap bookworm from $mirror (about a minute)..."
 debootstrap --variant=minbase \
-  --include=bash,coreutils,git,python3,python3-venv,python3-pytest,ca-certificates,squid,procps,iproute2 \
+  --include=bash,coreutils,git,python3,python3-venv,python3-pytest,ca-certificates,squid-openssl,openssl,procps,iproute2 \
   bookworm "$root" "$mirror" >"$root.log" 2>&1 || { tail -n 30 "$root.log" >&2; exit 1; }
 rm -f "$root.log"
 # Trim what a container never uses.

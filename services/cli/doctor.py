@@ -181,6 +181,7 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
 async def _probe(report: Report, client, tmp: Path, instance: str, network: str, subnet: str,
                  tname: str, tip: str, gvisor_runtime: str | None) -> None:
     """`gvisor_runtime`: the engine's gVisor runtime, or None to check runc only."""
+    from services.sandbox.checks import GVISOR_RUNTIME
     from services.sandbox.execs import Runner
     from services.sandbox.hardening import SandboxSettings
     from services.sandbox.sandboxes import SandboxManager
@@ -196,7 +197,7 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
             os.chmod(layout.workspace(t), 0o777)
     mgr = SandboxManager(layout, instance=instance, egress_network=network, allow_private=[subnet],
                          env_values={"AFE_DOCTOR_PROBE": probe_value}, client=client,
-                         **({"gvisor_runtime": gvisor_runtime} if gvisor_runtime else {}))
+                         gvisor_runtime=gvisor_runtime or GVISOR_RUNTIME)
     runner = Runner(mgr)
     t0 = time.monotonic()
     plain_settings = SandboxSettings(ticket_id="doctor-plain", pids=64, memory_bytes=64 * 1024 ** 2,

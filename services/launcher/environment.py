@@ -4,7 +4,8 @@ Every child starts from an EMPTY environment: `PATH HOME LANG TZ` plus only
 the names its role needs. The credential broker gets exactly the `tokenEnv` /
 `apiKeyEnv` names the manifests mention, `AFE_CA_FILE` and the HTTP(S) proxy
 variables (for its git and HTTPS calls); the sandbox broker exactly the names
-`acp` agents declare (+ `DOCKER_HOST`), the gateway the UI token and the
+`acp` agents declare (+ `DOCKER_HOST`, and `AFE_CA_FILE` for the egress proxies
+that decrypt, R44), the gateway the UI token and the
 GitHub webhook secret (`AFE_GITHUB_WEBHOOK_SECRET`), the
 scheduler the store URL; every child gets the `OTEL_*` exporter settings.
 The table of every operator setting and the process it reaches is in
@@ -30,7 +31,8 @@ def allowed_names(service: str, config: Config, environ: Mapping[str, str]) -> l
         names += ["AFE_CA_FILE", *PROXY_NAMES]
     elif service == "sandbox":
         names += config.agent_env_names()
-        names.append("DOCKER_HOST")
+        # DOCKER_HOST; AFE_CA_FILE: the CAs a decrypting egress proxy trusts for upstreams (R44)
+        names += ["DOCKER_HOST", "AFE_CA_FILE"]
     elif service == "gateway":
         # The GitHub webhook secret (docs/GITHUB.md, R35) reaches the gateway and nothing else.
         names += ["AFE_UI_TOKEN", GITHUB_WEBHOOK_SECRET_ENV]

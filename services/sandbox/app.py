@@ -47,13 +47,14 @@ def build_app(layout: Layout, links: LinkSecrets, redactor: Redactor, *, socket_
               interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
               registry: CollectorRegistry | None = None, disk_mode: str | None = None,
               listen: str = "", tls: grpcutil.TlsFiles | None = None, gvisor_runtime: str = "runsc",
-              egress_transport: str = "network") -> SandboxApp:
+              egress_transport: str = "network", upstream_ca: bytes = b"") -> SandboxApp:
     """`socket_path` defaults to the layout's `sandbox` socket. With `listen`
     (`HOST:PORT`) and `tls`, the broker serves a scheduler on another host
     over TCP with mutual TLS instead (R39, docs/SCALE.md)."""
     sandboxes = SandboxManager(layout, instance=instance, egress_network=egress_network,
                                allow_private=allow_private, env_values=env_values, disk_mode=disk_mode,
-                               gvisor_runtime=gvisor_runtime, egress_transport=egress_transport)
+                               gvisor_runtime=gvisor_runtime, egress_transport=egress_transport,
+                               upstream_ca=upstream_ca)
     # R34: say which disk cap holds (a loop-mounted image, or the coarser watchdog) and why
     log.info("workspace disk cap: %s mode (%s)", sandboxes.diskcap.mode, sandboxes.diskcap.why)
     runner = Runner(sandboxes)

@@ -14,10 +14,16 @@ caches nothing.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
+import urllib.parse
+from dataclasses import dataclass, replace
 
+from services.common.egress_rules import EgressRule
 from services.common.errors import InvalidArgument
+
+from . import egress_bump, egress_judge
 
 PROXY_PORT = 3128
 
@@ -131,18 +137,36 @@ def proxy_env(host: str, port: int = PROXY_PORT) -> dict[str, str]:
             "NO_PROXY": SANDBOX_NO_PROXY, "no_proxy": SANDBOX_NO_PROXY}
 
 
+# squid's native access log format, then the request's bytes, the SslBump
+# decision, the TLS SNI and the judge's annotation (egress_judge.py): the first
+# ten fields read as before, the rest is what R44's record needs.
+LOG_FORMAT = ("%ts.%03tu %6tr %>a %Ss/%03>Hs %<st %rm %ru %[un %Sh/%<a %mt "
+              "%>st %ssl::bump_mode %ssl::>sni %ea")
+
+
 def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = (),
-               private: list[str] | tuple[str, ...] = (), loopback_only: bool = False) -> str:
+               private: list[str] | tuple[str, ...] = (), loopback_only: bool = False,
+               rules: tuple[EgressRule, ...] = (), upstream_ca: bool = False) -> str:
     """The proxy's configuration. `allow_private` is the broker's exemption
     (tests, doctor); `private` the ticket's operator-allowed private entries
     (host names and subnets, see `check_private`); `loopback_only`: squid
     listens on its container's loopback alone (egress_socket.py: the socket
-    is the only way in)."""
+    is the only way in); `rules`: the methods and paths allowed on hosts that
+    have rules (R44: squid decrypts those, egress_bump.py), `upstream_ca`:
+    the operator's CA file is there for verifying upstreams."""
     private_names, private_cidrs = check_private(list(private), names)
     names = check_egress_names(names)
     exempt = check_cidrs(allow_private)
+    listen = f"127.0.0.1:{PROXY_PORT}" if loopback_only else f"{PROXY_PORT}"
+    bump_setup: list[str] = []
+    bump_first: list[str] = []
+    bump_rules: list[str] = []
+    if rules:
+        bump_setup, bump_first, bump_rules = egress_bump.squid_lines(rules, listen=listen,
+                                                                     upstream_ca=upstream_ca)
     lines = [
-        f"http_port 127.0.0.1:{PROXY_PORT}" if loopback_only else f"http_port {PROXY_PORT}",
+        *(bump_setup[:1] or [f"http_port {listen}"]),
+        *bump_setup[1:],
         "icp_port 0",
         "htcp_port 0",
         "snmp_port 0",
@@ -152,7 +176,8 @@ def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()
         "cache deny all",
         "cache_mem 0 MB",
         "cache_store_log none",
-        "access_log stdio:/dev/stdout",
+        f"logformat afe {LOG_FORMAT}",
+        "access_log stdio:/dev/stdout afe",
         "cache_log /dev/stderr",
         "logfile_rotate 0",
         "coredump_dir /tmp",
@@ -178,6 +203,7 @@ def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()
     if private_cidrs:
         lines.append(f"acl private_dst dst {' '.join(private_cidrs)}")
     lines += [
+        *bump_first,
         "http_access deny CONNECT !SSL_ports",
         "http_access deny !Safe_ports",
         "http_access deny ip_literal",
@@ -187,6 +213,7 @@ def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()
     unless = (" !exempt_dst" if exempt else "") + (" !private_names" if private_names else "") \
         + (" !private_dst" if private_cidrs else "")
     lines.append(f"http_access deny blocked_dst{unless}")
+    lines += bump_rules
     if names:
         lines.append("http_access allow allowed_names")
     lines += ["http_access deny all", "http_reply_access allow all"]
@@ -244,13 +271,10 @@ def logged_hosts(log_text: str, *, denied: bool, limit: int = DENIED_HOSTS_MAX) 
     counts: dict[str, int] = {}
     truncated = False
     for line in log_text.splitlines():
-        fields = line.split()
-        # time elapsed client CODE/status bytes METHOD URL user hierarchy type
-        if len(fields) < 7 or "/" not in fields[3] or fields[3].startswith("TCP_DENIED/") != denied:
+        entry = parse_log_line(line)
+        if entry is None or entry.denied != denied or not entry.host:
             continue
-        host = _log_host(fields[5], fields[6])
-        if not host:
-            continue
+        host = entry.host
         if host in counts:
             counts[host] += 1
         elif len(counts) < limit:
@@ -258,3 +282,116 @@ def logged_hosts(log_text: str, *, denied: bool, limit: int = DENIED_HOSTS_MAX) 
         else:
             truncated = True
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])), truncated
+
+
+# ---- every request, for the run record and the egress.denied event (R44) ------
+
+REQUESTS_MAX = 500               # distinct requests (method, host, path, status, verdict) reported per ticket
+PATH_SHOWN_MAX = 512
+_METHOD_RE = re.compile(r"^[A-Z][A-Z0-9_-]{0,19}$")
+_PATH_RE = re.compile(r"^/[\x21-\x7e]*$")             # visible ASCII: squid logs a URL escaped
+_NOTE_RE = re.compile(r"^(allow|deny):([a-z-]{1,20}):([A-Za-z0-9._\[\],-]{0,200})$")
+_TUNNEL_SETUP = ("NONE", "NONE_NONE")    # the CONNECT line of a tunnel squid bumped or peeked into
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    """One request of the proxy's access log, checked (the log is sandbox-made text)."""
+    method: str
+    host: str
+    path: str            # without the query; "" for a tunnel
+    status: int
+    denied: bool
+    reason: str          # why it was refused ("" when allowed)
+    rule: str            # the rules that judged it ("" without rules)
+    bytes_out: int
+    bytes_in: int
+
+
+def _int(text: str) -> int:
+    return int(text) if text.isdigit() and len(text) < 19 else 0
+
+
+def parse_log_line(line: str) -> LoggedRequest | None:
+    """One line of the `afe` log format (LOG_FORMAT; squid's native format is
+    its first ten fields) as a request, or None: too few fields, no method,
+    or the CONNECT line of a tunnel whose requests squid logs one by one
+    (bumped) or as a TCP_TUNNEL line (spliced after a peek)."""
+    fields = line.split()
+    # time elapsed client CODE/status bytes METHOD URL user hierarchy type [bytes-out bump sni note]
+    if len(fields) < 7 or "/" not in fields[3]:
+        return None
+    code, _, status_text = fields[3].partition("/")
+    method, url = fields[5], fields[6]
+    bump = fields[11] if len(fields) > 11 else "-"
+    sni = fields[12] if len(fields) > 12 else "-"
+    note = urllib.parse.unquote(fields[13]) if len(fields) > 13 else "-"
+    if not _METHOD_RE.match(method):
+        return None
+    status = _int(status_text)
+    terminated = bump == "terminate"
+    if method == "CONNECT" and code in _TUNNEL_SETUP and not terminated:
+        return None
+    denied = code.startswith("TCP_DENIED") or terminated or (code in _TUNNEL_SETUP and status >= 400)
+    host = _log_host(method, url)
+    sni_host = _log_host("CONNECT", sni) if sni != "-" else ""
+    if terminated and sni_host:
+        host = sni_host                  # the host the ClientHello named (a host with rules)
+    host = host or sni_host
+    path = ""
+    if method != "CONNECT":
+        rest = url.partition("://")[2]
+        raw = "/" + rest.split("/", 1)[1] if "/" in rest else ""
+        raw = raw.split("?", 1)[0]
+        path = raw[:PATH_SHOWN_MAX] if _PATH_RE.match(raw) else ""
+    reason, rule = "", ""
+    m = _NOTE_RE.match(note)
+    if m:
+        rule = m.group(3)
+        if m.group(1) == "deny":
+            reason = m.group(2)
+    if denied and not reason:
+        reason = ("sni" if terminated else "unparsed" if code in _TUNNEL_SETUP else "not-allowed")
+    return LoggedRequest(method=method, host=host, path=path, status=status, denied=denied,
+                         reason=reason if denied else "", rule=rule,
+                         bytes_out=_int(fields[10]) if len(fields) > 10 else 0, bytes_in=_int(fields[4]))
+
+
+@dataclass
+class RequestCount:
+    request: LoggedRequest
+    count: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+
+
+def logged_requests(log_text: str, limit: int = REQUESTS_MAX) -> tuple[list[RequestCount], bool]:
+    """Every request the proxy logged, allowed or refused, grouped by (method,
+    host, path, status, verdict, rule) with counts and summed bytes, in the
+    order first seen; at most `limit` groups (truncated says more were seen)."""
+    groups: dict[tuple, RequestCount] = {}
+    truncated = False
+    for line in log_text.splitlines():
+        r = parse_log_line(line)
+        if r is None:
+            continue
+        key = (r.method, r.host, r.path, r.status, r.denied, r.reason, r.rule)
+        g = groups.get(key)
+        if g is None:
+            if len(groups) >= limit:
+                truncated = True
+                continue
+            g = groups[key] = RequestCount(replace(r, bytes_out=0, bytes_in=0))
+        g.count += 1
+        g.bytes_out += r.bytes_out
+        g.bytes_in += r.bytes_in
+    return list(groups.values()), truncated
+
+
+def path_digest(path: str) -> str:
+    """SHA-256 of a logged path's normal form (egress_judge.normal_path: the
+    encoded spellings of one path share it); "" for a tunnel."""
+    if not path:
+        return ""
+    normal = egress_judge.normal_path(path)
+    return hashlib.sha256((normal if normal is not None else path).encode()).hexdigest()

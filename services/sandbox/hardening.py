@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from docker.types import Mount, Ulimit
 
 from services.common.config import DEFAULT_PROXY_IMAGE, DEFAULT_SANDBOX_IMAGE, Limits
+from services.common.egress_rules import EgressRule
 from services.common.errors import InvalidArgument
 from services.common.layout import SANDBOX_GID, SANDBOX_UID
 from services.common.relayenv import RELAY_MOUNT
 
-from . import egress
+from . import egress, egress_bump
 from .egress_socket import EGRESS_MOUNT, proxy_command
 
 WORKSPACE = "/workspace"
@@ -38,6 +39,7 @@ LABEL_DISK = "afe.disk"        # the workspace's disk cap in bytes (R34), for a 
 LABEL_RELAY = "afe.relay"      # "1": the ticket's model relay folder is mounted (R32)
 LABEL_RUNTIME = "afe.runtime"  # runc | gvisor
 LABEL_EGRESS = "afe.egress"    # "socket": egress through the ticket's proxy socket, no interface (egress_socket.py)
+LABEL_EGRESS_RULES = "afe.egress.rules"   # "1": hosts with rules, judged decrypted; the sandbox trusts its CA (R44)
 RUNTIMES = ("runc", "gvisor")
 
 
@@ -51,6 +53,7 @@ class SandboxSettings:
     disk_bytes: int = DEFAULT_LIMITS.disk_bytes   # the workspace's disk cap (R34, diskcap.py)
     egress: tuple[str, ...] = ()
     egress_private: tuple[str, ...] = ()   # operator-allowed private names/CIDRs (egress.check_private)
+    egress_rules: tuple[EgressRule, ...] = ()   # methods and paths on hosts with rules (R44, egress_bump.py)
     env_names: tuple[str, ...] = ()
     relay: bool = False                           # mount the ticket's model relay folder (R32)
     runtime: str = "runc"                         # runc | gvisor (the engine's runsc)
@@ -125,7 +128,7 @@ def ticket_network_kwargs(*, name: str, instance: str, ticket_id: str) -> dict:
 def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, workspace: str,
                           network: str | None, env: dict[str, str], ipv6: bool = True,
                           relay_dir: str | None = None, egress_dir: str | None = None,
-                          runtime_name: str | None = None) -> dict:
+                          runtime_name: str | None = None, ca_mounts: list[Mount] | None = None) -> dict:
     """R5 network none unless egress; R6 caps/no-new-privileges/limits; R7
     non-root; R8 read-only root, /workspace the only writable bind, no
     socket; R9 no environment but what the caller passes (non-secret proxy
@@ -135,7 +138,8 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
     /run/afe-relay. Egress without an interface (`egress_dir`, the ticket's
     proxy socket folder) is mounted read-only at /run/afe-egress, and the
     sandbox stays on no network. `runtime_name`: the engine's runtime for
-    gVisor (runc when None)."""
+    gVisor (runc when None). `ca_mounts`: the ticket's CA folder and bundle
+    (egress_ca.py) when its egress has rules (R44)."""
     lab = labels(instance, s.ticket_id, "sandbox")
     lab[LABEL_ENV] = ",".join(s.env_names)
     lab[LABEL_DISK] = str(s.disk_bytes)
@@ -147,6 +151,9 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
     if egress_dir:
         lab[LABEL_EGRESS] = "socket"
         mounts.append(Mount(target=EGRESS_MOUNT, source=egress_dir, type="bind", read_only=True))
+    if ca_mounts:
+        lab[LABEL_EGRESS_RULES] = "1"
+        mounts.extend(ca_mounts)
     return dict(
         image=s.image,
         command=["sleep", "infinity"],
@@ -185,21 +192,31 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
 
 
 def proxy_create_kwargs(*, ticket_id: str, name: str, instance: str, outside_network: str,
-                        conf: str, image: str = DEFAULT_PROXY_IMAGE, egress_dir: str | None = None) -> dict:
+                        conf: str, image: str = DEFAULT_PROXY_IMAGE, egress_dir: str | None = None,
+                        bump_dir: str | None = None) -> dict:
     """The squid proxy is hardened too: no capabilities, read-only root, its
     config passed in the environment (it is not secret: only host names) and
     written to a tmpfs by the entrypoint, so no host path is mounted but, for
     egress without an interface, the ticket's socket folder (`egress_dir`,
-    egress_socket.py), where its main process serves squid's socket."""
+    egress_socket.py), where its main process serves squid's socket, and,
+    for egress with rules (R44), the judge's folder (`bump_dir`,
+    egress_bump.py) read-only: the command then first makes the ticket's CA
+    in the proxy's tmpfs."""
     command = proxy_command() if egress_dir else [
         "sh", "-c", 'printf "%s" "$AFE_SQUID_CONF" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf']
+    environment = {"AFE_SQUID_CONF": conf}
+    mounts = [Mount(target=EGRESS_MOUNT, source=egress_dir, type="bind")] if egress_dir else []
+    if bump_dir:
+        command = egress_bump.proxy_command(command)
+        environment["AFE_TICKET"] = ticket_id
+        mounts.append(Mount(target=egress_bump.BUMP_MOUNT, source=bump_dir, type="bind", read_only=True))
     return dict(  # noqa: C408 - reads like the docker run flags it mirrors
         image=image,
         command=command,
         entrypoint=[],
         name=name,
         user="proxy",
-        environment={"AFE_SQUID_CONF": conf},
+        environment=environment,
         labels=labels(instance, ticket_id, "proxy"),
         network=outside_network,
         cap_drop=["ALL"],
@@ -210,7 +227,7 @@ def proxy_create_kwargs(*, ticket_id: str, name: str, instance: str, outside_net
                "/var/run/squid": "size=1m,nosuid,nodev,uid=13,gid=13",
                "/var/spool/squid": "size=1m,nosuid,nodev,uid=13,gid=13",
                "/var/log/squid": "size=16m,nosuid,nodev,uid=13,gid=13"},
-        mounts=[Mount(target=EGRESS_MOUNT, source=egress_dir, type="bind")] if egress_dir else [],
+        mounts=mounts,
         nano_cpus=int(0.5 * 1e9),
         mem_limit=256 * 1024 ** 2,
         pids_limit=128,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 from services.common.errors import AfeError, ConfigError
@@ -47,6 +48,23 @@ def _extra(p: argparse.ArgumentParser) -> None:
                    help="the link secret the scheduler presents (`afe certs` writes <name>.secret, 0600)")
 
 
+def _upstream_ca(path: str | None) -> bytes:
+    """AFE_CA_FILE's certificates: a proxy that decrypts a host with egress
+    rules (R44) trusts them besides the system store for the upstream."""
+    if not path:
+        return b""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(8 << 20)
+    except OSError as exc:
+        raise ConfigError(f"AFE_CA_FILE={path} cannot be read ({exc.strerror}); point it at the PEM bundle of "
+                          "your private CA, or unset it") from None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise ConfigError(f"AFE_CA_FILE={path} holds no PEM certificate; point it at the PEM bundle of your "
+                          "private CA, or unset it")
+    return data
+
+
 async def amain(argv: list[str] | None = None) -> int:
     args = parse_args("sandbox", DEFAULT_PORTS["sandbox_ops"], argv, extra=_extra)
     ctx = make_context("sandbox", args)
@@ -70,7 +88,8 @@ async def amain(argv: list[str] | None = None) -> int:
         app = build_app(ctx.layout, links, ctx.redactor, instance=args.instance, listen=args.listen, tls=tls,
                         egress_network=args.egress_network, allow_private=args.allow_private,
                         gvisor_runtime=args.gvisor_runtime, egress_transport=args.egress_transport,
-                        env_values=env_values, interceptors=grpc_server_interceptors(), registry=ctx.registry)
+                        env_values=env_values, interceptors=grpc_server_interceptors(), registry=ctx.registry,
+                        upstream_ca=_upstream_ca(os.environ.get("AFE_CA_FILE")))
     except AfeError as exc:
         log.error("sandbox broker: %s", ctx.redactor.redact(str(exc)))
         return 2

@@ -21,7 +21,7 @@ import docker.errors
 
 from services.common.errors import FailedPrecondition, Unavailable
 
-from . import egress_socket, hardening
+from . import egress_ca, egress_socket, hardening
 from .egress import squid_conf
 from .hardening import SandboxSettings
 from .sandbox_info import SandboxInfo
@@ -44,7 +44,9 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
                       check_network: Callable[[str], None],
                       started: Callable[[str], None] = lambda _cid: None,
                       before_start: Callable[[], None] = lambda: None, egress_dir: str | None = None,
-                      runtime_name: str | None = None) -> tuple[SandboxInfo, str]:
+                      runtime_name: str | None = None, bump_dir: str | None = None,
+                      prepare_ca: Callable[[], tuple[str, str | None]] | None = None,
+                      upstream_ca: bool = False) -> tuple[SandboxInfo, str]:
     """Create (and start) the containers; returns the info and the
     proxy's address on its outside network ("" without egress).
     `check_engine` runs before the ticket's network is made, `check_network`
@@ -54,7 +56,12 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
     `started(container id)` as soon as the sandbox runs, while its proxy may
     still be starting. With `egress_dir` (egress_socket.py) no ticket network
     is made: the proxy sits on its outside network alone and serves the
-    socket folder, which the sandbox (on no network) has mounted."""
+    socket folder, which the sandbox (on no network) has mounted. With egress
+    rules (R44), `bump_dir` is the judge's folder for the proxy
+    (egress_bump.py) and `prepare_ca()`, called while the proxy starts,
+    makes the sandbox's CA folder and says where the image keeps its CA
+    store ((folder, path or None), egress_ca.py); `upstream_ca`: the
+    operator's CA file is in `bump_dir`."""
     ticket_id = s.ticket_id
     network = ""
     proxy_id = ""
@@ -63,11 +70,13 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
     starting: concurrent.futures.Future | None = None
     network_made = threading.Event()
     try:
+        rules = s.egress_rules if s.egress and bump_dir else ()
         if s.egress and egress_dir:
-            conf = squid_conf(list(s.egress), allow_private, s.egress_private, loopback_only=True)
+            conf = squid_conf(list(s.egress), allow_private, s.egress_private, loopback_only=True, rules=rules,
+                              upstream_ca=upstream_ca)
             proxy_kw = hardening.proxy_create_kwargs(
                 ticket_id=ticket_id, name=names.proxy, instance=instance, outside_network=egress_network,
-                conf=conf, image=proxy_image, egress_dir=egress_dir)
+                conf=conf, image=proxy_image, egress_dir=egress_dir, bump_dir=bump_dir if rules else None)
 
             def start_socket_proxy() -> tuple[str, str]:
                 proxy = client.containers.create(**proxy_kw)
@@ -77,10 +86,11 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
             env.update(egress_socket.sandbox_proxy_env())
         elif s.egress:
             network = names.network
-            conf = squid_conf(list(s.egress), allow_private, s.egress_private)
+            conf = squid_conf(list(s.egress), allow_private, s.egress_private, rules=rules,
+                              upstream_ca=upstream_ca)
             proxy_kw = hardening.proxy_create_kwargs(
                 ticket_id=ticket_id, name=names.proxy, instance=instance,
-                outside_network=egress_network, conf=conf, image=proxy_image)
+                outside_network=egress_network, conf=conf, image=proxy_image, bump_dir=bump_dir if rules else None)
 
             def start_proxy() -> tuple[str, str]:
                 proxy = client.containers.create(**proxy_kw)
@@ -102,10 +112,17 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
             finally:
                 network_made.set()
             env.update(hardening.proxy_env(hardening.PROXY_ALIAS))
+        ca_mounts = None
+        if rules and prepare_ca is not None:
+            # while the proxy starts (and makes the ticket's CA): the bundle the sandbox mounts
+            folder, store_path = prepare_ca()
+            ca_mounts = egress_ca.sandbox_mounts(folder, store_path)
+            env.update(egress_ca.sandbox_env())
         kw = hardening.sandbox_create_kwargs(
             s, name=names.sandbox, instance=instance,
             workspace=workspace, network=network or None, env=env, ipv6=os.path.exists(_IPV6_PROC),
-            relay_dir=relay_dir, egress_dir=egress_dir if s.egress else None, runtime_name=runtime_name)
+            relay_dir=relay_dir, egress_dir=egress_dir if s.egress else None, runtime_name=runtime_name,
+            ca_mounts=ca_mounts)
         kw.pop("detach", None)
         c = client.containers.create(**kw)
         before_start()
@@ -125,5 +142,6 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
     info = SandboxInfo(ticket_id=ticket_id, container_id=c.id, state="running", image=s.image,
                        network=network, proxy_container_id=proxy_id,
                        created_at_ms=int(time.time() * 1000), env_names=s.env_names, relay=s.relay,
-                       runtime=s.runtime, egress_socket=bool(s.egress and egress_dir))
+                       runtime=s.runtime, egress_socket=bool(s.egress and egress_dir),
+                       egress_rules=bool(ca_mounts))
     return info, proxy_ip

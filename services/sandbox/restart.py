@@ -1,6 +1,7 @@
 """An existing sandbox brought back by an idempotent create, after the
 Docker engine or the host restarted: the egress proxy first (the sandbox's
-only way out must be up before the sandbox runs again), then the sandbox
+only way out must be up before the sandbox runs again; with egress rules its
+new CA goes into the sandbox's bundle, R44), then the sandbox
 container, then its forwarders (relayforward.py): the egress socket's
 (egress_socket.py) and the model relay's.
 """
@@ -14,7 +15,7 @@ import docker
 
 from services.common.layout import Layout
 
-from . import egress_proxy, egress_socket, relayforward
+from . import egress_ca, egress_proxy, egress_socket, relayforward
 from .sandbox_info import SandboxInfo
 
 
@@ -35,6 +36,8 @@ async def bring_back(client: docker.DockerClient, existing: SandboxInfo, egress_
                 await egress_socket.wait_socket(layout, existing.ticket_id, running)
             else:
                 await egress_proxy.wait_proxy(client, proxy_id, egress_network)
+            if existing.egress_rules:       # a new tmpfs: the proxy made a new CA (R44)
+                await asyncio.to_thread(egress_ca.install, client, proxy_id, layout, existing.ticket_id)
     if existing.state == "exited":
         await asyncio.to_thread(client.api.start, existing.container_id)
         existing = replace(existing, state="running")

@@ -36,6 +36,7 @@ class SandboxInfo:
     relay: bool = False          # the ticket's model relay folder is mounted (label afe.relay, R32)
     runtime: str = "runc"        # runc | gvisor (label afe.runtime)
     egress_socket: bool = False  # egress through the proxy's socket, no interface (label afe.egress)
+    egress_rules: bool = False   # hosts with rules, judged decrypted (label afe.egress.rules, R44)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ def info_from_summary(c: dict, proxy: dict | None) -> SandboxInfo:
                        proxy_container_id=proxy["Id"] if proxy else "",
                        created_at_ms=int(c.get("Created", 0)) * 1000, env_names=env,
                        disk_bytes=int(disk) if disk.isdigit() else 0, relay=relay, runtime=runtime,
-                       egress_socket=c["Labels"].get(hardening.LABEL_EGRESS) == "socket")
+                       egress_socket=c["Labels"].get(hardening.LABEL_EGRESS) == "socket",
+                       egress_rules=c["Labels"].get(hardening.LABEL_EGRESS_RULES) == "1")
 
 
 def find_sandbox(client: docker.DockerClient, filters: dict) -> SandboxInfo | None:

@@ -23,6 +23,7 @@ import docker
 import docker.errors
 
 from services.common.config import DEFAULT_PROXY_IMAGE
+from services.common.egress_rules import check_rules
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
 
@@ -30,6 +31,8 @@ from . import (
     checks,
     cleanup,
     diskcap,
+    egress_bump,
+    egress_ca,
     egress_proxy,
     egress_socket,
     hardening,
@@ -57,11 +60,14 @@ class SandboxManager(SandboxEnv):
                  allow_private: Iterable[str] = (), env_values: dict | None = None,
                  proxy_image: str = DEFAULT_PROXY_IMAGE, client: docker.DockerClient | None = None,
                  disk_mode: str | None = None, gvisor_runtime: str = GVISOR_RUNTIME,
-                 egress_transport: str = "network") -> None:
+                 egress_transport: str = "network", upstream_ca: bytes = b"") -> None:
         """`gvisor_runtime`: the engine's name of the runtime a `gvisor`
         sandbox runs on; `egress_transport`: how a runc sandbox reaches its
         proxy (`network`: the ticket's internal network, or `socket`:
-        egress_socket.py; a gVisor sandbox always uses the socket)."""
+        egress_socket.py; a gVisor sandbox always uses the socket);
+        `upstream_ca`: the operator's CA certificates (AFE_CA_FILE), which a
+        proxy that decrypts (R44) trusts besides the system store when it
+        connects to the upstream."""
         if egress_transport not in egress_socket.TRANSPORTS:
             raise InvalidArgument(f"egress transport {egress_transport!r}: network or socket")
         self.layout = layout
@@ -82,6 +88,8 @@ class SandboxManager(SandboxEnv):
         self._engine_ok = False
         self.gvisor_runtime = gvisor_runtime
         self.egress_transport = egress_transport
+        self.upstream_ca = upstream_ca
+        self.ca_stores = egress_ca.ImageStores()      # each sandbox image's CA store (R44)
         self._runtimes_ok: set[str] = set()
 
     # -- names ---------------------------------------------------------------
@@ -155,10 +163,14 @@ class SandboxManager(SandboxEnv):
         ticket_id = check_ticket_id(settings.ticket_id)
         egress = tuple(check_egress_names(list(settings.egress)))
         names, cidrs = check_private(list(settings.egress_private), list(egress))
+        try:
+            rules = check_rules(settings.egress_rules, settings.egress)
+        except ValueError as exc:
+            raise InvalidArgument(f"{exc}; fix the Workspace's sandbox.egress") from None
         for n in settings.env_names:
             if not ENV_NAME_RE.match(n):
                 raise InvalidArgument(f"environment variable name {n[:64]!r} is not valid")
-        settings = replace(settings, egress=egress, egress_private=(*names, *cidrs),
+        settings = replace(settings, egress=egress, egress_private=(*names, *cidrs), egress_rules=rules,
                            env_names=tuple(sorted(set(settings.env_names))),
                            disk_bytes=diskcap.resolve_disk(settings.disk_bytes))
         if settings.runtime not in RUNTIMES:
@@ -225,6 +237,9 @@ class SandboxManager(SandboxEnv):
                                     egress_socket.SANDBOX_FORWARDER, "the egress proxy's forwarder")
         elif info.proxy_container_id:
             await egress_proxy.wait_proxy(self.client, info.proxy_container_id, self.egress_network, proxy_ip)
+        if info.egress_rules:       # the proxy listens: the CA it made is in its log
+            await asyncio.to_thread(egress_ca.install, self.client, info.proxy_container_id, self.layout,
+                                    info.ticket_id)
         if info.relay:
             await asyncio.to_thread(relayforward.start, self.client, info.container_id)
 
@@ -246,6 +261,14 @@ class SandboxManager(SandboxEnv):
         names = provision.Names(sandbox=self.container_name(s.ticket_id), proxy=self.proxy_name(s.ticket_id),
                                 network=self.network_name(s.ticket_id))
         egress_dir = egress_socket.make_egress_dir(self.layout, s.ticket_id) if self._socket_egress(s) else None
+        bump_dir = None
+        if s.egress and s.egress_rules:
+            bump_dir = egress_bump.make_proxy_dir(self.layout, s.ticket_id, s.egress_rules, self.upstream_ca)
+
+        def prepare_ca() -> tuple[str, str | None]:
+            probe = hardening.labels(self.instance, s.ticket_id, "ca-store")
+            store_path, store = self.ca_stores.get(self.client, s.image, probe)
+            return egress_ca.make_ca_dir(self.layout, s.ticket_id, store), store_path
         return provision.create_containers(
             self.client, s, workspace, names, instance=self.instance, egress_network=self.egress_network,
             allow_private=self.allow_private, proxy_image=self.proxy_image,
@@ -254,7 +277,8 @@ class SandboxManager(SandboxEnv):
             # looked up here at each call: R31's check of the new bridge (tests replace it)
             check_network=lambda network: check_bridge_has_no_address(hardening.bridge_name(network)),
             started=started, before_start=before_start, egress_dir=egress_dir,
-            runtime_name=self.gvisor_runtime if s.runtime == "gvisor" else None)
+            runtime_name=self.gvisor_runtime if s.runtime == "gvisor" else None,
+            bump_dir=bump_dir, prepare_ca=prepare_ca, upstream_ca=bool(self.upstream_ca))
 
     def _check_engine_for_egress(self) -> None:
         if not self._engine_ok:
@@ -336,6 +360,7 @@ class SandboxManager(SandboxEnv):
             # a workspace that came over the network (WriteWorkspace) has no credential broker here to remove it
             await asyncio.to_thread(self.handover.remove, ticket_id)
             await asyncio.to_thread(egress_socket.remove_egress_dir, self.layout, ticket_id)
+            await asyncio.to_thread(egress_ca.remove_ticket_dir, self.layout, ticket_id)
         self._locks.pop(ticket_id, None)
         log.info("sandbox of %s destroyed (%d objects)", ticket_id, n)
         return n
@@ -354,6 +379,7 @@ class SandboxManager(SandboxEnv):
             tickets.update(self.diskcap.reconcile(live, self.layout.workspace))
             tickets.update(self.handover.reconcile(live))
             tickets.update(egress_socket.reconcile(self.layout, live))
+            tickets.update(egress_ca.reconcile(self.layout, live))
             return ReconcileResult(tuple(sorted(tickets)), nc, nn)
         for t in [t for t in self._watches if t not in live]:
             self._stop_watch(t)

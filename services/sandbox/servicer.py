@@ -10,12 +10,14 @@ from collections.abc import Callable
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
+from services.common.egress_rules import EgressRule
 from services.common.errors import InvalidArgument
 from services.common.metrics import SandboxMetrics
 from services.common.streamdrop import closed_with_call
 
 from . import commands
 from .denied_egress import denied_egress
+from .egress import path_digest
 from .execs import Exit, Output, Runner
 from .files import Entry, FileTools
 from .hardening import SandboxSettings, resolve_limits
@@ -69,7 +71,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                    egress_private=tuple(spec.egress_private),
                                    disk_bytes=spec.limits.disk_bytes,
                                    env_names=tuple(spec.env_names), relay=spec.relay,
-                                   runtime=spec.runtime or "runc")
+                                   runtime=spec.runtime or "runc",
+                                   egress_rules=tuple(EgressRule(host=r.host, methods=tuple(r.methods),
+                                                                 paths=tuple(r.paths), name=r.name,
+                                                                 ignore_case=r.ignore_case)
+                                                      for r in spec.egress_rules))
         t0 = time.monotonic()
         # The command supervisor starts as soon as the sandbox runs (while its
         # proxy may still be starting), so the first command does not wait for it.
@@ -116,11 +122,20 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         return pb.FreezeResponse()
 
     async def DeniedEgress(self, request, context):
-        (hosts, truncated), (allowed, allowed_truncated) = await denied_egress(self.sandboxes, request.ticket_id)
-        return pb.DeniedEgressResponse(hosts=[pb.DeniedHost(host=h, count=min(n, 2**31 - 1)) for h, n in hosts],
-                                       truncated=truncated,
-                                       allowed=[pb.DeniedHost(host=h, count=min(n, 2**31 - 1)) for h, n in allowed],
-                                       allowed_truncated=allowed_truncated)
+        got = await denied_egress(self.sandboxes, request.ticket_id)
+        (hosts, truncated), (allowed, allowed_truncated) = got.denied, got.allowed
+        requests, requests_truncated = got.requests
+        big = 2**31 - 1
+        return pb.DeniedEgressResponse(
+            hosts=[pb.DeniedHost(host=h, count=min(n, big)) for h, n in hosts], truncated=truncated,
+            allowed=[pb.DeniedHost(host=h, count=min(n, big)) for h, n in allowed],
+            allowed_truncated=allowed_truncated,
+            requests=[pb.EgressRequest(method=g.request.method, host=g.request.host, path=g.request.path,
+                                       path_sha256=path_digest(g.request.path), status=g.request.status,
+                                       denied=g.request.denied, reason=g.request.reason, rule=g.request.rule,
+                                       bytes_out=g.bytes_out, bytes_in=g.bytes_in, count=min(g.count, big))
+                      for g in requests],
+            requests_truncated=requests_truncated)
 
     def Exec(self, request, context):
         return closed_with_call(context, self._exec(request))
