@@ -257,16 +257,29 @@ def _models(config: Config, wf: Workflow) -> list[dict[str, Any]]:
     return out
 
 
+# one egress request of the record (R44): egress_report.record_payload's keys, the path only as its digest
+EGRESS_REQUEST_KEYS = ("method", "host", "path_sha256", "status", "denied", "reason", "rule", "bytes_out",
+                       "bytes_in", "count")
+
+
 def _egress(ws: Workspace, denied: dict[str, Any] | None) -> dict[str, Any]:
-    """The declared allow-list, the hosts the proxy let through and those it refused, with counts
-    (as the proxy's log has them; "not recorded" when the sandbox's proxy could not be read)."""
+    """The declared allow-list and rules, the hosts the proxy let through and those it refused, with
+    counts, and every request (R44) (as the proxy's log has them; "not recorded" when the sandbox's
+    proxy could not be read)."""
     def counted(key: str) -> list[dict[str, Any]]:
         return [{"host": str(h.get("host", "")), "count": int(h.get("count", 0) or 0)}
                 for h in (denied or {}).get(key) or [] if isinstance(h, dict)]
     allowed: list[dict[str, Any]] | str = counted("allowed") if "allowed" in (denied or {}) else "not recorded"
+    requests: list[dict[str, Any]] | str = "not recorded"
+    if "all_requests" in (denied or {}):      # R44: every request, its path only as a digest
+        requests = [{k: q.get(k) for k in EGRESS_REQUEST_KEYS}
+                    for q in (denied or {}).get("all_requests") or [] if isinstance(q, dict)]
     return {"allowed": sorted(ws.sandbox.egress), "allowed_private": sorted(ws.sandbox.egress_private),
             "allowed_counts": allowed, "allowed_truncated": bool((denied or {}).get("allowed_truncated")),
-            "denied": counted("hosts"), "denied_truncated": bool((denied or {}).get("truncated"))}
+            "denied": counted("hosts"), "denied_truncated": bool((denied or {}).get("truncated")),
+            "rules": [{"host": r.host, "name": r.name, "methods": list(r.methods), "paths": list(r.paths),
+                       "ignore_case": r.ignore_case} for r in ws.sandbox.egress_rules],
+            "requests": requests, "requests_truncated": bool((denied or {}).get("all_requests_truncated"))}
 
 
 def _usage(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
