@@ -247,11 +247,15 @@ async def test_ca_file_and_https_proxy_reach_the_credential_broker_through_afe_u
 
                 async def with_settings(afe: Afe) -> None:
                     envs = {name: environ_of(pid) for name, pid in afe.pids().items()}
-                    # Each setting reached the credential broker and nobody else.
+                    # Each setting reached the credential broker and nobody else, but the CA file
+                    # also reaches the sandbox broker: its decrypting egress proxies trust it (R44).
                     assert envs["credentials"].get("AFE_CA_FILE") == str(ca_file)
                     assert envs["credentials"].get("https_proxy") == proxy.url
+                    assert envs["sandbox"].get("AFE_CA_FILE") == str(ca_file)
                     for name in ("sandbox", "scheduler", "gateway"):
-                        assert not {"AFE_CA_FILE", "https_proxy"} & set(envs[name]), (name, envs[name])
+                        assert "https_proxy" not in envs[name], (name, envs[name])
+                    for name in ("scheduler", "gateway"):
+                        assert "AFE_CA_FILE" not in envs[name], (name, envs[name])
                     model.reply_text("hello from behind the proxy")
                     cloned = await run_ticket(afe.run_dir, "remote-git", "clone")
                     asked = await run_ticket(afe.run_dir, "local", "ask")

@@ -44,7 +44,11 @@ def test_r11_denied_egress_lists_the_refused_host_names(stub, target_net, docker
         assert [(h.host, h.count) for h in r.hosts] == [(other, 2)] and not r.truncated
         # what the proxy let through, counted the same way (the run record's allowed hosts, R42)
         assert [(h.host, h.count) for h in r.allowed] == [(name, 1)] and not r.allowed_truncated
-        assert "s3cret" not in str(r) and "private" not in str(r) and name not in [h.host for h in r.hosts]
+        assert "s3cret" not in str(r) and name not in [h.host for h in r.hosts]
+        assert "private" not in str(list(r.hosts)) + str(list(r.allowed))      # the host lists: names only
+        # every request (R44) with its path, never its query
+        assert [(q.method, q.host, q.path) for q in r.requests if q.denied and q.method == "GET"] == [
+            ("GET", other, "/private/path")]
         # control: the proxy's log itself holds the path the answer leaves out (squid strips the query)
         assert f"{other}/private/path".encode() in docker_client.containers.get(sb.proxy_container_id).logs(stdout=True)
     finally:

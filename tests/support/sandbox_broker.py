@@ -13,7 +13,9 @@ exactly the `ProcessStart.env_names` it asks for, each of which must be in
 the `SandboxSpec.env_names` the sandbox was created with. Exec gets none.
 
 `egress_network`/`allow_private`: the proxies' outside network and a private
-subnet they may reach (tests put a target server container there).
+subnet they may reach (tests put a target server container there);
+`upstream_ca`: the CA certificates a decrypting proxy trusts for upstreams
+(AFE_CA_FILE's content, R44).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def new_instance(prefix: str = "t") -> str:
 async def sandbox_broker(layout: Layout | None = None, *, env_values: dict | None = None,
                          egress_network: str = "bridge", allow_private: tuple[str, ...] = (),
                          instance: str | None = None, socket_path: str | None = None,
-                         ) -> AsyncIterator[tuple[str, bytes, str]]:
+                         upstream_ca: bytes = b"") -> AsyncIterator[tuple[str, bytes, str]]:
     ensure_images(progress=lambda _m: None)
     tmp = None
     if layout is None:
@@ -50,7 +52,7 @@ async def sandbox_broker(layout: Layout | None = None, *, env_values: dict | Non
     secret = new_secret()
     broker = build_app(layout, LinkSecrets(serve={"scheduler": secret}), Redactor(), socket_path=socket_path,
                        instance=instance, egress_network=egress_network, allow_private=allow_private,
-                       env_values=env_values)
+                       env_values=env_values, upstream_ca=upstream_ca)
     await broker.start()
     try:
         yield socket_path, secret, instance

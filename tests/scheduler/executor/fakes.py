@@ -48,6 +48,7 @@ class FakeSandbox:
         self.onces: set[str] = set()
         self.denied: dict[str, list[tuple[str, int]]] = {}   # ticket -> hosts its proxy refused (DeniedEgress)
         self.allowed: dict[str, list[tuple[str, int]]] = {}  # ticket -> hosts its proxy let through
+        self.requests: dict[str, list[spb.EgressRequest]] = {}  # ticket -> every request its proxy logged (R44)
 
     def gate(self, name: str) -> asyncio.Event:
         return self.gates.setdefault(name, asyncio.Event())
@@ -82,7 +83,8 @@ class FakeSandbox:
         return spb.DeniedEgressResponse(hosts=[spb.DeniedHost(host=h, count=n)
                                                for h, n in self.denied.get(ticket_id, [])],
                                         allowed=[spb.DeniedHost(host=h, count=n)
-                                                 for h, n in self.allowed.get(ticket_id, [])])
+                                                 for h, n in self.allowed.get(ticket_id, [])],
+                                        requests=self.requests.get(ticket_id, []))
 
     async def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0, output_cap_bytes: int = 0,
                    cwd: str = "") -> AsyncIterator[spb.ExecEvent]:
