@@ -196,10 +196,20 @@ def run_module_names(command: str) -> list[str]:
     return out
 
 
-def shadowing_names(top_level_added: Iterable[str], commands: Iterable[str]) -> list[str]:
+def shadowing_names(top_level_added: Iterable[str], commands: Iterable[str],
+                    packages: Iterable[str] | None = None) -> list[str]:
     """Of the top-level entries the head adds (names like `unittest`, `unittest.py`, `json/`),
-    those that shadow a module the commands run, the test runners' or the standard library's."""
-    shadowed = STANDARD_MODULES | RUNNER_MODULES | run_modules(commands)
+    those that shadow a module the commands run, the test runners' or the standard library's.
+
+    With `packages` (the added folders that hold an `__init__.*`), a folder without one
+    shadows no standard module: it is a namespace portion, and Python takes a namespace
+    only when no module of that name is found anywhere on sys.path. So a TypeScript
+    project's `types/` or a site's `html/` stays in the clean room; a runner's module
+    (which may be absent from the image, then a namespace's submodules would be imported)
+    and a module a command runs with `-m` are left out either way."""
+    ran = RUNNER_MODULES | run_modules(commands)
+    shadowed = STANDARD_MODULES | ran
+    regular = None if packages is None else set(packages)
     out = []
     for entry in top_level_added:
         name = entry.rstrip("/")
@@ -208,8 +218,11 @@ def shadowing_names(top_level_added: Iterable[str], commands: Iterable[str]) -> 
             if name.endswith(suffix):
                 stem = name[: -len(suffix)]
                 break
-        if (name.endswith(".pth") or stem in shadowed or stem.split(".", 1)[0] in shadowed
-                or stem.startswith(RUNNER_PREFIXES)):
+        first = stem.split(".", 1)[0]
+        runner = stem in ran or first in ran or stem.startswith(RUNNER_PREFIXES)
+        if entry.endswith("/") and regular is not None and entry not in regular and not runner:
+            continue
+        if name.endswith(".pth") or runner or stem in shadowed or first in shadowed:
             out.append(entry)
     return sorted(out)
 

@@ -293,11 +293,14 @@ class _CleanRoom:
         def tops(entries: dict[str, _Entry]) -> set[str]:
             return {q.split("/", 1)[0] + ("/" if "/" in q else "") for q in entries}
         added = tops(merged) - tops(base)
-        self.shadowing = harness.shadowing_names(added, self.commands)
-        for top in self.shadowing:
-            for q in merged:
-                if q == top or (top.endswith("/") and q.startswith(top)):
-                    edits[q] = _GONE
+        packages = {q.split("/", 1)[0] + "/" for q in merged
+                    if q.count("/") == 1 and q.split("/", 1)[1].startswith("__init__.")}
+        self.shadowing = harness.shadowing_names(added, self.commands, packages)
+        out = set(self.shadowing)
+        for q in merged:
+            top = q.split("/", 1)[0]
+            if top in out or top + "/" in out:
+                edits[q] = _GONE
 
     def _bytecode(self, merged: dict[str, _Entry], base: dict[str, _Entry],
                   edits: dict[str, _Entry | str]) -> None:

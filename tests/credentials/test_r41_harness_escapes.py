@@ -233,3 +233,27 @@ def test_r41_harness_shadowing_and_modules_a_command_runs():
     assert sorted(harness.command_paths(["python3 -m tools.ci.run -q", "bash -c 'python -mtools.ci'"], known)) == [
         "tools/__init__.py", "tools/ci/__init__.py", "tools/ci/__main__.py", "tools/ci/run.py"]
     assert harness.command_paths(["python3 -m pytest"], known) == []
+
+
+def test_r41_a_top_level_folder_shadows_a_standard_module_only_with_an_init(tmp_path):
+    """Why such a folder stays in the clean room: Python imports the standard `html`, not a
+    folder `html/` without `__init__.py` (a namespace portion); with one (`json/`) it is the folder."""
+    (tmp_path / "html").mkdir()
+    (tmp_path / "html" / "index.html").write_text("<p>docs</p>\n")
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text("")
+    res = subprocess.run([sys.executable, "-c", "import html, json; print(html.__file__); print(json.__file__)"],
+                         cwd=tmp_path, capture_output=True, text=True, check=True, timeout=30,
+                         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1"})
+    html_file, json_file = res.stdout.split()
+    assert not html_file.startswith(str(tmp_path)) and json_file == str(tmp_path / "json" / "__init__.py")
+
+
+async def test_r41_folders_that_shadow_nothing_stay_in_the_clean_room(room):
+    stub, origin, verify = room
+    head, _ = _head(origin, {"types/index.d.ts": "export type N = number;\n", "html/index.html": "<p>docs</p>\n",
+                             "json/__init__.py": "", "colorama/x.py": ""})
+    r = await _verify(stub, head)
+    assert list(r.shadowing) == ["colorama/", "json/"]      # a package, and a runner's module (maybe absent)
+    assert (verify / "types" / "index.d.ts").is_file() and (verify / "html" / "index.html").is_file()
+    assert not (verify / "json").exists() and not (verify / "colorama").exists()
