@@ -308,9 +308,11 @@ class _CleanRoom:
         the source); other compiled files only as the base has them or the Workspace allows."""
         allow = tuple(getattr(self.ws, "allow_compiled_paths", ()) or ())
         for q, entry in merged.items():
-            if q in edits or not loaded_in_place_of_source(q) or allowed_by(q, allow):
+            if q in edits or not loaded_in_place_of_source(q):
                 continue
             python = "__pycache__" in q.split("/")[:-1] or q.lower().endswith(_PYTHON_BYTECODE)
+            if not python and allowed_by(q, allow):   # allowCompiledPaths never lets bytecode in
+                continue
             was = base.get(q)
             if python or was != entry:
                 edits[q] = was if was is not None and not python else _GONE

@@ -257,3 +257,22 @@ async def test_r41_folders_that_shadow_nothing_stay_in_the_clean_room(room):
     assert list(r.shadowing) == ["colorama/", "json/"]      # a package, and a runner's module (maybe absent)
     assert (verify / "types" / "index.d.ts").is_file() and (verify / "html" / "index.html").is_file()
     assert not (verify / "json").exists() and not (verify / "colorama").exists()
+
+
+async def test_r41_python_bytecode_never_enters_the_clean_room_even_where_compiled_files_are_allowed(
+        local_origin, layout):
+    """`allowCompiledPaths: [vendor/]` lets the head's vendor/native.so into the clean room (the
+    control); a `__pycache__/*.pyc` there would be imported in place of vendor/fmt.py, so it never is."""
+    _commit(local_origin, {**BASE_FILES, "vendor/__init__.py": "", "vendor/fmt.py": "def fmt(x):\n    return x\n"},
+            "seed", "main")
+    ws = local_workspace(local_origin, allow_compiled_paths=("vendor/",))
+    async with broker_stub(make_config(layout.data_dir.parent, ws), layout) as (stub, _):
+        await stub.PrepareWorkspace(pb.PrepareWorkspaceRequest(ticket_id=TID, workspace="local"))
+        pyc = "\x6f\x0d\x0d\x0a\x01\x00\x00\x00" + "\x00" * 8 + "code"      # an unchecked-hash header
+        head, _ = _head(local_origin, {"vendor/__pycache__/fmt.cpython-311.pyc": pyc, "vendor/fast.pyc": pyc,
+                                       "vendor/native.so": "ELF"})
+        r = await _verify(stub, head)
+        verify = layout.workspace(TID + "-verify")
+        assert (verify / "vendor" / "native.so").read_text() == "ELF"
+        assert not (verify / "vendor" / "__pycache__").exists() and not (verify / "vendor" / "fast.pyc").exists()
+        assert {"vendor/__pycache__/fmt.cpython-311.pyc", "vendor/fast.pyc"} <= set(r.binary_files)
