@@ -39,13 +39,48 @@ EGRESS_PORT = 3128                   # the sandbox's forwarder, on its own 127.0
 PROXY_UID = 13                       # the proxy image's `proxy` user (Debian's), who makes the socket
 TRANSPORTS = ("network", "socket")
 
-# The proxy container's main process (egress_relay_main.py): squid as its
-# child, listening on the container's loopback; the socket is bound once
-# squid answers there (so a socket that accepts means a proxy that works),
-# and one selector loop copies every connection to it to squid, at most
-# MAX_CONNECTIONS at once (more are closed as they come, counted in the
-# container's log once a minute). It ends when squid ends, with squid's exit code.
-PROXY_MAIN = Path(__file__).with_name("egress_relay_main.py").read_text()
+# The proxy container's main process: squid as its child, listening on the
+# container's loopback; the socket is bound once squid answers there (so a
+# socket that accepts means a proxy that works), and one thread relays every
+# connection to it to squid (socket_relay.py), at most MAX_CONNECTIONS at once
+# (more are closed as they come and counted in the container's log once a
+# minute). It ends when squid ends, with squid's exit code.
+# Its arguments: the socket's path, squid's port, MAX_CONNECTIONS.
+PROXY_MAIN = relayforward.RELAY_SOURCE + """
+import subprocess
+
+
+def proxy_main(sock_path, port, max_connections):
+    with open("/tmp/squid.conf", "w") as f:
+        f.write(os.environ["AFE_SQUID_CONF"])
+    squid = subprocess.Popen(["squid", "-N", "-f", "/tmp/squid.conf"])
+    for _ in range(400):
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            if squid.poll() is not None:
+                sys.exit(squid.returncode or 1)
+            time.sleep(0.05)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(sock_path)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(sock_path)
+    os.chmod(sock_path, 0o666)
+    s.listen(128)
+    relay = Relay(s, ("127.0.0.1", port), max_connections,
+                  say=lambda m: print("afe egress relay: " + m, file=sys.stderr, flush=True))
+
+    def tick():
+        if squid.poll() is not None:
+            relay.stop()
+
+    relay.run(tick)
+    sys.exit(squid.wait())
+
+
+proxy_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+"""
 MAX_CONNECTIONS = 256
 
 SANDBOX_FORWARDER = relayforward.source(EGRESS_PORT, f"{EGRESS_MOUNT}/{EGRESS_SOCKET}")

@@ -8,14 +8,18 @@ speak HTTP over TCP to a base URL, so this small program, started by the
 sandbox broker in the sandbox as the sandbox user, listens on the sandbox's
 own loopback (`127.0.0.1:RELAY_PORT`, which exists even with `--network
 none`) and copies each connection to the socket, byte for byte, in both
-directions (no buffering: streamed answers pass as they come). The egress
-forwarder is the same program on `EGRESS_PORT`, to the proxy's socket.
+directions (no buffering: streamed answers pass as they come), all of them
+from one thread (socket_relay.py: opening connections cannot use up the
+sandbox's pids). The egress forwarder is the same program on `EGRESS_PORT`,
+to the proxy's socket.
 
 It binds first and then detaches, so the exec that starts it returns once
 it listens; a second start finds the port taken and exits 0 (idempotent).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import docker
 
@@ -24,26 +28,12 @@ from services.common.relayenv import RELAY_MOUNT, RELAY_PORT, RELAY_SOCKET
 
 NO_PYTHON = 127     # the exec's exit code when the image has no python3
 
-# One direction of a connection, copied as it comes; the other side is told
-# when this one ends. Shared with the proxy's socket server (egress_socket.py).
-PIPE = """
-def pipe(a, b):
-    try:
-        while True:
-            d = a.recv(65536)
-            if not d:
-                break
-            b.sendall(d)
-    except OSError:
-        pass
-    try:
-        b.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-"""
+# The relay both forwarders and the egress proxy's socket server run
+# (socket_relay.py): one thread for all connections, at most a number at once.
+RELAY_SOURCE = Path(__file__).with_name("socket_relay.py").read_text()
+MAX_CONNECTIONS = 512       # per forwarder; the egress proxy (256) and the model relay (64) refuse earlier
 
 TEMPLATE = """
-import errno, os, socket, sys, threading
 SOCK = {sock!r}
 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -58,38 +48,13 @@ os.setsid()
 null = os.open("/dev/null", os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
-
-{pipe}
-def serve(c):
-    u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        u.connect(SOCK)
-    except OSError:
-        c.close()
-        u.close()
-        return
-    t = threading.Thread(target=pipe, args=(u, c), daemon=True)
-    t.start()
-    pipe(c, u)
-    t.join()
-    c.close()
-    u.close()
-
-while True:
-    try:
-        c, _ = s.accept()
-    except OSError:
-        continue
-    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
+Relay(s, SOCK, {max_connections}).run()
 """
-
-
 
 
 def source(port: int, sock: str) -> str:
     """The forwarder's program: 127.0.0.1:`port` to the Unix socket `sock`."""
-    return TEMPLATE.format(port=int(port), sock=sock, pipe=PIPE)
+    return RELAY_SOURCE + TEMPLATE.format(port=int(port), sock=sock, max_connections=MAX_CONNECTIONS)
 
 
 SOURCE = source(RELAY_PORT, f"{RELAY_MOUNT}/{RELAY_SOCKET}")   # the model relay's (R32)

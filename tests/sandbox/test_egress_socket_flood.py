@@ -1,7 +1,7 @@
 """Egress without an interface (egress_socket.py) under a flood of held
 connections (issue 34): a gVisor sandbox opens hundreds of connections
 straight to its proxy's Unix socket and holds them. The proxy container's
-relay (egress_relay_main.py) keeps serving: a request from the sandbox
+relay (socket_relay.py) keeps serving: a request from the sandbox
 still goes through with 150 held, connections over the relay's limit are
 closed at once and logged once, and once they are let go a request goes
 through again. The positive control runs the threaded server it replaced,

@@ -1,24 +1,25 @@
-# afe-egress-relay: runs INSIDE a ticket's proxy container (as squid's user), never on the host.
-"""The main process of a ticket's proxy container for egress without a
-network interface (egress_socket.py): squid as its child, on the
-container's loopback, and one thread that relays every connection made to
-the ticket's Unix socket to squid.
+# afe-socket-relay: its source also runs INSIDE proxy containers and sandboxes (as their own users).
+"""A relay of stream connections in one thread: every connection accepted
+on a listening socket is copied, byte for byte and both ways as the bytes
+come, to a new connection of its own to an upstream address (TCP, or a Unix
+socket's path).
 
-The sandbox broker runs this file's source with `python3 -c SOURCE SOCK PORT
-MAX` (the image's python3; standard library only). The socket is bound once
-squid answers on 127.0.0.1:PORT, so a socket that accepts means a proxy that
-works; the process ends when squid ends, with squid's exit code.
+Two programs are this file's source plus a few lines that call `Relay`:
+the proxy container's main process for egress without an interface
+(egress_socket.py: the ticket's Unix socket to squid on the container's
+loopback) and the forwarders in a sandbox (relayforward.py: the sandbox's
+loopback to the egress proxy's socket or to the model relay's). So it uses
+the standard library only and does nothing when imported.
 
-One selector loop copies all connections, byte for byte and both ways as
-the bytes come, with no thread per connection: the container's pids limit
-(hardening.py) cannot be reached by opening connections, and the loop that
-accepts is the loop that relays, so it cannot die while the others go on.
-At most MAX connections are relayed at once; one more is closed as soon as
-it is accepted, which a client sees as an empty answer, and the refusals are
-counted on stderr (the container's log) once per interval, never one line
-per connection. A direction holds at most one read of CHUNK bytes while its
-destination is not ready for it, and stops reading meanwhile, so a slow
-reader holds memory only up to MAX * 2 * CHUNK.
+One selector loop relays all connections, with no thread per connection: a
+pids limit (the proxy container's 128, a sandbox's) cannot be reached by
+opening connections, and the loop that accepts is the loop that relays, so
+it cannot die while the others go on. At most `max_connections` are relayed
+at once; one more is closed as soon as it is accepted, which a client sees
+as an empty answer, and the refusals are counted on stderr once per
+interval, never one line per connection. A direction holds at most one read
+of CHUNK bytes while its destination is not ready for it, and stops reading
+meanwhile, so a slow reader holds memory only up to max_connections * 2 * CHUNK.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import errno
 import os
 import selectors
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -38,11 +38,13 @@ PUMP_READS = 8              # reads of one connection per wakeup, while its dest
 LOG_EVERY_S = 60.0          # refusals: the first is logged at once, then at most one line per interval
 ACCEPT_PAUSE_S = 0.5        # out of descriptors or memory: stop accepting for this long
 TICK_S = 1.0
+RETRY_S = 0.01              # a Unix upstream's full backlog: tried again this often
+UNIX_BACKLOG_WAIT_S = 5.0   # ... for this long, as a blocking connect would wait
 _ACCEPT_RETRY = (errno.ECONNABORTED, errno.EPROTO, errno.EINTR)
 
 
 def log(message: str) -> None:
-    sys.stderr.write(f"afe egress relay: {message}\n")
+    sys.stderr.write(f"afe socket relay: {message}\n")
     sys.stderr.flush()
 
 
@@ -75,10 +77,11 @@ class Conn:
 
 
 class Relay:
-    """Relays each connection accepted on `listener` (non-blocking, listening)
-    to a new TCP connection to `upstream`, in one thread (`run`)."""
+    """Relays each connection accepted on `listener` (listening) to a new
+    connection to `upstream` (a (host, port) or a Unix socket's path), in one
+    thread (`run`)."""
 
-    def __init__(self, listener: socket.socket, upstream: tuple[str, int], max_connections: int,
+    def __init__(self, listener: socket.socket, upstream: tuple[str, int] | str, max_connections: int,
                  log_every_s: float = LOG_EVERY_S, say: Callable[[str], None] = log, tick_s: float = TICK_S) -> None:
         self.listener = listener
         self.upstream = upstream
@@ -88,6 +91,7 @@ class Relay:
         self.tick_s = tick_s
         self.sel = selectors.DefaultSelector()
         self.conns: set[Conn] = set()
+        self.backlogged: dict[Conn, float] = {}   # Unix upstream with a full backlog: retried until then
         self.refused = 0             # refused since the last line about it
         self.refused_total = 0
         self.refused_logged_at: float | None = None
@@ -104,12 +108,14 @@ class Relay:
         """Serve until `stop()`; `tick()` is called every `tick_s` or so."""
         next_tick = time.monotonic() + self.tick_s
         while not self.stopping:
-            for key, mask in self.sel.select(self.tick_s):
+            for key, mask in self.sel.select(RETRY_S if self.backlogged else self.tick_s):
                 if key.data is None:
                     self.accept()
                 else:
                     self.ready(key.data, key.fileobj, mask)  # type: ignore[arg-type]
             now = time.monotonic()
+            if self.backlogged:
+                self.retry_backlogged(now)
             if now >= next_tick:
                 next_tick = now + self.tick_s
                 self.periodic(now)
@@ -179,24 +185,44 @@ class Relay:
         self.accept_paused_until = now + ACCEPT_PAUSE_S
 
     def open(self, client: socket.socket) -> None:
+        unix = isinstance(self.upstream, str)
         try:
-            upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            upstream = socket.socket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_STREAM)
         except OSError as exc:
             client.close()
             self.pause_accepting(exc)
             return
         client.setblocking(False)
         upstream.setblocking(False)
-        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        code = upstream.connect_ex(self.upstream)
+        for sock in (client, upstream):
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Conn(client, upstream)
         self.conns.add(conn)
+        self.connect(conn, time.monotonic() + UNIX_BACKLOG_WAIT_S)
+
+    def connect(self, conn: Conn, wait_until: float) -> None:
+        """Start (or retry) the upstream connection. A Unix socket whose
+        backlog is full answers EAGAIN (a blocking connect would wait): it is
+        tried again every RETRY_S until `wait_until`."""
+        code = conn.upstream.connect_ex(self.upstream)
+        if code == errno.EAGAIN and isinstance(self.upstream, str) and time.monotonic() < wait_until:
+            self.backlogged[conn] = wait_until
+            return
+        self.backlogged.pop(conn, None)
         if code == 0:
             conn.connecting = False
-        elif code not in (errno.EINPROGRESS, errno.EAGAIN):
+        elif code != errno.EINPROGRESS:
             self.drop(conn)
             return
         self.update(conn)
+
+    def retry_backlogged(self, now: float) -> None:
+        for conn, until in list(self.backlogged.items()):
+            if conn.closed:
+                self.backlogged.pop(conn, None)
+            else:
+                self.connect(conn, until)
 
     # ---- relaying -----------------------------------------------------------------
 
@@ -282,47 +308,9 @@ class Relay:
         if conn.closed:
             return
         conn.closed = True
+        self.backlogged.pop(conn, None)
         for sock in (conn.client, conn.upstream):
             if conn.masks[sock]:
                 self.sel.unregister(sock)
             sock.close()
         self.conns.discard(conn)
-
-
-# ---- the proxy container's main process ---------------------------------------------
-
-def wait_for_squid(squid: subprocess.Popen, port: int) -> None:
-    for _ in range(400):
-        try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
-            return
-        except OSError:
-            if squid.poll() is not None:
-                sys.exit(squid.returncode or 1)
-            time.sleep(0.05)
-
-
-def main(argv: list[str]) -> None:
-    sock_path, port, max_connections = argv[0], int(argv[1]), int(argv[2])
-    with open("/tmp/squid.conf", "w") as f:
-        f.write(os.environ["AFE_SQUID_CONF"])
-    squid = subprocess.Popen(["squid", "-N", "-f", "/tmp/squid.conf"])
-    wait_for_squid(squid, port)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(sock_path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(sock_path)
-    os.chmod(sock_path, 0o666)
-    listener.listen(128)
-    relay = Relay(listener, ("127.0.0.1", port), max_connections)
-
-    def tick() -> None:
-        if squid.poll() is not None:
-            relay.stop()
-
-    relay.run(tick)
-    sys.exit(squid.wait())
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -1,8 +1,11 @@
-"""The proxy container's socket relay (egress_relay_main.py), on the host:
-a temporary Unix socket in front of a TCP server of the test's own. What it
-must do: copy both ways intact (with back-pressure and half-close), relay
-every connection from one thread, refuse connections over its limit at
-once (counted, one log line per interval) and keep accepting."""
+"""The socket relay (socket_relay.py) on the host: the egress proxy's
+direction (a temporary Unix socket in front of a TCP server of the test's
+own) and the sandbox forwarders' (a loopback port in front of a Unix
+socket, as relayforward.py's program). What it must do: copy both ways
+intact (with back-pressure and half-close), relay every connection from one
+thread, refuse connections over its limit at once (counted, one log line
+per interval), keep accepting, and wait for a Unix upstream's full backlog
+as a blocking connect would."""
 
 from __future__ import annotations
 
@@ -20,23 +23,35 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox.egress_relay_main import CHUNK, Relay
+from services.sandbox import relayforward
+from services.sandbox.socket_relay import CHUNK, Relay
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class Upstream:
-    """A TCP server on 127.0.0.1: `echo` copies back what it gets as it
-    comes; `after-eof` reads to EOF, then answers with what it got, reversed."""
+    """A server on 127.0.0.1 (or on the Unix socket `path`): `echo` copies
+    back what it gets as it comes; `after-eof` reads to EOF, then answers
+    with what it got, reversed."""
 
-    def __init__(self, mode: str = "echo") -> None:
+    def __init__(self, mode: str = "echo", path: str | None = None, backlog: int = 512,
+                 accepting: bool = True) -> None:
         self.mode = mode
-        self.sock = socket.create_server(("127.0.0.1", 0), backlog=512)
+        if path is None:
+            self.sock = socket.create_server(("127.0.0.1", 0), backlog=backlog)
+        else:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.bind(path)
+            self.sock.listen(backlog)
         self.addr = self.sock.getsockname()
+        self.accepting = threading.Event()
+        if accepting:
+            self.accepting.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
+        self.accepting.wait()
         while True:
             try:
                 c, _ = self.sock.accept()
@@ -160,7 +175,7 @@ def test_one_thread_relays_hundreds_of_connections(tmp_path):
     up = Upstream("echo")
     path = str(tmp_path / "proxy.sock")
     program = (f"import socket, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-               "from services.sandbox.egress_relay_main import Relay\n"
+               "from services.sandbox.socket_relay import Relay\n"
                "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(128)\n"
                "Relay(s, ('127.0.0.1', int(sys.argv[2])), 1000).run()\n")
     proc = subprocess.Popen([sys.executable, "-c", program, path, str(up.addr[1])])
@@ -244,3 +259,78 @@ def test_out_of_descriptors_pauses_accepting_instead_of_spinning(tmp_path):
         t.join(5)
         r.close()
         listener.close()
+
+
+def _pids_running(marker: str) -> list[int]:
+    """Processes whose command line holds `marker` (a test's own temporary path)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in Path(f"/proc/{d}/cmdline").read_bytes():
+                    pids.append(int(d))
+    return pids
+
+
+def test_the_forwarder_program_relays_its_port_to_a_unix_socket_from_one_thread(tmp_path):
+    """relayforward.py's program as a sandbox runs it (here on the host): it
+    returns once it listens, a second start is a no-op, and 200 connections
+    through it are relayed by one thread."""
+    sock = str(tmp_path / "relay.sock")
+    Upstream("echo", path=sock)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    program = relayforward.source(port, sock)
+    subprocess.run([sys.executable, "-c", program], check=True, timeout=30)
+    held: list[socket.socket] = []
+    try:
+        subprocess.run([sys.executable, "-c", program], check=True, timeout=30)   # already listening: exit 0
+        (pid,) = _pids_running(sock)
+        for i in range(200):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"%d" % i)
+            held.append(s)
+        for i, s in enumerate(held):
+            assert s.recv(10) == b"%d" % i
+        assert len(os.listdir(f"/proc/{pid}/task")) == 1
+    finally:
+        for s in held:
+            s.close()
+        for pid in _pids_running(sock):
+            os.kill(pid, 9)
+
+
+def test_a_unix_upstream_with_a_full_backlog_is_waited_for_not_dropped(tmp_path):
+    """A Unix socket whose backlog is full refuses a non-blocking connect
+    (EAGAIN) where a blocking one would wait: the relay tries again until
+    the upstream accepts, and the client's connection goes through."""
+    sock = str(tmp_path / "relay.sock")
+    up = Upstream("echo", path=sock, backlog=1, accepting=False)
+    fillers = []
+    while True:                                # fill the upstream's backlog
+        f = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        f.setblocking(False)
+        if f.connect_ex(sock) != 0:
+            f.close()
+            break
+        fillers.append(f)
+    listener = socket.create_server(("127.0.0.1", 0))
+    r = Relay(listener, sock, 8, tick_s=0.05)
+    t = threading.Thread(target=r.run, daemon=True)
+    t.start()
+    try:
+        client = socket.create_connection(listener.getsockname(), timeout=5)
+        client.sendall(b"x")
+        assert not closed_at_once(client, within=0.5)     # waiting, not dropped
+        assert len(r.backlogged) == 1
+        up.accepting.set()                                 # the upstream accepts again
+        assert client.recv(1) == b"x"
+        assert not r.backlogged
+    finally:
+        r.stop()
+        t.join(5)
+        r.close()
+        listener.close()
+        for f in fillers:
+            f.close()
