@@ -55,9 +55,10 @@ class _Broker:
     """The real broker process (`python -m services.sandbox.main`), as in production."""
 
     def __init__(self, root: Path, instance: str, *, egress_network: str, allow_private: str,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.root = root
         self.extra = extra
+        self.env = dict(env or {})
         self.layout = Layout(root / "data", root / "run")
         self.instance = instance
         self.egress_network = egress_network
@@ -76,7 +77,8 @@ class _Broker:
              "--status-fd", str(status_w), "--ops-port", "0", "--instance", self.instance,
              "--egress-network", self.egress_network, "--allow-private", self.allow_private,
              "--log-level", "WARNING", *self.extra],
-            cwd=REPO, env={"PATH": os.environ["PATH"], "HOME": str(self.root)}, pass_fds=(link_fd, status_w))
+            cwd=REPO, env={"PATH": os.environ["PATH"], "HOME": str(self.root), **self.env},
+            pass_fds=(link_fd, status_w))
         os.close(link_fd)
         os.close(status_w)
         with os.fdopen(status_r) as f:
@@ -107,10 +109,12 @@ def _exec(stub, ticket: str, argv: list[str]) -> int:
 
 
 @contextlib.contextmanager
-def bench_broker(extra: tuple[str, ...] = ()) -> Iterator[tuple[_Broker, docker.DockerClient, Path]]:
+def bench_broker(extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 ) -> Iterator[tuple[_Broker, docker.DockerClient, Path]]:
     """A real sandbox broker with an egress network and a temp root of its
     own (the images built first); network and root are removed afterwards.
-    `extra`: more flags of the broker (--egress-transport socket)."""
+    `extra`: more flags of the broker (--egress-transport socket); `env`: more
+    of its environment (AFE_CA_FILE)."""
     ensure_images(progress=lambda _m: None)
     client = docker.from_env()
     instance = "bench" + secrets.token_hex(4)
@@ -119,7 +123,7 @@ def bench_broker(extra: tuple[str, ...] = ()) -> Iterator[tuple[_Broker, docker.
     net.reload()
     subnet = net.attrs["IPAM"]["Config"][0]["Subnet"]
     try:
-        with _Broker(root, instance, egress_network=net.name, allow_private=subnet, extra=extra) as b:
+        with _Broker(root, instance, egress_network=net.name, allow_private=subnet, extra=extra, env=env) as b:
             yield b, client, root
     finally:
         net.remove()

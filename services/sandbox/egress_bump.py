@@ -49,13 +49,15 @@ ERROR_PAGES = {
 PREPARE = f"""set -eu
 umask 077
 mkdir -p {TLS_DIR}/errors
+rm -rf {TLS_DIR}/db
+{CERTGEN} -c -s {TLS_DIR}/db -M 4MB >/dev/null &
+certgen=$!
 openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -sha256 -days 365 \\
   -subj "/CN=afe egress CA of ticket $AFE_TICKET" -keyout {TLS_DIR}/ca.key -out {TLS_DIR}/ca.pem \\
   -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
-for f in /usr/share/squid/errors/templates/*; do ln -sf "$f" {TLS_DIR}/errors/; done
-for f in {" ".join(ERROR_PAGES)}; do cp {BUMP_MOUNT}/$f {TLS_DIR}/errors/$f; done
-rm -rf {TLS_DIR}/db
-{CERTGEN} -c -s {TLS_DIR}/db -M 4MB >/dev/null
+cp -sf /usr/share/squid/errors/templates/* {TLS_DIR}/errors/
+cp {" ".join(f"{BUMP_MOUNT}/{name}" for name in ERROR_PAGES)} {TLS_DIR}/errors/
+wait $certgen
 {{ echo {egress_ca.BEGIN}; cat {TLS_DIR}/ca.pem; echo {egress_ca.END}; }} >&2
 exec "$@"
 """
@@ -105,9 +107,11 @@ def squid_lines(rules: Iterable[EgressRule], *, listen: str, upstream_ca: bool) 
         (f"http_port {listen} ssl-bump tls-cert={TLS_DIR}/ca.pem tls-key={TLS_DIR}/ca.key "
         "generate-host-certificates=on dynamic_cert_mem_cache_size=4MB"),
         f"sslcrtd_program {CERTGEN} -s {TLS_DIR}/db -M 4MB",
-        "sslcrtd_children 2 startup=1 idle=1",
+        # helpers start with the first decrypted connection, not before squid listens: on the
+        # proxy's half CPU they would hold back the sandbox's first command (make bench)
+        "sslcrtd_children 2 startup=0 idle=1",
         *([f"tls_outgoing_options cafile={BUMP_MOUNT}/{UPSTREAM_CA}"] if upstream_ca else []),
-        ("external_acl_type afe_judge children-max=2 children-startup=1 concurrency=32 ttl=3600 "
+        ("external_acl_type afe_judge children-max=2 children-startup=0 concurrency=32 ttl=3600 "
         "negative_ttl=3600 cache=4096 %>rm %>rd %>rp %>ha{Upgrade} "
         f"/usr/bin/python3 -I {BUMP_MOUNT}/{JUDGE} {BUMP_MOUNT}/{RULES}"),
         f"error_directory {TLS_DIR}/errors",

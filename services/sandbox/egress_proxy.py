@@ -21,6 +21,7 @@ from .egress import PROXY_PORT
 log = logging.getLogger(__name__)
 
 _SIOCGIFADDR = 0x8915
+STATE_EVERY_S = 0.25
 
 
 async def wait_proxy(client: docker.DockerClient, proxy_id: str, egress_network: str, ip: str | None = None,
@@ -42,7 +43,11 @@ async def wait_proxy(client: docker.DockerClient, proxy_id: str, egress_network:
     if ip is None:
         ip = await asyncio.to_thread(addr)
     deadline = time.monotonic() + timeout
-    delay = 0.02
+    # A refused connection costs nothing: probe often (squid listens some 70-150 ms after
+    # its container starts, and a sandbox's first command waits for it); ask the engine
+    # whether the proxy still runs only every STATE_EVERY_S.
+    delay = 0.01
+    state_at = time.monotonic() + STATE_EVERY_S
     while time.monotonic() < deadline:
         if ip:
             try:
@@ -55,13 +60,15 @@ async def wait_proxy(client: docker.DockerClient, proxy_id: str, egress_network:
                 ip = ""                 # not routable from here: probe from inside
         elif await asyncio.to_thread(inside):
             return
-        state = await asyncio.to_thread(lambda: client.api.inspect_container(proxy_id)["State"])
-        if not state.get("Running"):
-            logs = await asyncio.to_thread(client.api.logs, proxy_id, tail=20)
-            log.error("egress proxy exited: %s", logs.decode("utf-8", "replace")[-2000:])
-            raise Unavailable("the egress proxy failed to start (see the sandbox broker log)")
+        if not ip or time.monotonic() >= state_at:
+            state_at = time.monotonic() + STATE_EVERY_S
+            state = await asyncio.to_thread(lambda: client.api.inspect_container(proxy_id)["State"])
+            if not state.get("Running"):
+                logs = await asyncio.to_thread(client.api.logs, proxy_id, tail=20)
+                log.error("egress proxy exited: %s", logs.decode("utf-8", "replace")[-2000:])
+                raise Unavailable("the egress proxy failed to start (see the sandbox broker log)")
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.25)
+        delay = min(delay * 1.5, 0.05 if ip else 0.25)
     raise Unavailable(f"the egress proxy did not start listening within {timeout:.0f}s")
 
 

@@ -1,0 +1,142 @@
+"""Egress rules (issue 34, R44), each a ratio against a baseline measured in
+the same run, with the real sandbox broker and squid proxy against a TLS
+package host on the egress network (tests/support/egress_hosts.py):
+
+- time to first byte of a GET on a new connection through the intercepting
+  proxy (a host with rules: TLS terminated with the ticket's CA, the request
+  judged, TLS again to the upstream) vs CONNECT pass-through to the same
+  server (a host without rules): <= 1.3x;
+- cold egress-ready (CreateSandbox + the first Exec of `true`) of a sandbox
+  whose egress has rules vs the same sandbox whose egress has none (what every
+  egress sandbox was before rules): no worse; the target is 1.1x because two
+  medians of the same thing differ by that much on a busy 2-core machine (the
+  quartiles of both are in the report's section).
+
+Both measurements interleave their two kinds, so load from anything else on
+the machine falls on both alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import statistics
+import time
+from pathlib import Path
+
+from bench.bench_sandbox import _exec, bench_broker
+from bench.common import Result, Section
+from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
+from services.sandbox.images import SANDBOX_IMAGE
+from tests.support.egress_hosts import package_host
+from tests.support.fakes.tls import make_ca_and_server_cert
+from tests.support.temp_roots import remove_temp_root, temp_root
+
+ISSUE = 34
+READY_ROUNDS = 11
+TTFB_SAMPLES = 60
+
+TTFB = """
+import json, os, socket, ssl, sys, time
+phost, pport = os.environ["HTTPS_PROXY"].split("//")[1].rsplit(":", 1)
+bumped, plain, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ctx = ssl.create_default_context(cafile="/workspace/trust.pem")
+
+def one(host):
+    t0 = time.perf_counter()
+    s = socket.create_connection((phost, int(pport)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(f"CONNECT {host}:443 HTTP/1.1\\r\\nHost: {host}:443\\r\\n\\r\\n".encode())
+    head = b""
+    while b"\\r\\n\\r\\n" not in head:
+        head += s.recv(4096)
+    assert b" 200 " in head.split(b"\\r\\n")[0], head
+    t = ctx.wrap_socket(s, server_hostname=host)
+    t.sendall(f"GET /demo-pkg HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode())
+    first = t.recv(1)
+    dt = time.perf_counter() - t0
+    rest = first + t.recv(64)
+    assert rest.startswith(b"HTTP/1.1 200"), rest
+    t.close()
+    return dt
+
+for _ in range(3):
+    one(bumped), one(plain)
+out = {"bumped": [], "plain": []}
+for _ in range(n):
+    out["bumped"].append(one(bumped))
+    out["plain"].append(one(plain))
+print(json.dumps(out))
+"""
+
+
+def run(out_dir: Path) -> list[Result | Section]:
+    inst = "bench" + secrets.token_hex(4)
+    bumped, plain = f"bumped-{inst}", f"plain-{inst}"
+    folder = temp_root("afe-bench-r44-")
+    counter = itertools.count()
+    try:
+        ca = make_ca_and_server_cert(folder / "ca", [bumped, plain])
+        with bench_broker(env={"AFE_CA_FILE": str(ca.ca_file)}) as (b, client, _root), \
+                package_host(client, b.egress_network, [bumped, plain], inst, folder / "host", ca=ca):
+            stub = b.stub
+            rules = [pb.EgressRule(host=bumped, methods=["GET", "HEAD"], name="read-only")]
+
+            def ready(with_rules: bool) -> float:
+                ticket = f"bench-r44-{next(counter)}"
+                t0 = time.perf_counter()
+                stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(
+                    image=SANDBOX_IMAGE, egress=[bumped, plain], egress_rules=rules if with_rules else [])))
+                _exec(stub, ticket, ["true"])
+                dt = time.perf_counter() - t0
+                stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
+                return dt
+
+            ready(True)
+            ready(False)                    # warm: images, the broker's CA-store cache of the image
+            samples: dict[str, list[float]] = {"rules": [], "none": []}
+            for i in range(READY_ROUNDS):
+                for kind in (("rules", "none") if i % 2 == 0 else ("none", "rules")):
+                    samples[kind].append(ready(kind == "rules"))
+
+            ticket = "bench-r44-ttfb"
+            stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket, spec=pb.SandboxSpec(
+                image=SANDBOX_IMAGE, egress=[bumped, plain], egress_rules=rules)))
+            try:
+                stub.WriteFile(pb.WriteFileRequest(ticket_id=ticket, path="origin-ca.pem",
+                                                   content=ca.ca_file.read_bytes()))
+                _exec(stub, ticket, ["sh", "-c", ("cat /run/afe-ca/bundle.pem /workspace/origin-ca.pem "
+                                                 "> /workspace/trust.pem")])
+                out = b""
+                for ev in stub.Exec(pb.ExecRequest(ticket_id=ticket, timeout_ms=300000,
+                                                   argv=["python3", "-c", TTFB, bumped, plain, str(TTFB_SAMPLES)])):
+                    if ev.WhichOneof("event") == "stdout":
+                        out += ev.stdout
+                    elif ev.WhichOneof("event") == "exit":
+                        assert ev.exit.code == 0, out
+                ttfb = json.loads(out)
+            finally:
+                stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
+    finally:
+        remove_temp_root(folder)
+    bump_s, plain_s = statistics.median(ttfb["bumped"]), statistics.median(ttfb["plain"])
+    rules_s, none_s = statistics.median(samples["rules"]), statistics.median(samples["none"])
+
+    def spread(xs: list[float]) -> str:
+        q = statistics.quantiles(xs, n=4)
+        return f"{q[0] * 1000:.1f}-{q[2] * 1000:.1f} ms"
+
+    body = (f"TTFB, {TTFB_SAMPLES} interleaved samples: intercepting {bump_s * 1000:.2f} ms "
+            f"(quartiles {spread(ttfb['bumped'])}), pass-through {plain_s * 1000:.2f} ms "
+            f"(quartiles {spread(ttfb['plain'])}).\n\n"
+            f"Cold egress-ready, {READY_ROUNDS} interleaved rounds: with rules {rules_s * 1000:.0f} ms "
+            f"(quartiles {spread(samples['rules'])}), without {none_s * 1000:.0f} ms "
+            f"(quartiles {spread(samples['none'])}).")
+    return [
+        Result(ISSUE, "TTFB through the intercepting proxy (new connection, GET)", "CONNECT pass-through",
+               bump_s, plain_s, 1.3),
+        Result(ISSUE, "egress sandbox ready with rules (create + first exec)", "the same egress without rules",
+               rules_s, none_s, 1.1),
+        Section("Egress rules (issue 34)", body),
+    ]
