@@ -70,6 +70,11 @@ class Cancelled(AfeError):
     code = "CANCELLED"
 
 
+class Aborted(AfeError):
+    """A concurrent change won (the base branch moved since a verification): do the step again."""
+    code = "ABORTED"
+
+
 class Internal(AfeError):
     code = "INTERNAL"
 
@@ -91,6 +96,7 @@ BY_CODE: dict[str, type[AfeError]] = {
         DeadlineExceeded,
         ResourceExhausted,
         Cancelled,
+        Aborted,
         Internal,
     )
 }

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import Config, Model, Workspace
-from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from services.common.layout import check_ticket_id
 from services.common.redact import Redactor
 
@@ -209,8 +209,10 @@ class CredentialCore:
         return await self.forge(ws).get_pull_request(ws, _number(number))
 
     async def merge_pull_request(self, ticket_id: str, workspace: str, number: str,
-                                 approval: Approval | None, method: str = "", fence: int = 0) -> MergeOutcome:
-        """Merge only with a person's approval of exactly the current head (R16)."""
+                                 approval: Approval | None, method: str = "", fence: int = 0,
+                                 expected_base_sha: str = "") -> MergeOutcome:
+        """Merge only with a person's approval of exactly the current head (R16), and with
+        `expected_base_sha` only onto that base tip, the one the head was verified on (R41)."""
         ws = self.workspace(workspace)
         number = _number(number)
         method = method or ws.forge.merge_method
@@ -239,7 +241,13 @@ class CredentialCore:
                 raise PermissionDenied(
                     f"pull request {number} changed after approval: approved {approval.sha[:12]}, "
                     f"head is now {pr.head_sha[:12]}; approve the new head before merging (R16)")
-            merge_sha = await forge.merge_pull_request(ws, number, approval.sha, method)
+            if expected_base_sha:
+                tip = await self.git.base_tip(ws)
+                if tip != expected_base_sha:
+                    raise Aborted(f"the base branch {ws.base_branch} moved to {tip[:12] or 'nothing'} since the "
+                                  f"head was verified on {expected_base_sha[:12]}; it is verified again")
+            merge_sha = await forge.merge_pull_request(ws, number, approval.sha, method,
+                                                       base_sha=expected_base_sha)
             log.info("merged pull request %s of workspace %s (approved by %s) as %s",
                      number, ws.name, approval.principal, merge_sha[:12])
             return MergeOutcome(True, merge_sha, False)

@@ -31,8 +31,10 @@ class Forge(abc.ABC):
     async def get_pull_request(self, ws: Workspace, number: str) -> PullRequestInfo: ...
 
     @abc.abstractmethod
-    async def merge_pull_request(self, ws: Workspace, number: str, sha: str, method: str) -> str:
-        """Merge exactly `sha` (the approved head); return the merge commit's sha."""
+    async def merge_pull_request(self, ws: Workspace, number: str, sha: str, method: str,
+                                 base_sha: str = "") -> str:
+        """Merge exactly `sha` (the approved head); return the merge commit's sha. With
+        `base_sha`, a forge that can refuses (Aborted) when the base's tip is no longer it."""
 
     @abc.abstractmethod
     async def comment(self, ws: Workspace, number: str, body: str) -> str: ...

@@ -138,8 +138,10 @@ class GitHubForge(Forge):
             raise self._fail(ws, resp, f"pull request {number} lookup")
         return self._info(resp.body)
 
-    async def merge_pull_request(self, ws, number, sha, method):
-        # `sha` makes GitHub itself refuse if the head moved after approval (R16).
+    async def merge_pull_request(self, ws, number, sha, method, base_sha=""):
+        # `sha` makes GitHub itself refuse if the head moved after approval (R16). GitHub's merge
+        # takes no base tip: the broker compared it right before (a base moving in between is
+        # the one window left, docs/SECURITY.md R41).
         resp = await self._call(ws, "PUT", self._url(ws, "pulls", number, "merge"), "merge",
                                 {"merge_method": method, "sha": sha})
         if resp.status == 409:

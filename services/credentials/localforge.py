@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from services.common.config import Workspace
-from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 
 from .forges import Forge, PullRequestInfo
 from .gitcmd import GitRunner
@@ -129,7 +129,7 @@ class LocalForge(Forge):
     async def get_pull_request(self, ws, number):
         return await self._info(ws, self._load(ws, number))
 
-    async def merge_pull_request(self, ws, number, sha, method):
+    async def merge_pull_request(self, ws, number, sha, method, base_sha=""):
         repo = self._repo(ws)
         async with self._lock:
             rec = self._load(ws, number)
@@ -147,6 +147,9 @@ class LocalForge(Forge):
             base = await self._sha(repo, base_ref)
             if not base:
                 raise NotFound(f"base branch {rec['base']!r} is gone from {repo}")
+            if base_sha and base != base_sha:      # under the lock: the tip merged onto is the verified one
+                raise Aborted(f"the base branch {rec['base']} moved to {base[:12]} since the head was verified "
+                              f"on {base_sha[:12]}; it is verified again")
             if method == "rebase":
                 raise InvalidArgument("the local forge merges with 'merge' or 'squash'; set forge.mergeMethod")
             res = await self.git.run(["merge-tree", "--write-tree", "--no-messages", "-z",

@@ -97,7 +97,8 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
             a = request.approval
             approval = Approval(principal=a.principal, sha=a.sha, at_ms=a.at_ms)
         r = await self.core.merge_pull_request(request.ticket_id, request.workspace, request.number,
-                                               approval, request.method, fence=request.fence)
+                                               approval, request.method, fence=request.fence,
+                                               expected_base_sha=request.expected_base_sha)
         return pb.MergePullRequestResponse(merged=r.merged, merge_sha=r.merge_sha,
                                            already_merged=r.already_merged)
 

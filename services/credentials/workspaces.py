@@ -90,6 +90,11 @@ class WorkspaceGit:
                                  git_dir=git_dir, check=False, what="git rev-parse")
         return res.out.strip() or None if res.returncode == 0 else None
 
+    async def base_tip(self, ws: Workspace) -> str:
+        """The base branch's tip in the repository now (the mirror fetched first); "" without one."""
+        mirror = await self.mirrors.update(ws)
+        return await self._rev(mirror, f"refs/heads/{ws.base_branch}") or ""
+
     # -- prepare -----------------------------------------------------------
     async def prepare(self, ws: Workspace, ticket_id: str, into: Path | None = None) -> Prepared:
         """The ticket's git dir and its checkout at <data>/workspaces/<ticket>.

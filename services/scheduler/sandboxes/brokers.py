@@ -91,7 +91,8 @@ class CredentialBroker(Protocol):
     async def get_pr(self, workspace: str, number: str) -> cpb.PullRequest: ...
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
                     at_ms: int, method: str = "", fence: int = 0,
-                    accepted_harness_change: Sequence[str] = ()) -> cpb.MergePullRequestResponse: ...
+                    accepted_harness_change: Sequence[str] = (),
+                    expected_base_sha: str = "") -> cpb.MergePullRequestResponse: ...
     async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int,
                          mcp: Mapping[str, Sequence[str]] | None = None) -> cpb.OpenRelayResponse: ...
     async def relay_usage(self, ticket_id: str, mcp_calls_from: int = 0) -> cpb.RelayUsageResponse: ...
@@ -312,10 +313,12 @@ class CredentialsClient(VerificationCalls):
 
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
                     at_ms: int, method: str = "", fence: int = 0,
-                    accepted_harness_change: Sequence[str] = ()) -> cpb.MergePullRequestResponse:
+                    accepted_harness_change: Sequence[str] = (),
+                    expected_base_sha: str = "") -> cpb.MergePullRequestResponse:
         async with fenced_errors(ticket_id, fence, "merge"):
             return await self.stub.MergePullRequest(cpb.MergePullRequestRequest(
                 ticket_id=ticket_id, workspace=workspace, number=number, method=method, fence=fence,
+                expected_base_sha=expected_base_sha,
                 approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms,
                                             accepted_harness_change=list(accepted_harness_change))), timeout=LONG)
 

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.common import attestation
-from services.common.errors import NotFound, PeerUnavailable
+from services.common.errors import Aborted, NotFound, PeerUnavailable
 from services.scheduler.sandboxes.brokers import CredentialBroker, SandboxBroker
 
 
@@ -142,6 +142,8 @@ class FakeCredentials:
         self.prs: dict[str, cpb.PullRequest] = {}
         self.merged: list[tuple[str, str]] = []   # (ticket, approved sha)
         self.merge_acks: list[list[str]] = []     # the acknowledged harness files of each merge
+        self.merge_bases: list[str] = []          # the expected base tip of each merge call
+        self.base_moves_at_merge = False
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -182,8 +184,13 @@ class FakeCredentials:
 
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
                     at_ms: int, method: str = "", fence: int = 0,
-                    accepted_harness_change: Sequence[str] = ()) -> cpb.MergePullRequestResponse:
+                    accepted_harness_change: Sequence[str] = (),
+                    expected_base_sha: str = "") -> cpb.MergePullRequestResponse:
         self._call("merge")
+        self.merge_bases.append(expected_base_sha)
+        if self.base_moves_at_merge:        # the base moves right before the merge (once)
+            self.base_moves_at_merge = False
+            raise Aborted("the base branch main moved since the head was verified; it is verified again")
         self.merged.append((ticket_id, sha))
         self.merge_acks.append(list(accepted_harness_change))
         pr = self.prs[ticket_id]

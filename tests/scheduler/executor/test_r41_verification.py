@@ -304,3 +304,28 @@ async def test_r41_a_command_that_reaches_the_clean_rooms_time_out_is_no_verdict
     t = await h.until(tid)
     assert t.state == FAILED and "did not finish within 30 s (verify.timeout)" in t.error, t.error
     assert "verification could not run" in t.error and h.store.verification(tid, HEAD) is None
+
+
+async def test_r41_the_merge_is_pinned_to_the_verified_base_and_a_move_in_between_verifies_again(harness):
+    h = _harness(harness, workflow('["python3 -m pytest -q"]'))
+    h.sandbox.summaries = {HEAD: "3 passed in 0.1s", "b" * 40: "3 passed in 0.1s", "a" * 40: "3 passed in 0.1s"}
+    engine = await h.start()
+    tid = h.create("review")
+    t = await h.until(tid, (WAITING_APPROVAL,))
+    # the base moves after ensure_mergeable verified it and before the broker merges: the broker refuses
+    h.credentials.base_moves_at_merge = True
+    real_merge = h.credentials.merge
+
+    async def moving(*args, **kw):  # type: ignore[no-untyped-def]
+        if h.credentials.base_moves_at_merge:
+            h.credentials.base = "a" * 40          # what the next verification sees
+        return await real_merge(*args, **kw)
+
+    h.credentials.merge = moving
+    await engine.approve(tid, "bob", t.awaiting_sha)
+    t = await h.until(tid)
+    assert t.state == SUCCEEDED, t.error
+    assert h.credentials.merge_bases == ["b" * 40, "a" * 40]      # each merge names the base it was verified on
+    assert h.credentials.merged == [(tid, HEAD)]
+    assert h.events(tid, "merge.base_moved")[0][1]["verified_base_sha"] == "b" * 40
+    assert h.store.verification_with(tid, HEAD, "a" * 40, h.store.verification(tid, HEAD).config) is not None

@@ -73,7 +73,7 @@ class Forge(FakeCredentials):
         return cpb.DiffResponse(diff=f"--- a/calc.py\n+++ b/calc.py\n+fixed for {ticket_id}\n")
 
     async def merge(self, ticket_id, workspace, number, principal, sha, at_ms, method="", fence=0,
-                    accepted_harness_change=()):
+                    accepted_harness_change=(), expected_base_sha=""):
         if self.conflict:
             self._call("merge")
             raise FailedPrecondition(f"pull request {number} conflicts with main; update the branch and approve "

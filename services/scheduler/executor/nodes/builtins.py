@@ -15,7 +15,7 @@ from typing import Any
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common.config import Node
-from services.common.errors import AfeError, FailedPrecondition
+from services.common.errors import Aborted, AfeError, FailedPrecondition
 
 from ...sandboxes import egress_report
 from ...store.base import N_RUNNING, N_WAITING, RUNNING, WAITING_APPROVAL, ApprovalRecord, PullRequestRecord
@@ -25,6 +25,7 @@ from . import forge_text, review_gate
 
 log = logging.getLogger(__name__)
 
+MERGE_BASE_TRIES = 5             # verifications of one approved head while its base keeps moving
 NESTED_REPOS_SHOWN = 20          # nested repository paths named in an event or a PR body
 
 
@@ -215,11 +216,24 @@ async def merge(ctx: RunContext, node: Node) -> str:
             ctx.store.put_pr(pr)
             continue
         break
-    verified = await review_gate.ensure_mergeable(ctx, node, appr)   # R41: only a verified merge result
     acknowledged = getattr(appr, "accepted_harness_change", None) or ()    # R41: carried into the signed record
-    r = await ctx.step(node, "merge", lambda: ctx.credentials.merge(
-        tid, ws, number, appr.principal, appr.sha, appr.at_ms, str(node.with_.get("method") or ""),
-        ctx.host.fence(tid), accepted_harness_change=acknowledged))
+    for _ in range(MERGE_BASE_TRIES):
+        verified = await review_gate.ensure_mergeable(ctx, node, appr)   # R41: only a verified merge result
+        base = str(verified.get("base_sha") or "") if verified else ""
+        def merging(base: str = base) -> Awaitable[cpb.MergePullRequestResponse]:
+            return ctx.credentials.merge(tid, ws, number, appr.principal, appr.sha, appr.at_ms,
+                                         str(node.with_.get("method") or ""), ctx.host.fence(tid),
+                                         accepted_harness_change=acknowledged, expected_base_sha=base)
+        try:
+            r = await ctx.step(node, "merge", merging)
+            break
+        except Aborted as exc:          # the base moved between the verification and the merge: verify again
+            ctx.emit("merge.base_moved", {"node": node.id, "sha": appr.sha, "verified_base_sha": base,
+                                          "message": exc.message})
+    else:
+        raise FailedPrecondition(f"builtin:merge gave up: the base branch moved {MERGE_BASE_TRIES} times while "
+                                 f"head {appr.sha[:12]} was verified on it; retry when it is quieter "
+                                 f"(`afe ticket retry {tid}`)")
     pr.state, pr.merge_sha = "merged", r.merge_sha
     ctx.store.put_pr(pr)
     ctx.emit("merge.done", {"node": node.id, "number": pr.number, "sha": appr.sha, "merge_sha": r.merge_sha,

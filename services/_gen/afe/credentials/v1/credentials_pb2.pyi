@@ -561,6 +561,7 @@ class MergePullRequestRequest(_message.Message):
     APPROVAL_FIELD_NUMBER: _builtins.int
     METHOD_FIELD_NUMBER: _builtins.int
     FENCE_FIELD_NUMBER: _builtins.int
+    EXPECTED_BASE_SHA_FIELD_NUMBER: _builtins.int
     ticket_id: _builtins.str
     workspace: _builtins.str
     number: _builtins.str
@@ -570,6 +571,11 @@ class MergePullRequestRequest(_message.Message):
     """The ticket's fence (its lease, docs/SCALE.md "Fencing", R37): refused
     with FAILED_PRECONDITION when the broker has seen a higher one for the
     ticket (a newer owner); 0 = no lease store (one scheduler), not checked.
+    """
+    expected_base_sha: _builtins.str
+    """The base branch's tip the approved head was verified merged onto (R41):
+    refused with ABORTED when the base is no longer there, so the scheduler
+    verifies again. "" = not checked (a workflow without verify:).
     """
     @_builtins.property
     def approval(self) -> Global___ApprovalRecord: ...
@@ -582,10 +588,11 @@ class MergePullRequestRequest(_message.Message):
         approval: Global___ApprovalRecord | None = ...,
         method: _builtins.str = ...,
         fence: _builtins.int = ...,
+        expected_base_sha: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "fence", b"fence", "method", b"method", "number", b"number", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "expected_base_sha", b"expected_base_sha", "fence", b"fence", "method", b"method", "number", b"number", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
