@@ -121,6 +121,7 @@ const LINES = {
     return { cls: "sys", text: `${n}${verificationText(p)} on ${short(p.sha)}${onto ? ", " + onto : ""}` };
   },
   "verification.base": (p, n) => ({ cls: "sys", text: `${n}the base ${short(p.base_sha)} ran the same commands: ${p.tests ? testsText(p.tests) : "no test counts reported"} (a head must not run fewer)` }),
+  "merge.base_moved": (p, n) => ({ cls: "sys", text: `${n}the base moved while ${short(p.sha)} was being merged (it was verified on ${short(p.verified_base_sha)}): verifying it again` }),
   "verification.base_moved": (p, n) => ({ cls: "sys", text: `${n}the base moved from ${short(p.verified_base_sha)} to ${short(p.base_sha)} since ${short(p.sha)} was verified; verified again onto it: ${p.passed ? "passed" : "failed"}` }),
   "verification.error": (p, n) => ({ cls: "sys", text: `${n}the verification of ${short(p.sha)} could not run: ${p.message || "no reason given"} (not a verdict; Retry runs it again)` }),
   "approval.granted": (p) => {

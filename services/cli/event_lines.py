@@ -177,6 +177,9 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
     if typ == "verification.base":
         return (f"{at} {node:<16} the base {str(p.get('base_sha', ''))[:12]} ran its own tests: "
                 f"{counts_text(p.get('tests')) or 'no count'}")
+    if typ == "merge.base_moved":
+        return (f"{at} {node:<16} the base moved while {str(p.get('sha', ''))[:12]} was being merged (verified on "
+                f"{str(p.get('verified_base_sha', ''))[:12]}): verifying it again")
     if typ == "verification.base_moved":
         return (f"{at} {node:<16} the base moved from {str(p.get('verified_base_sha', ''))[:12]} to "
                 f"{str(p.get('base_sha', ''))[:12]} since the verification: verified again, "
