@@ -103,7 +103,8 @@ const LINES = {
   },
   "agent.mcp_servers": (p, n) => ({ cls: "sys", text: p.given ? `${n}MCP servers given to the agent at the relay: ${(p.servers || []).join(", ")}` : `${n}MCP servers not given to the agent (${(p.servers || []).join(", ")}): ${p.reason || ""}` }),   // names only (R43)
   "mcp.call": (p, n) => ({ cls: "tool", text: `${n}MCP ${p.server || ""}/${p.tool || ""}: ${p.outcome || ""} (${plural(p.response_bytes || 0, "byte")})${p.reason ? " — " + p.reason : ""}` }),   // names, a digest and sizes only (R43)
-  "egress.denied": (p, n) => ({ cls: "sys", text: `${n}the egress proxy refused requests to ${hostCounts(p.hosts) || "(no host named)"}${p.truncated ? " and more hosts" : ""}; add a host the work needs to the Workspace's sandbox.egress` }),
+  "egress.denied": (p, n) => ({ cls: "sys", text: `${n}the egress proxy refused requests to ${hostCounts(p.hosts) || "(no host named)"}${p.truncated ? " and more hosts" : ""}; add a host the work needs to the Workspace's sandbox.egress` +
+    (Array.isArray(p.requests) && p.requests.length ? `; egress rules refused ${p.requests.slice(0, 20).map((q) => `${q.method} ${q.host}${q.path} (${q.reason}, rule ${q.rule}, ${q.count}x)`).join(", ")}${p.requests.length > 20 || p.requests_truncated ? " and more" : ""}` : "") }),
   "commit.done": (p, n) => ({ cls: "sys", text: `${n}committed ${short(p.sha)}${p.changed === false ? " (no changes)" : ""}` }),
   "push.done": (p, n) => ({ cls: "sys", text: `${n}pushed ${p.branch || ""} at ${short(p.sha)}` }),
   "pr.opened": (p, n) => ({ cls: "sys", text: `${n}pull request #${p.number} opened (${p.head_branch} → ${p.base_branch})` }),

@@ -186,4 +186,15 @@ def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
                 f"{'passed' if p.get('passed') else 'failed'}")
     if typ == "commit.warning":
         return f"{at} {node:<16} warning: {p.get('message') or p.get('kind', '')}"
+    if typ == "egress.denied":     # the hosts the proxy refused (R11) and what egress rules refused (R44)
+        hosts = ", ".join(f"{shown(str(h.get('host', '')), 253)} ({int(h.get('count', 0) or 0)})"
+                          for h in p.get("hosts") or [] if isinstance(h, dict))
+        lines = [f"{at} {node:<16} egress refused: {hosts or '(no host named)'}"
+                 + (" and more hosts" if p.get("truncated") else "")]
+        for q in [q for q in p.get("requests") or [] if isinstance(q, dict)][:50]:
+            lines.append(f"{'':>10} {'egress':<16}   {shown(str(q.get('method', '')), 20)} "
+                         f"{shown(str(q.get('host', '')), 253)}{shown(str(q.get('path', '')), 300)} refused "
+                         f"({shown(str(q.get('reason', '')), 20)}; rule {shown(str(q.get('rule', '')), 100)}) "
+                         f"x{int(q.get('count', 0) or 0)}")
+        return "\n".join(lines)
     return None
