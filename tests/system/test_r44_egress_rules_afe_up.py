@@ -115,7 +115,8 @@ def test_r44_afe_up_fetches_but_never_publishes_uploads_or_pushes():
             cfg.mkdir(parents=True)
             _repo(cfg, reg, git)
             (cfg / "afe.yaml").write_text(CONFIG.format(image=image, reg=reg, git=git, subnet=subnet))
-            afe = start_afe(base, base_env(AFE_CA_FILE=str(host.ca.ca_file)), "--egress-network", net.name)
+            afe = start_afe(base, base_env(AFE_CA_FILE=str(host.ca.ca_file)), "--egress-network", net.name,
+                            "--instance", inst)
             afe.wait_up()
             deadline = time.monotonic() + 60
             while not (m := re.search(r"^afe is up: open (\S+)", afe.text(), re.MULTILINE)):
@@ -171,12 +172,11 @@ def test_r44_afe_up_fetches_but_never_publishes_uploads_or_pushes():
     finally:
         if afe is not None:
             afe.stop()
-        with_retry = 3
-        while with_retry:
-            try:
-                net.remove()
-                break
-            except docker.errors.APIError:
-                with_retry -= 1
-                time.sleep(2)
+        # what a failed run left of its ticket (afe up keeps a running ticket's sandbox on purpose)
+        for c in client.containers.list(all=True, filters={"label": f"afe.instance={inst}"}):
+            c.remove(force=True)
+        for n in client.networks.list(filters={"label": f"afe.instance={inst}"}):
+            if n.id != net.id:
+                n.remove()
+        net.remove()
         remove_temp_root(base)
