@@ -23,10 +23,11 @@ from services.common.layout import Layout
 from services.sandbox import egress_ca
 from tests.sandbox.conftest import BrokerThread, gvisor_missing, run, sync_stub
 from tests.support.egress_hosts import ensure_tools_image, package_host
+from tests.support.npm import needs_npm
 from tests.support.sandbox_broker import new_instance
 from tests.support.temp_roots import remove_temp_root, temp_root
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(600), needs_npm]   # npm and node for the tools image (tests/support/npm.py)
 
 
 @pytest.fixture(scope="module")

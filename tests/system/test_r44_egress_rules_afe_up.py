@@ -29,10 +29,11 @@ from services.common.grpcutil import open_channel
 from tests.foundation.launcher_support import ROOT, base_env, start_afe
 from tests.support.egress_hosts import ensure_tools_image, package_host
 from tests.support.fakes.git_http import make_bare_repo
+from tests.support.npm import needs_npm
 from tests.support.sandbox_broker import new_instance
 from tests.support.temp_roots import remove_temp_root, temp_root
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600), needs_npm]   # npm and node for the tools image (tests/support/npm.py)
 
 CONFIG = """\
 kind: Workspace

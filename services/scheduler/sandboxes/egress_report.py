@@ -110,7 +110,7 @@ def section(data: dict[str, Any] | None, heading: str = "### Blocked egress atte
     refused = [f"- `{method} {name}` refused by `{rule}` ({reason}; {n} time{'' if n == 1 else 's'})"
                for (method, name, rule, reason), n in counts.items()]
     if refused:
-        text += ("\n\nRequests the Workspace's egress rules refused (`afe ticket show` lists their paths):\n\n"
+        text += ("\n\nRequests the Workspace's egress rules refused (`afe ticket watch ID` lists their paths):\n\n"
                  + "\n".join(refused)
                  + ("\n- … and more requests" if (data or {}).get("requests_truncated") else ""))
     return text
