@@ -50,14 +50,14 @@ async def test_r44_refusals_in_the_event_and_every_request_in_the_signed_record(
     rec = h.store.run_record(tid, t.awaiting_sha, REQUEST)
     statement = attestation.verify(json.loads(rec.envelope), await _key(h), t.awaiting_sha).statement
     egress = statement["predicate"]["egress"]
-    assert egress["requests"] == [
-        {"method": "GET", "host": "registry.npmjs.org", "path_sha256": "a" * 64, "status": 200, "denied": False,
-         "reason": "", "rule": "read-only", "bytes_out": 400, "bytes_in": 1200, "count": 3},
+    assert egress["requests"] == [          # the refused first
         {"method": "PUT", "host": "registry.npmjs.org", "path_sha256": "b" * 64, "status": 403, "denied": True,
          "reason": "method", "rule": "read-only", "bytes_out": 5000, "bytes_in": 480, "count": 2},
+        {"method": "GET", "host": "registry.npmjs.org", "path_sha256": "a" * 64, "status": 200, "denied": False,
+         "reason": "", "rule": "read-only", "bytes_out": 400, "bytes_in": 1200, "count": 3},
         {"method": "CONNECT", "host": "pypi.org", "path_sha256": "", "status": 200, "denied": False,
          "reason": "", "rule": "", "bytes_out": 700, "bytes_in": 90000, "count": 1}]
-    assert egress["requests_truncated"] is False
+    assert egress["requests_truncated"] is False and egress["requests_omitted"] == {"entries": 0, "requests": 0}
     assert egress["rules"] == [{"host": "registry.npmjs.org", "name": "read-only", "methods": ["GET", "HEAD"],
                                 "paths": [], "ignore_case": False}]
     assert egress["allowed"] == ["pypi.org", "registry.npmjs.org"]
@@ -81,3 +81,16 @@ def test_r44_the_pull_request_names_refused_requests_by_rule_never_their_path():
     assert "- `POST registry.npmjs.org` refused by `sandbox.egress[2]` (path; 3 times)" in text
     for leak in ("exfil-token", "phish", "<img", "/demo-pkg", "/ok"):
         assert leak not in text
+
+
+def test_r44_a_record_lists_the_refused_first_and_counts_what_it_leaves_out():
+    from services.common.config import Workspace
+    from services.scheduler.executor.nodes.run_statement import EGRESS_REQUESTS_KEPT, _egress
+    allowed = [{"method": "GET", "host": "r.test", "path_sha256": f"{i:064x}", "status": 200, "denied": False,
+                "reason": "", "rule": "read-only", "bytes_out": 1, "bytes_in": 2, "count": 2}
+               for i in range(EGRESS_REQUESTS_KEPT + 10)]
+    refused = {"method": "PUT", "host": "r.test", "path_sha256": "f" * 64, "status": 403, "denied": True,
+               "reason": "method", "rule": "read-only", "bytes_out": 9, "bytes_in": 3, "count": 1}
+    eg = _egress(Workspace(name="w", repo="/x"), {"all_requests": [*allowed, refused]})
+    assert eg["requests"][0] == refused and len(eg["requests"]) == EGRESS_REQUESTS_KEPT
+    assert eg["requests_omitted"] == {"entries": 11, "requests": 22}

@@ -260,6 +260,7 @@ def _models(config: Config, wf: Workflow) -> list[dict[str, Any]]:
 # one egress request of the record (R44): egress_report.record_payload's keys, the path only as its digest
 EGRESS_REQUEST_KEYS = ("method", "host", "path_sha256", "status", "denied", "reason", "rule", "bytes_out",
                        "bytes_in", "count")
+EGRESS_REQUESTS_KEPT = 300     # distinct requests listed in a record (the refused first; the rest counted)
 
 
 def _egress(ws: Workspace, denied: dict[str, Any] | None) -> dict[str, Any]:
@@ -271,15 +272,22 @@ def _egress(ws: Workspace, denied: dict[str, Any] | None) -> dict[str, Any]:
                 for h in (denied or {}).get(key) or [] if isinstance(h, dict)]
     allowed: list[dict[str, Any]] | str = counted("allowed") if "allowed" in (denied or {}) else "not recorded"
     requests: list[dict[str, Any]] | str = "not recorded"
+    omitted = {"entries": 0, "requests": 0}
     if "all_requests" in (denied or {}):      # R44: every request, its path only as a digest
-        requests = [{k: q.get(k) for k in EGRESS_REQUEST_KEYS}
-                    for q in (denied or {}).get("all_requests") or [] if isinstance(q, dict)]
+        every = [{k: q.get(k) for k in EGRESS_REQUEST_KEYS}
+                 for q in (denied or {}).get("all_requests") or [] if isinstance(q, dict)]
+        # the refused first; past EGRESS_REQUESTS_KEPT the rest is counted, not listed
+        every.sort(key=lambda q: not q.get("denied"))
+        requests = every[:EGRESS_REQUESTS_KEPT]
+        rest = every[EGRESS_REQUESTS_KEPT:]
+        omitted = {"entries": len(rest), "requests": sum(int(q.get("count") or 0) for q in rest)}
     return {"allowed": sorted(ws.sandbox.egress), "allowed_private": sorted(ws.sandbox.egress_private),
             "allowed_counts": allowed, "allowed_truncated": bool((denied or {}).get("allowed_truncated")),
             "denied": counted("hosts"), "denied_truncated": bool((denied or {}).get("truncated")),
             "rules": [{"host": r.host, "name": r.name, "methods": list(r.methods), "paths": list(r.paths),
                        "ignore_case": r.ignore_case} for r in ws.sandbox.egress_rules],
-            "requests": requests, "requests_truncated": bool((denied or {}).get("all_requests_truncated"))}
+            "requests": requests, "requests_omitted": omitted,
+            "requests_truncated": bool((denied or {}).get("all_requests_truncated"))}
 
 
 def _usage(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
