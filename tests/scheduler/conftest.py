@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import grpc
+
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.demo import make_repo
 from services.common.layout import Layout
@@ -50,7 +52,13 @@ def state_name(t: pb.Ticket) -> str:
 async def wait_for_state(stub, ticket_id: str, states: set[str], deadline_s: float = 180) -> pb.Ticket:
     end = time.monotonic() + deadline_s
     while True:
-        t = await stub.GetTicket(pb.GetTicketRequest(id=ticket_id))
+        try:
+            t = await stub.GetTicket(pb.GetTicketRequest(id=ticket_id))
+        except grpc.aio.AioRpcError as exc:       # the store is away (a database outage): ask again, as a client does
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > end:
+                raise
+            await asyncio.sleep(0.2)
+            continue
         if state_name(t) in states:
             return t
         if time.monotonic() > end:

@@ -69,8 +69,32 @@ def _todays_flush(monkeypatch) -> None:
     batch it did not take is gone (the error went to the loop's log)."""
     def drop(self, batch, exc):
         return []
-    monkeypatch.setattr(PostgresStore, "append_events", PostgresStore.append_events.__wrapped__)  # type: ignore[attr-defined]
+
+    def drop_unavailable(self, exc):    # today's code kept nothing for a store that did not answer
+        self._unstored = []
+    for name in dir(PostgresStore):       # no store method retries (the event writes ask several)
+        method = getattr(PostgresStore, name)
+        if callable(method) and hasattr(method, "__wrapped__"):
+            monkeypatch.setattr(PostgresStore, name, method.__wrapped__)
     monkeypatch.setattr(EventLog, "_store_apart", drop)
+    monkeypatch.setattr(EventLog, "_unavailable", drop_unavailable)
+    # The first batch after the restart meets the connection the restart broke, as the store's own
+    # thread now often replaces it first (a read of another statement): the failure made certain.
+    restarted = threading.Event()
+    real_restart, real_append = postgres.restart_server, PostgresStore.append_events
+
+    def restart(*args, **kw):  # type: ignore[no-untyped-def]
+        out = real_restart(*args, **kw)
+        restarted.set()
+        return out
+
+    def append(self, events):  # type: ignore[no-untyped-def]
+        if restarted.is_set():
+            restarted.clear()
+            raise psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly")
+        return real_append(self, events)
+    monkeypatch.setattr(postgres, "restart_server", restart)
+    monkeypatch.setattr(PostgresStore, "append_events", append)
 
 
 async def _stream(log: EventLog, tid: str, on_line: int, action, watch: bool = True) -> list[EventRecord]:
@@ -257,12 +281,15 @@ async def test_an_outage_past_the_retries_keeps_events_and_names_what_memory_cou
     stored = log.store.events("T1", 1, 1000)
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
     types = [e.type for e in stored]
-    assert types[0] == "node.started" and types[-1] == "node.finished" and types.count("events.lost") == 1
-    lost = json.loads(stored[types.index("events.lost")].payload_json)
+    # one loss, said once -- or in two records when more was lost while the first was being written
+    # (the writes are on the store's own thread; docs/SCALE.md)
+    assert types[0] == "node.started" and types[-1] == "node.finished" and types.count("events.lost") in (1, 2)
+    losses = [json.loads(e.payload_json) for e in stored if e.type == "events.lost"]
+    count = sum(x["count"] for x in losses)
     kept = _lines(stored)
     assert kept == [f"line-{i}" for i in range(len(kept))]           # the lines before the loss, in order
-    assert lost["count"] == 60 - len(kept) > 0 and lost["types"] == {"node.output": lost["count"]}
-    assert registry.get_sample_value("afe_events_lost_total", {"reason": "store_unavailable"}) == lost["count"]
+    assert count == 60 - len(kept) > 0 and all(x["types"] == {"node.output": x["count"]} for x in losses)
+    assert registry.get_sample_value("afe_events_lost_total", {"reason": "store_unavailable"}) == count
     log.store.close()
 
 

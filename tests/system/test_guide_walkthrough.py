@@ -302,8 +302,9 @@ def test_guide_walkthrough_clone_to_merged_fix_with_feedback_and_followup():
         assert v.returncode == 0, v.stdout + v.stderr
         assert f"request record of commit {after['awaiting_sha']}" in v.stdout
         assert f'approved by "cli" of {after["awaiting_sha"]}' in v.stdout
-        v = cli("verify", ticket, "--sha", before["awaiting_sha"])
-        assert v.returncode == 0 and f"request record of commit {before['awaiting_sha']}" in v.stdout, v.stderr
+        v = cli("verify", ticket, "--sha", before["awaiting_sha"])      # genuine, but of an older head: exit 8
+        assert v.returncode == 8 and "OLDER HEAD" in v.stdout + v.stderr, v.stdout + v.stderr
+        assert f"request record of commit {before['awaiting_sha']}" in v.stdout, v.stdout
         assert "decision record" not in v.stdout                    # the first head was never decided
     finally:
         model.close()
