@@ -109,14 +109,7 @@ def remove_egress_dir(layout: Layout, ticket_id: str) -> None:
 
 def reconcile(layout: Layout, live: set[str]) -> set[str]:
     """Remove the egress folders of tickets that are not live; returns their ids."""
-    root = layout.run_dir / "egress"
-    gone: set[str] = set()
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(root):
-            if entry.name not in live and entry.is_dir(follow_symlinks=False):
-                safefs.remove_tree(entry.path)
-                gone.add(entry.name)
-    return gone
+    return safefs.remove_dirs_except(layout.run_dir / "egress", live)
 
 
 def sandbox_proxy_env() -> dict[str, str]:

@@ -317,3 +317,17 @@ def test_r34_remove_takes_any_depth_and_positive_control_fwalk_recurses(tmp_path
         os.close(fd)
     safefs.remove_tree(top)
     assert not top.exists()
+
+
+def test_remove_dirs_except_removes_only_folders_not_kept(tmp_path):
+    from services.common import safefs
+    root = tmp_path / "root"
+    (root / "live").mkdir(parents=True)
+    (root / "gone" / "deep").mkdir(parents=True)
+    (root / "file").write_text("x")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    assert safefs.remove_dirs_except(root, {"live"}) == {"gone"}
+    assert sorted(p.name for p in root.iterdir()) == ["file", "link", "live"] and outside.is_dir()
+    assert safefs.remove_dirs_except(tmp_path / "missing", set()) == set()

@@ -37,7 +37,7 @@ from .open import (
     split_relative,
 )
 from .own import chown_tree, chown_tree_at, own_at, own_fd
-from .remove import empty_dir, remove_tree
+from .remove import empty_dir, remove_dirs_except, remove_tree
 from .root import Root
 from .walk import (
     DEFAULT_MAX_DEPTH,
@@ -78,6 +78,7 @@ __all__ = [
     "open_regular_or_none",
     "own_at",
     "own_fd",
+    "remove_dirs_except",
     "remove_tree",
     "show",
     "split_relative",

@@ -145,3 +145,15 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
             os.rmdir(p.name, dir_fd=parent_fd)
     finally:
         os.close(parent_fd)
+
+
+def remove_dirs_except(root: str | os.PathLike[str], keep: set[str]) -> set[str]:
+    """Remove each folder directly in `root` whose name is not in `keep` (links and
+    files are left alone); returns the names removed. A missing `root`: nothing."""
+    gone: set[str] = set()
+    with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
+        for entry in entries:
+            if entry.name not in keep and entry.is_dir(follow_symlinks=False):
+                remove_tree(entry.path)
+                gone.add(entry.name)
+    return gone
