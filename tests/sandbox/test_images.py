@@ -11,7 +11,6 @@ from pathlib import Path
 import docker
 import pytest
 
-from services.common.errors import FailedPrecondition
 from services.sandbox.images import (
     IMAGE_DIGEST_LABEL,
     IMAGES_DIR,
@@ -81,10 +80,13 @@ def test_an_images_digest_changes_with_each_input_and_only_then(tmp_path):
     assert image_digest(IMAGES_DIR / "sandbox", "b") != image_digest(IMAGES_DIR / "proxy", "b")
 
 
-def test_building_the_sandbox_image_without_a_c_compiler_says_what_to_install(tmp_path, monkeypatch):
+def test_building_the_sandbox_image_without_a_c_compiler_warns_and_builds_without_the_library(
+        tmp_path, monkeypatch):
+    """A machine with only Python, git and Docker still builds afe/sandbox (the README's two
+    commands): without the statx library, saying what gVisor sandboxes lack and what to install."""
     monkeypatch.setenv("PATH", str(tmp_path))          # no gcc, no cc
     monkeypatch.delenv("CC", raising=False)
-    with pytest.raises(FailedPrecondition) as ei:
-        _compile_statx(IMAGES_DIR / "sandbox" / STATX_SOURCE, tmp_path / STATX_LIBRARY, lambda _m: None)
-    assert "apt-get install gcc libc6-dev" in str(ei.value) and "gVisor" in str(ei.value)
-    assert not (tmp_path / STATX_LIBRARY).exists()
+    said: list[str] = []
+    _compile_statx(IMAGES_DIR / "sandbox" / STATX_SOURCE, tmp_path / STATX_LIBRARY, said.append)
+    assert any("apt-get install gcc libc6-dev" in m and "gVisor" in m and "make images" in m for m in said), said
+    assert (tmp_path / STATX_LIBRARY).read_bytes() == b""        # the Dockerfile preloads nothing then
