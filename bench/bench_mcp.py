@@ -121,7 +121,8 @@ async def _measure(root: Path, work_s: float) -> tuple[list[float], list[float]]
                                              repr(str(layout.relay_dir("bench") / RELAY_SOCKET)))
         source = source.replace(f"s.bind((\"127.0.0.1\", {RELAY_PORT}))", f"s.bind((\"127.0.0.1\", {fport}))")
         assert str(fport) in source
-        await asyncio.to_thread(subprocess.run, [sys.executable, "-c", source], check=True, timeout=30)
+        await asyncio.to_thread(subprocess.run, [sys.executable, "-c", source], check=True, timeout=30,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})   # R33
         direct = Client(url, TOKEN)
         relayed = Client(f"http://127.0.0.1:{fport}/mcp/tracker", cap)
         try:

@@ -84,7 +84,8 @@ async def _measure(root: Path) -> tuple[list[float], list[float], list[float], l
                                              repr(str(layout.relay_dir("bench") / RELAY_SOCKET)))
         source = source.replace(f"s.bind((\"127.0.0.1\", {RELAY_PORT}))", f"s.bind((\"127.0.0.1\", {port}))")
         assert str(port) in source and str(layout.relay_dir("bench")) in source
-        await asyncio.to_thread(subprocess.run, [sys.executable, "-c", source], check=True, timeout=30)
+        await asyncio.to_thread(subprocess.run, [sys.executable, "-c", source], check=True, timeout=30,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})   # R33
         try:
             direct_h = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
             relay_h = {"x-api-key": cap, "anthropic-version": "2023-06-01"}
