@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -128,6 +129,20 @@ class Afe:
                 raise AssertionError(f"afe up exited with {self.proc.returncode}:\n{self.text()[-4000:]}")
             time.sleep(0.2)
         raise AssertionError(f"afe up not ready within {timeout} s:\n{self.text()[-4000:]}")
+
+    def cli_env(self, timeout: float = 60.0) -> dict[str, str]:
+        """The environment the CLI needs to reach this afe (the URL its banner prints, the UI token)."""
+        deadline = time.monotonic() + timeout
+        while not (m := re.search(r"^afe is up: open (\S+)", self.text(), re.MULTILINE)):
+            assert time.monotonic() < deadline, self.text()[-4000:]
+            time.sleep(0.2)
+        return {**base_env(), "AFE_URL": m.group(1).rstrip("/"),
+                "AFE_TOKEN": (self.data / "ui-token").read_text().strip()}
+
+    def cli(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
+        """`afe ARGS...` against this afe, as a user runs it (exit code and output kept)."""
+        return subprocess.run([sys.executable, "-m", "services.cli.main", *args], check=False, cwd=ROOT,
+                              env=self.cli_env(), capture_output=True, text=True, timeout=timeout)
 
     def stop(self, timeout: float = 15.0) -> int:
         if self.proc.poll() is None:

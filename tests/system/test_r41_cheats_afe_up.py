@@ -22,14 +22,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.foundation.launcher_support import ROOT, base_env, start_afe
+from tests.foundation.launcher_support import base_env, start_afe
 from tests.scheduler.conftest import git
 from tests.support.temp_roots import remove_temp_root, temp_root
 
@@ -155,16 +153,8 @@ def test_r41_cheats_through_afe_up_are_never_merged_and_honest_fixes_are():
         mains = {ws: git(cfg / "repos" / f"{ws}.git", "rev-parse", "main").strip() for ws in ("pyproj", "uproj")}
         afe = start_afe(base, base_env(), "--max-running", "4")
         afe.wait_up()
-        deadline = time.monotonic() + 60
-        while not (m := re.search(r"^afe is up: open (\S+)", afe.text(), re.MULTILINE)):
-            assert time.monotonic() < deadline, afe.text()[-4000:]
-            time.sleep(0.2)
-        env = {**base_env(), "AFE_URL": m.group(1).rstrip("/"),
-               "AFE_TOKEN": (afe.data / "ui-token").read_text().strip()}
-
         def cli(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "services.cli.main", *args], check=False, cwd=ROOT,
-                                  env=env, capture_output=True, text=True, timeout=300)
+            return afe.cli(*args, timeout=300)
 
         def show(ticket: str) -> dict[str, Any]:
             p = cli("ticket", "show", ticket, "--json")

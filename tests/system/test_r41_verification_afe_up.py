@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.foundation.launcher_support import ROOT, base_env, start_afe
+from tests.foundation.launcher_support import base_env, start_afe
 from tests.scheduler.conftest import git
 from tests.scheduler.test_r41_clean_room_verification import CHEAT, TEST, UNITTEST, make_repo
 from tests.support.temp_roots import remove_temp_root, temp_root
@@ -64,16 +62,8 @@ def test_r41_afe_up_cli_shows_the_failed_verification_and_the_merge_is_refused()
         before = _main(cfg / "repos" / "calc.git")
         afe = start_afe(base, base_env())
         afe.wait_up()
-        deadline = time.monotonic() + 60
-        while not (m := re.search(r"^afe is up: open (\S+)", afe.text(), re.MULTILINE)):
-            assert time.monotonic() < deadline, afe.text()[-4000:]
-            time.sleep(0.2)
-        env = {**base_env(), "AFE_URL": m.group(1).rstrip("/"),
-               "AFE_TOKEN": (afe.data / "ui-token").read_text().strip()}
-
         def cli(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "services.cli.main", *args], check=False, cwd=ROOT,
-                                  env=env, capture_output=True, text=True, timeout=180)
+            return afe.cli(*args, timeout=180)
 
         p = cli("ticket", "create", "--workflow", "cheat", "--title", "add() subtracts")
         assert p.returncode == 0, p.stdout + p.stderr

@@ -15,8 +15,6 @@ import asyncio
 import json
 import re
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import docker
@@ -26,7 +24,7 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
 from services.common import attestation
 from services.common.grpcutil import open_channel
-from tests.foundation.launcher_support import ROOT, base_env, start_afe
+from tests.foundation.launcher_support import base_env, start_afe
 from tests.support.egress_hosts import ensure_tools_image, package_host
 from tests.support.fakes.git_http import make_bare_repo
 from tests.support.npm import needs_npm
@@ -119,16 +117,8 @@ def test_r44_afe_up_fetches_but_never_publishes_uploads_or_pushes():
             afe = start_afe(base, base_env(AFE_CA_FILE=str(host.ca.ca_file)), "--egress-network", net.name,
                             "--instance", inst)
             afe.wait_up()
-            deadline = time.monotonic() + 60
-            while not (m := re.search(r"^afe is up: open (\S+)", afe.text(), re.MULTILINE)):
-                assert time.monotonic() < deadline, afe.text()[-4000:]
-                time.sleep(0.2)
-            env = {**base_env(), "AFE_URL": m.group(1).rstrip("/"),
-                   "AFE_TOKEN": (afe.data / "ui-token").read_text().strip()}
-
             def cli(*args: str) -> subprocess.CompletedProcess:
-                return subprocess.run([sys.executable, "-m", "services.cli.main", *args], check=False, cwd=ROOT,
-                                      env=env, capture_output=True, text=True, timeout=400)
+                return afe.cli(*args, timeout=400)
 
             p = cli("ticket", "create", "--workflow", "deps", "--title", "update the dependencies")
             assert p.returncode == 0, p.stdout + p.stderr
