@@ -24,6 +24,7 @@ from services.common.secrets import SecretValue
 
 from .broker import CredentialCore
 from .compose import build_core
+from .dbfence import FenceDatabase
 from .httpclient import RetryPolicy
 from .servicer import register
 
@@ -51,10 +52,11 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, secrets: dict[
               redactor: Redactor, *, socket_path: str | None = None, ca_file: Path | None = None,
               proxies: Mapping[str, str] | None = None, retry: RetryPolicy | None = None,
               spare_checkouts: bool = True, registry: CollectorRegistry | None = None,
-              interceptors: Iterable[grpc.aio.ServerInterceptor] = ()) -> CredentialsApp:
-    """`socket_path` defaults to the layout's `credentials` socket."""
+              interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+              fence_db: FenceDatabase | None = None) -> CredentialsApp:
+    """`socket_path` defaults to the layout's `credentials` socket; `fence_db`: compose.build_core."""
     core = build_core(config, layout, secrets, redactor, ca_file=ca_file, proxies=proxies, retry=retry,
-                      spare_checkouts=spare_checkouts)
+                      spare_checkouts=spare_checkouts, fence_db=fence_db)
     served: CredentialCore = core
     if registry is not None:
         if core.relay is not None:

@@ -23,7 +23,7 @@ from services.common.layout import check_ticket_id
 from services.common.redact import Redactor
 
 from . import handover, verifycheckout
-from .fences import Fences
+from .fences import FenceGuard, Fences
 from .forges import MERGE_METHODS, Forge, PullRequestInfo
 from .github import GitHubForge
 from .github_checks import CheckDetails, ChecksReader
@@ -63,12 +63,13 @@ class MergeOutcome:
 class CredentialCore:
     def __init__(self, config: Config, git: WorkspaceGit, forges: dict[str, Forge],
                  providers: dict[str, ModelProvider], redactor: Redactor, relay: RelayHub | None = None,
-                 report_key_file: Path | None = None, fences: Fences | None = None,
+                 report_key_file: Path | None = None, fences: FenceGuard | None = None,
                  signer: Signer | None = None, mcp: ModelNodeMcp | None = None) -> None:
         self.config = config
         self.mcp = mcp                                # mcpnodes.py: model nodes' MCP tools (R43)
         self.signer = signer                          # signing.py: the run records' key (R42)
-        self.fences = fences if fences is not None else Fences(None)   # R37: the highest fence per ticket
+        # R37: the fence of each side effect; the highest per ticket in a file, or the database's (dbfence.py)
+        self.fences: FenceGuard = fences if fences is not None else Fences(None)
         self.relay = relay
         self.git = git
         self.forges = forges
@@ -408,6 +409,7 @@ class CredentialCore:
             await f.close()
         for p in self.providers.values():
             await p.close()
+        await self.fences.aclose()
 
 
 def _fenced_ticket(ticket_id: str, fence: int) -> str:

@@ -13,7 +13,8 @@ from services.common.secrets import SecretValue
 
 from .askpass import write_helper
 from .broker import CredentialCore
-from .fences import Fences
+from .dbfence import DatabaseFences, FenceDatabase
+from .fences import FenceGuard, Fences
 from .gitcmd import GitRunner
 from .github import GitHubForge
 from .httpclient import HttpClient, RetryPolicy
@@ -38,7 +39,10 @@ def private_dir(layout: Layout) -> Path:
 def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], redactor: Redactor, *,
                ca_file: Path | None = None, proxies: Mapping[str, str] | None = None,
                retry: RetryPolicy | None = None,
-               git_timeout_s: float = 600.0, spare_checkouts: bool = True) -> CredentialCore:
+               git_timeout_s: float = 600.0, spare_checkouts: bool = True,
+               fence_db: FenceDatabase | None = None) -> CredentialCore:
+    """`fence_db`: the PostgreSQL store's database, where the fences are checked (dbfence.py);
+    None: the fence file of this machine (fences.py, a SQLite store)."""
     layout.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     own = private_dir(layout)
     helper = write_helper(own / "bin")
@@ -56,7 +60,7 @@ def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], 
         "replay": ReplayProvider(),
     }
     relay = RelayHub(config, layout, secrets, redactor, state_dir=own / "relay", ca_file=ca_file, proxies=proxies)
-    fences = Fences(own / "fences.json")
+    fences: FenceGuard = DatabaseFences(fence_db) if fence_db is not None else Fences(own / "fences.json")
 
     def token(name: str) -> str | None:
         held = secrets.get(name)

@@ -13,6 +13,10 @@ starts after it. Fence 0 (a store of one scheduler, SQLite) is not checked.
 
 State: `<data>/credentials/fences.json` (0600, written atomically, re-read
 at start), one entry per live ticket; ReleaseWorkspace removes the entry.
+
+This file is one machine's: it is the fence of a SQLite store (one
+scheduler). With a PostgreSQL store the broker checks the fence in the
+database instead (dbfence.py), so it spans machines.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Protocol
 
 from services.common.errors import FailedPrecondition
 from services.common.layout import check_ticket_id
@@ -36,6 +41,14 @@ LOST_LEASE = "this scheduler lost its lease"   # the refusal's wording; the sche
 class StaleFence(FailedPrecondition):
     def __init__(self, ticket_id: str, fence: int, highest: int) -> None:
         super().__init__(f"a newer owner of ticket {ticket_id} exists (fence {fence} < {highest}); {LOST_LEASE}")
+
+
+class FenceGuard(Protocol):
+    """What the broker asks of a fence: this file's, or the database's (dbfence.py)."""
+
+    def hold(self, ticket_id: str, fence: int) -> contextlib.AbstractAsyncContextManager[None]: ...
+    def forget(self, ticket_id: str) -> None: ...
+    async def aclose(self) -> None: ...
 
 
 class Fences:
@@ -99,3 +112,6 @@ class Fences:
         self._locks.pop(ticket_id, None)
         if self._highest.pop(ticket_id, None) is not None:
             self._save()
+
+    async def aclose(self) -> None:
+        """Nothing to close: every change is on disk already."""

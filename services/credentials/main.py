@@ -9,7 +9,11 @@ read once, registered with the redactor and removed from the environment
 (R28, R30). `AFE_CA_FILE` (optional) names the CA bundle git and the HTTP
 APIs trust (GitHub Enterprise or a proxy with a private CA); `https_proxy`,
 `http_proxy` and `no_proxy` (optional) route git and the HTTP APIs through
-the operator's proxy. `afe up` passes exactly these (services/launcher/environment.py).
+the operator's proxy. `AFE_DATABASE_URL` (only when the store is PostgreSQL:
+several schedulers, maybe on several machines) is read once and removed from
+the environment (R29): every fenced side effect is then checked against the
+ticket's row in that database (dbfence.py) instead of this machine's fence
+file. `afe up` passes exactly these (services/launcher/environment.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 from pathlib import Path
 
 from services.common.childenv import proxy_env
+from services.common.errors import AfeError
 from services.common.layout import DEFAULT_PORTS
 from services.common.manifests import load_config
 from services.common.process import make_context, parse_args, run_until_signalled
@@ -29,6 +34,8 @@ from services.common.secrets import take_secret_env
 from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 
 from .app import build_app
+from .dbfence import ENV as DATABASE_ENV
+from .dbfence import database_from_url
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +52,18 @@ async def amain(argv: list[str] | None = None) -> int:
     ca = os.environ.get("AFE_CA_FILE")
     if ca and not os.path.isfile(ca):  # noqa: ASYNC240 - once at start, before serving
         log.warning("AFE_CA_FILE=%s is not a readable file; HTTPS to a server of a private CA will fail", ca)
+    taken = take_secret_env([DATABASE_ENV], ctx.redactor)
+    try:
+        fence_db = database_from_url(taken[DATABASE_ENV].reveal() if DATABASE_ENV in taken else "", ctx.redactor)
+    except AfeError as exc:
+        log.error("credentials: %s", exc)
+        return 2
+    if fence_db is not None:
+        log.info("fences are checked in %s (R37)", fence_db.where)
     ctx.layout.ensure()
     app = build_app(config, ctx.layout, ctx.links, secrets, ctx.redactor, ca_file=Path(ca) if ca else None,
-                    proxies=proxy_env(), registry=ctx.registry, interceptors=grpc_server_interceptors())
+                    proxies=proxy_env(), registry=ctx.registry, interceptors=grpc_server_interceptors(),
+                    fence_db=fence_db)
 
     async def git_ready() -> bool:
         return shutil.which("git") is not None

@@ -29,7 +29,7 @@ from services.common.errors import (
 )
 from services.common.layout import check_ticket_id
 
-from .fences import Fences
+from .fences import FenceGuard
 from .mcpclient import MAX_ARGUMENTS_BYTES, McpClient, ToolInfo, ToolResult
 
 MAX_CALLS_PER_TICKET = 4     # MCP calls of one ticket in flight at once
@@ -42,7 +42,7 @@ class Listed:
 
 
 class ModelNodeMcp:
-    def __init__(self, config: Config, client: McpClient, fences: Fences) -> None:
+    def __init__(self, config: Config, client: McpClient, fences: FenceGuard) -> None:
         self.config = config
         self.client = client
         self.fences = fences

@@ -7,7 +7,9 @@ variables (for its git and HTTPS calls); the sandbox broker exactly the names
 `acp` agents declare (+ `DOCKER_HOST`, and `AFE_CA_FILE` for the egress proxies
 that decrypt, R44), the gateway the UI token and the
 GitHub webhook secret (`AFE_GITHUB_WEBHOOK_SECRET`), the
-scheduler the store URL; every child gets the `OTEL_*` exporter settings.
+scheduler the store URL, and the credential broker that URL too when it names
+PostgreSQL (the fences are checked in that database, services/credentials/dbfence.py);
+every child gets the `OTEL_*` exporter settings.
 The table of every operator setting and the process it reaches is in
 docs/OPERATIONS.md ("Operator settings").
 """
@@ -21,6 +23,12 @@ from services.common.config import Config
 
 SERVICES = ("sandbox", "credentials", "scheduler", "gateway")
 GITHUB_WEBHOOK_SECRET_ENV = "AFE_GITHUB_WEBHOOK_SECRET"
+DATABASE_ENV = "AFE_DATABASE_URL"
+
+
+def shared_store(environ: Mapping[str, str]) -> bool:
+    """AFE_DATABASE_URL names a PostgreSQL database (several schedulers may share it)."""
+    return environ.get(DATABASE_ENV, "").split(":", 1)[0].strip().lower() in ("postgresql", "postgres")
 
 
 def allowed_names(service: str, config: Config, environ: Mapping[str, str]) -> list[str]:
@@ -29,6 +37,8 @@ def allowed_names(service: str, config: Config, environ: Mapping[str, str]) -> l
     if service == "credentials":
         names += config.credential_env_names()
         names += ["AFE_CA_FILE", *PROXY_NAMES]
+        if shared_store(environ):   # the fences live in the shared store (R37): never a SQLite path
+            names.append(DATABASE_ENV)
     elif service == "sandbox":
         names += config.agent_env_names()
         # DOCKER_HOST; AFE_CA_FILE: the CAs a decrypting egress proxy trusts for upstreams (R44)
@@ -37,7 +47,7 @@ def allowed_names(service: str, config: Config, environ: Mapping[str, str]) -> l
         # The GitHub webhook secret (docs/GITHUB.md, R35) reaches the gateway and nothing else.
         names += ["AFE_UI_TOKEN", GITHUB_WEBHOOK_SECRET_ENV]
     elif service == "scheduler":
-        names.append("AFE_DATABASE_URL")
+        names.append(DATABASE_ENV)
     else:
         raise ValueError(f"unknown service {service}")
     names += sorted(n for n in environ if n.startswith("OTEL_"))

@@ -32,7 +32,12 @@ async def credential_broker(config: Config, layout: Layout, *, secrets: dict[str
                             redactor: Redactor | None = None, ca_file: Path | None = None,
                             retry: RetryPolicy | None = FAST_RETRY,
                             socket_path: Path | None = None,
-                            spare_checkouts: bool = False) -> AsyncIterator[tuple[str, bytes]]:
+                            spare_checkouts: bool = False,
+                            database_url: str = "") -> AsyncIterator[tuple[str, bytes]]:
+    """`database_url`: a postgresql:// AFE_DATABASE_URL makes the broker check the fences there
+    (services/credentials/dbfence.py) instead of its fence file."""
+    from services.credentials.dbfence import database_from_url
+
     redactor = redactor or Redactor()
     held = {}
     for name, value in (secrets or {}).items():
@@ -44,7 +49,8 @@ async def credential_broker(config: Config, layout: Layout, *, secrets: dict[str
         socket_path = Path(tmp) / "credentials.sock"
     link_secret = new_secret()
     app = build_app(config, layout, LinkSecrets(serve={"scheduler": link_secret}), held, redactor,
-                    socket_path=str(socket_path), ca_file=ca_file, retry=retry, spare_checkouts=spare_checkouts)
+                    socket_path=str(socket_path), ca_file=ca_file, retry=retry, spare_checkouts=spare_checkouts,
+                    fence_db=database_from_url(database_url, redactor))
     await app.start()
     try:
         yield str(socket_path), link_secret
