@@ -1,0 +1,106 @@
+"""A ticket's events (the events and event_counters tables): appended in
+batches, read by seq.
+
+Seqs: `event_counters` holds each ticket's last stored seq. A batch moves it
+from exactly `first - 1` to its last seq in the transaction that inserts the
+events; the UPDATE locks the counter's row, so of two writers that both hold
+seq n, one commits n+1.. and the other finds the counter moved and is
+refused (`FailedPrecondition`) with nothing written. A ticket's seqs are
+1..n with no gap and no duplicate whatever the number of writers.
+
+Fencing (R45, leases.py): the batch's transaction first checks this
+scheduler's fence of every ticket in it that it holds; a lost one refuses
+the whole batch (`LeaseLost`, nothing written, nothing renumbered in: the
+event log drops that ticket's events and writes the rest again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from services.common.errors import FailedPrecondition
+
+from .base import EventRecord
+from .database import Repository
+from .schema import event_counters, events
+
+_e = events.c
+_c = event_counters.c
+_COLS = ("ticket_id", "seq", "type", "payload_json", "at_ms")
+_INSERT = events.insert()
+
+
+def spans(batch: Sequence[Sequence[object]]) -> dict[str, tuple[int, int]]:
+    """Ticket -> (first seq, last seq) of its events in `batch`, which must be consecutive."""
+    out: dict[str, list[int]] = {}
+    for ev in batch:
+        tid, seq = ev[0], ev[1]
+        span = out.get(tid)  # type: ignore[call-overload]
+        if span is None:
+            out[tid] = [seq, seq]  # type: ignore[index,list-item]
+        elif seq == span[1] + 1:
+            span[1] = seq  # type: ignore[assignment]
+        else:
+            raise ValueError(f"events of ticket {tid} are not consecutive: seq {seq} after {span[1]}")
+    return {tid: (s[0], s[1]) for tid, s in out.items()}
+
+
+def insert_events(conn: Connection, batch: Sequence[Sequence[object]],
+                  by_ticket: dict[str, tuple[int, int]] | None = None) -> None:
+    """Inside the caller's write transaction: move each ticket's counter over its
+    events (refusing a batch that does not start right after the stored seq), then
+    insert them."""
+    if not batch:
+        return
+    for tid, (first, last) in (by_ticket or spans(batch)).items():
+        if first == 1:
+            moved = conn.execute(
+                sa.insert(event_counters).from_select(
+                    ["ticket_id", "last_seq"],
+                    sa.select(sa.literal(tid), sa.literal(last))
+                    .where(~sa.exists().where(_c.ticket_id == tid)))).rowcount
+        else:
+            moved = conn.execute(sa.update(event_counters).where(_c.ticket_id == tid, _c.last_seq == first - 1)
+                                 .values(last_seq=last)).rowcount
+        if moved != 1:
+            stored = conn.execute(sa.select(_c.last_seq).where(_c.ticket_id == tid)).scalar() or 0
+            raise FailedPrecondition(
+                f"events of ticket {tid} from seq {first} do not follow its stored events (last seq "
+                f"{stored}): another scheduler wrote this ticket's events; nothing of this batch was stored")
+    conn.execute(_INSERT, [dict(zip(_COLS, ev, strict=True)) for ev in batch])
+
+
+class Events(Repository):
+    """Append and read a ticket's events."""
+
+    def append(self, batch: Sequence[EventRecord] | Sequence[tuple[str, int, str, str, int]]) -> None:
+        """Store `batch` (each ticket's events consecutive, following its stored ones) in
+        one transaction, fenced for the tickets this scheduler holds."""
+        if not batch:
+            return
+        by_ticket = spans(batch)
+        try:
+            with self._write(*by_ticket) as conn:
+                insert_events(conn, batch, by_ticket)
+        except sa.exc.IntegrityError:
+            # two writers inserted a ticket's first events at once: the other one's committed
+            raise FailedPrecondition(
+                f"events of ticket(s) {', '.join(sorted(by_ticket))} collided with events another scheduler "
+                "stored at the same seqs; nothing of this batch was stored") from None
+
+    def read(self, ticket_id: str, from_seq: int, limit: int = 1000) -> list[EventRecord]:
+        """The ticket's events from `from_seq` on, at most `limit`, in seq order."""
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(_e.ticket_id, _e.seq, _e.type, _e.payload_json, _e.at_ms)
+                .where(_e.ticket_id == ticket_id, _e.seq >= from_seq).order_by(_e.seq).limit(limit)).all()
+        return [EventRecord(*r) for r in rows]
+
+    def last_seq(self, ticket_id: str) -> int:
+        """The ticket's last stored seq (0: none)."""
+        with self._read() as conn:
+            value = conn.execute(sa.select(_c.last_seq).where(_c.ticket_id == ticket_id)).scalar()
+        return int(value or 0)
