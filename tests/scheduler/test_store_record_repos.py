@@ -298,10 +298,11 @@ def test_drop_ci_followups_drops_only_the_pending_ci_follow_ups_of_that_head(eng
     add("github:ci", f"CI failed on commit {SHA}: 1 failing check(s). Make them pass.")
     add("github:review", f"CI failed on commit {OLD}: a reviewer's words, not a CI round")
     add("github:ci", f"CI failed on commit {OLD}: already given", state="given")
+    add("github:ci", f"CI failed on commit {OLD.upper()}: another head's text (SQLite's LIKE took it for {OLD})")
     assert f.drop_ci_followups("t-1", OLD) == 1
     assert f.drop_ci_followups("t-1", OLD) == 0
     assert [(x.source, x.text[20:32]) for x in f.pending_followups("t-1")] == [
-        ("github:ci", SHA[:12]), ("github:review", OLD[:12])]
+        ("github:ci", SHA[:12]), ("github:review", OLD[:12]), ("github:ci", OLD.upper()[:12])]
 
 
 def _pr_ticket(engine: Engine, r: SimpleNamespace, tid: str, state: str, sha: str, pr_state: str = "open",

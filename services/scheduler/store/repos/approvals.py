@@ -29,7 +29,7 @@ class Approvals(Repository):
                 accepted_harness=json.dumps(approval.accepted_harness_change)))
 
     def latest_approval(self, ticket_id: str) -> ApprovalRecord | None:
-        with self._tx() as conn:
+        with self._read() as conn:
             row = conn.execute(select(*_COLS).where(_A.c.ticket_id == ticket_id)
                                .order_by(_A.c.id.desc()).limit(1)).first()
         if row is None:

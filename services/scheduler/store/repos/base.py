@@ -5,9 +5,12 @@ statements that cannot be written the same way for SQLite and PostgreSQL
 
 - `Transaction`: a function that opens one transaction and yields its
   `Connection` (committed when the block ends, rolled back when it raises):
-  `engine.begin` of an `Engine`, or the store thread's own provider over
-  the one connection it owns. Every method runs in one such transaction, so
-  a fence check and the write it guards commit or roll back together.
+  `engine.begin` of an `Engine`, or the store's `Database.transaction`
+  over the one connection its thread owns. Every method runs in one such
+  transaction, so a fence check and the write it guards commit or roll
+  back together. `tx` opens the transactions of writes (on SQLite a
+  `BEGIN IMMEDIATE` one: the write lock first); `read`, when given, those
+  of methods that only read (a plain `BEGIN`, no write lock).
 - `FenceCheck`: `check(conn, ticket_id)` runs inside that transaction before
   a write that changes an owner's ticket data (R37, R45). It raises
   `LeaseLost` when this scheduler's claim of the ticket is no longer the
@@ -37,18 +40,20 @@ FenceCheck = Callable[[Connection, str], None]
 
 
 class Repository:
-    """A repository of statements run in transactions `tx` opens."""
+    """A repository of statements: writes run in transactions `tx` opens, reads in
+    those `read` opens (`tx`'s when not given)."""
 
-    def __init__(self, tx: Transaction) -> None:
+    def __init__(self, tx: Transaction, *, read: Transaction | None = None) -> None:
         self._tx = tx
+        self._read = read or tx
 
 
 class FencedRepository(Repository):
     """A repository whose writes change an owner's ticket data: each runs `check`
     for its ticket first, in the write's transaction."""
 
-    def __init__(self, tx: Transaction, check: FenceCheck) -> None:
-        super().__init__(tx)
+    def __init__(self, tx: Transaction, check: FenceCheck, *, read: Transaction | None = None) -> None:
+        super().__init__(tx, read=read)
         self._check = check
 
 

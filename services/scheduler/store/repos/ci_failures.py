@@ -53,7 +53,7 @@ class CiFailures(FencedRepository):
                          .values(checks=json.dumps(doc)))
 
     def ci_failure(self, ticket_id: str, sha: str) -> CiFailureRecord | None:
-        with self._tx() as conn:
+        with self._read() as conn:
             return self._get(conn, ticket_id, sha)
 
     @staticmethod
@@ -62,14 +62,14 @@ class CiFailures(FencedRepository):
         return _record(row) if row else None
 
     def ci_failures(self, ticket_id: str) -> list[CiFailureRecord]:
-        with self._tx() as conn:
+        with self._read() as conn:
             rows = conn.execute(select(*_COLS).where(_CI.c.ticket_id == ticket_id)
                                 .order_by(_CI.c.at_ms, _CI.c.sha)).all()
         return [_record(r) for r in rows]
 
     def ci_gathering(self) -> list[CiFailureRecord]:
         """Rows a stopped scheduler left in their settle window (resumed at start), oldest first."""
-        with self._tx() as conn:
+        with self._read() as conn:
             rows = conn.execute(select(*_COLS).where(_CI.c.checks.like(f'%"state": "{GATHERING}"%'))
                                 .order_by(_CI.c.at_ms)).all()
         return [r for r in (_record(row) for row in rows) if r.state == GATHERING]
@@ -81,6 +81,6 @@ class CiFailures(FencedRepository):
                 .where(_T.c.state.in_(states), _T.c.updated_at_ms >= since_ms, _P.c.state != "merged",
                        _P.c.head_sha != "")
                 .order_by(_T.c.id))
-        with self._tx() as conn:
+        with self._read() as conn:
             rows = conn.execute(stmt).all()
         return [CiWatch(*r) for r in rows]

@@ -27,6 +27,6 @@ class FinalDiffs(FencedRepository):
 
     def final_diff(self, ticket_id: str) -> tuple[str, bool] | None:
         """(diff, truncated) as stored by `put_final_diff`, or None."""
-        with self._tx() as conn:
+        with self._read() as conn:
             row = conn.execute(select(_D.c.diff, _D.c.truncated).where(_D.c.ticket_id == ticket_id)).first()
         return (row[0], bool(row[1])) if row else None

@@ -50,7 +50,7 @@ class FollowUps(FencedRepository):
         return self._select(_F.c.ticket_id == ticket_id, _F.c.state == FOLLOWUP_PENDING)
 
     def _select(self, *where: ColumnElement[bool]) -> list[FollowUpRecord]:
-        with self._tx() as conn:
+        with self._read() as conn:
             rows = conn.execute(select(*_COLS).where(*where).order_by(_F.c.id)).all()
         return [_record(r) for r in rows]
 
@@ -73,10 +73,13 @@ class FollowUps(FencedRepository):
     def drop_ci_followups(self, ticket_id: str, sha: str) -> int:
         """Mark the ticket's pending CI-round follow-ups about the failed head `sha` (their text
         starts with github/ci.py followup_text's first line) dropped; how many this call dropped."""
+        first_line = f"CI failed on commit {sha}:"
+        # A prefix compared as text, not LIKE: SQLite's LIKE ignores ASCII case, PostgreSQL's does not.
+        about_sha = func.substr(_F.c.text, 1, len(first_line)) == first_line
         with self._tx() as conn:
             self._check(conn, ticket_id)
             return len(self._drop(conn, _F.c.ticket_id == ticket_id, _F.c.state == FOLLOWUP_PENDING,
-                                  _F.c.source == CI_SOURCE, _F.c.text.like(f"CI failed on commit {sha}:%")))
+                                  _F.c.source == CI_SOURCE, about_sha))
 
     @staticmethod
     def _drop(conn: Connection, *where: ColumnElement[bool]) -> list[FollowUpRecord]:
@@ -88,7 +91,7 @@ class FollowUps(FencedRepository):
         """Tickets that have follow-ups waiting (after a restart: their re-open is still owed),
         in the order their first one came."""
         first = func.min(_F.c.id)
-        with self._tx() as conn:
+        with self._read() as conn:
             rows = conn.execute(select(_F.c.ticket_id, first).where(_F.c.state == FOLLOWUP_PENDING)
                                 .group_by(_F.c.ticket_id).order_by(first)).all()
         return [r[0] for r in rows]

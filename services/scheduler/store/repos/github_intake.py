@@ -63,7 +63,7 @@ class GitHubIntake(FencedRepository):
     # polling (github/poll.py)
     def poll_cursor(self, workspace: str) -> PollCursor:
         """Where the workspace's polling stands; PollCursor() before its first listing."""
-        with self._tx() as conn:
+        with self._read() as conn:
             row = conn.execute(select(_C.c.etag, _C.c.last_event_id, _C.c.next_poll_ms)
                                .where(_C.c.workspace == workspace)).first()
         return PollCursor(row[0], row[1], row[2]) if row else PollCursor()

@@ -30,7 +30,7 @@ class SandboxPlacements(FencedRepository):
 
     def sandbox_placement(self, ticket_id: str) -> str | None:
         """The broker `place_sandbox` recorded for the id, None when none is."""
-        with self._tx() as conn:
+        with self._read() as conn:
             row = conn.execute(select(_S.c.broker).where(_S.c.ticket_id == ticket_id)).first()
         return row[0] if row else None
 

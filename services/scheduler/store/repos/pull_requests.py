@@ -31,7 +31,7 @@ class PullRequests(FencedRepository):
                                                    set_={k: ins.excluded[k] for k in _UPDATED}))
 
     def get_pr(self, ticket_id: str) -> PullRequestRecord | None:
-        with self._tx() as conn:
+        with self._read() as conn:
             row = conn.execute(select(*_COLS).where(_P.c.ticket_id == ticket_id)).first()
         return PullRequestRecord(*row) if row else None
 
@@ -47,6 +47,6 @@ class PullRequests(FencedRepository):
     def _ticket_where(self, workspace: str, cond: ColumnElement[bool]) -> str | None:
         stmt = (select(_P.c.ticket_id).join(_T, _T.c.id == _P.c.ticket_id)
                 .where(_T.c.workspace == workspace, cond).order_by(_T.c.created_at_ms.desc()).limit(1))
-        with self._tx() as conn:
+        with self._read() as conn:
             row = conn.execute(stmt).first()
         return row[0] if row else None

@@ -18,7 +18,7 @@ _R = schema.github_reports
 class Reports(FencedRepository):
     def report(self, ticket_id: str, step: str) -> tuple[str, str] | None:
         """(comment id, digest) of the report `step` of the ticket, as last recorded."""
-        with self._tx() as conn:
+        with self._read() as conn:
             row = conn.execute(select(_R.c.comment_id, _R.c.digest)
                                .where(_R.c.ticket_id == ticket_id, _R.c.step == step)).first()
         return (row[0], row[1]) if row else None

@@ -29,7 +29,7 @@ class RunRecords(FencedRepository):
             return self._get(conn, rec.ticket_id, rec.sha, rec.kind) or rec
 
     def run_record(self, ticket_id: str, sha: str, kind: str) -> RunRecord | None:
-        with self._tx() as conn:
+        with self._read() as conn:
             return self._get(conn, ticket_id, sha, kind)
 
     @staticmethod
@@ -40,7 +40,7 @@ class RunRecords(FencedRepository):
 
     def run_records(self, ticket_id: str) -> list[RunRecord]:
         """The ticket's records, oldest first (a request before its decision)."""
-        with self._tx() as conn:
+        with self._read() as conn:
             rows = conn.execute(select(*_COLS).where(_R.c.ticket_id == ticket_id)
                                 .order_by(_R.c.at_ms, _R.c.kind.desc())).all()
         return [RunRecord(*r) for r in rows]

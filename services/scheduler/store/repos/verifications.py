@@ -54,7 +54,7 @@ class Verifications(FencedRepository):
     def verification_with(self, ticket_id: str, sha: str, base_sha: str, config: str,
                           kind: str = HEAD) -> VerificationRecord | None:
         """The verification of `sha` on exactly that base tip and configuration."""
-        with self._tx() as conn:
+        with self._read() as conn:
             return self._with(conn, ticket_id, sha, base_sha, config, kind)
 
     @staticmethod
@@ -67,14 +67,14 @@ class Verifications(FencedRepository):
 
     def verification(self, ticket_id: str, sha: str) -> VerificationRecord | None:
         """The latest verification of the head `sha` (whatever base and configuration)."""
-        with self._tx() as conn:
+        with self._read() as conn:
             row = conn.execute(select(*_COLS).where(_V.c.ticket_id == ticket_id, _V.c.sha == sha, _V.c.kind == HEAD)
                                .order_by(_V.c.at_ms.desc(), _V.c.base_sha.desc()).limit(1)).first()
         return _record(row) if row else None
 
     def verifications(self, ticket_id: str) -> list[VerificationRecord]:
         """The ticket's head verifications, oldest first."""
-        with self._tx() as conn:
+        with self._read() as conn:
             rows = conn.execute(select(*_COLS).where(_V.c.ticket_id == ticket_id, _V.c.kind == HEAD)
                                 .order_by(_V.c.at_ms, _V.c.sha)).all()
         return [_record(r) for r in rows]
