@@ -190,8 +190,10 @@ def scheduler_metrics(registry: CollectorRegistry) -> SchedulerMetrics:
                                      "Live tickets this scheduler took over from one whose lease expired.",
                                      from_state=TICKET_STATES),
             lease_renew_failures=_counter(registry, "afe_lease_renew_failures_total",
-                                          "Ticket lease heartbeats that failed (error) or found the ticket "
-                                          "taken over (lost).", reason=("error", "lost")),
+                                          "Ticket lease heartbeats that failed (error), leases found "
+                                          "taken over (lost), and leases this scheduler gave up before they "
+                                          "could end because renewals failed (self_fenced, R45).",
+                                          reason=("error", "lost", "self_fenced")),
             pool_ready=Gauge("afe_sandbox_pool_ready", "Warm sandboxes ready to be claimed by a new ticket.",
                              registry=registry),
             store_retries=_counter(registry, "afe_store_retries_total",
@@ -200,7 +202,7 @@ def scheduler_metrics(registry: CollectorRegistry) -> SchedulerMetrics:
                                    reason=STORE_RETRY_REASONS),
             events_lost=_counter(registry, "afe_events_lost_total",
                                  "Ticket events that could not be stored; each ticket says how many in an "
-                                 "events.lost event.", reason=("store_unavailable", "store_error")),
+                                 "events.lost event.", reason=("store_unavailable", "store_error", "lease_lost")),
             pool_wanted=Gauge("afe_sandbox_pool_wanted", "Warm sandboxes the pool aims to hold (the "
                               "Workspaces' sandbox.pool, at most --sandbox-pool-max).", registry=registry),
         )

@@ -40,8 +40,8 @@ class HeldRuns:
         self.engine = engine
         self.seen: list[list[str]] = []          # per run: the follow-up texts it was given
         self.gates: list[asyncio.Event] = []
-        engine._launch = self._launch
-        engine._started = True
+        engine.dispatch.launch = self._launch
+        engine.dispatch.started = True
 
     def _launch(self, t, resumed: bool) -> None:
         engine = self.engine
@@ -53,11 +53,11 @@ class HeldRuns:
             await gate.wait()
             engine.transitions.move(t.id, SUCCEEDED, ("ticket.finished", {"state": SUCCEEDED, "error": ""}),
                                     torn_down=True)
-            engine._running.discard(t.id)
+            engine.dispatch.running.discard(t.id)
 
         task = asyncio.create_task(run())
-        engine._tasks[t.id] = task
-        task.add_done_callback(lambda _t, tid=t.id: engine._tasks.pop(tid, None))
+        engine.dispatch.tasks[t.id] = task
+        task.add_done_callback(lambda _t, tid=t.id: engine.dispatch.tasks.pop(tid, None))
 
     async def started(self, n: int, deadline_s: float = 15) -> None:
         end = time.monotonic() + deadline_s

@@ -121,7 +121,7 @@ async def test_r37_a_scheduler_whose_ticket_was_taken_over_cannot_push_or_open_a
         engine = sys_.app.engine
         engine.fencing = bool(fencing)
         if fencing == "resource":
-            engine.check_lease = lambda ticket_id: None     # the window between the check and the call
+            engine.leases.check = lambda ticket_id: None    # the window between the check and the call
         real_commit = engine.credentials.commit
         taken: list[int] = []
 
@@ -136,7 +136,7 @@ async def test_r37_a_scheduler_whose_ticket_was_taken_over_cannot_push_or_open_a
         engine.credentials.commit = commit_then_taken_over
         t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="fix", title="notes", principal="tester"))
         for _ in range(600):                 # until this scheduler's run of the ticket has stopped
-            if taken and t.id not in engine._tasks:
+            if taken and not engine.running_here(t.id):
                 break
             await asyncio.sleep(0.05)
         # Either way the ticket stays with the scheduler that took it over: running, not ended here

@@ -1,13 +1,15 @@
 """Approvals: a person's decision on a ticket that waits for one (R16), and
 the run's wait for it (`wait_for_decision`, through executor.Host).
 
-A part of `Engine` (engine.py), which holds the state used here.
+`Approvals` owns the runs parked waiting for a decision (`waiters`); the
+capacity they stop holding and the run started again for a decision given
+through another scheduler are the dispatcher's.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from services.common.errors import FailedPrecondition, InvalidArgument
 
@@ -15,29 +17,23 @@ from ..events.log import EventLog, now_ms
 from ..executor import Transitions
 from ..executor.nodes.verification import check_approvable
 from ..executor.transitions import state_event
-from ..store.base import RUNNING, WAITING_APPROVAL, ApprovalRecord, Store, TicketRecord
+from ..store.base import RUNNING, WAITING_APPROVAL, ApprovalRecord, Store
+from .dispatch import Dispatcher
 from .leases import HELD
-
-if TYPE_CHECKING:
-    from .view import TicketView
+from .view import TicketView
 
 
 class Approvals:
     """Approve, reject, and wake the run waiting for the decision."""
 
-    # of Engine (engine.py)
-    store: Store
-    events: EventLog
-    transitions: Transitions
-    _tasks: dict[str, asyncio.Task]
-    _running: set[str]
-    _waiters: dict[str, asyncio.Future]
-
-    if TYPE_CHECKING:
-        def view(self, ticket_id: str) -> TicketView: ...
-        def _kick(self) -> None: ...
-        def _launch(self, t: TicketRecord, resumed: bool) -> None: ...
-        def _claim(self, ticket_id: str, states: tuple[str, ...]) -> bool: ...
+    def __init__(self, store: Store, events: EventLog, transitions: Transitions, dispatch: Dispatcher,
+                 view: Callable[[str], TicketView]) -> None:
+        self.store = store
+        self.events = events
+        self.transitions = transitions
+        self.dispatch = dispatch
+        self.view = view
+        self.waiters: dict[str, asyncio.Future[ApprovalRecord]] = {}
 
     async def approve(self, ticket_id: str, principal: str, sha: str, *,
                       accept_harness_change: bool = False) -> TicketView:
@@ -61,8 +57,8 @@ class Approvals:
                    **({"accepted_harness_change": accepted} if accepted else {})}
         self.transitions.move(t.id, RUNNING, ("approval.granted", granted),
                               state_event(RUNNING), awaiting_sha="")
-        self._running.add(t.id)
-        self._wake(t.id, rec)
+        self.dispatch.running.add(t.id)
+        self.wake(t.id, rec)
         return self.view(ticket_id)
 
     async def reject(self, ticket_id: str, principal: str, reason: str) -> TicketView:
@@ -77,31 +73,41 @@ class Approvals:
         self.transitions.move(t.id, RUNNING, ("approval.rejected", {"principal": principal, "sha": rec.sha,
                                                                     "reason": reason or ""}),
                               counted=False, awaiting_sha="")
-        self._running.add(t.id)
-        task = self._tasks.get(ticket_id)
-        self._wake(t.id, rec)
+        self.dispatch.running.add(t.id)
+        task = self.dispatch.tasks.get(ticket_id)
+        self.wake(t.id, rec)
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
         return self.view(ticket_id)
 
-    def _wake(self, ticket_id: str, rec: ApprovalRecord) -> None:
-        fut = self._waiters.get(ticket_id)
+    def wake(self, ticket_id: str, rec: ApprovalRecord) -> None:
+        """Hand the decision to the run waiting for it, or start the run here (a restart parked it)."""
+        fut = self.waiters.get(ticket_id)
         if fut is not None and not fut.done():
             fut.set_result(rec)
-        elif ticket_id not in self._tasks:
+        elif ticket_id not in self.dispatch.tasks:
             t = self.store.get_ticket(ticket_id)
-            if t is not None and self._claim(t.id, HELD):
-                self._launch(t, resumed=True)
-            else:   # another scheduler drives it: its heartbeat sees the decision (_lease_loop)
-                self._running.discard(ticket_id)
+            if t is not None and self.dispatch.claim(t.id, HELD):
+                self.dispatch.launch(t, resumed=True)
+            else:   # another scheduler drives it: its heartbeat sees the decision (Engine._heard)
+                self.dispatch.running.discard(ticket_id)
+
+    def heard(self, ticket_id: str) -> None:
+        """A held ticket is `running` again by its lease, and a run of it here waits for a decision:
+        the decision was given through another scheduler."""
+        if ticket_id in self.waiters:
+            rec = self.store.latest_approval(ticket_id)
+            if rec is not None:
+                self.dispatch.running.add(ticket_id)
+                self.wake(ticket_id, rec)
 
     async def wait_for_decision(self, ticket_id: str) -> ApprovalRecord:
         fut: asyncio.Future[ApprovalRecord] = asyncio.get_running_loop().create_future()
-        self._waiters[ticket_id] = fut
+        self.waiters[ticket_id] = fut
         try:
-            self._running.discard(ticket_id)   # a waiting ticket holds no capacity
-            self._kick()
+            self.dispatch.running.discard(ticket_id)   # a waiting ticket holds no capacity
+            self.dispatch.kick()
             return await fut
         finally:
-            if self._waiters.get(ticket_id) is fut:
-                del self._waiters[ticket_id]
+            if self.waiters.get(ticket_id) is fut:
+                del self.waiters[ticket_id]

@@ -2,21 +2,24 @@
 approvals, durability and teardown. No gRPC here; the servicer maps.
 
 Life of a ticket: `create_ticket` stores it `queued` with pending node runs;
-`_kick` (the dispatcher) starts queued tickets in creation order while the
-global and the per-workspace limits allow; `_launch` -> `_run_ticket` runs
-an `executor.TicketRun`, which walks the node graph; `_finish` tears the
-sandbox and workspace down (teardown.py) and records the terminal state with
+the dispatcher (dispatch.py) starts queued tickets in creation order while
+the global and the per-workspace limits allow and runs an
+`executor.TicketRun`, which walks the node graph; its end tears the sandbox
+and workspace down (teardown.py) and records the terminal state with
 `ticket.finished` as the ticket's last event. On start every non-terminal
-ticket resumes: nodes that were running run again, builtins are idempotent.
+ticket resumes: nodes that were running run again as a new attempt,
+builtins are idempotent.
 
 Every ticket state change goes through `executor.Transitions` (store, event,
-metric); a run reaches the engine only through `executor.Host`.
+metric); a run reaches the engine only through `executor.Host`, which
+`Engine` implements by handing each call to the part that owns it.
 
-Engine is the composition of its parts, each a module named for what it
-holds: leases.py (several schedulers on one store, R37), approvals.py (a
-person's decision, R16), reopen.py (re-open, retry, update the branch),
-records.py (the final diff, denied egress, metrics). The state they share is
-made here, in `Engine.__init__`.
+`Engine` is composed of objects that each own their state, made here and
+given what they use: `Dispatcher` (dispatch.py: the run tasks, capacity,
+each run's end), `Leases` (leases.py: fences, self-fencing and the lease and
+takeover loops, R37/R45), `Approvals` (approvals.py: the runs waiting for a
+person's decision, R16), `Reopen` (reopen.py: re-open, retry, update the
+branch) and `Records` (records.py: the final diff, denied egress, metrics).
 """
 
 from __future__ import annotations
@@ -24,36 +27,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
 from services.common import telemetry
 from services.common.config import Config
-from services.common.errors import AfeError, InvalidArgument, NotFound
-from services.common.logs import ticket_var
+from services.common.errors import InvalidArgument, NotFound
 from services.common.metrics import scheduler_metrics, usage_metrics
 from services.common.redact import Redactor
 
 from ..events.log import EventLog, EventRecord, now_ms
-from ..executor import TicketRun, Transitions
+from ..executor import Transitions
+from ..executor.attempts import SELF_FENCED, TAKEOVER, Attempt
 from ..executor.brokercalls import BROKER_RETRY_S
-from ..executor.transitions import state_event
 from ..sandboxes.brokers import CredentialBroker, SandboxBroker
 from ..sandboxes.pool import DEFAULT_CAP, SandboxPool
 from ..sandboxes.teardown import Teardowns
 from ..store.base import (
     CANCELLED,
-    FAILED,
     LIVE,
     QUEUED,
     RUNNING,
     TERMINAL,
-    LeaseLost,
+    ApprovalRecord,
+    Lease,
     NodeRunRecord,
     Store,
     TicketRecord,
 )
 from .approvals import Approvals
+from .dispatch import Dispatcher
 from .leases import HELD, LEASE_S, Leases, scheduler_id
 from .records import DIFF_MAX_BYTES, Records
 from .reopen import REOPENABLE, Reopen
@@ -65,8 +68,9 @@ __all__ = ["DIFF_MAX_BYTES", "HELD", "LEASE_S", "REOPENABLE", "Engine", "TicketV
 log = logging.getLogger(__name__)
 
 
-class Engine(Leases, Approvals, Reopen, Records):
-    """The scheduler core; its parts are the base classes (leases.py, approvals.py, reopen.py, records.py)."""
+class Engine:
+    """The scheduler core: the parts it is composed of (see the module's text), and the public
+    calls of the servicer, the GitHub intake and the runs (`executor.Host`), each handed to its part."""
 
     def __init__(self, config: Config, store: Store, sandbox: SandboxBroker, credentials: CredentialBroker,
                  redactor: Redactor, *, max_running: int = 4, registry=None,
@@ -74,49 +78,73 @@ class Engine(Leases, Approvals, Reopen, Records):
                  pool_cap: int = DEFAULT_CAP, owner: str = "", lease_s: float = LEASE_S) -> None:
         self.config = config
         self.store = store
-        # Leases (docs/SCALE.md): who this scheduler is, how long its tickets' leases last. A ticket
-        # taken over by another scheduler is in `_lost`; `fencing` False skips the check before a side
-        # effect (tests' positive control of R37 only).
-        self.owner = owner or scheduler_id()
-        store.owner = self.owner
-        self.lease_s = lease_s
-        self.fencing = True
-        self._lost: set[str] = set()
         self.sandbox = sandbox
         self.credentials = credentials
         self.redactor = redactor
-        self.max_running = max(1, max_running)
         self.metrics = scheduler_metrics(registry) if registry is not None else None
-        self.events = EventLog(store, redactor, self.metrics)
         self.usage = usage_metrics(registry, config.models) if registry is not None else None
+        self.events = EventLog(store, redactor, self.metrics)
         self.transitions = Transitions(store, self.events, self.metrics)
         self.broker_retry_s = BROKER_RETRY_S   # how long runs wait for a broker that went away (R37)
-        self._tasks: dict[str, asyncio.Task] = {}
-        self._traceparents: dict[str, str | None] = {}   # ticket -> trace of its CreateTicket call
-        self._running: set[str] = set()        # tickets counted against capacity
-        self._cancelling: dict[str, str] = {}  # ticket -> principal who cancelled
-        self._finishing: set[str] = set()      # tickets tearing down / recording their end
-        self._reopening: set[str] = set()      # tickets in Engine.reopen
-        self._waiters: dict[str, asyncio.Future] = {}
         self._background: set[asyncio.Task] = set()
-        self._started = False
-        self._stopping = False
+        # ticket -> events of its attempt here never stored, for the attempt that claims it again (self-fenced)
+        self._unstored: dict[str, int] = {}
+        # Leases (docs/SCALE.md): who this scheduler is, how long its tickets' leases last, and what it
+        # does when it loses one (stop the run, count the events it can no longer store).
+        self.leases = Leases(store, owner=owner or scheduler_id(), lease_s=lease_s, metrics=self.metrics,
+                             on_lost=self._lost)
+        self.records = Records(config, store, sandbox, credentials, redactor, self.events, self.metrics,
+                               self.usage, self.view)
         # Every `recovery_interval` s the sandbox broker is asked who it is: a new
         # boot id (it restarted) means reconcile now; failed teardowns are retried
         # with back-off until done (R12). 0 turns both off (tests' positive control).
         self.recovery_interval = recovery_interval
-        self.teardowns = Teardowns(store, sandbox, credentials, recovery_interval, self._finishing.__contains__, config)
+        self.teardowns = Teardowns(store, sandbox, credentials, recovery_interval,
+                                   lambda tid: tid in self.dispatch.finishing, config)
+        self.dispatch = Dispatcher(config, store, self.events, self.transitions, self.leases, self.records,
+                                   self.teardowns, redactor, max_running=max_running)
+        self.dispatch.host = self
+        self.dispatch.on_ended.append(self._ended)
+        self.approvals = Approvals(store, self.events, self.transitions, self.dispatch, self.view)
+        self.reopens = Reopen(config, store, credentials, self.events, self.transitions, self.dispatch,
+                              self.leases, self.view)
         # Warm sandboxes (pool.py): `pool_dir` None = none; their reserved ids are live for reconcile.
         self.pool = SandboxPool(config, sandbox, credentials, pool_dir, cap=pool_cap,
                                 is_ticket=lambda tid: store.get_ticket(tid) is not None)
         self.teardowns.reserved = self.pool.ids
         self.pool.export(self.metrics)
 
+    # ---- who this scheduler is --------------------------------------------------------
+
+    @property
+    def owner(self) -> str:
+        return self.leases.owner
+
+    @property
+    def lease_s(self) -> float:
+        return self.leases.lease_s
+
+    @property
+    def max_running(self) -> int:
+        return self.dispatch.max_running
+
+    @property
+    def fencing(self) -> bool:
+        return self.leases.fencing
+
+    @fencing.setter
+    def fencing(self, on: bool) -> None:
+        self.leases.fencing = on
+
+    @property
+    def stopping(self) -> bool:
+        return self.dispatch.stopping
+
     # ---- lifecycle -------------------------------------------------------
 
     async def start(self) -> None:
         """Resume every non-terminal ticket, reconcile sandboxes, tear down leftovers."""
-        self._started = True
+        self.dispatch.started = True
         await self.teardowns.reconcile()
         await self.pool.recover()
         live = self.store.tickets_in_states(LIVE)
@@ -127,37 +155,92 @@ class Engine(Leases, Approvals, Reopen, Records):
             for t in self.store.terminal_not_torn_down():
                 self._spawn(self.teardowns.teardown_only(t))
         for t in live:
-            if t.state in HELD and self._claim(t.id, HELD):
-                self._resume(t)
+            if t.state in HELD and self.dispatch.claim(t.id, HELD):
+                self.dispatch.resume(t)
         if self.store.shared:
-            self._spawn(self._lease_loop())
-            self._spawn(self._takeover_loop())
-        self._kick()
+            stopping = self._stopping
+            self._spawn(self.leases.renew_loop(self._heard, stopping))
+            self._spawn(self.leases.watch_loop(stopping))
+            self._spawn(self.leases.takeover_loop(self._take, self._busy, self.dispatch.full, stopping,
+                                                  self.dispatch.kick))
+        self.dispatch.kick()
         self.transitions.set_gauges()
         self.pool.start()
 
     async def stop(self) -> None:
         """Stop running work WITHOUT changing ticket states: they resume on the next start
         (or at once in another scheduler on the same store: their leases are given up)."""
-        self._stopping = True
-        tasks = list(self._tasks.values()) + list(self._background)
-        for task in tasks:
+        background = list(self._background)
+        for task in background:
             task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.dispatch.stop()
+        if background:
+            await asyncio.gather(*background, return_exceptions=True)
         if self.store.shared:
-            for tid in list(self.store.fences):
-                with contextlib.suppress(Exception):
-                    self.store.release_ticket(tid)
+            self.leases.release_all()
         await self.pool.close()
         if self.recovery_interval > 0:
             await self.teardowns.final()
         self.events.flush()
 
+    def _stopping(self) -> bool:
+        return self.dispatch.stopping
+
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    # ---- leases: what this scheduler does with what it hears -----------------------------
+
+    def _lost(self, ticket_id: str, why: str, reason: str) -> None:
+        """`Leases.lose`: the ticket is not this scheduler's to drive any more. Its events not
+        stored yet are dropped and counted (never written late), and its run is stopped."""
+        self.events.fence(ticket_id)
+        self.dispatch.stop_lost(ticket_id, why)
+
+    def _busy(self, ticket_id: str) -> bool:
+        """A lost ticket's old attempt is not over here yet: its run, or its events in flight."""
+        return self.dispatch.busy(ticket_id) or self.events.fenced(ticket_id)
+
+    def _ended(self, ticket_id: str) -> None:
+        """A run task ended here; a lost ticket's count of unstored events is taken once nothing
+        of its attempt is on the store's thread any more."""
+        if self.leases.lost(ticket_id) and self.events.fenced(ticket_id):
+            self._spawn(self._hand_over(ticket_id))
+
+    async def _hand_over(self, ticket_id: str) -> None:
+        for _ in range(int(self.lease_s * 40) + 200):   # a batch on the store's thread meets its fence first
+            if not self.events.holds_unstored(ticket_id):
+                break
+            await asyncio.sleep(0.05)
+        if self.leases.lost(ticket_id) and ticket_id not in self.dispatch.tasks:
+            count = self.events.unfence(ticket_id)
+            self._unstored[ticket_id] = count
+            if count:
+                log.warning("ticket %s: %d event(s) of its attempt here were never stored (its lease was lost); "
+                            "the next attempt says so in events.lost", ticket_id, count)
+
+    def _take(self, t: TicketRecord, why: str) -> None:
+        """A ticket claimed by the takeover scan: a new attempt of what was running."""
+        if why == SELF_FENCED:
+            attempt = Attempt(SELF_FENCED, self.owner, self._unstored.pop(t.id, 0))
+            log.info("ticket %s: claimed again after this scheduler fenced itself off (%s)", t.id, t.state)
+        else:
+            attempt = Attempt(TAKEOVER)
+            log.info("ticket %s: taken over (%s; its scheduler's lease expired)", t.id, t.state)
+            if self.metrics is not None:
+                self.metrics.lease_takeovers.labels(from_state=t.state).inc()
+            self.events.append(t.id, "ticket.takeover", {"scheduler": self.owner, "state": t.state})
+        self.dispatch.resume(t, attempt)
+
+    def _heard(self, lease: Lease) -> None:
+        """A renewed lease: act on what was asked of the ticket through another scheduler."""
+        tid = lease.ticket_id
+        if lease.cancel_by and tid in self.dispatch.tasks and tid not in self.dispatch.cancelling:
+            self._spawn(self.cancel(tid, lease.cancel_by))
+        elif lease.state == RUNNING:
+            self.approvals.heard(tid)
 
     # ---- API ---------------------------------------------------------------
 
@@ -172,7 +255,7 @@ class Engine(Leases, Approvals, Reopen, Records):
         t = TicketRecord(id=reserved or new_ticket_id(), workspace=nt.workspace.name, workflow=nt.workflow.name,
                          title=nt.title, body=nt.body, inputs=nt.inputs, state=QUEUED,
                          created_at_ms=now, updated_at_ms=now, principal=nt.principal, origin=dict(origin or {}))
-        self._traceparents[t.id] = telemetry.current_traceparent()
+        self.dispatch.traceparents[t.id] = telemetry.current_traceparent()
         nodes = [NodeRunRecord(ticket_id=t.id, node_id=n.id, kind=n.label, needs=n.needs)
                  for n in nt.workflow.nodes]
         try:
@@ -188,7 +271,7 @@ class Engine(Leases, Approvals, Reopen, Records):
         if reserved:
             self.pool.claimed(reserved)
         log.info("ticket %s created (workflow %s)", t.id, t.workflow)
-        self._kick()
+        self.dispatch.kick()
         return self.view(t.id)
 
     def view(self, ticket_id: str) -> TicketView:
@@ -231,21 +314,34 @@ class Engine(Leases, Approvals, Reopen, Records):
         if t.state in TERMINAL:
             return self.view(ticket_id)
         who = principal or "unknown"
-        task = self._tasks.get(ticket_id)
-        if task is None and not self._claim(t.id, (t.state,)):
+        d = self.dispatch
+        task = d.tasks.get(ticket_id)
+        if task is None and not d.claim(t.id, (t.state,)):
             return await self._cancel_elsewhere(t.id, who)
         if t.state == QUEUED and task is None:
             self.store.update_ticket(t.id, torn_down=True)
-            await self._finish(t, CANCELLED, f"cancelled by {who}")
+            await d.finish(t, CANCELLED, f"cancelled by {who}")
             return self.view(ticket_id)
-        self._cancelling[ticket_id] = who
+        d.cancelling[ticket_id] = who
         if task is not None:
-            if ticket_id not in self._finishing:
+            if ticket_id not in d.finishing:
                 task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            self._cancelling.pop(ticket_id, None)
+            d.cancelling.pop(ticket_id, None)
         else:
-            await self._finish(t, CANCELLED, f"cancelled by {who}")
+            await d.finish(t, CANCELLED, f"cancelled by {who}")
+        return self.view(ticket_id)
+
+    async def _cancel_elsewhere(self, ticket_id: str, who: str) -> TicketView:
+        """A cancel of a ticket another scheduler drives: ask it (its heartbeat sees the
+        request) and wait for the end, at most a lease and a half."""
+        self.store.request_cancel(ticket_id, who)
+        end = asyncio.get_running_loop().time() + self.lease_s * 1.5 + 5
+        while asyncio.get_running_loop().time() < end:
+            t = self.store.get_ticket(ticket_id)
+            if t is None or t.state in TERMINAL:
+                break
+            await asyncio.sleep(0.2)
         return self.view(ticket_id)
 
     async def watch(self, ticket_id: str, from_seq: int, follow: bool) -> AsyncGenerator[EventRecord, None]:
@@ -259,131 +355,56 @@ class Engine(Leases, Approvals, Reopen, Records):
             async for ev in events:
                 yield ev
 
-    # ---- capacity ------------------------------------------------------------
-
     def running_count(self, workspace: str | None = None) -> int:
-        if workspace is None:
-            return len(self._running)
-        n = 0
-        for tid in self._running:
-            t = self.store.get_ticket(tid)
-            if t is not None and t.workspace == workspace:
-                n += 1
-        return n
+        return self.dispatch.running_count(workspace)
 
-    def _kick(self) -> None:
-        """Start queued tickets, oldest first, while the limits allow."""
-        if not self._started or self._stopping:
-            return
-        if len(self._running) >= self.max_running:
-            return
-        per_ws: dict[str, int] = {}
-        for tid in self._running:
-            t = self.store.get_ticket(tid)
-            if t is not None:
-                per_ws[t.workspace] = per_ws.get(t.workspace, 0) + 1
-        for t in self.store.tickets_in_states((QUEUED,)):
-            if len(self._running) >= self.max_running:
-                break
-            if t.id in self._tasks:
-                continue
-            ws = self.config.workspaces.get(t.workspace)
-            limit = ws.max_running if ws else 0
-            if limit and per_ws.get(t.workspace, 0) >= limit:
-                continue
-            if not self._claim(t.id, (QUEUED,)):
-                continue       # another scheduler took it
-            per_ws[t.workspace] = per_ws.get(t.workspace, 0) + 1
-            self._running.add(t.id)
-            self.transitions.move(t.id, RUNNING, state_event(RUNNING))
-            t.state = RUNNING
-            self._launch(t, resumed=False)
-        self.transitions.set_gauges()
+    # ---- the parts' public calls ----------------------------------------------------------
 
-    def _launch(self, t: TicketRecord, resumed: bool) -> None:
-        if t.workflow not in self.config.workflows or t.workspace not in self.config.workspaces:
-            # The config changed under a live ticket: end it with the reason.
-            what = (f"workflow {t.workflow!r}" if t.workflow not in self.config.workflows
-                    else f"workspace {t.workspace!r}")
-            task = asyncio.create_task(self._finish(t, FAILED, f"{what} is no longer configured"))
-        else:
-            task = asyncio.create_task(self._run_ticket(TicketRun(self, t, resumed=resumed)),
-                                       name=f"ticket-{t.id}")
-        self._tasks[t.id] = task
+    async def approve(self, ticket_id: str, principal: str, sha: str, *,
+                      accept_harness_change: bool = False) -> TicketView:
+        return await self.approvals.approve(ticket_id, principal, sha, accept_harness_change=accept_harness_change)
 
-        def forget(done: asyncio.Task, tid: str = t.id) -> None:
-            if self._tasks.get(tid) is done:
-                del self._tasks[tid]
+    async def reject(self, ticket_id: str, principal: str, reason: str) -> TicketView:
+        return await self.approvals.reject(ticket_id, principal, reason)
 
-        task.add_done_callback(forget)
+    async def reopen(self, ticket_id: str, principal: str, reason: str, *, payload: dict | None = None,
+                     on_reopen: Callable[[TicketRecord, int], None] | None = None,
+                     nodes: set[str] | None = None) -> TicketView:
+        return await self.reopens.reopen(ticket_id, principal, reason, payload=payload, on_reopen=on_reopen,
+                                         nodes=nodes)
 
-    async def _traced(self, run: TicketRun) -> tuple[str, str]:
-        """Run a ticket in a span continuing the trace of the call that created it
-        (a new trace when it resumes after a restart)."""
-        with telemetry.span("ticket.run", parent=self._traceparents.pop(run.ticket.id, None), root=True,
-                            attributes={"afe.ticket": run.ticket.id}):
-            return await run.execute()
+    async def retry(self, ticket_id: str, from_node: str, principal: str) -> TicketView:
+        return await self.reopens.retry(ticket_id, from_node, principal)
 
-    async def _run_ticket(self, run: TicketRun) -> None:
-        t = run.ticket
-        ticket_var.set(t.id)
-        try:
-            state, error = await self._traced(run)
-        except LeaseLost as exc:
-            self._forget(t.id, exc.message)
-            return
-        except asyncio.CancelledError:
-            if t.id in self._lost:
-                self._forget(t.id, "its lease was lost")
-                raise
-            who = self._cancelling.get(t.id)
-            if who is not None and not self._stopping:
-                await asyncio.shield(self._finish_quietly(t, CANCELLED, f"cancelled by {who}"))
-            raise
-        except Exception as exc:  # the run could not even start a node
-            if isinstance(exc, AfeError):
-                error = exc.message
-            else:
-                log.error("ticket %s: internal error", t.id, exc_info=exc)
-                error = "internal error (details are in the scheduler log)"
-            state = FAILED
-        # From here on a cancel waits for the end instead of interrupting it.
-        self._finishing.add(t.id)
-        try:
-            await asyncio.shield(self._finish(t, state, error))
-        except LeaseLost as exc:
-            self._forget(t.id, exc.message)
-        finally:
-            self._finishing.discard(t.id)
+    async def update_branch(self, ticket_id: str, principal: str) -> TicketView:
+        return await self.reopens.update_branch(ticket_id, principal)
 
-    async def _finish_quietly(self, t: TicketRecord, state: str, error: str) -> None:
-        try:
-            await self._finish(t, state, error)
-        except Exception:
-            log.exception("ticket %s: could not finish", t.id)
+    async def diff(self, ticket_id: str) -> tuple[str, bool, bool]:
+        return await self.records.diff(ticket_id)
 
-    async def _finish(self, t: TicketRecord, state: str, error: str) -> None:
-        """Record the final diff, tear down, then record the terminal state and the final event."""
-        if not self._holds(t.id):     # taken over: the new owner ends it, tears down (R37)
-            self._forget(t.id, "its lease was lost before it ended")
-            return
-        await self._record_diff(t)
-        await self._record_denied_egress(t)
-        torn = await self.teardowns.teardown(t)
-        if not torn:
-            self.teardowns.wake()
-        self.transitions.move(t.id, state, ("ticket.finished", {"state": state, "error": error or ""}),
-                              error=self.redactor.redact(error or ""), awaiting_sha="", torn_down=torn)
-        self.events.flush()
-        self.store.release_ticket(t.id)
-        self._running.discard(t.id)
-        self._cancelling.pop(t.id, None)
-        log.info("ticket %s %s", t.id, state)
-        self._kick()
-        self.transitions.set_gauges()
+    async def forge_head(self, ticket_id: str) -> tuple[str, str]:
+        return await self.records.forge_head(ticket_id)
 
-    # ---- what a run may use (executor.Host) ---------------------------------------
+    def running_here(self, ticket_id: str) -> bool:
+        """A run of the ticket is under way in this scheduler."""
+        return self.dispatch.busy(ticket_id)
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
+    # ---- executor.Host -----------------------------------------------------------------
+
+    def check_lease(self, ticket_id: str) -> None:
+        self.leases.check(ticket_id)
+
+    def fence(self, ticket_id: str) -> int:
+        return self.leases.fence(ticket_id)
+
+    def lease_lost(self, ticket_id: str) -> bool:
+        return self.leases.lost(ticket_id)
+
+    async def wait_for_decision(self, ticket_id: str) -> ApprovalRecord:
+        return await self.approvals.wait_for_decision(ticket_id)
+
+    def node_metric(self, kind: str, outcome: str, seconds: float) -> None:
+        self.records.node_metric(kind, outcome, seconds)
+
+    def usage_metric(self, model: str, input_tokens: int, output_tokens: int, cost_usd: float | None) -> None:
+        self.records.usage_metric(model, input_tokens, output_tokens, cost_usd)

@@ -154,7 +154,7 @@ class FollowUpQueue:
         rec.state = FOLLOWUP_PENDING
         rec.at_ms = now_ms()
         self.store.add_followup(rec)
-        if t.state == QUEUED and t.reopened_at_ms and ticket_id not in getattr(self.engine, "_tasks", {}):
+        if t.state == QUEUED and t.reopened_at_ms and not self.engine.running_here(ticket_id):
             how = GATHERED          # a re-run not started yet: it takes this one at once
         elif t.state in TERMINAL or t.state == WAITING_APPROVAL:
             how = GATHERED if waiting else STARTS

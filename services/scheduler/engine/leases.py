@@ -1,14 +1,29 @@
-"""Leases: several schedulers on one PostgreSQL store (docs/SCALE.md).
+"""Leases: several schedulers on one PostgreSQL store (docs/SCALE.md, R37, R45).
 
-Each live ticket is driven by the scheduler that claimed it (`Store.claim_ticket`:
-the dispatcher for a queued ticket, `Engine.start` and the takeover loop for a
-running or waiting one whose owner's lease expired). `_lease_loop` renews the
-leases of the tickets this scheduler drives and learns what others asked of
-them (a cancel, an approval); a ticket found taken over stops at once without a
-write or a side effect (`LeaseLost`, R37). On an unshared store (SQLite) the
-scheduler owns every ticket and neither loop runs.
+`Leases` owns everything this scheduler knows about the tickets it drives on
+a shared store: the fence of each claim (kept in `store.fences`, where the
+store's checks read it), when each lease is valid until by this process's
+own clock, which tickets were lost here, and the two loops that keep them:
 
-A part of `Engine` (engine.py), which holds the state used here.
+- `renew_loop` renews the held leases every third of a lease and hears what
+  other schedulers asked of them (a cancel, an approval);
+- `takeover_loop` claims live tickets whose owner's lease expired on the
+  database's clock (it died, hangs, or fenced itself) and re-claims the
+  tickets this scheduler fenced itself off once their run has stopped.
+
+Self-fencing (R45): the local monotonic time at which each successful
+renewal (or claim) was *sent* is recorded; the ticket is valid here until
+sent + lease_s - margin. The database's lease ends no earlier than
+sent + lease_s (the statement runs after it was sent), so once the local
+validity passes without a newer success this scheduler stops acting for the
+ticket — `check_lease` fails without asking anyone, the run is stopped, the
+ticket is lost here — before any other scheduler can take it over.
+
+A lost lease keeps its fence entry, marked lost (`mark_lost`: the fence
+negated), so every later write of the old attempt fails the store's
+owner/fence check; only a release (the ticket ended here) or `forget`
+(its run stopped) removes it. On an unshared store (SQLite) this scheduler
+owns every ticket: nothing is renewed, nothing expires.
 """
 
 from __future__ import annotations
@@ -19,30 +34,21 @@ import os
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from services.common.metrics import SchedulerMetrics
 
-from ..events.log import EventLog
-from ..store.base import (
-    RUNNING,
-    TERMINAL,
-    WAITING_APPROVAL,
-    ApprovalRecord,
-    Lease,
-    LeaseLost,
-    Store,
-    TicketRecord,
-)
+from ..store.base import RUNNING, WAITING_APPROVAL, Lease, LeaseLost, Store, TicketRecord
 from ..store.worker import run_in_store, store_failing
-
-if TYPE_CHECKING:
-    from .view import TicketView
 
 log = logging.getLogger(__name__)
 
 LEASE_S = 10.0                     # a live ticket's lease; renewed every third of it (docs/SCALE.md)
 HELD = (RUNNING, WAITING_APPROVAL)  # states a scheduler drives a ticket in (takeover takes them over)
+WATCH_S = 0.1                      # how often the self-fencing watch looks at the held leases (at most)
+
+TAKEN_OVER = "taken_over"          # why a lease was lost here: another scheduler claimed the ticket
+SELF_FENCED = "self_fenced"        # or its renewals stopped succeeding and this scheduler stopped first
 
 
 def scheduler_id() -> str:
@@ -50,163 +56,248 @@ def scheduler_id() -> str:
     return f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+def self_fence_margin(lease_s: float) -> float:
+    """How long before its lease ends (by the local clock) an owner stops acting: a fifth of the
+    lease, at least 1 s, at most half of it (a lease of a few seconds still leaves time to act)."""
+    return min(max(1.0, lease_s / 5), lease_s / 2)
+
+
+def mark_lost(store: Store, ticket_id: str) -> None:
+    """Keep the ticket's fence entry, marked lost: every later write of it fails the store's check.
+    A store with a leases repository (store/leases.py) marks it there; today's keeps the fence
+    negated (a fence is never negative, so `owner = me AND fence = :fence` finds no row)."""
+    repo = getattr(store, "leases", None)
+    if repo is not None:
+        repo.lose(ticket_id)
+        return
+    fence = store.fences.get(ticket_id)
+    if fence is not None and fence > 0:
+        store.fences[ticket_id] = -fence
+
+
+def drop_fence(store: Store, ticket_id: str) -> None:
+    """The lost ticket's run has stopped: its entry goes (nothing of that run writes any more)."""
+    repo = getattr(store, "leases", None)
+    if repo is not None:
+        repo.forget(ticket_id)
+        return
+    if store.fences.get(ticket_id, 0) <= 0:
+        store.fences.pop(ticket_id, None)
+
+
 class Leases:
-    """The leases of the tickets this scheduler drives: claim, check (R37), renew, take over."""
+    """The leases of the tickets this scheduler drives: claim, check (R37), renew, self-fence (R45),
+    take over. `on_lost(ticket, why, reason)` is called once when a held ticket is lost here (the
+    engine stops its run); `why` is for people, `reason` TAKEN_OVER or SELF_FENCED."""
 
-    # of Engine (engine.py)
-    store: Store
-    owner: str
-    lease_s: float
-    fencing: bool
-    max_running: int
-    events: EventLog
-    metrics: SchedulerMetrics | None
-    _lost: set[str]
-    _tasks: dict[str, asyncio.Task]
-    _running: set[str]
-    _cancelling: dict[str, str]
-    _finishing: set[str]
-    _waiters: dict[str, asyncio.Future]
-    _stopping: bool
+    def __init__(self, store: Store, *, owner: str, lease_s: float, metrics: SchedulerMetrics | None,
+                 on_lost: Callable[[str, str, str], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.owner = owner
+        store.owner = owner
+        self.lease_s = lease_s
+        self.margin = self_fence_margin(lease_s)
+        self.metrics = metrics
+        self.on_lost = on_lost
+        self.clock = clock
+        # False only in tests' positive controls: `fencing` skips the check before a side effect (R37),
+        # `self_fencing` lets an owner act on after its renewals stopped succeeding (R45).
+        self.fencing = True
+        self.self_fencing = True
+        self._valid_until: dict[str, float] = {}   # ticket -> local monotonic time its lease is trusted until
+        self._lost: dict[str, str] = {}            # ticket -> TAKEN_OVER | SELF_FENCED, lost here
+        self._reclaim: set[str] = set()            # self-fenced here: claimed again once its run stopped
 
-    if TYPE_CHECKING:
-        def view(self, ticket_id: str) -> TicketView: ...
-        async def cancel(self, ticket_id: str, principal: str) -> TicketView: ...
-        def _kick(self) -> None: ...
-        def _launch(self, t: TicketRecord, resumed: bool) -> None: ...
-        def _spawn(self, coro) -> None: ...
-        def _wake(self, ticket_id: str, rec: ApprovalRecord) -> None: ...
+    @property
+    def shared(self) -> bool:
+        return self.store.shared
 
     @property
     def lease_ms(self) -> int:
         return int(self.lease_s * 1000)
 
-    def _claim(self, ticket_id: str, states: tuple[str, ...]) -> bool:
-        """Take the ticket for this scheduler (a new fence) when it is in `states`
-        and free; True when this scheduler drives it now."""
-        if ticket_id in self._tasks:
-            return True
+    # ---- one ticket ------------------------------------------------------------------
+
+    def claim(self, ticket_id: str, states: tuple[str, ...]) -> bool:
+        """Take the ticket for this scheduler (a new fence) when it is in `states` and free;
+        True when this scheduler drives it now."""
+        sent = self.clock()
         fence = self.store.claim_ticket(ticket_id, states, self.lease_ms)
         if fence is None:
             return False
-        self._lost.discard(ticket_id)
+        self._lost.pop(ticket_id, None)
+        self._reclaim.discard(ticket_id)
+        self._valid_until[ticket_id] = sent + self.lease_s - self.margin
         return True
 
-    def _holds(self, ticket_id: str) -> bool:
-        fence = self.store.fences.get(ticket_id) if self.store.shared else 0
-        if fence is None or ticket_id in self._lost:
-            return False
-        return not self.store.shared or self.store.holds(ticket_id, fence)
+    def valid_for(self, ticket_id: str) -> float:
+        """Seconds this scheduler may still act for the ticket by its own clock (inf: unshared store)."""
+        if not self.shared:
+            return float("inf")
+        return self._valid_until.get(ticket_id, 0.0) - self.clock()
 
-    def check_lease(self, ticket_id: str) -> None:
-        """Right before a side effect (a push, a pull request, a merge, a comment):
-        this scheduler still holds the ticket with its fence, by the database's
-        clock, or `LeaseLost` (R37)."""
-        if self.fencing and not self._holds(ticket_id):
-            self._lost.add(ticket_id)
+    def holds(self, ticket_id: str) -> bool:
+        """This scheduler still drives the ticket: not lost here, its lease trusted by the local clock
+        (self-fencing) and held with its fence by the database's."""
+        if ticket_id in self._lost:
+            return False
+        if not self.shared:
+            return True
+        fence = self.store.fences.get(ticket_id)
+        if fence is None or fence <= 0:
+            return False
+        if self.self_fencing and self.valid_for(ticket_id) <= 0:
+            self.lose(ticket_id, SELF_FENCED)
+            return False
+        return self.store.holds(ticket_id, fence)
+
+    def check(self, ticket_id: str) -> None:
+        """Right before a side effect (a push, a pull request, a merge, a comment): this scheduler
+        still holds the ticket, or `LeaseLost` (R37, R45)."""
+        if self.fencing and not self.holds(ticket_id):
+            self.lose(ticket_id, TAKEN_OVER)
             raise LeaseLost(ticket_id)
 
     def fence(self, ticket_id: str) -> int:
         """The fence this scheduler holds the ticket with (0: an unshared store, nothing to fence)."""
-        return self.store.fences.get(ticket_id, 0) if self.fencing and self.store.shared else 0
+        return max(0, self.store.fences.get(ticket_id, 0)) if self.fencing and self.shared else 0
 
-    def lease_lost(self, ticket_id: str) -> bool:
+    def lost(self, ticket_id: str) -> bool:
         return ticket_id in self._lost
 
-    def _resume(self, t: TicketRecord) -> None:
-        if t.state == RUNNING:
-            self._running.add(t.id)
-        self._launch(t, resumed=True)
+    def lost_reason(self, ticket_id: str) -> str:
+        return self._lost.get(ticket_id, "")
 
-    def _forget(self, ticket_id: str, why: str) -> None:
-        """Stop driving a ticket another scheduler took over: no write, no teardown."""
-        log.warning("ticket %s: stopped here: %s; the scheduler that took it over goes on", ticket_id, why)
-        self._lost.add(ticket_id)
-        self.store.fences.pop(ticket_id, None)
-        self._running.discard(ticket_id)
-        self._cancelling.pop(ticket_id, None)
-        self._kick()
+    def lose(self, ticket_id: str, reason: str, *, notify: bool = True) -> None:
+        """The ticket is no longer this scheduler's to drive: its fence is kept, marked lost (every
+        later write fails), and `on_lost` stops its run (not with `notify` False: the run is what
+        found out, and stops by itself). Once per loss."""
+        if ticket_id in self._lost:
+            return
+        self._lost[ticket_id] = reason
+        mark_lost(self.store, ticket_id)
+        self._valid_until.pop(ticket_id, None)
+        if reason == SELF_FENCED:
+            self._reclaim.add(ticket_id)
+        if self.metrics is not None:
+            self.metrics.lease_renew_failures.labels(reason="self_fenced" if reason == SELF_FENCED
+                                                     else "lost").inc()
+        why = (f"its lease could not be renewed within {self.lease_s - self.margin:g} s of the last renewal, "
+               f"so it stopped {self.margin:g} s before the lease could end (self-fencing, R45)"
+               if reason == SELF_FENCED else "another scheduler took it over (its lease expired)")
+        log.warning("ticket %s: stopped here: %s", ticket_id, why)
+        if notify:
+            self.on_lost(ticket_id, why, reason)
 
-    async def _cancel_elsewhere(self, ticket_id: str, who: str) -> TicketView:
-        """A cancel of a ticket another scheduler drives: ask it (its heartbeat sees the
-        request) and wait for the end, at most a lease and a half."""
-        self.store.request_cancel(ticket_id, who)
-        end = time.monotonic() + self.lease_s * 1.5 + 5
-        while time.monotonic() < end:
-            t = self.store.get_ticket(ticket_id)
-            if t is None or t.state in TERMINAL:
-                break
-            await asyncio.sleep(0.2)
-        return self.view(ticket_id)
+    def forget(self, ticket_id: str) -> None:
+        """The lost ticket's run has stopped: drop its fence entry (nothing of that run writes any more)."""
+        drop_fence(self.store, ticket_id)
+        self._valid_until.pop(ticket_id, None)
 
-    async def _lease_loop(self) -> None:
-        """Renew the leases of the tickets this scheduler drives, every third of a
-        lease; stop the ones another scheduler took over; act on what was asked
-        of them through another scheduler (a cancel, an approval)."""
-        while not self._stopping:
+    def release(self, ticket_id: str) -> None:
+        """The ticket ended here: give it up (another scheduler may claim it at once)."""
+        self.store.release_ticket(ticket_id)
+        self._valid_until.pop(ticket_id, None)
+        self._lost.pop(ticket_id, None)
+        self._reclaim.discard(ticket_id)
+
+    def release_all(self) -> None:
+        """The scheduler stops: give up every lease it still holds (lost ones run out by themselves)."""
+        for tid in list(self.store.fences):
+            try:
+                self.store.release_ticket(tid)
+            except Exception as exc:  # noqa: BLE001 - the lease runs out by itself
+                log.info("ticket %s: lease not released (%s); it runs out by itself", tid,
+                         getattr(exc, "message", type(exc).__name__))
+
+    def held(self) -> list[str]:
+        """The tickets this scheduler holds a live fence of."""
+        return [tid for tid, f in self.store.fences.items() if f > 0 and tid not in self._lost]
+
+    # ---- the loops -------------------------------------------------------------------
+
+    async def renew_loop(self, heard: Callable[[Lease], None], stopping: Callable[[], bool]) -> None:
+        """Renew the held leases every third of a lease, trusting each for lease_s - margin from
+        when its renewal was sent; lose the ones another scheduler took over; hand each renewed
+        lease to `heard` (a cancel or an approval asked through another scheduler)."""
+        while not stopping():
             await asyncio.sleep(self.lease_s / 3)
-            held = list(self.store.fences)
+            held = self.held()
             if not held:
                 continue
+            sent = self.clock()
             try:
-                # On the store's thread (store/worker.py), waited for at most a lease (a renewal later
-                # than that renews nothing): a database that does not answer holds neither the loop
-                # nor the heartbeat, which counts the failure and tries again.
+                # On the store's thread (store/worker.py), waited for at most a lease: a database that
+                # does not answer holds neither this loop nor the self-fencing watch.
                 def renew(s: Store, ids: list[str] = held) -> list[Lease]:
                     return s.renew_leases(ids, self.lease_ms)
-                renewed = await run_in_store(self.store, renew, timeout=self.lease_s)
-                leases = {lease.ticket_id: lease for lease in renewed}
-            except Exception as exc:  # noqa: BLE001 - the database is away: the leases run out unless it is back
-                log.warning("scheduler: could not renew its tickets' leases: %s",
-                            getattr(exc, "message", type(exc).__name__))
+                renewed = {lease.ticket_id: lease
+                           for lease in await run_in_store(self.store, renew, timeout=self.lease_s)}
+            except Exception as exc:  # noqa: BLE001 - the database is away: the watch fences in time
+                log.warning("scheduler: could not renew its tickets' leases (%s); each ticket stops here "
+                            "%g s after its last renewal unless one succeeds", getattr(exc, "message",
+                                                                                  type(exc).__name__),
+                            self.lease_s - self.margin)
                 if self.metrics is not None:
                     self.metrics.lease_renew_failures.labels(reason="error").inc()
                 continue
             for tid in held:
-                lease = leases.get(tid)
+                if tid in self._lost or self.store.fences.get(tid, 0) <= 0:
+                    continue          # lost meanwhile (self-fenced), or released (the ticket ended)
+                lease = renewed.get(tid)
                 if lease is None:
-                    if tid not in self.store.fences:
-                        continue          # released meanwhile (the ticket ended)
-                    if self.metrics is not None:
-                        self.metrics.lease_renew_failures.labels(reason="lost").inc()
-                    self._lost.add(tid)
-                    self.store.fences.pop(tid, None)
-                    task = self._tasks.get(tid)
-                    if task is not None and tid not in self._finishing:
-                        task.cancel()
+                    self.lose(tid, TAKEN_OVER)
                     continue
-                if lease.cancel_by and tid in self._tasks and tid not in self._cancelling:
-                    self._spawn(self.cancel(tid, lease.cancel_by))
-                elif lease.state == RUNNING and tid in self._waiters:
-                    rec = self.store.latest_approval(tid)
-                    if rec is not None:
-                        self._running.add(tid)
-                        self._wake(tid, rec)
+                self._valid_until[tid] = max(self._valid_until.get(tid, 0.0), sent + self.lease_s - self.margin)
+                heard(lease)
 
-    async def _takeover_loop(self) -> None:
-        """Claim the live tickets whose owner's lease expired (it died or hangs) and
-        resume them here; start queued tickets filed through other schedulers."""
+    async def watch_loop(self, stopping: Callable[[], bool]) -> None:
+        """Self-fencing (R45): a held ticket whose lease is no longer trusted by the local clock is
+        lost here at once, whatever the renewals are doing."""
+        interval = min(WATCH_S, self.margin / 4)
+        while not stopping():
+            await asyncio.sleep(interval)
+            if not self.self_fencing:
+                continue
+            now = self.clock()
+            for tid in self.held():
+                if now >= self._valid_until.get(tid, 0.0):
+                    self.lose(tid, SELF_FENCED)
+
+    async def takeover_loop(self, take: Callable[[TicketRecord, str], None], busy: Callable[[str], bool],
+                            full: Callable[[], bool], stopping: Callable[[], bool],
+                            kick: Callable[[], None]) -> None:
+        """Claim the live tickets whose owner's lease expired (it died, hangs or fenced itself) and
+        hand each to `take(ticket, why)` (TAKEN_OVER); claim again the tickets this scheduler fenced
+        itself off (SELF_FENCED) once `busy(ticket)` (their old run, their unstored events) is over;
+        then `kick` (queued tickets filed through other schedulers)."""
         interval = max(0.2, self.lease_s / 5)
-        while not self._stopping:
+        while not stopping():
             await asyncio.sleep(interval)
             if store_failing(self.store):
                 continue          # nothing to take over from a database that does not answer
             try:
+                for tid in sorted(self._reclaim):
+                    if stopping() or full():
+                        break
+                    if busy(tid):
+                        continue
+                    self._take(tid, SELF_FENCED, take)
                 expired = await run_in_store(self.store, lambda s: s.expired_tickets(HELD), timeout=self.lease_s)
                 for tid in expired:
-                    if self._stopping or tid in self._tasks:
-                        continue
-                    if len(self._running) >= self.max_running:
+                    if stopping() or full():
                         break
-                    t = self.store.get_ticket(tid)
-                    if t is None or not self._claim(tid, HELD):
+                    if busy(tid):
                         continue
-                    t = self.store.get_ticket(tid) or t
-                    log.info("ticket %s: taken over (%s; its scheduler's lease expired)", tid, t.state)
-                    if self.metrics is not None:
-                        self.metrics.lease_takeovers.labels(from_state=t.state).inc()
-                    self.events.append(tid, "ticket.takeover", {"scheduler": self.owner, "state": t.state})
-                    self._resume(t)
-                self._kick()
+                    self._take(tid, TAKEN_OVER, take)
+                kick()
             except Exception as exc:  # noqa: BLE001 - the next scan tries again
                 log.warning("scheduler: the takeover scan failed: %s", getattr(exc, "message", type(exc).__name__))
+
+    def _take(self, ticket_id: str, why: str, take: Callable[[TicketRecord, str], None]) -> None:
+        self._reclaim.discard(ticket_id)
+        t = self.store.get_ticket(ticket_id)
+        if t is None or t.state not in HELD or not self.claim(ticket_id, HELD):
+            self.forget(ticket_id)      # ended meanwhile, or another scheduler claimed it first
+            return
+        take(self.store.get_ticket(ticket_id) or t, why)

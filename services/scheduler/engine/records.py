@@ -3,13 +3,14 @@ workspace goes, shown after it ended), the hosts its egress proxy refused,
 and the metrics of its nodes and model calls; and the head its pull request
 has on the forge now (what `afe verify` checks the signed records against).
 
-A part of `Engine` (engine.py), which holds the state used here.
+`Records` holds no state of its own: it reads and writes through the
+store, the brokers and the metrics it is given.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from services.common.config import Config
 from services.common.errors import AfeError, FailedPrecondition
@@ -20,9 +21,7 @@ from ..events.log import EventLog, now_ms
 from ..sandboxes import egress_report
 from ..sandboxes.brokers import CredentialBroker, SandboxBroker
 from ..store.base import QUEUED, TERMINAL, Store, TicketRecord
-
-if TYPE_CHECKING:
-    from .view import TicketView
+from .view import TicketView
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +31,18 @@ DIFF_MAX_BYTES = 1024 * 1024
 class Records:
     """The final diff, the denied egress, node and usage metrics."""
 
-    # of Engine (engine.py)
-    config: Config
-    store: Store
-    sandbox: SandboxBroker
-    credentials: CredentialBroker
-    redactor: Redactor
-    events: EventLog
-    metrics: SchedulerMetrics | None
-    usage: UsageMetrics | None
-
-    if TYPE_CHECKING:
-        def view(self, ticket_id: str) -> TicketView: ...
+    def __init__(self, config: Config, store: Store, sandbox: SandboxBroker, credentials: CredentialBroker,
+                 redactor: Redactor, events: EventLog, metrics: SchedulerMetrics | None,
+                 usage: UsageMetrics | None, view: Callable[[str], TicketView]) -> None:
+        self.config = config
+        self.store = store
+        self.sandbox = sandbox
+        self.credentials = credentials
+        self.redactor = redactor
+        self.events = events
+        self.metrics = metrics
+        self.usage = usage
+        self.view = view
 
     async def diff(self, ticket_id: str) -> tuple[str, bool, bool]:
         """(diff, truncated, recorded): the live workspace's diff, or, once the
@@ -74,7 +73,7 @@ class Records:
             return "", exc.message
         return current.head_sha.lower(), ""
 
-    async def _record_diff(self, t: TicketRecord) -> None:
+    async def record_diff(self, t: TicketRecord) -> None:
         """The ticket's diff against its base, stored before its workspace goes,
         so it is shown after the ticket ended (also when it failed or was cancelled)."""
         if t.workspace not in self.config.workspaces:
@@ -86,7 +85,7 @@ class Records:
             return
         self.store.put_final_diff(t.id, self.redactor.redact(r.diff), r.truncated, now_ms())
 
-    async def _record_denied_egress(self, t: TicketRecord) -> None:
+    async def record_denied_egress(self, t: TicketRecord) -> None:
         """The hosts the ticket's egress proxy refused, as an event before its sandbox
         goes (the final GitHub comment lists them, egress_report.py)."""
         try:

@@ -3,7 +3,8 @@ again on its own branch and pull request (`reopen`, R16), and the two ways a
 person asks for it: `retry` (from a node) and `update_branch` (merge the base
 into a conflicting pull request's branch first).
 
-A part of `Engine` (engine.py), which holds the state used here.
+`Reopen` owns the re-opens under way; the runs it stops and the dispatch
+that starts the re-opened ticket are the dispatcher's.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from services.common.config import Config
 from services.common.errors import FailedPrecondition, InvalidArgument
@@ -32,9 +32,9 @@ from ..store.base import (
     Store,
     TicketRecord,
 )
-
-if TYPE_CHECKING:
-    from .view import TicketView
+from .dispatch import Dispatcher
+from .leases import Leases
+from .view import TicketView
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +44,18 @@ REOPENABLE = (FAILED, CANCELLED)   # states `retry` and `update_branch` re-open
 class Reopen:
     """Re-open, retry, update the branch of a ticket."""
 
-    # of Engine (engine.py)
-    config: Config
-    store: Store
-    credentials: CredentialBroker
-    events: EventLog
-    transitions: Transitions
-    _tasks: dict[str, asyncio.Task]
-    _reopening: set[str]
-
-    if TYPE_CHECKING:
-        def view(self, ticket_id: str) -> TicketView: ...
-        def _kick(self) -> None: ...
-        def fence(self, ticket_id: str) -> int: ...
+    def __init__(self, config: Config, store: Store, credentials: CredentialBroker, events: EventLog,
+                 transitions: Transitions, dispatch: Dispatcher, leases: Leases,
+                 view: Callable[[str], TicketView]) -> None:
+        self.config = config
+        self.store = store
+        self.credentials = credentials
+        self.events = events
+        self.transitions = transitions
+        self.dispatch = dispatch
+        self.leases = leases
+        self.view = view
+        self.reopening: set[str] = set()   # tickets in `reopen` now
 
     async def reopen(self, ticket_id: str, principal: str, reason: str, *, payload: dict | None = None,
                      on_reopen: Callable[[TicketRecord, int], None] | None = None,
@@ -79,11 +78,11 @@ class Reopen:
         t = self.view(ticket_id).ticket
         if not principal:
             raise InvalidArgument("a re-open needs the principal (who asks for it)")
-        if t.state == QUEUED and t.reopened_at_ms and ticket_id not in self._tasks:
+        if t.state == QUEUED and t.reopened_at_ms and ticket_id not in self.dispatch.tasks:
             if on_reopen is not None:
                 on_reopen(t, t.reopened_at_ms)
             return self.view(ticket_id)
-        if (t.state not in TERMINAL and t.state != WAITING_APPROVAL) or ticket_id in self._reopening:
+        if (t.state not in TERMINAL and t.state != WAITING_APPROVAL) or ticket_id in self.reopening:
             raise FailedPrecondition(f"ticket {ticket_id} is {t.state}; ask again once it waits for approval or "
                                      "has ended")
         pr = self.store.get_pr(ticket_id)
@@ -95,9 +94,9 @@ class Reopen:
         if t.workflow not in self.config.workflows or t.workspace not in self.config.workspaces:
             raise FailedPrecondition(f"ticket {ticket_id}'s workflow {t.workflow!r} or workspace {t.workspace!r} "
                                      "is no longer configured; create a new ticket")
-        self._reopening.add(ticket_id)
+        self.reopening.add(ticket_id)
         try:
-            task = self._tasks.get(ticket_id)
+            task = self.dispatch.tasks.get(ticket_id)
             if task is not None:      # parked in waiting_approval: stop the run without ending the ticket
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -117,8 +116,8 @@ class Reopen:
                                   reopened_at_ms=at)
             log.info("ticket %s re-opened by %s (%s)", ticket_id, principal, reason)
         finally:
-            self._reopening.discard(ticket_id)
-        self._kick()
+            self.reopening.discard(ticket_id)
+        self.dispatch.kick()
         self.transitions.set_gauges()
         return self.view(ticket_id)
 
@@ -173,7 +172,7 @@ class Reopen:
                                                                    if v.pr is None else "a merged pull request"))
         wf = self.config.workflows.get(t.workflow)
         merge = next((n.id for n in wf.nodes if n.label == "builtin:merge"), None) if wf else None
-        r = await self.credentials.update_branch(t.id, t.workspace, self.fence(t.id))
+        r = await self.credentials.update_branch(t.id, t.workspace, self.leases.fence(t.id))
         if r.conflicts:
             shown = ", ".join(list(r.conflicts)[:20]) + (" ..." if len(r.conflicts) > 20 else "")
             self.events.append(t.id, "branch.conflict", {"principal": principal, "paths": list(r.conflicts)[:100]})

@@ -181,7 +181,12 @@ class EventLog(EventWrites):
         return EventRecord(ticket_id, self.next_seq(ticket_id), type_, text, now_ms())
 
     def append(self, ticket_id: str, type_: str, payload: dict | None = None) -> int:
-        """Buffer an event; returns its seq."""
+        """Buffer an event; returns its seq (0: the ticket was lost here, the event is only counted)."""
+        if self._fenced and ticket_id in self._fenced:
+            self._dropped[ticket_id] = self._dropped.get(ticket_id, 0) + 1
+            if self.lost_metric is not None:
+                self.lost_metric.labels(reason="lease_lost").inc()
+            return 0
         # _encode_payload, inlined: this runs for every line of command output.
         try:
             text = _dumps(payload or {}, option=_OPTS).decode()

@@ -12,6 +12,12 @@ event is lost and no loss is hidden.
   another scheduler wrote the ticket meanwhile (docs/SCALE.md). Events that
   were truly never stored are never hidden that way: the ticket gets an
   `events.lost` event saying how many and why, where they went missing.
+- A ticket this scheduler lost (its lease taken over, or given up by
+  self-fencing, R45) is `fence`d here: its events not stored yet are
+  dropped, as are those its stopping run still appends, and counted; a
+  batch the store refuses with `LeaseLost` is counted the same way. The
+  next attempt says the count in its `events.lost` (`unfence` hands it
+  over): nothing of the lost attempt is written late, nothing is hidden.
 - A batch is written on the store's own thread (store/worker.py), never on
   the event loop: `_write` queues it there (one `Chain`: a batch after one
   that failed is not written) and `_written` takes the outcome on the loop,
@@ -91,6 +97,8 @@ class EventWrites:
     unavailable_reason: str
     lost_metric: Any
     _watchers: dict
+    _fenced: set[str]
+    _dropped: dict[str, int]
 
     def _init_writes(self) -> None:
         # Redacted events not handed to the store yet, in seq order (flush).
@@ -106,6 +114,8 @@ class EventWrites:
         self.unavailable_since = None   # ms: the store has not taken events since
         self.unavailable_reason = ""
         self.lost_metric = None         # counter {reason} (metrics.SchedulerMetrics.events_lost)
+        self._fenced = set()            # tickets lost here: their appends are counted, not written
+        self._dropped = {}              # ticket -> its lost attempt's events never stored (fence, LeaseLost)
 
     def flush(self, write: bool = True) -> None:
         raise NotImplementedError
@@ -276,6 +286,7 @@ class EventWrites:
             except LeaseLost as exc:
                 log.warning("events of ticket %s not written: %s", exc.ticket_id, exc.message)
                 self._seq.pop(exc.ticket_id, None)
+                self._count_dropped(exc.ticket_id, [ev for ev in batch if ev[0] == exc.ticket_id])
                 batch = [ev for ev in batch if ev[0] != exc.ticket_id]
                 if not batch:
                     return already
@@ -349,6 +360,47 @@ class EventWrites:
             self._seq[tid] = last + 1
             stored.append(lost)
         return stored
+
+    # -- a ticket lost here (R45) ---------------------------------------------------------
+
+    def fence(self, ticket_id: str) -> None:
+        """The ticket was lost here: drop its events not handed to the store yet, and every one its
+        stopping run still appends, counting them (`unfence` hands the count over). Events already on
+        the store's thread meet the store's fence check: refused, they are counted too."""
+        if ticket_id in self._fenced:
+            return
+        self._fenced.add(ticket_id)
+        mine = [ev for ev in self._buffer if ev[0] == ticket_id] + [ev for ev in self._unstored if ev[0] == ticket_id]
+        if mine:
+            self._buffer = [ev for ev in self._buffer if ev[0] != ticket_id]
+            self._unstored = [ev for ev in self._unstored if ev[0] != ticket_id]
+        self._count_dropped(ticket_id, mine)
+        self._seq.pop(ticket_id, None)
+        self._lost_marker.pop(ticket_id, None)
+
+    def unfence(self, ticket_id: str) -> int:
+        """The lost attempt is over (its run stopped, nothing of it on the store's thread any
+        more): the ticket's events are written again, and the count of the ones that never were
+        is returned, for the next attempt's `events.lost`."""
+        self._fenced.discard(ticket_id)
+        return self._dropped.pop(ticket_id, 0)
+
+    def fenced(self, ticket_id: str) -> bool:
+        return ticket_id in self._fenced
+
+    def _count_dropped(self, ticket_id: str, events: list[Event]) -> None:
+        n = 0
+        for ev in events:
+            if ev[2] == LOST_EVENT:         # an outage's marker: the events it counted are lost as well
+                marker = self._markers.pop((ev[0], ev[1]), None)
+                n += marker.count if marker is not None else 0
+            else:
+                n += 1
+        if not n:
+            return
+        self._dropped[ticket_id] = self._dropped.get(ticket_id, 0) + n
+        if self.lost_metric is not None:
+            self.lost_metric.labels(reason="lease_lost").inc(n)
 
     def holds_unstored(self, ticket_id: str) -> bool:
         """Whether events of this ticket wait in memory for the store (or are on their way to it)."""

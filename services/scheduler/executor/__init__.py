@@ -2,6 +2,7 @@
 "The life of a ticket").
 
     ticket_run.py   TicketRun: stored node runs -> graph -> outcome; one node's attempts
+    attempts.py     Attempt: why a run is a new attempt (restart, takeover, self-fencing)
     graph.py        order (graphlib) and fan-out (TaskGroup); the failure rules
     context.py      RunContext: what node kinds share; workspace, relay, sandbox preparation
     nodes/          one module per node kind, dispatched by NODE_KINDS (builtins by BUILTINS)

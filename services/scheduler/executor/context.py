@@ -45,6 +45,7 @@ class RunContext:
         self.credentials = host.credentials
         self.outputs: dict[str, str] = {}
         self.feedback: dict[str, str] = {}   # node -> failure text of the latest on_failure round
+        self.attempts: dict[str, int] = {}   # node -> its attempt now (TicketRun.run_node); events carry it
         self._ancestors: dict[str, set[str]] | None = None   # on first use: the graph is checked first
         self._ws_ready = False
         self._sb_ready = False

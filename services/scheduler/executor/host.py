@@ -29,6 +29,11 @@ class Host(Protocol):
     broker_retry_s: float
 
     @property
+    def owner(self) -> str:
+        """This scheduler's id (its leases' owner), named in the events of the attempts it runs."""
+        ...
+
+    @property
     def stopping(self) -> bool:
         """The scheduler is stopping: a cancelled node runs again on the next start."""
         ...

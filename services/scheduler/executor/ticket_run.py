@@ -19,6 +19,7 @@ from services.common.config import Node
 from services.common.errors import AfeError, DeadlineExceeded, FailedPrecondition, ResourceExhausted
 
 from ..events.log import now_ms
+from ..events.writes import LOST_EVENT
 from ..sandboxes.spec import SANDBOX_KINDS
 from ..store.base import (
     FAILED,
@@ -31,9 +32,11 @@ from ..store.base import (
     N_WAITING,
     SUCCEEDED,
     LeaseLost,
+    NodeRunRecord,
     TicketRecord,
 )
 from ..store.worker import run_in_store
+from .attempts import RESTART, Attempt, lost_reason, previous_scheduler
 from .context import RunContext
 from .graph import NodeFailed, descendants, run_graph
 from .host import Host
@@ -62,13 +65,18 @@ def _keep(text: str) -> str:
 
 
 class TicketRun:
-    def __init__(self, host: Host, ticket: TicketRecord, resumed: bool) -> None:
+    def __init__(self, host: Host, ticket: TicketRecord, resumed: bool, attempt: Attempt | None = None) -> None:
+        """`attempt`: why this run is a new attempt of the nodes that were running when the last
+        one stopped (attempts.py); None: a restart, when `resumed`."""
         self.host = host
         self.ticket = ticket
         self.resumed = resumed
+        self.attempt = attempt if attempt is not None else Attempt(RESTART)
         self.ctx = RunContext(host, ticket)
         self.workflow = self.ctx.workflow
-        self.attempts: dict[str, int] = {}
+        # The stored attempt of each node, kept here as run_node stores it (no read of every
+        # node run before each node); the node kinds read it from the context for their events.
+        self.attempts: dict[str, int] = self.ctx.attempts
 
     async def execute(self) -> tuple[str, str]:
         """Run the ticket's graph; returns (terminal state, error)."""
@@ -79,11 +87,12 @@ class TicketRun:
             raise FailedPrecondition(
                 f"workflow {self.workflow.name!r} changed since this ticket was created (nodes "
                 f"{', '.join(sorted(records))} became {', '.join(sorted(declared))}); create a new ticket")
+        self._say_attempt([r for r in records.values() if r.state in (N_RUNNING, N_WAITING)])
         for r in records.values():
             if r.state in (N_RUNNING, N_WAITING):
-                # It was running when the scheduler stopped: run it again.
+                # It was running when its last run stopped: run it again, as a new attempt.
                 store.update_node(tid, r.node_id, state=N_PENDING)
-                ctx.emit("node.resumed", {"node": r.node_id, "was": r.state})
+                ctx.emit("node.resumed", {"node": r.node_id, "was": r.state, "attempt": r.attempt})
                 r.state = N_PENDING
             elif r.state == N_SUCCEEDED:
                 ctx.outputs[r.node_id] = r.output
@@ -92,9 +101,7 @@ class TicketRun:
         if self.resumed:
             ctx.emit("ticket.resumed", {})
         states = {nid: r.state for nid, r in records.items()}
-        # The stored attempt of each node, kept here as run_node stores it (no
-        # read of every node run before each node).
-        self.attempts = {nid: r.attempt for nid, r in records.items()}
+        self.attempts.update({nid: r.attempt for nid, r in records.items()})
 
         async def run(node: Node) -> None:
             ctx.outputs[node.id] = await self.run_node(node, self.attempts.get(node.id, 0))
@@ -110,6 +117,23 @@ class TicketRun:
         if failure is None:
             return SUCCEEDED, ""
         return FAILED, f"node {failure.node_id} failed: {failure.reason}"
+
+    def _say_attempt(self, interrupted: list[NodeRunRecord]) -> None:
+        """Before anything else of this run: the events of the interrupted attempt that were never
+        stored (`events.lost`, when this scheduler counted them), and for each node that was running
+        when it stopped, a `node.attempt` saying why it runs again and who ran it before."""
+        a, ctx, tid = self.attempt, self.ctx, self.ticket.id
+        if a.lost_events > 0:
+            ctx.emit(LOST_EVENT, {"count": a.lost_events, "reason": lost_reason(a.reason),
+                                  "attempt": max((r.attempt for r in interrupted), default=0),
+                                  "scheduler": a.previous_scheduler})
+        if not interrupted:
+            return
+        before = a.previous_scheduler or previous_scheduler(self.host.store, tid)
+        for r in interrupted:
+            ctx.emit("node.attempt", {"node": r.node_id, "attempt": r.attempt + 1, "previous": r.attempt,
+                                      "reason": a.reason, "previous_scheduler": before,
+                                      "scheduler": self.host.owner})
 
     def _feedback_round(self, failure: NodeFailed, states: dict[str, str]) -> bool:
         """`on_failure: {retry_from: R, max: N}` of the failed node: give its
@@ -162,7 +186,8 @@ class TicketRun:
             await self._node_state(node.id, state=N_RUNNING, attempt=attempt, started_at_ms=now_ms(),
                                    finished_at_ms=0, error="")
             self.attempts[node.id] = attempt
-            self.ctx.emit("node.started", {"node": node.id, "kind": kind, "attempt": attempt})
+            self.ctx.emit("node.started", {"node": node.id, "kind": kind, "attempt": attempt,
+                                           "scheduler": host.owner})
             outcome = "error"
             try:
                 if node.kind in SANDBOX_KINDS:
@@ -180,7 +205,8 @@ class TicketRun:
                 out = out or ""
                 await self._node_state(node.id, state=N_SUCCEEDED, finished_at_ms=now_ms(),
                                        output=host.redactor.redact(_keep(out)))
-                self.ctx.emit("node.finished", {"node": node.id, "state": N_SUCCEEDED, "output": out[-4000:]})
+                self.ctx.emit("node.finished", {"node": node.id, "state": N_SUCCEEDED, "attempt": attempt,
+                                                "output": out[-4000:]})
                 host.node_metric(kind, "ok", time.monotonic() - started)
                 return out
             except asyncio.CancelledError:
@@ -188,7 +214,7 @@ class TicketRun:
                     raise
                 store.update_node(tid, node.id, state=N_CANCELLED, finished_at_ms=now_ms(), error="cancelled")
                 if not host.stopping:
-                    self.ctx.emit("node.finished", {"node": node.id, "state": N_CANCELLED})
+                    self.ctx.emit("node.finished", {"node": node.id, "state": N_CANCELLED, "attempt": attempt})
                     host.node_metric(kind, "cancelled", time.monotonic() - started)
                 else:  # the scheduler is stopping: the node runs again on the next start
                     store.update_node(tid, node.id, state=N_RUNNING)
@@ -211,7 +237,8 @@ class TicketRun:
                 kept = exc.output if isinstance(exc, CommandFailed) else ""   # what a failed command printed
                 await self._node_state(node.id, state=N_FAILED, finished_at_ms=now_ms(), error=reason,
                                        **({"output": host.redactor.redact(_keep(kept))} if kept else {}))
-                self.ctx.emit("node.finished", {"node": node.id, "state": N_FAILED, "error": reason})
+                self.ctx.emit("node.finished", {"node": node.id, "state": N_FAILED, "attempt": attempt,
+                                                "error": reason})
                 raise NodeFailed(node.id, reason, rejected=isinstance(exc, NOT_RETRIED)) from None
 
     async def _dispatch(self, node: Node) -> str:

@@ -174,7 +174,12 @@ async def test_a_restart_resumes_the_running_node_and_keeps_what_succeeded(harne
     nodes = h.nodes(tid)
     assert nodes["first"].output == "one\n" and nodes["second"].output == "two\n"
     assert nodes["second"].attempt == 2
-    assert ("node.resumed", {"node": "second", "was": "running"}) in h.events(tid)
+    assert ("node.resumed", {"node": "second", "was": "running", "attempt": 1}) in h.events(tid)
+    # the re-run is attempt 2 and says why and which scheduler ran attempt 1 (the engine before the restart)
+    [(_, again)] = h.events(tid, "node.attempt")
+    assert again["node"] == "second" and again["attempt"] == 2 and again["previous"] == 1
+    assert again["reason"] == "restart" and again["previous_scheduler"]
+    assert [p["attempt"] for _, p in h.events(tid, "node.output") if p["node"] == "second"] == [2]
     assert len(h.events(tid, "ticket.resumed")) == 1 and len(h.events(tid, "ticket.finished")) == 1
 
 

@@ -220,11 +220,11 @@ async def test_r16_an_approval_from_before_a_retry_does_not_merge_the_re_run(rh)
     await engine.approve(tid2, "bob", t.awaiting_sha)
     assert (await rh.until(tid2)).state == FAILED
     rh.credentials.conflict = False
-    engine._started = False                      # hold the dispatcher while the defence is taken away
+    engine.dispatch.started = False              # hold the dispatcher while the defence is taken away
     await engine.retry(tid2, "merge", "alice")
     rh.store.update_ticket(tid2, reopened_at_ms=0)
-    engine._started = True
-    engine._kick()
+    engine.dispatch.started = True
+    engine.dispatch.kick()
     t = await rh.until(tid2, (WAITING_APPROVAL, SUCCEEDED, FAILED))
     assert t.state == SUCCEEDED and (tid2, "c" * 40) in rh.credentials.merged
 

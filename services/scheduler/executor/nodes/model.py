@@ -37,8 +37,10 @@ async def model_node(ctx: RunContext, node: Node) -> str:
     await ctx.ensure_sandbox()
     model = ctx.config.models[node.model or ""]
 
+    attempt = ctx.attempts.get(node.id, 0)
+
     async def on_output(stream: str, text: str) -> None:
-        ctx.emit("node.output", {"node": node.id, "stream": stream, "text": text})
+        ctx.emit("node.output", {"node": node.id, "attempt": attempt, "stream": stream, "text": text})
 
     tid = ctx.ticket.id
 

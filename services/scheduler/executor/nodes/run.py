@@ -39,6 +39,7 @@ async def _run(ctx: RunContext, node: Node) -> str:
     script, args = ctx.render_command(node.run or "", node.id)
     out: list[str] = []
     code, timed_out, truncated = -1, False, False
+    attempt = ctx.attempts.get(node.id, 0)    # each line says which attempt printed it
     async for ev in ctx.sandbox.exec(ctx.ticket.id, command_argv(script, args),
                                      timeout_ms=int(node.timeout_s * 1000), output_cap_bytes=RUN_OUTPUT_CAP):
         which = ev.WhichOneof("event")
@@ -46,7 +47,8 @@ async def _run(ctx: RunContext, node: Node) -> str:
             text = getattr(ev, which).decode("utf-8", errors="replace")
             out.append(text)
             for i in range(0, len(text), CHUNK_EVENT):
-                ctx.emit("node.output", {"node": node.id, "stream": which, "text": text[i:i + CHUNK_EVENT]})
+                ctx.emit("node.output", {"node": node.id, "attempt": attempt, "stream": which,
+                                         "text": text[i:i + CHUNK_EVENT]})
         elif which == "exit":
             code, timed_out, truncated = ev.exit.code, ev.exit.timed_out, ev.exit.truncated
     text = "".join(out)
