@@ -3,13 +3,13 @@ statement written once with SQLAlchemy Core, run against SQLite and the real
 PostgreSQL test server: today's semantics of every method (one row per key,
 first or last one kept as before, orders, the work claim's takeover rule),
 and the fence (R37, R45): a write that changes an owner's ticket data runs
-the owner's fence check in its own transaction, so a scheduler whose ticket
-was taken over writes nothing, while requests from non-owners (approvals,
-follow-ups received, work claims, once-keys of deliveries) stay unfenced.
+the owner's fence check (`Leases.guard`) in its own transaction, so a
+scheduler whose ticket was taken over writes nothing, while requests from
+non-owners (approvals, follow-ups received, work claims, once-keys of
+deliveries) stay unfenced.
 
-The fence check here is the contract's (docs of issue 32): the owner's held
-fence must still be the ticket's (owner and fence columns), read FOR SHARE in
-the write's transaction; tickets this owner never claimed are not checked.
+Each scheduler is a `Database` (its own connection) migrated as the store
+does, with its own `Leases`; the repositories are composed as store.py does.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Connection, Engine, and_, create_engine, exists, insert, or_, select, text, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import Connection, and_, exists, insert, or_, select, text, update
 
 from services.scheduler.store import schema
 from services.scheduler.store.base import (
@@ -42,7 +42,10 @@ from services.scheduler.store.base import (
     PullRequestRecord,
 )
 from services.scheduler.store.ci_records import GATHERING, ROUND
+from services.scheduler.store.database import Database
 from services.scheduler.store.github_records import PollCursor
+from services.scheduler.store.leases import Leases
+from services.scheduler.store.migrate import migrate
 from services.scheduler.store.repos import (
     Approvals,
     CiFailures,
@@ -64,91 +67,72 @@ pytestmark = pytest.mark.timeout(120)
 
 SHA, OLD = "b" * 40, "a" * 40
 GRACE = 60_000
+LONG = 600_000      # ms: a lease that does not run out during a test
 T = schema.tickets
 
 
-def _engine(url: str) -> Engine:
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
-    return create_engine(url)
+def _open(url: str) -> Database:
+    """A scheduler's database (its own connection), migrated as the store opens it."""
+    if url.startswith("sqlite:///"):
+        db = Database.sqlite(Path(url[len("sqlite:///"):]))
+    else:
+        db = Database.postgresql(url, "the test database")
+    migrate(db)
+    return db
 
 
 @pytest.fixture
-def engine(store_url) -> Iterator[Engine]:
-    e = _engine(store_url)
-    schema.metadata.create_all(e)
+def db(store_url) -> Iterator[Database]:
+    d = _open(store_url)
     try:
-        yield e
+        yield d
     finally:
-        e.dispose()
+        d.close()
 
 
 def unfenced(conn: Connection, ticket_id: str) -> None:
     """No check at all: the positive controls' repositories."""
 
 
-@dataclass
-class Owner:
-    """A scheduler as the fence sees it: the tickets it claimed and the fence each claim returned."""
+def repos(db: Database, check: FenceCheck = unfenced) -> SimpleNamespace:
+    """Every record repository on one database, composed as store.py composes them."""
+    def tx():
+        return db.transaction(write=True)
 
-    name: str
-    engine: Engine
-
-    def __post_init__(self) -> None:
-        self.fences: dict[str, int] = {}
-
-    def claim(self, ticket_id: str) -> int:
-        with self.engine.begin() as conn:
-            fence = conn.execute(update(T).where(T.c.id == ticket_id)
-                                 .values(owner=self.name, fence=T.c.fence + 1).returning(T.c.fence)).scalar_one()
-        self.fences[ticket_id] = int(fence)
-        return int(fence)
-
-    def check(self, conn: Connection, ticket_id: str) -> None:
-        fence = self.fences.get(ticket_id)
-        if fence is None:
-            return
-        held = conn.execute(select(T.c.id).where(T.c.id == ticket_id, T.c.owner == self.name, T.c.fence == fence)
-                            .with_for_update(read=True)).first()
-        if held is None:
-            raise LeaseLost(ticket_id)
-
-
-def repos(engine: Engine, check: FenceCheck = unfenced) -> SimpleNamespace:
-    """Every record repository on one engine, as the store composes them."""
-    tx = engine.begin
     return SimpleNamespace(
-        approvals=Approvals(tx), prs=PullRequests(tx, check), diffs=FinalDiffs(tx, check),
-        reports=Reports(tx, check), intake=GitHubIntake(tx, check), followups=FollowUps(tx, check),
-        ci=CiFailures(tx, check), verifications=Verifications(tx, check), runs=RunRecords(tx, check),
-        placements=SandboxPlacements(tx, check))
+        db=db, approvals=Approvals(tx, read=db.transaction), prs=PullRequests(tx, check, read=db.transaction),
+        diffs=FinalDiffs(tx, check, read=db.transaction), reports=Reports(tx, check, read=db.transaction),
+        intake=GitHubIntake(tx, check, read=db.transaction), followups=FollowUps(tx, check, read=db.transaction),
+        ci=CiFailures(tx, check, read=db.transaction), verifications=Verifications(tx, check, read=db.transaction),
+        runs=RunRecords(tx, check, read=db.transaction),
+        placements=SandboxPlacements(tx, check, read=db.transaction))
 
 
-def _ticket(engine: Engine, tid: str, state: str = QUEUED, workspace: str = "ws", created: int = 1,
+def _ticket(db: Database, tid: str, state: str = QUEUED, workspace: str = "ws", created: int = 1,
             updated: int = 1) -> None:
-    with engine.begin() as conn:
+    with db.transaction(write=True) as conn:
         conn.execute(insert(T).values(id=tid, workspace=workspace, workflow="fix", title="t", body="b",
                                       inputs_json="{}", state=state, created_at_ms=created, updated_at_ms=updated))
 
 
-def _set_state(engine: Engine, tid: str, state: str) -> None:
-    with engine.begin() as conn:
+def _set_state(db: Database, tid: str, state: str) -> None:
+    with db.transaction(write=True) as conn:
         conn.execute(update(T).where(T.c.id == tid).values(state=state))
 
 
-def _now(engine: Engine) -> int:
+def _now(db: Database) -> int:
     """The store's clock: PostgreSQL's claim uses the database's, so the test takes it from there."""
-    if engine.dialect.name == "postgresql":
-        with engine.connect() as conn:
+    if db.dialect == "postgresql":
+        with db.transaction() as conn:
             return int(conn.execute(text("SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint")).scalar_one())
     return int(time.time() * 1000)
 
 
 # -- each repository's semantics, on both databases -----------------------------------------------
 
-def test_approvals_the_latest_decision_counts(engine):
-    r = repos(engine)
-    _ticket(engine, "t-1")
+def test_approvals_the_latest_decision_counts(db):
+    r = repos(db)
+    _ticket(db, "t-1")
     assert r.approvals.latest_approval("t-1") is None
     r.approvals.add_approval(ApprovalRecord("t-1", "ann", SHA, True, 10, accepted_harness_change=["conftest.py"]))
     r.approvals.add_approval(ApprovalRecord("t-1", "bob", SHA, False, 5, reason="no"))   # older clock, later row
@@ -160,11 +144,11 @@ def test_approvals_the_latest_decision_counts(engine):
     assert latest.granted is True and latest.accepted_harness_change == ["tox.ini"]
 
 
-def test_pull_requests_one_per_ticket_and_the_ticket_of_a_number_or_head(engine):
-    r = repos(engine)
-    _ticket(engine, "t-old", created=1)
-    _ticket(engine, "t-new", created=2)
-    _ticket(engine, "t-other", workspace="other", created=3)
+def test_pull_requests_one_per_ticket_and_the_ticket_of_a_number_or_head(db):
+    r = repos(db)
+    _ticket(db, "t-old", created=1)
+    _ticket(db, "t-new", created=2)
+    _ticket(db, "t-other", workspace="other", created=3)
     assert r.prs.get_pr("t-old") is None
     r.prs.put_pr(PullRequestRecord("t-old", "7", "u", "afe/t-old", "main", OLD))
     r.prs.put_pr(PullRequestRecord("t-old", "7", "u2", "afe/t-old", "main", SHA, "merged", "m" * 40))   # replaced
@@ -180,9 +164,9 @@ def test_pull_requests_one_per_ticket_and_the_ticket_of_a_number_or_head(engine)
     assert r.prs.ticket_for_head("nowhere", SHA) is None
 
 
-def test_final_diffs_and_reports_keep_the_last_one(engine):
-    r = repos(engine)
-    _ticket(engine, "t-1")
+def test_final_diffs_and_reports_keep_the_last_one(db):
+    r = repos(db)
+    _ticket(db, "t-1")
     assert r.diffs.final_diff("t-1") is None and r.reports.report("t-1", "final") is None
     r.diffs.put_final_diff("t-1", "diff a", True, 1)
     assert r.diffs.final_diff("t-1") == ("diff a", True)
@@ -197,8 +181,8 @@ def test_final_diffs_and_reports_keep_the_last_one(engine):
     assert r.reports.report("t-2", "final") is None
 
 
-def test_once_keys_take_effect_once_until_released(engine):
-    r = repos(engine)
+def test_once_keys_take_effect_once_until_released(db):
+    r = repos(db)
     assert r.intake.claim_once("delivery:1", 1)
     assert not r.intake.claim_once("delivery:1", 2)
     assert r.intake.claim_once("delivery:2", 2)
@@ -207,8 +191,8 @@ def test_once_keys_take_effect_once_until_released(engine):
     r.intake.release_once("never-claimed")                           # nothing to forget: no error
 
 
-def test_poll_cursors_keep_the_next_poll_with_the_cursor(engine):
-    r = repos(engine)
+def test_poll_cursors_keep_the_next_poll_with_the_cursor(db):
+    r = repos(db)
     assert r.intake.poll_cursor("ws") == PollCursor()
     r.intake.put_poll_cursor("ws", PollCursor('W/"a"', "0", 1_800_000_000_000), 1)
     assert r.intake.poll_cursor("ws") == PollCursor('W/"a"', "0", 1_800_000_000_000)
@@ -217,18 +201,18 @@ def test_poll_cursors_keep_the_next_poll_with_the_cursor(engine):
     assert r.intake.poll_cursor("other") == PollCursor()
 
 
-def test_a_work_claim_is_held_while_its_ticket_lives_and_taken_over_after(engine):
-    w = repos(engine).intake
+def test_a_work_claim_is_held_while_its_ticket_lives_and_taken_over_after(db):
+    w = repos(db).intake
     key = ("o/r", 7, "fix-issues")
-    now = _now(engine)
+    now = _now(db)
     first = w.claim_work(*key, "A", now, GRACE)
     assert (first.claim, first.ticket_id) == ("A", "")
     assert w.claim_work(*key, "B", now, GRACE).claim == "A"         # A is creating its ticket
-    _ticket(engine, "t-1")
+    _ticket(db, "t-1")
     assert w.set_work_ticket(*key, "A", "t-1")
     assert not w.set_work_ticket(*key, "B", "t-x")                 # only the holder records its ticket
     for state in (QUEUED, RUNNING, WAITING_APPROVAL):
-        _set_state(engine, "t-1", state)
+        _set_state(db, "t-1", state)
         held = w.claim_work(*key, "B", now, GRACE)
         assert (held.claim, held.ticket_id) == ("A", "t-1")        # live: B joins t-1
     # Other keys are other work; their rows (one without a ticket) change nothing of this one's.
@@ -237,16 +221,16 @@ def test_a_work_claim_is_held_while_its_ticket_lives_and_taken_over_after(engine
     assert w.claim_work("o/other", 7, "fix-issues", "E", now, GRACE).claim == "E"
     assert w.claim_work(*key, "B", now + 2 * GRACE, 0).claim == "A"   # a live ticket holds past the grace
     for ended in (SUCCEEDED, CANCELLED, FAILED):
-        _set_state(engine, "t-1", ended)
+        _set_state(db, "t-1", ended)
         held = w.claim_work(*key, f"F-{ended}", now, GRACE)
         assert (held.claim, held.ticket_id) == (f"F-{ended}", "")
         assert w.set_work_ticket(*key, f"F-{ended}", "t-1")
 
 
-def test_a_claim_left_by_a_crash_blocks_nothing_for_long(engine):
-    w = repos(engine).intake
+def test_a_claim_left_by_a_crash_blocks_nothing_for_long(db):
+    w = repos(db).intake
     key = ("o/r", 9, "fix-issues")
-    now = _now(engine)
+    now = _now(db)
     w.claim_work(*key, "A", now, GRACE)
     w.set_work_ticket(*key, "A", "t-never-stored")
     assert w.claim_work(*key, "B", now, GRACE).claim == "A"          # within the grace period
@@ -262,10 +246,10 @@ def test_a_claim_left_by_a_crash_blocks_nothing_for_long(engine):
     assert w.claim_work(*key, "D", now, GRACE).claim == "D"
 
 
-def test_followups_wait_pending_then_go_to_one_rerun_or_are_dropped(engine):
-    f = repos(engine).followups
-    _ticket(engine, "t-1")
-    _ticket(engine, "t-2")
+def test_followups_wait_pending_then_go_to_one_rerun_or_are_dropped(db):
+    f = repos(db).followups
+    _ticket(db, "t-1")
+    _ticket(db, "t-2")
     f.add_followup(FollowUpRecord("t-1", 5, "op", "operator", "given one"))
     for i, words in enumerate(("review", "comment a", "comment b")):
         f.add_followup(FollowUpRecord("t-1", 10 + i, "octo", "github:review", words, "a.py", 3 + i, "u",
@@ -287,9 +271,9 @@ def test_followups_wait_pending_then_go_to_one_rerun_or_are_dropped(engine):
     assert f.tickets_with_pending_followups() == []
 
 
-def test_drop_ci_followups_drops_only_the_pending_ci_follow_ups_of_that_head(engine):
-    f = repos(engine).followups
-    _ticket(engine, "t-1")
+def test_drop_ci_followups_drops_only_the_pending_ci_follow_ups_of_that_head(db):
+    f = repos(db).followups
+    _ticket(db, "t-1")
 
     def add(source: str, words: str, state: str = FOLLOWUP_PENDING) -> None:
         f.add_followup(FollowUpRecord("t-1", 5, "ci", source, words, state=state))
@@ -305,15 +289,15 @@ def test_drop_ci_followups_drops_only_the_pending_ci_follow_ups_of_that_head(eng
         ("github:ci", SHA[:12]), ("github:review", OLD[:12]), ("github:ci", OLD.upper()[:12])]
 
 
-def _pr_ticket(engine: Engine, r: SimpleNamespace, tid: str, state: str, sha: str, pr_state: str = "open",
+def _pr_ticket(db: Database, r: SimpleNamespace, tid: str, state: str, sha: str, pr_state: str = "open",
                updated: int = 1) -> None:
-    _ticket(engine, tid, state, updated=updated)
+    _ticket(db, tid, state, updated=updated)
     r.prs.put_pr(PullRequestRecord(tid, tid[-1], "", f"afe/{tid}", "main", sha, pr_state))
 
 
-def test_one_ci_claim_per_ticket_and_head(engine):
-    r = repos(engine)
-    _pr_ticket(engine, r, "t-1", WAITING_APPROVAL, SHA)
+def test_one_ci_claim_per_ticket_and_head(db):
+    r = repos(db)
+    _pr_ticket(db, r, "t-1", WAITING_APPROVAL, SHA)
     assert r.ci.claim_ci_failure("t-1", SHA, "A", 10)
     assert not r.ci.claim_ci_failure("t-1", SHA, "B", 11)            # a second delivery of the same failure
     assert r.ci.claim_ci_failure("t-1", SHA, "A", 10)                # the claimer's own retry
@@ -326,12 +310,12 @@ def test_one_ci_claim_per_ticket_and_head(engine):
     assert r.ci.ci_failure("t-2", SHA) is None
 
 
-def test_the_heads_ci_polling_watches(engine):
-    r = repos(engine)
-    _pr_ticket(engine, r, "t-1", WAITING_APPROVAL, SHA)
-    _pr_ticket(engine, r, "t-2", FAILED, OLD)
-    _pr_ticket(engine, r, "t-3", SUCCEEDED, "c" * 40, pr_state="merged")
-    _pr_ticket(engine, r, "t-4", SUCCEEDED, "")                      # no head yet
+def test_the_heads_ci_polling_watches(db):
+    r = repos(db)
+    _pr_ticket(db, r, "t-1", WAITING_APPROVAL, SHA)
+    _pr_ticket(db, r, "t-2", FAILED, OLD)
+    _pr_ticket(db, r, "t-3", SUCCEEDED, "c" * 40, pr_state="merged")
+    _pr_ticket(db, r, "t-4", SUCCEEDED, "")                      # no head yet
     watched = r.ci.ci_watch((WAITING_APPROVAL, FAILED, SUCCEEDED), 0)
     assert [(w.ticket_id, w.head_sha, w.number, w.workflow) for w in watched] == [
         ("t-1", SHA, "1", "fix"), ("t-2", OLD, "2", "fix")]
@@ -340,8 +324,8 @@ def test_the_heads_ci_polling_watches(engine):
     assert r.ci.ci_watch((), 0) == []
 
 
-def test_verifications_keep_the_first_result_per_head_base_config_and_kind(engine):
-    v = repos(engine).verifications
+def test_verifications_keep_the_first_result_per_head_base_config_and_kind(db):
+    v = repos(db).verifications
     first = v.put_verification("t-1", SHA, True, {"n": 1}, 10, base_sha="base1", config="c")
     assert (first.passed, first.result, first.kind) == (True, {"n": 1}, "head")
     again = v.put_verification("t-1", SHA, False, {"n": 2}, 11, base_sha="base1", config="c")
@@ -357,8 +341,8 @@ def test_verifications_keep_the_first_result_per_head_base_config_and_kind(engin
     assert v.verification("t-2", SHA) is None
 
 
-def test_run_records_keep_the_first_envelope_per_ticket_head_and_kind(engine):
-    runs = repos(engine).runs
+def test_run_records_keep_the_first_envelope_per_ticket_head_and_kind(db):
+    runs = repos(db).runs
     a, b = "a" * 40, "b" * 40
     assert runs.run_record("t1", a, REQUEST) is None and runs.run_records("t1") == []
     first = runs.put_run_record(RunRecord("t1", a, REQUEST, '{"n": 1}', 10))
@@ -370,8 +354,8 @@ def test_run_records_keep_the_first_envelope_per_ticket_head_and_kind(engine):
     assert runs.run_record("t1", a, DECISION).envelope == '{"d": 1}'
 
 
-def test_sandbox_placements_one_broker_per_id(engine):
-    p = repos(engine).placements
+def test_sandbox_placements_one_broker_per_id(db):
+    p = repos(db).placements
     assert p.sandbox_placement("t-1") is None
     p.place_sandbox("t-1", "host-a", 1)
     p.place_sandbox("warm-7", "host-b", 1)                           # a warm sandbox's reserved id: no ticket
@@ -399,7 +383,7 @@ def _ci_line(sha: str) -> str:
 
 
 def _once_row(r: SimpleNamespace, key: str) -> bool:
-    with r.engine.connect() as conn:
+    with r.db.transaction() as conn:
         return conn.execute(select(schema.github_once.c.key).where(schema.github_once.c.key == key)).first() is not None
 
 
@@ -450,39 +434,67 @@ FENCED = [
 ]
 
 
-def _taken_over(engine: Engine) -> tuple[Owner, Owner]:
-    """Ticket T claimed by sched-a, then taken over by sched-b (a new fence)."""
-    _ticket(engine, "T", RUNNING)
-    a, b = Owner("sched-a", engine), Owner("sched-b", engine)
-    assert a.claim("T") == 1
-    assert b.claim("T") == 2
-    return a, b
+@dataclass
+class Scheduler:
+    """One scheduler: its own database connection and its leases."""
+
+    db: Database
+    leases: Leases
+
+    def repos(self, check: FenceCheck | None = None) -> SimpleNamespace:
+        return repos(self.db, self.leases.guard if check is None else check)
 
 
-def _with_engine(engine: Engine, check: FenceCheck) -> SimpleNamespace:
-    r = repos(engine, check)
-    r.engine = engine
-    return r
+def _scheduler(url: str, name: str) -> Scheduler:
+    db = _open(url)
+    return Scheduler(db, Leases(db, name))
 
 
-def test_r45_the_old_owners_record_writes_are_refused_and_nothing_is_written(engine):
-    a, b = _taken_over(engine)
-    old, new = _with_engine(engine, a.check), _with_engine(engine, b.check)
+@pytest.fixture
+def two(store_url) -> Iterator[tuple[Scheduler, Scheduler]]:
+    """Ticket T claimed by sched-a, whose lease then ran out (it stopped renewing), taken over by
+    sched-b with a new fence."""
+    a, b = _scheduler(store_url, "sched-a"), _scheduler(store_url, "sched-b")
+    try:
+        _ticket(a.db, "T", RUNNING)
+        _take_over(a, b)
+        yield a, b
+    finally:
+        a.db.close()
+        b.db.close()
+
+
+def _take_over(a: Scheduler, b: Scheduler) -> None:
+    """a claims T (after any lease of T ran out), stops renewing, and b takes T over: a still
+    believes it holds T with its fence (it has not been told), b holds the newer fence."""
+    for s in (a, b):
+        with s.db.transaction(write=True) as conn:
+            conn.execute(update(T).where(T.c.id == "T").values(lease_until_ms=0))   # the lease ran out
+        assert s.leases.claim("T", (RUNNING,), LONG) is not None
+    assert a.leases.fences["T"] == b.leases.fences["T"] - 1
+
+
+def test_r45_the_old_owners_record_writes_are_refused_and_nothing_is_written(two):
+    a, b = two
+    old, new = a.repos(), b.repos()
     for case in FENCED:
+        _take_over(a, b)                        # a's write meets the database's check, not a lost mark
+        fence = a.leases.fences["T"]
         case.setup(new)
         before = case.seen(new)
         with pytest.raises(LeaseLost):
             case.write(old)
         assert case.seen(new) == before, f"{case.name}: the old owner's write landed after the takeover"
+        assert a.leases.lost == {"T": fence}, case.name              # and a knows it lost T
         case.write(new)                                              # the new owner writes
     # What the new owner wrote is there (each case's write, in order).
     assert new.prs.get_pr("T").head_sha == SHA and new.diffs.final_diff("T") == ("stale", False)
     assert new.placements.sandbox_placement("T") is None and new.runs.run_record("T", SHA, REQUEST) is not None
 
 
-def test_r45_positive_control_without_the_check_every_stale_write_lands(engine):
-    _taken_over(engine)
-    old, new = _with_engine(engine, unfenced), _with_engine(engine, unfenced)
+def test_r45_positive_control_without_the_check_every_stale_write_lands(two):
+    a, b = two
+    old, new = a.repos(unfenced), b.repos()
     for case in FENCED:
         case.setup(new)
         before = case.seen(new)
@@ -490,50 +502,55 @@ def test_r45_positive_control_without_the_check_every_stale_write_lands(engine):
         assert case.seen(new) != before, f"{case.name}: the control did not change anything"
 
 
-def test_r45_requests_from_non_owners_are_not_fenced(engine):
+def test_r45_requests_from_non_owners_are_not_fenced(two):
     """add_approval, add_followup, claim_work, a delivery's once-key and the poll cursor come from
-    whichever scheduler got the request: they write while another scheduler owns the ticket, and the
-    old owner's lost fence does not refuse them either."""
-    a, b = _taken_over(engine)
-    for owner in (a, b):
-        r = _with_engine(engine, owner.check)
-        r.approvals.add_approval(ApprovalRecord("T", f"p-{owner.name}", SHA, True, 1))
-        r.followups.add_followup(FollowUpRecord("T", 1, owner.name, "github:review", "w", state="pending"))
-        assert r.intake.claim_once(f"delivery:{owner.name}", 1)
-        r.intake.release_once(f"delivery:{owner.name}")
-        assert r.intake.claim_work("o/r", 1, owner.name, "tok", 1, GRACE).claim == "tok"
+    whichever scheduler got the request: they are written while another scheduler owns the ticket,
+    and also by the old owner whose lease was found lost."""
+    a, b = two
+    with pytest.raises(LeaseLost):
+        a.repos().prs.put_pr(PullRequestRecord("T", "1", "", "afe/T", "main", OLD))   # a knows it lost T
+    for s in (a, b):
+        r, name = s.repos(), s.leases.owner
+        r.approvals.add_approval(ApprovalRecord("T", f"p-{name}", SHA, True, 1))
+        r.followups.add_followup(FollowUpRecord("T", 1, name, "github:review", "w", state="pending"))
+        assert r.intake.claim_once(f"delivery:{name}", 1)
+        r.intake.release_once(f"delivery:{name}")
+        assert r.intake.claim_work("o/r", 1, name, "tok", 1, GRACE).claim == "tok"
         r.intake.put_poll_cursor("ws", PollCursor("e", "1", 0), 1)
-    r = repos(engine)
+    r = b.repos()
     assert r.approvals.latest_approval("T").principal == "p-sched-b"
     assert len(r.followups.pending_followups("T")) == 2
 
 
-def test_r45_tickets_this_scheduler_never_claimed_are_written_as_before(engine):
-    """The check is the leases repository's: ids without a fence of this scheduler (a warm sandbox's
-    reserved id, a ticket of an unshared store) are not refused."""
-    _ticket(engine, "T", RUNNING)
-    r = _with_engine(engine, Owner("sched-a", engine).check)
-    r.placements.place_sandbox("warm-1", "host-a", 1)
-    r.prs.put_pr(PullRequestRecord("T", "1", "", "afe/T", "main", SHA))
-    assert r.placements.sandbox_placement("warm-1") == "host-a" and r.prs.get_pr("T").number == "1"
+def test_r45_ids_this_scheduler_never_claimed_are_written_as_before(store_url):
+    """A warm sandbox's reserved id is no ticket, and a ticket another scheduler drives is not
+    this one's to fence: their rows are written without a check (Leases.guard's rule)."""
+    a = _scheduler(store_url, "sched-a")
+    try:
+        _ticket(a.db, "T", RUNNING)
+        r = a.repos()
+        r.placements.place_sandbox("warm-1", "host-a", 1)
+        r.ci.claim_ci_failure("T", SHA, "tok", 1)
+        assert r.placements.sandbox_placement("warm-1") == "host-a" and r.ci.ci_failure("T", SHA).doc["claim"] == "tok"
+    finally:
+        a.db.close()
 
 
 def _claim_waits(pg_url: str, check_in_write_tx: bool) -> tuple[bool, str]:
     """Scheduler A writes T's pull request; between its fence check and its write, scheduler B
     tries to take T over. Returns (B's claim had to wait, the head stored in the end)."""
-    e = _engine(pg_url)
-    schema.metadata.create_all(e)
-    _ticket(e, "T", RUNNING)
-    a = Owner("sched-a", e)
-    a.claim("T")
+    a = _scheduler(pg_url, "sched-a")
+    other = _open(pg_url)                  # a second connection of A's, for the control's separate check
+    _ticket(a.db, "T", RUNNING)
+    a.leases.claim("T", (RUNNING,), LONG)
     checked, go = threading.Event(), threading.Event()
 
     def check(conn: Connection, tid: str) -> None:
         if check_in_write_tx:
-            a.check(conn, tid)
-        else:                                   # the check in a transaction of its own
-            with e.begin() as own:
-                a.check(own, tid)
+            a.leases.guard(conn, tid)
+        else:                               # the same check, in a transaction of its own
+            with other.transaction(write=True) as own:
+                a.leases.guard(own, tid)
         checked.set()
         assert go.wait(10)
 
@@ -541,15 +558,15 @@ def _claim_waits(pg_url: str, check_in_write_tx: bool) -> tuple[bool, str]:
 
     def write() -> None:
         try:
-            PullRequests(e.begin, check).put_pr(PullRequestRecord("T", "1", "", "afe/T", "main", OLD))
-        except BaseException as exc:   # noqa: BLE001 - handed to the test
+            a.repos(check).prs.put_pr(PullRequestRecord("T", "1", "", "afe/T", "main", OLD))
+        except Exception as exc:   # noqa: BLE001 - handed to the test thread
             errors.append(exc)
 
     writer = threading.Thread(target=write)
     writer.start()
     assert checked.wait(10)
     waited = False
-    with psycopg.connect(pg_url, autocommit=True) as b:
+    with psycopg.connect(pg_url, autocommit=True) as b:     # scheduler B's claim of T
         b.execute("SET lock_timeout = '300ms'")
         try:
             b.execute("UPDATE tickets SET owner='sched-b', fence=fence+1 WHERE id='T'")
@@ -560,8 +577,9 @@ def _claim_waits(pg_url: str, check_in_write_tx: bool) -> tuple[bool, str]:
         if waited:
             b.execute("UPDATE tickets SET owner='sched-b', fence=fence+1 WHERE id='T'")   # after A's write
     assert not errors, errors
-    stored = PullRequests(e.begin, unfenced).get_pr("T")
-    e.dispose()
+    stored = a.repos(unfenced).prs.get_pr("T")
+    a.db.close()
+    other.close()
     return waited, stored.head_sha if stored else ""
 
 
@@ -580,17 +598,16 @@ def test_r45_positive_control_a_check_in_its_own_transaction_lets_the_takeover_i
 # -- the work claim with several schedulers on one PostgreSQL database ---------------------------
 
 def test_concurrent_claimers_on_one_postgresql_database_have_one_winner(pg_url):
-    """Eight schedulers (an engine each) claim the same work at the same moment, round after
-    round: exactly one holds it, every other one is told that one's token."""
+    """Eight schedulers (a database connection each) claim the same work at the same moment,
+    round after round: exactly one holds it, every other one is told that one's token."""
     n, rounds = 8, 20
-    engines = [_engine(pg_url) for _ in range(n)]
-    schema.metadata.create_all(engines[0])
+    dbs = [_open(pg_url) for _ in range(n)]
     start = threading.Barrier(n)
     seen: list[list[str]] = [[] for _ in range(rounds)]
     lock = threading.Lock()
 
     def claim(i: int) -> None:
-        w = GitHubIntake(engines[i].begin, unfenced)
+        w = repos(dbs[i]).intake
         for k in range(rounds):
             start.wait()
             held = w.claim_work("o/r", k, "fix", f"s{i}", 0, GRACE)
@@ -604,16 +621,15 @@ def test_concurrent_claimers_on_one_postgresql_database_have_one_winner(pg_url):
         t.join()
     for k in range(rounds):
         assert len(seen[k]) == n and len(set(seen[k])) == 1, (k, seen[k])
-    for e in engines:
-        e.dispose()
+    for d in dbs:
+        d.close()
 
 
-def _first_takeover_condition(now, grace_ms):
+def _first_takeover_condition(now: Any, grace_ms: int) -> Any:
     """The claim as first written: a row naming a ticket that is not live (in the claimer's
     snapshot) was taken over at once."""
     w, t = schema.github_work, schema.tickets.alias("t")
-    held = github_intake._HELD_TICKET
-    live = exists().where(t.c.id == held, t.c.state.in_(LIVE))
+    live = exists().where(t.c.id == github_intake._HELD_TICKET, t.c.state.in_(LIVE))
     return or_(and_(w.c.ticket_id == "", w.c.claimed_at_ms < now - grace_ms), and_(w.c.ticket_id != "", ~live))
 
 
@@ -625,9 +641,8 @@ def test_a_claimer_whose_snapshot_predates_the_holders_ticket_joins_it(pg_url, m
     must join A's ticket, not take the claim over."""
     if not fixed:
         monkeypatch.setattr(github_intake, "takeover_condition", _first_takeover_condition)
-    e = _engine(pg_url)
-    schema.metadata.create_all(e)
-    w = GitHubIntake(e.begin, unfenced)
+    d = _open(pg_url)
+    w = repos(d).intake
     key = ("o/r", 5, "fix")
     assert w.claim_work(*key, "A", 0, GRACE).claim == "A"
     holder = psycopg.connect(pg_url)                        # A records its ticket in a transaction ...
@@ -641,7 +656,8 @@ def test_a_claimer_whose_snapshot_predates_the_holders_ticket_joins_it(pg_url, m
                                 "query LIKE 'INSERT INTO github_work%%'").fetchone():
             assert time.monotonic() < end, "B's claim never waited for A's row"
             time.sleep(0.01)
-    _ticket(e, "t-a")                                        # A's ticket, committed after B's statement began
+    other = _open(pg_url)
+    _ticket(other, "t-a")                                    # A's ticket, committed after B's statement began
     holder.commit()                                          # then A's row
     blocked.join(10)
     [held] = got
@@ -650,13 +666,5 @@ def test_a_claimer_whose_snapshot_predates_the_holders_ticket_joins_it(pg_url, m
     else:
         assert held.claim == "B"                               # B took the work over: a second ticket
     holder.close()
-    e.dispose()
-
-
-def test_a_lost_database_is_an_error_of_the_statement_not_a_wrong_answer(tmp_path):
-    """A repository raises what the driver raised (the store's retry decides): a missing table is
-    not read as "no row"."""
-    e = create_engine(f"sqlite:///{tmp_path}/empty.db")
-    with pytest.raises(OperationalError):
-        GitHubIntake(e.begin, unfenced).claim_once("k", 1)
-    e.dispose()
+    for x in (d, other):
+        x.close()
