@@ -12,6 +12,12 @@ Fencing (R45, leases.py): the batch's transaction first checks this
 scheduler's fence of every ticket in it that it holds; a lost one refuses
 the whole batch (`LeaseLost`, nothing written, nothing renumbered in: the
 event log drops that ticket's events and writes the rest again).
+
+Lost events (lost_events): the old owner of a ticket it lost reports how
+many events its attempt (its fence) could not store (`report_lost`, not
+fenced: it no longer owns the ticket, and the row is its own report); the
+new owner takes the reports (`take_lost_reports`, fenced) and says them in
+an `events.lost` event.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from sqlalchemy.engine import Connection
 from services.common.errors import FailedPrecondition
 
 from .base import EventRecord
-from .database import Repository
-from .schema import event_counters, events
+from .database import Repository, db_now_ms
+from .repos.base import insert_for
+from .schema import event_counters, events, lost_events
 
 _e = events.c
 _c = event_counters.c
+_l = lost_events.c
 _COLS = ("ticket_id", "seq", "type", "payload_json", "at_ms")
 _INSERT = events.insert()
 
@@ -61,11 +69,12 @@ def insert_events(conn: Connection, batch: Sequence[Sequence[object]],
                 sa.insert(event_counters).from_select(
                     ["ticket_id", "last_seq"],
                     sa.select(sa.literal(tid), sa.literal(last))
-                    .where(~sa.exists().where(_c.ticket_id == tid)))).rowcount
+                    .where(~sa.exists().where(_c.ticket_id == tid)))
+                .returning(_c.ticket_id)).all()
         else:
             moved = conn.execute(sa.update(event_counters).where(_c.ticket_id == tid, _c.last_seq == first - 1)
-                                 .values(last_seq=last)).rowcount
-        if moved != 1:
+                                 .values(last_seq=last).returning(_c.ticket_id)).all()
+        if len(moved) != 1:
             stored = conn.execute(sa.select(_c.last_seq).where(_c.ticket_id == tid)).scalar() or 0
             raise FailedPrecondition(
                 f"events of ticket {tid} from seq {first} do not follow its stored events (last seq "
@@ -104,3 +113,23 @@ class Events(Repository):
         with self._read() as conn:
             value = conn.execute(sa.select(_c.last_seq).where(_c.ticket_id == ticket_id)).scalar()
         return int(value or 0)
+
+    def report_lost(self, ticket_id: str, fence: int, count: int) -> None:
+        """The attempt of `ticket_id` with `fence` ended with `count` events unstored (a later
+        report of the same attempt replaces the earlier one). Not fenced: the report of a
+        scheduler that lost the ticket, read by the new owner."""
+        with self.db.transaction(write=True) as conn:
+            q = insert_for(conn, lost_events).values(ticket_id=ticket_id, fence=fence, count=count,
+                                                      at_ms=db_now_ms())
+            conn.execute(q.on_conflict_do_update(index_elements=[_l.ticket_id, _l.fence],
+                                                 set_={"count": q.excluded.count, "at_ms": q.excluded.at_ms}))
+
+    def take_lost_reports(self, ticket_id: str) -> list[tuple[int, int]]:
+        """The owner takes the ticket's reports of lost attempts, [(fence, count)] oldest
+        attempt first, and deletes them (fenced: only the current owner takes them)."""
+        with self._write(ticket_id) as conn:
+            rows = conn.execute(sa.select(_l.fence, _l.count).where(_l.ticket_id == ticket_id)
+                                .order_by(_l.fence)).all()
+            if rows:
+                conn.execute(sa.delete(lost_events).where(_l.ticket_id == ticket_id))
+        return [(int(f), int(c)) for f, c in rows]

@@ -135,6 +135,17 @@ event_counters = Table(
     _int("last_seq", Ms),
 )
 
+# Events a lost attempt could not store (R45): the old owner's report (its fence, how many), which the
+# new owner takes and says as `events.lost` (revision 0002).
+lost_events = Table(
+    "lost_events", metadata,
+    _text("ticket_id"),
+    _int("fence", Ms),
+    _int("count", Ms),
+    _int("at_ms", Ms),
+    PrimaryKeyConstraint("ticket_id", "fence"),
+)
+
 approvals = Table(
     "approvals", metadata,
     Column("id", Ms, Identity(always=True), primary_key=True),

@@ -120,7 +120,7 @@ class Tickets(Repository):
         if fence is not None:
             q = q.where(_t.owner == self.leases.owner, _t.fence == fence)
         with self.db.transaction(write=True) as conn:
-            n = conn.execute(q).rowcount
+            n = len(conn.execute(q.returning(_t.id)).all())
         if fence is not None and n != 1:
             self.leases.lose(ticket_id)
             raise LeaseLost(ticket_id)
