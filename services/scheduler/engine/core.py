@@ -55,6 +55,7 @@ from ..store.base import (
     Store,
     TicketRecord,
 )
+from . import leases as leases_mod
 from .approvals import Approvals
 from .dispatch import Dispatcher
 from .leases import HELD, LEASE_S, Leases, scheduler_id
@@ -214,12 +215,14 @@ class Engine:
             if not self.events.holds_unstored(ticket_id):
                 break
             await asyncio.sleep(0.05)
-        if self.leases.lost(ticket_id) and ticket_id not in self.dispatch.tasks:
-            count = self.events.unfence(ticket_id)
-            self._unstored[ticket_id] = count
-            if count:
-                log.warning("ticket %s: %d event(s) of its attempt here were never stored (its lease was lost); "
-                            "the next attempt says so in events.lost", ticket_id, count)
+        if not self.leases.lost(ticket_id) or ticket_id in self.dispatch.tasks:
+            return
+        count = self.events.unfence(ticket_id)
+        if self.leases.lost_reason(ticket_id) == leases_mod.SELF_FENCED:
+            self._unstored[ticket_id] = count     # said by this scheduler's next attempt (`_take`)
+        if count:
+            log.warning("ticket %s: %d event(s) of its attempt here were never stored (its lease was lost, %s); "
+                        "they were dropped, not written late", ticket_id, count, self.leases.lost_reason(ticket_id))
 
     def _take(self, t: TicketRecord, why: str) -> None:
         """A ticket claimed by the takeover scan: a new attempt of what was running."""

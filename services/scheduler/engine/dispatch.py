@@ -156,8 +156,10 @@ class Dispatcher:
         task = self.tasks.get(ticket_id)
         if task is not None and ticket_id not in self.finishing:
             task.cancel()
-        elif task is None:
+        elif task is None:          # no run here to stop: the loss is over already
             self.leases.forget(ticket_id)
+            for ended in self.on_ended:
+                ended(ticket_id)
         self.running.discard(ticket_id)
         self.cancelling.pop(ticket_id, None)
         self.kick()

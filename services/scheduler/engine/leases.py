@@ -295,9 +295,9 @@ class Leases:
                 log.warning("scheduler: the takeover scan failed: %s", getattr(exc, "message", type(exc).__name__))
 
     def _take(self, ticket_id: str, why: str, take: Callable[[TicketRecord, str], None]) -> None:
-        self._reclaim.discard(ticket_id)
-        t = self.store.get_ticket(ticket_id)
+        t = self.store.get_ticket(ticket_id)      # a store that does not answer: tried again next scan
         if t is None or t.state not in HELD or not self.claim(ticket_id, HELD):
+            self._reclaim.discard(ticket_id)
             self.forget(ticket_id)      # ended meanwhile, or another scheduler claimed it first
             return
         take(self.store.get_ticket(ticket_id) or t, why)
