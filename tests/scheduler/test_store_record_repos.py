@@ -668,3 +668,35 @@ def test_a_claimer_whose_snapshot_predates_the_holders_ticket_joins_it(pg_url, m
     holder.close()
     for x in (d, other):
         x.close()
+
+
+def test_concurrent_once_keys_and_ci_claims_on_one_postgresql_database_have_one_winner(pg_url):
+    """Eight schedulers receive the same delivery and the same CI failure at the same moment,
+    round after round: one of them handles each (claim_once True, claim_ci_failure True), the
+    others see it taken."""
+    n, rounds = 8, 10
+    dbs = [_open(pg_url) for _ in range(n)]
+    _ticket(dbs[0], "t-1", WAITING_APPROVAL)
+    start = threading.Barrier(n)
+    won: list[list[tuple[bool, bool]]] = [[] for _ in range(rounds)]
+    lock = threading.Lock()
+
+    def receive(i: int) -> None:
+        r = repos(dbs[i])
+        for k in range(rounds):
+            start.wait()
+            once = r.intake.claim_once(f"delivery:{k}", 1)
+            ci = r.ci.claim_ci_failure("t-1", f"{k:040x}", f"s{i}", 1)
+            with lock:
+                won[k].append((once, ci))
+
+    threads = [threading.Thread(target=receive, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(rounds):
+        assert len(won[k]) == n, (k, won[k])
+        assert sum(o for o, _ in won[k]) == 1 and sum(c for _, c in won[k]) == 1, (k, won[k])
+    for d in dbs:
+        d.close()
