@@ -16,8 +16,8 @@ statements that cannot be written the same way for SQLite and PostgreSQL
   `LeaseLost` when this scheduler's claim of the ticket is no longer the
   ticket's (another scheduler took it over), and holds the ticket row
   (SELECT ... FOR SHARE on PostgreSQL) until the transaction ends, so a
-  claim cannot slip in between the check and the write. The store's leases
-  repository provides it; the repositories here only call it.
+  claim cannot slip in between the check and the write. `Leases.guard`
+  (leases.py) is the one the store passes; the repositories here only call it.
 - `insert_for(conn, table)`: INSERT with ON CONFLICT of the connection's
   dialect (SQLAlchemy builds the same statement for both, from the same
   arguments; only the constructor differs).
@@ -32,8 +32,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Connection, Table, cast, extract, func, literal
+from sqlalchemy import BigInteger, ColumnElement, Connection, Table, literal
 from sqlalchemy.dialects import postgresql, sqlite
+
+from ..database import db_now_ms
 
 Transaction = Callable[[], AbstractContextManager[Connection]]
 FenceCheck = Callable[[Connection, str], None]
@@ -69,7 +71,8 @@ def insert_for(conn: Connection, table: Table) -> Any:
 
 
 def now_ms(conn: Connection, at_ms: int) -> ColumnElement[int]:
-    """The current time in ms for a statement: PostgreSQL's clock there, `at_ms` on SQLite."""
+    """The current time in ms for a statement: PostgreSQL's clock there (`db_now_ms`), `at_ms`
+    on SQLite."""
     if conn.dialect.name == "postgresql":
-        return cast(extract("epoch", func.clock_timestamp()) * 1000, BigInteger)
+        return db_now_ms()
     return literal(at_ms, BigInteger)
