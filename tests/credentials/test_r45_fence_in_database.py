@@ -97,7 +97,7 @@ async def _two_machines_stale_push(pg_url: str, origin: Path, root: Path, *, in_
         b.close()
 
 
-async def test_r45_a_stale_push_through_another_machines_broker_is_refused_by_the_fence_in_the_database(
+async def test_r37_r45_a_stale_push_through_another_machines_broker_is_refused_by_the_fence_in_the_database(
         pg_url, local_origin, short_tmp):
     branch, new_sha, refused = await _two_machines_stale_push(pg_url, local_origin, short_tmp / "db",
                                                               in_database=True)
@@ -105,7 +105,7 @@ async def test_r45_a_stale_push_through_another_machines_broker_is_refused_by_th
     assert branch == new_sha             # the new owner's push stands; nothing of the stale owner's
 
 
-async def test_r45_positive_control_with_each_machines_fence_file_the_stale_push_lands(
+async def test_r37_r45_positive_control_with_each_machines_fence_file_the_stale_push_lands(
         pg_url, local_origin, short_tmp):
     branch, new_sha, refused = await _two_machines_stale_push(pg_url, local_origin, short_tmp / "file",
                                                               in_database=False)
@@ -123,7 +123,7 @@ def _claim_in_thread(store, tid: str) -> list:
     return got
 
 
-async def test_r45_the_check_holds_the_row_so_a_claim_cannot_slip_in_during_the_side_effect(pg_url, short_tmp):
+async def test_r37_r45_the_check_holds_the_row_so_a_claim_cannot_slip_in_during_the_side_effect(pg_url, short_tmp):
     a, b = _stores(pg_url, short_tmp)
     fences = DatabaseFences(database_from_url(pg_url))
     try:
@@ -157,7 +157,7 @@ async def test_r45_the_check_holds_the_row_so_a_claim_cannot_slip_in_during_the_
         b.close()
 
 
-async def test_r45_an_expired_or_released_lease_or_another_database_is_refused_and_fence_0_is_not_checked(
+async def test_r37_r45_an_expired_or_released_lease_or_another_database_is_refused_and_fence_0_is_not_checked(
         pg_url, short_tmp):
     a, _b = _stores(pg_url, short_tmp)
     fences = DatabaseFences(database_from_url(pg_url))
@@ -193,7 +193,7 @@ async def test_r45_an_expired_or_released_lease_or_another_database_is_refused_a
         a.close()
 
 
-async def test_r45_a_database_that_does_not_answer_refuses_the_side_effect_naming_the_store(
+async def test_r37_r45_a_database_that_does_not_answer_refuses_the_side_effect_naming_the_store(
         local_origin, layout, closed_port):
     url = f"postgresql://afe:pw-not-shown-91@127.0.0.1:{closed_port}/afe?connect_timeout=2"
     fences = DatabaseFences(database_from_url(url))
@@ -219,7 +219,7 @@ async def test_r45_a_database_that_does_not_answer_refuses_the_side_effect_namin
             await client.close()
 
 
-async def test_r45_the_check_never_blocks_the_brokers_event_loop(short_tmp):
+async def test_r37_r45_the_check_never_blocks_the_brokers_event_loop(short_tmp):
     """A database that accepts the connection and then says nothing: the loop goes on ticking."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
@@ -244,7 +244,7 @@ async def test_r45_the_check_never_blocks_the_brokers_event_loop(short_tmp):
         assert waited >= 0.9 and ticks >= waited / 0.05 * 0.6, (waited, ticks)
 
 
-def test_r45_the_credential_broker_gets_the_store_url_only_when_it_is_postgresql(tmp_path):
+def test_r37_r45_the_credential_broker_gets_the_store_url_only_when_it_is_postgresql(tmp_path):
     config = make_config(tmp_path)
     pg = {"PATH": "/bin", "AFE_DATABASE_URL": "postgresql://afe:pw@db:5432/afe"}
     assert child_env("credentials", config, pg)["AFE_DATABASE_URL"] == pg["AFE_DATABASE_URL"]
