@@ -63,10 +63,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a sandbox broker on another host, passed to the scheduler (docs/SCALE.md); repeatable. "
                    "With any, the scheduler places sandboxes only there, reached with mutual TLS; needs "
                    "--tls-cert, --tls-key and --tls-ca")
-    p.add_argument("--tls-cert", default=None, metavar="PEM", help="the scheduler's certificate (`afe certs`)")
+    p.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="this machine's certificate (`afe certs`): the scheduler's to --sandbox-broker, and "
+                   "the client certificate to a PostgreSQL database")
     p.add_argument("--tls-key", default=None, metavar="PEM", help="its private key (mode 0600)")
-    p.add_argument("--tls-ca", default=None, metavar="PEM",
-                   help="the deployment CA; NAME.secret of each --sandbox-broker sits next to it")
+    p.add_argument("--tls-ca", "--ca", dest="tls_ca", default=None, metavar="PEM",
+                   help="the deployment CA (ca.pem of `afe certs`); NAME.secret of each --sandbox-broker sits "
+                   "next to it. With a PostgreSQL database and --tls-cert/--tls-key, the database link is "
+                   "mutual TLS verified against it")
+    p.add_argument("--join", action="store_true",
+                   help="this machine joins a deployment already running on a PostgreSQL database: starts "
+                   "its own scheduler, brokers and gateway on it; needs --database-url (or AFE_DATABASE_URL), "
+                   "--ca, --tls-cert and --tls-key (docs/SCALE.md, \"Several machines\")")
+    p.add_argument("--database-url", default=None, metavar="URL",
+                   help="the store, postgresql://USER@HOST:PORT/DATABASE (no password here: it would show in the "
+                   "process list; put a URL with a password in AFE_DATABASE_URL instead)")
     p.add_argument("--no-images", action="store_true",
                    help="do not check/build the Docker images before starting")
     p.add_argument("--ready-timeout", type=float, default=90.0, help=argparse.SUPPRESS)
@@ -117,9 +128,15 @@ def run(args: argparse.Namespace) -> int:
     if args.sandbox_broker and None in tls:
         raise SystemExit("afe up: --sandbox-broker needs mutual TLS: give --tls-cert, --tls-key and --tls-ca "
                          "(make them with `afe certs`; docs/SCALE.md)")
-    if not args.sandbox_broker and any(tls):
-        raise SystemExit("afe up: --tls-cert/--tls-key/--tls-ca are for --sandbox-broker; give the brokers too, "
-                         "or leave the TLS flags out")
+    from services.launcher.join import is_postgresql
+
+    shared = args.join or is_postgresql(args.database_url or os.environ.get("AFE_DATABASE_URL", ""))
+    if not args.sandbox_broker and not shared and any(tls):
+        raise SystemExit("afe up: --tls-cert/--tls-key/--ca are for --sandbox-broker or a PostgreSQL database; "
+                         "give those too, or leave the TLS flags out")
+    if shared and any(tls) and None in tls and not args.join:
+        raise SystemExit("afe up: the link to the PostgreSQL database is mutual TLS with all three of --tls-cert, "
+                         "--tls-key and --ca (make them with `afe certs`; docs/SCALE.md)")
     for flag, count in (("--max-failed-logins", args.max_failed_logins),
                         ("--max-bad-webhook-signatures", args.max_bad_webhook_signatures)):
         if count is not None and count < 1:
@@ -135,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
                    broker_recovery=args.broker_recovery, egress_network=args.egress_network,
                    gvisor_runtime=args.gvisor_runtime, egress_transport=args.egress_transport,
                    sandbox_pool_max=args.sandbox_pool_max, sandbox_brokers=tuple(args.sandbox_broker),
-                   tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
+                   tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, join=args.join,
+                   database_url=args.database_url)
     logging.getLogger(__name__).debug("launching with %s", config_dir)
     return launch(opts, out=lambda line: print(line, flush=True))

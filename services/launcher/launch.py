@@ -89,6 +89,9 @@ class Options:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
+    # Several machines on one PostgreSQL database (join.py): --join, and --database-url instead of the variable.
+    join: bool = False
+    database_url: str | None = None
     python: str = sys.executable
     modules: dict[str, str] = field(default_factory=lambda: dict(MODULES))
 
@@ -140,6 +143,24 @@ def _check_database(opts: Options, environ: Mapping[str, str]) -> None:
             check_database(read_database_url(opts.layout, redactor, dict(environ)))
         except AfeError as exc:
             raise type(exc)(redactor.redact(str(exc))) from None
+
+
+def _shared_database(opts: Options, environ: dict[str, str]) -> str:
+    """--database-url and --join (join.py): the store's URL into `environ`, with mutual TLS to a
+    PostgreSQL database when the TLS files are given; with --join, the deployment found there
+    (returns its description), else an AfeError saying what to change."""
+    from . import join
+
+    url = join.resolve_url(environ, opts.database_url, opts.join)
+    if not join.is_postgresql(url):
+        return ""
+    files = join.tls_files(opts.tls_cert, opts.tls_key, opts.tls_ca, opts.join)
+    if files is not None:
+        environ[join.ENV] = join.with_tls(url, files)
+    if opts.join or files is not None:     # the TLS link checked now, so its errors say what to change
+        found = join.check_deployment(environ[join.ENV], files, need_deployment=opts.join)
+        return found if opts.join else ""
+    return ""
 
 
 def _check_other_images(config: Config) -> None:
@@ -326,7 +347,10 @@ def run(opts: Options, environ: Mapping[str, str] | None = None,
             if lock_file.exists():     # another `afe up` here holds the ports too: say that, not "port taken"
                 _Lock(lock_file).release()
             check_ports(planned(opts.listen, opts.ops_host, opts.ops_ports))
+            joined = _shared_database(opts, environ)
             config = preflight(opts, environ, progress=lambda m: out(f"images: {m}"))
+            if joined:
+                out(f"afe up: joining the deployment on {joined}")
             opts.layout.ensure()
             opts.instance = resolve_instance(opts.layout, opts.instance)   # this data folder's own label
             lock = _Lock(opts.layout.run_dir / "launcher.lock")
