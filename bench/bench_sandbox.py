@@ -52,11 +52,14 @@ nodes:
 
 
 class _Broker:
-    """The real broker process (`python -m services.sandbox.main`), as in production."""
+    """The real broker process (`python -m services.sandbox.main`), as in production;
+    `module`: another entry point that runs it (bench/proxy_before.py)."""
 
     def __init__(self, root: Path, instance: str, *, egress_network: str, allow_private: str,
-                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 module: str = "services.sandbox.main") -> None:
         self.root = root
+        self.module = module
         self.extra = extra
         self.env = dict(env or {})
         self.layout = Layout(root / "data", root / "run")
@@ -72,7 +75,7 @@ class _Broker:
         link_fd = pass_via_pipe(LinkSecrets(serve={"scheduler": self.secret}).to_json())
         status_r, status_w = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.sandbox.main", "--config", str(self.root / "cfg"),
+            [sys.executable, "-m", self.module, "--config", str(self.root / "cfg"),
              "--data", str(self.layout.data_dir), "--run", str(self.layout.run_dir), "--link-fd", str(link_fd),
              "--status-fd", str(status_w), "--ops-port", "0", "--instance", self.instance,
              "--egress-network", self.egress_network, "--allow-private", self.allow_private,
