@@ -11,7 +11,9 @@ so a test can `kill -9` it and start it again.
         await sys_.start_scheduler()     # same store, same brokers
 
 `database_url` (an AFE_DATABASE_URL, e.g. the `pg_url` fixture's) puts the
-scheduler's store there instead of `<data>/afe.db`, in both modes.
+scheduler's store there instead of `<data>/afe.db`, in both modes; a
+PostgreSQL one is also where the credential broker checks fences (as under
+`afe up`).
 
 `sys_.stub` presents the "automation" link secret; `sys_.gateway_secret` is
 the secret a gateway would present (for gateway tests that start their own
@@ -182,8 +184,9 @@ async def afe_system(config_dir: str | Path, layout: Layout, *, max_running: int
     async with (
         sandbox_broker(layout, env_values=agent_env,
                        socket_path=str(layout.socket("sandbox"))) as (sb_sock, sb_secret, instance),
-        credential_broker(config, layout, secrets=broker_secrets,
-                          socket_path=layout.socket("credentials")) as (_cb_sock, cb_secret),
+        # As `afe up` does: with a PostgreSQL store the broker checks fences in that database (R45).
+        credential_broker(config, layout, secrets=broker_secrets, socket_path=layout.socket("credentials"),
+                          database_url=database_url) as (_cb_sock, cb_secret),
     ):
         system = System(config_dir=config_dir, config=config, layout=layout, instance=instance,
                         automation_secret=new_secret(), gateway_secret=new_secret(),
