@@ -24,9 +24,9 @@ from services.credentials.fences import Fences, StaleFence
 from services.launcher.environment import child_env
 from services.scheduler.sandboxes.brokers import CredentialsClient
 from services.scheduler.store.base import LeaseLost, NodeRunRecord, TicketRecord
+from services.scheduler.store.store import Store
 from tests.credentials.conftest import git_plain, local_workspace, make_config
 from tests.support.credential_broker import credential_broker
-from tests.support.postgres import open_store_url
 
 LONG = 60_000
 
@@ -39,20 +39,20 @@ def _branch(origin: Path, ticket: str) -> str | None:
 def _new_ticket(store, tid: str) -> None:
     t = TicketRecord(id=tid, workspace="local", workflow="wf", title="t", body="", inputs={}, state="queued",
                      created_at_ms=1, updated_at_ms=1)
-    store.create_ticket(t, [NodeRunRecord(tid, "edit", "run")], [])
+    store.tickets.create(t, [NodeRunRecord(tid, "edit", "run")], [])
 
 
-def _stores(pg_url: str, tmp: Path):
-    a, b = open_store_url(pg_url, tmp), open_store_url(pg_url, tmp)
-    a.owner, b.owner = "machine-a", "machine-b"
-    return a, b
+def _stores(pg_url: str) -> tuple[Store, Store]:
+    """Two schedulers' stores on one database, as the scheduler composes them."""
+    return (Store.postgresql(pg_url, "the test database", owner="machine-a"),
+            Store.postgresql(pg_url, "the test database", owner="machine-b"))
 
 
 def _take_over(a, b, tid: str) -> tuple[int, int]:
     """a claims the ticket with a short lease that runs out; b takes it over."""
-    old = a.claim_ticket(tid, ("queued",), 150)
+    old = a.leases.claim(tid, ("queued",), 150)
     time.sleep(0.3)
-    new = b.claim_ticket(tid, ("queued",), LONG)
+    new = b.leases.claim(tid, ("queued",), LONG)
     assert old and new and new > old
     return old, new
 
@@ -62,7 +62,7 @@ async def _two_machines_stale_push(pg_url: str, origin: Path, root: Path, *, in_
     (paused past its lease) then pushes through machine B's broker, which never saw
     the new fence. Returns (the branch on the origin, the new owner's sha, whether
     the stale push was refused)."""
-    a, b = _stores(pg_url, root)
+    a, b = _stores(pg_url)
     tid = "t" + root.name[-6:].lower().replace("_", "")
     layouts = [Layout(root / f"m{i}" / "data", root / f"m{i}" / "run") for i in (1, 2)]
     config = make_config(root, local_workspace(origin))
@@ -117,25 +117,25 @@ async def test_r37_r45_positive_control_with_each_machines_fence_file_the_stale_
 
 def _claim_in_thread(store, tid: str) -> list:
     got: list = []
-    th = threading.Thread(target=lambda: got.append(store.claim_ticket(tid, ("queued",), LONG)))
+    th = threading.Thread(target=lambda: got.append(store.leases.claim(tid, ("queued",), LONG)))
     th.start()
     th.join(30)
     return got
 
 
-async def test_r37_r45_the_check_holds_the_row_so_a_claim_cannot_slip_in_during_the_side_effect(pg_url, short_tmp):
-    a, b = _stores(pg_url, short_tmp)
+async def test_r37_r45_the_check_holds_the_row_so_a_claim_cannot_slip_in_during_the_side_effect(pg_url):
+    a, b = _stores(pg_url)
     fences = DatabaseFences(database_from_url(pg_url))
     try:
         _new_ticket(a, "h1")
-        fence = a.claim_ticket("h1", ("queued",), 400)
+        fence = a.leases.claim("h1", ("queued",), 400)
         async with fences.hold("h1", fence):                 # a push under way, checked while the lease held
             await asyncio.sleep(0.6)                         # ... and outlasting it
             # Another machine's takeover finds the row locked and skips it; it cannot take the ticket.
             assert await asyncio.to_thread(_claim_in_thread, b, "h1") == [None]
             # The owner's own heartbeat and writes are not held up by the check (FOR KEY SHARE).
             started = time.monotonic()
-            assert await asyncio.to_thread(a.renew_leases, ["h1"], 400)
+            assert await asyncio.to_thread(a.leases.renew, ["h1"], 400)
             assert time.monotonic() - started < 2
             await asyncio.sleep(0.6)                          # the renewed lease runs out
         # The side effect returned: now the claim goes through, with a new fence ...
@@ -148,7 +148,7 @@ async def test_r37_r45_the_check_holds_the_row_so_a_claim_cannot_slip_in_during_
             pass
         # Positive control: without a hold under way the same takeover is made at once.
         _new_ticket(a, "h2")
-        f2 = a.claim_ticket("h2", ("queued",), 100)
+        f2 = a.leases.claim("h2", ("queued",), 100)
         await asyncio.sleep(0.3)
         assert await asyncio.to_thread(_claim_in_thread, b, "h2") == [f2 + 1]
     finally:
@@ -158,22 +158,22 @@ async def test_r37_r45_the_check_holds_the_row_so_a_claim_cannot_slip_in_during_
 
 
 async def test_r37_r45_an_expired_or_released_lease_or_another_database_is_refused_and_fence_0_is_not_checked(
-        pg_url, short_tmp):
-    a, _b = _stores(pg_url, short_tmp)
+        pg_url):
+    a, _b = _stores(pg_url)
     fences = DatabaseFences(database_from_url(pg_url))
     ran: list[str] = []
     try:
         _new_ticket(a, "e1")
-        fence = a.claim_ticket("e1", ("queued",), 100)
+        fence = a.leases.claim("e1", ("queued",), 100)
         await asyncio.sleep(0.3)
         with pytest.raises(FailedPrecondition, match=r"ended \d+ ms ago by the database's clock\); this "
                                                      "scheduler lost its lease"):
             async with fences.hold("e1", fence):
                 ran.append("expired")
-        assert a.claim_ticket("e1", ("queued",), LONG) == fence + 1      # its owner claims it again
+        assert a.leases.claim("e1", ("queued",), LONG) == fence + 1      # its owner claims it again
         async with fences.hold("e1", fence + 1):
             ran.append("held")
-        a.release_ticket("e1")
+        a.leases.release("e1")
         with pytest.raises(FailedPrecondition, match=r"the ticket was released\); this scheduler lost its lease"):
             async with fences.hold("e1", fence + 1):
                 ran.append("released")
@@ -219,7 +219,7 @@ async def test_r37_r45_a_database_that_does_not_answer_refuses_the_side_effect_n
             await client.close()
 
 
-async def test_r37_r45_the_check_never_blocks_the_brokers_event_loop(short_tmp):
+async def test_r37_r45_the_check_never_blocks_the_brokers_event_loop():
     """A database that accepts the connection and then says nothing: the loop goes on ticking."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
