@@ -17,9 +17,11 @@ metric); a run reaches the engine only through `executor.Host`, which
 `Engine` is composed of objects that each own their state, made here and
 given what they use: `Dispatcher` (dispatch.py: the run tasks, capacity,
 each run's end), `Leases` (leases.py: fences, self-fencing and the lease and
-takeover loops, R37/R45), `Approvals` (approvals.py: the runs waiting for a
-person's decision, R16), `Reopen` (reopen.py: re-open, retry, update the
-branch) and `Records` (records.py: the final diff, denied egress, metrics).
+takeover loops, R37/R45), `Handover` (handover.py: the count of events a
+lost attempt could not store, carried to the next attempt), `Approvals`
+(approvals.py: the runs waiting for a person's decision, R16), `Reopen`
+(reopen.py: re-open, retry, update the branch) and `Records` (records.py:
+the final diff, denied egress, metrics).
 """
 
 from __future__ import annotations
@@ -37,8 +39,7 @@ from services.common.metrics import scheduler_metrics, usage_metrics
 from services.common.redact import Redactor
 
 from ..events.log import EventLog, EventRecord, now_ms
-from ..executor import Transitions
-from ..executor.attempts import SELF_FENCED, TAKEOVER, Attempt
+from ..executor import Transitions, attempts
 from ..executor.brokercalls import BROKER_RETRY_S
 from ..sandboxes.brokers import CredentialBroker, SandboxBroker
 from ..sandboxes.pool import DEFAULT_CAP, SandboxPool
@@ -58,6 +59,7 @@ from ..store.base import (
 from . import leases as leases_mod
 from .approvals import Approvals
 from .dispatch import Dispatcher
+from .handover import Handover
 from .leases import HELD, LEASE_S, Leases, scheduler_id
 from .records import DIFF_MAX_BYTES, Records
 from .reopen import REOPENABLE, Reopen
@@ -88,8 +90,6 @@ class Engine:
         self.transitions = Transitions(store, self.events, self.metrics)
         self.broker_retry_s = BROKER_RETRY_S   # how long runs wait for a broker that went away (R37)
         self._background: set[asyncio.Task] = set()
-        # ticket -> events of its attempt here never stored, for the attempt that claims it again (self-fenced)
-        self._unstored: dict[str, int] = {}
         # Leases (docs/SCALE.md): who this scheduler is, how long its tickets' leases last, and what it
         # does when it loses one (stop the run, count the events it can no longer store).
         self.leases = Leases(store, owner=owner or scheduler_id(), lease_s=lease_s, metrics=self.metrics,
@@ -106,6 +106,7 @@ class Engine:
                                    self.teardowns, redactor, max_running=max_running)
         self.dispatch.host = self
         self.dispatch.on_ended.append(self._ended)
+        self.handover = Handover(store, self.events, self.leases, self.dispatch.busy)
         self.approvals = Approvals(store, self.events, self.transitions, self.dispatch, self.view)
         self.reopens = Reopen(config, store, credentials, self.events, self.transitions, self.dispatch,
                               self.leases, self.view)
@@ -205,41 +206,28 @@ class Engine:
         return self.dispatch.busy(ticket_id) or self.events.fenced(ticket_id)
 
     def _ended(self, ticket_id: str) -> None:
-        """A run task ended here; a lost ticket's count of unstored events is taken once nothing
-        of its attempt is on the store's thread any more."""
+        """A run task ended here: a lost ticket's attempt hands over its count of unstored events."""
+        self.handover.ended(ticket_id)
         if self.leases.lost(ticket_id) and self.events.fenced(ticket_id):
-            self._spawn(self._hand_over(ticket_id))
-
-    async def _hand_over(self, ticket_id: str) -> None:
-        for _ in range(int(self.lease_s * 40) + 200):   # a batch on the store's thread meets its fence first
-            if not self.events.holds_unstored(ticket_id):
-                break
-            await asyncio.sleep(0.05)
-        if not self.leases.lost(ticket_id) or ticket_id in self.dispatch.tasks:
-            return
-        count = self.events.unfence(ticket_id)
-        if self.leases.lost_reason(ticket_id) == leases_mod.SELF_FENCED:
-            self._unstored[ticket_id] = count     # said by this scheduler's next attempt (`_take`)
-        if count:
-            log.warning("ticket %s: %d event(s) of its attempt here were never stored (its lease was lost, %s); "
-                        "they were dropped, not written late", ticket_id, count, self.leases.lost_reason(ticket_id))
+            self._spawn(self.handover.lost_here(ticket_id, self.leases.lost_fence(ticket_id)))
 
     def _take(self, t: TicketRecord, why: str) -> None:
-        """A ticket claimed by the takeover scan: a new attempt of what was running."""
-        if why == SELF_FENCED:
-            attempt = Attempt(SELF_FENCED, self.owner, self._unstored.pop(t.id, 0))
+        """A ticket claimed by the takeover scan (`why`: leases.TAKEN_OVER from another scheduler, or
+        leases.SELF_FENCED here): a new attempt of what was running."""
+        if why == leases_mod.SELF_FENCED:
             log.info("ticket %s: claimed again after this scheduler fenced itself off (%s)", t.id, t.state)
         else:
-            attempt = Attempt(TAKEOVER)
             log.info("ticket %s: taken over (%s; its scheduler's lease expired)", t.id, t.state)
             if self.metrics is not None:
                 self.metrics.lease_takeovers.labels(from_state=t.state).inc()
             self.events.append(t.id, "ticket.takeover", {"scheduler": self.owner, "state": t.state})
-        self.dispatch.resume(t, attempt)
+        reason = attempts.SELF_FENCED if why == leases_mod.SELF_FENCED else attempts.TAKEOVER
+        self.dispatch.resume(t, self.handover.attempt_for(t, reason, self.owner))
 
     def _heard(self, lease: Lease) -> None:
         """A renewed lease: act on what was asked of the ticket through another scheduler."""
         tid = lease.ticket_id
+        self.handover.heard(tid)
         if lease.cancel_by and tid in self.dispatch.tasks and tid not in self.dispatch.cancelling:
             self._spawn(self.cancel(tid, lease.cancel_by))
         elif lease.state == RUNNING:

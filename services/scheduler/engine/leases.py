@@ -106,6 +106,7 @@ class Leases:
         self.self_fencing = True
         self._valid_until: dict[str, float] = {}   # ticket -> local monotonic time its lease is trusted until
         self._lost: dict[str, str] = {}            # ticket -> TAKEN_OVER | SELF_FENCED, lost here
+        self._lost_fence: dict[str, int] = {}      # ticket -> the fence its lost attempt held
         self._reclaim: set[str] = set()            # self-fenced here: claimed again once its run stopped
 
     @property
@@ -126,6 +127,7 @@ class Leases:
         if fence is None:
             return False
         self._lost.pop(ticket_id, None)
+        self._lost_fence.pop(ticket_id, None)
         self._reclaim.discard(ticket_id)
         self._valid_until[ticket_id] = sent + self.lease_s - self.margin
         return True
@@ -168,6 +170,10 @@ class Leases:
     def lost_reason(self, ticket_id: str) -> str:
         return self._lost.get(ticket_id, "")
 
+    def lost_fence(self, ticket_id: str) -> int:
+        """The fence the lost attempt held (0: unknown, or an unshared store)."""
+        return self._lost_fence.get(ticket_id, 0)
+
     def lose(self, ticket_id: str, reason: str, *, notify: bool = True) -> None:
         """The ticket is no longer this scheduler's to drive: its fence is kept, marked lost (every
         later write fails), and `on_lost` stops its run (not with `notify` False: the run is what
@@ -175,6 +181,7 @@ class Leases:
         if ticket_id in self._lost:
             return
         self._lost[ticket_id] = reason
+        self._lost_fence[ticket_id] = max(0, self.store.fences.get(ticket_id, 0))
         mark_lost(self.store, ticket_id)
         self._valid_until.pop(ticket_id, None)
         if reason == SELF_FENCED:
@@ -199,6 +206,7 @@ class Leases:
         self.store.release_ticket(ticket_id)
         self._valid_until.pop(ticket_id, None)
         self._lost.pop(ticket_id, None)
+        self._lost_fence.pop(ticket_id, None)
         self._reclaim.discard(ticket_id)
 
     def release_all(self) -> None:
