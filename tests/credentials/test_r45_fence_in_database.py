@@ -22,10 +22,12 @@ from services.common.layout import Layout
 from services.credentials.dbfence import DatabaseFences, database_from_url
 from services.credentials.fences import Fences, StaleFence
 from services.launcher.environment import child_env
+from services.scheduler.executor import brokercalls
 from services.scheduler.sandboxes.brokers import CredentialsClient
 from services.scheduler.store.base import LeaseLost, NodeRunRecord, TicketRecord
 from services.scheduler.store.store import Store
 from tests.credentials.conftest import git_plain, local_workspace, make_config
+from tests.support import postgres
 from tests.support.credential_broker import credential_broker
 
 LONG = 60_000
@@ -191,6 +193,7 @@ async def test_r37_r45_an_expired_or_released_lease_or_another_database_is_refus
     finally:
         await fences.aclose()
         a.close()
+        _b.close()
 
 
 async def test_r37_r45_a_database_that_does_not_answer_refuses_the_side_effect_naming_the_store(
@@ -242,6 +245,54 @@ async def test_r37_r45_the_check_never_blocks_the_brokers_event_loop():
         waited = time.monotonic() - started
         ticker.cancel()
         assert waited >= 0.9 and ticks >= waited / 0.05 * 0.6, (waited, ticks)
+
+
+async def test_r37_r45_a_push_refused_while_the_database_is_down_is_made_once_it_is_back(local_origin, layout):
+    """The builtin step (brokercalls.step) tries the push again while the broker says the fence's
+    database does not answer, and it lands once the database is back (the broker's pooled
+    connection died with the restart: a new one is made)."""
+    reason = postgres.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    server = postgres.start_server()
+    try:
+        url = server.app_url(server.fresh_database())
+        a = Store.postgresql(url, "the test database", owner="machine-a")
+        _new_ticket(a, "w1")
+        fence = a.leases.claim("w1", ("queued",), LONG)
+        a.close()
+        config = make_config(layout.data_dir.parent, local_workspace(local_origin))
+        async with credential_broker(config, layout, database_url=url) as (sock, key):
+            client = CredentialsClient(sock, key)
+            emitted: list[tuple[str, dict]] = []
+            try:
+                await client.prepare("w1", "local")
+                (layout.workspace("w1") / "README.md").write_text("# while the database was away\n")
+                sha = (await client.commit("w1", "local", "change", fence)).sha     # pools a connection
+                await asyncio.to_thread(postgres.stop_only, server)
+                # Positive control: an UNAVAILABLE that is not the fence's database fails the step at once.
+                with pytest.raises(Unavailable, match="the forge is busy"):
+                    await brokercalls.step(30, lambda t, p: emitted.append((t, p)), "pr", "open_pr",
+                                           _raise(Unavailable("the forge is busy")))
+                assert emitted == []
+                later = asyncio.get_running_loop().call_later(
+                    1.5, lambda: threading.Thread(target=postgres.start_again, args=(server,)).start())
+                pushed = await brokercalls.step(30, lambda t, p: emitted.append((t, p)), "pr", "push",
+                                                lambda: client.push("w1", "local", fence))
+                later.cancel()
+                assert pushed.sha == sha and _branch(local_origin, "w1") == sha
+                assert [t for t, _ in emitted] == ["broker.retry", "broker.recovered"]
+                assert "cannot check the fence of push: the database does not answer" in emitted[0][1]["message"]
+            finally:
+                await client.close()
+    finally:
+        postgres.stop_server(server)
+
+
+def _raise(exc: Exception):
+    async def call():
+        raise exc
+    return call
 
 
 def test_r37_r45_the_credential_broker_gets_the_store_url_only_when_it_is_postgresql(tmp_path):
