@@ -131,10 +131,13 @@ def test_a_lost_connection_is_replaced(pg_server, pg_url):
     store.close()
 
 
-def _free_port() -> int:
+@pytest.fixture
+def closed_port():
+    """A loopback port that refuses connections: bound for the whole test (so no other
+    process, e.g. a parallel test worker's server, takes it), never listening."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def _afe_check(url: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -145,7 +148,7 @@ def _afe_check(url: str, tmp_path: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=60, check=False)
 
 
-def test_r29_afe_check_reports_the_database_without_repeating_the_url(pg_server, pg_url, tmp_path):
+def test_r29_afe_check_reports_the_database_without_repeating_the_url(pg_server, pg_url, tmp_path, closed_port):
     dbname = pg_url.rsplit("/", 1)[1]
     ok = _afe_check(pg_url, tmp_path)
     assert ok.returncode == 0, ok.stderr
@@ -155,7 +158,7 @@ def test_r29_afe_check_reports_the_database_without_repeating_the_url(pg_server,
 
     cases = {
         "bad password": (pg_server.app_url(dbname, WRONG_PASSWORD), "refused the user name or password"),
-        "unreachable": (f"postgresql://afe_app:{WRONG_PASSWORD}@127.0.0.1:{_free_port()}/{dbname}",
+        "unreachable": (f"postgresql://afe_app:{WRONG_PASSWORD}@127.0.0.1:{closed_port}/{dbname}",
                         "cannot reach the PostgreSQL database"),
         "no such database": (pg_server.app_url("afe_missing"), "does not exist"),
     }
@@ -169,7 +172,7 @@ def test_r29_afe_check_reports_the_database_without_repeating_the_url(pg_server,
         assert password not in out and url not in out and "Traceback" not in out, (name, out)
 
 
-def test_newer_schema_stops_afe_check_and_afe_up_before_any_process_starts(pg_url, tmp_path):
+def test_newer_schema_stops_afe_check_and_afe_up_before_any_process_starts(pg_url, tmp_path, closed_port):
     open_store_url(pg_url).close()
     with psycopg.connect(pg_url, autocommit=True) as db:
         db.execute("INSERT INTO schema_version VALUES (%s, '9.8.7', 0)", (pg_store.SCHEMA_VERSION + 1,))
@@ -182,7 +185,7 @@ def test_newer_schema_stops_afe_check_and_afe_up_before_any_process_starts(pg_ur
     env = {"PATH": "/usr/bin:/bin", "AFE_DATABASE_URL": pg_url}
     with pytest.raises(FailedPrecondition, match=re.escape("afe 9.8.7 or later")):
         preflight(opts, env, progress=lambda m: None)
-    down = dict(env, AFE_DATABASE_URL=pg_url.rsplit("@", 1)[0] + f"@127.0.0.1:{_free_port()}/x")
+    down = dict(env, AFE_DATABASE_URL=pg_url.rsplit("@", 1)[0] + f"@127.0.0.1:{closed_port}/x")
     with pytest.raises(Unavailable, match="cannot reach") as exc:
         preflight(opts, down, progress=lambda m: None)
     assert "pg-Test-Password" not in str(exc.value)

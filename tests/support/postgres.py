@@ -111,17 +111,23 @@ def start_server(durable: bool = False) -> PgServer:
                                     "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256",
                                     "--no-sync"]),
                    check=True, capture_output=True, text=True)
-    port = _free_port()
-    opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
-            "-c max_connections=100 -c shared_buffers=32MB")
-    if not durable:
-        opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-    proc = subprocess.run(_as_server_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"),
-                                           "-o", opts, "-w", "-t", "60", "start"]),
-                          check=False, capture_output=True, text=True)
-    if proc.returncode != 0:
-        log = (root / "log").read_text() if (root / "log").exists() else ""
-        raise RuntimeError(f"the test PostgreSQL server did not start: {proc.stdout}{proc.stderr}\n{log}")
+    # PostgreSQL cannot listen on port 0 and say which port it got: a free port is
+    # picked, and picked again when another process (a parallel test worker) took it first.
+    for attempt in range(5):
+        port = _free_port()
+        opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
+                "-c max_connections=100 -c shared_buffers=32MB")
+        if not durable:
+            opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        proc = subprocess.run(_as_server_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"),
+                                               "-o", opts, "-w", "-t", "60", "start"]),
+                              check=False, capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+        log = (root / "log").read_text(errors="replace") if (root / "log").exists() else ""
+        if "Address already in use" not in log or attempt == 4:
+            raise RuntimeError(f"the test PostgreSQL server did not start: {proc.stdout}{proc.stderr}\n{log}")
+        (root / "log").unlink()
     server = PgServer(bin_dir, root, port, opts)
     server.sql(f"CREATE ROLE {APP_USER} LOGIN PASSWORD '{APP_PASSWORD}'")
     return server

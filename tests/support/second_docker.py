@@ -14,6 +14,7 @@ from the main engine (`docker save | docker load`) when missing or stale.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -70,8 +71,17 @@ def _image_id(host: str | None, image: str) -> str:
 
 
 def second_engine() -> SecondEngine | str:
-    """The running second engine, or why it cannot run here (a skip reason)."""
+    """The running second engine, or why it cannot run here (a skip reason).
+    One caller at a time starts it and loads its images (a lock file next to
+    its folder): test workers and other test runs share the one engine."""
     root = Path(os.environ.get("AFE_TEST_DOCKERD2", "/tmp/afe-d2"))
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_or_reuse(root)
+
+
+def _start_or_reuse(root: Path) -> SecondEngine | str:
     engine = SecondEngine(root)
     if not engine.answers():
         dockerd = shutil.which("dockerd")
