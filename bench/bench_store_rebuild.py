@@ -12,7 +12,7 @@ each a ratio against a baseline measured in the same run:
   63decdc, the code before issue 32, exported by `git archive` into a
   temporary folder and run the same way in the same run (brokers and
   scheduler of each tree), alternately, on SQLite and on PostgreSQL. Target
-  <= 1.1x ("no slower than today": p50s of 6 samples move about that much
+  <= 1.1x ("no slower than today": p50s of 10 samples move about that much
   on a shared 2-core machine).
 
 Two schedulers against one on the same PostgreSQL is bench_schedulers.py's
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 EVENTS = 20000
 EVENT_ROUNDS = 5
 PROBE_ROUNDS = 2       # each round: one probe process per tree and database, their order swapped every round
-PROBE_SAMPLES = 3
+PROBE_SAMPLES = 5
 
 
 async def _pg_events(root: Path) -> list[Result]:
