@@ -161,7 +161,11 @@ name: slow-fix
 workspace: ws
 nodes:
   - id: edit
-    run: "echo fixed >> NOTES.md && echo edit-started && sleep 4 && echo edit-done"
+    # The first run lasts long enough for the test to kill or pause its scheduler mid-node on a busy
+    # machine (parallel test workers); the re-run after the takeover finds the marker the first left
+    # in the sandbox (kept through the takeover) and is quick.
+    run: "if [ -e /tmp/edit-ran ]; then d=1; else d=30; fi; touch /tmp/edit-ran;
+      echo fixed >> NOTES.md && echo edit-started && sleep $d && echo edit-done"
   - id: pr
     uses: builtin:open_pr
     needs: [edit]
