@@ -134,6 +134,27 @@ def with_tls(url: str, files: DatabaseTls) -> str:
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
 
 
+LOCAL_HOSTS = ("", "localhost", "127.0.0.1", "::1")
+
+
+def plain_link_warning(url: str) -> str:
+    """A warning when the store is a PostgreSQL database on another host reached without
+    verified TLS (R39), else ""."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - the store's own check says what is wrong with the URL
+        return ""
+    hosts = [h.strip() for h in str(params.get("host") or "").split(",")]
+    if all(h in LOCAL_HOSTS or h.startswith("/") for h in hosts):
+        return ""
+    if str(params.get("sslmode") or "") in ("verify-full", "verify-ca"):
+        return ""
+    return (f"warning: the link to {where(url)} leaves this machine without verified TLS (R39): give --ca, "
+            f"--tls-cert and --tls-key ({DOC})")
+
+
 def where(url: str) -> str:
     """The database as messages name it (never the URL: it may hold a password, R29)."""
     from psycopg.conninfo import conninfo_to_dict

@@ -163,6 +163,13 @@ def _shared_database(opts: Options, environ: dict[str, str]) -> str:
     return ""
 
 
+def _plain_database_link(environ: Mapping[str, str]) -> str:
+    from . import join
+
+    url = environ.get(join.ENV, "")
+    return join.plain_link_warning(url) if join.is_postgresql(url) else ""
+
+
 def _check_other_images(config: Config) -> None:
     """Images a manifest names besides the bundled ones must already exist locally."""
     from services.sandbox.images import PROXY_IMAGE, SANDBOX_IMAGE
@@ -351,6 +358,8 @@ def run(opts: Options, environ: Mapping[str, str] | None = None,
             config = preflight(opts, environ, progress=lambda m: out(f"images: {m}"))
             if joined:
                 out(f"afe up: joining the deployment on {joined}")
+            elif warning := _plain_database_link(environ):
+                out(f"afe up: {warning}")
             opts.layout.ensure()
             opts.instance = resolve_instance(opts.layout, opts.instance)   # this data folder's own label
             lock = _Lock(opts.layout.run_dir / "launcher.lock")

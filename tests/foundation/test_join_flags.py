@@ -81,3 +81,14 @@ def test_libpq_failures_become_what_to_change_and_never_repeat_its_text():
     for text, said in cases.items():
         msg = str(join._connect_error(text + " password=hunter2", db, files))
         assert said in msg and "hunter2" not in msg, (text, msg)
+
+
+def test_a_database_on_another_host_without_verified_tls_is_warned_about(pki):
+    warn = join.plain_link_warning
+    assert "leaves this machine without verified TLS (R39): give --ca" in warn("postgresql://afe:pw@db.internal/afe")
+    assert "pw" not in warn("postgresql://afe:pw@db.internal/afe").split("(R39)")[0]
+    assert warn("postgresql://afe@db.internal/afe?sslmode=require")                   # not verified
+    assert warn(join.with_tls("postgresql://afe@db.internal/afe", _files(pki))) == ""   # --ca and the files
+    for local in ("postgresql://afe@localhost/afe", "postgresql://afe@127.0.0.1:5433/afe",
+                  "postgresql://afe@/afe?host=/run/postgresql", "postgresql:///afe"):
+        assert warn(local) == "", local
