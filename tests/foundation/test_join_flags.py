@@ -56,7 +56,7 @@ def test_join_refuses_what_cannot_join_before_anything_starts(pki):
     assert join.tls_files(None, None, None, join=False) is None
 
 
-def test_a_certificate_of_another_ca_or_a_key_of_another_certificate_is_named(pki):
+def test_r39_a_machine_certificate_of_another_ca_or_a_key_of_another_is_refused_by_name(pki):
     join.check_signed_by(_files(pki))                                   # positive control: the CA's own
     with pytest.raises(ConfigError, match=r"afe-2.pem \(--tls-cert\) is not signed by the CA .*pki/ca.pem \(--ca\)"):
         join.check_signed_by(_files(pki, leaf="other", key="other"))

@@ -239,7 +239,7 @@ def test_two_machines_on_one_database_from_the_recipe_each_runs_a_ticket_filed_t
             afe.stop(30)
 
 
-def test_join_refusals_say_what_to_change(deployment, pg_url, closed_port):
+def test_r39_join_refuses_a_database_of_another_ca_or_without_tls_saying_what_to_change(deployment, pg_url, closed_port):
     here, steps = deployment
     base = here.base
     env = base_env()
