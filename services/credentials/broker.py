@@ -114,6 +114,20 @@ class CredentialCore:
         async with self.fences.hold(ticket_id, fence):
             return await self.git.commit(ws, ticket_id, message)
 
+    async def checkpoint_workspace(self, ticket_id: str, workspace: str, node: str, fence: int = 0) -> str:
+        """The workspace's state after `node` completed, kept for a new attempt (WorkspaceGit.checkpoint)."""
+        check_ticket_id(ticket_id)
+        ws = self.workspace(workspace)
+        async with self.fences.hold(ticket_id, fence):
+            return await self.git.checkpoint(ws, ticket_id, node)
+
+    async def restore_workspace(self, ticket_id: str, workspace: str, node: str, fence: int = 0) -> str:
+        """The workspace put back to its state after `node` (WorkspaceGit.restore)."""
+        check_ticket_id(ticket_id)
+        self.workspace(workspace)
+        async with self.fences.hold(ticket_id, fence):
+            return await self.git.restore(ticket_id, node)
+
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> tuple[str, bool]:
         check_ticket_id(ticket_id)
         self.workspace(workspace)

@@ -3,11 +3,19 @@ only time host git has the workspace as its work tree, before any sandbox
 exists), with, optionally, a scratch `.git` of the workspace's own for the
 sandbox's `git status`/`git diff`. Handing the folder to the sandbox user is
 workspaces.py's (`WorkspaceGit._chown`).
+
+The one other time: `fill`, a workspace restored for a new attempt
+(RestoreWorkspace), emptied first without following a link, while the
+scheduler holds the ticket's sandbox frozen, so nothing in it can plant a
+path between the emptying and the checkout.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from services.common.errors import FailedPrecondition
 
 from .gitcmd import GitRunner
 
@@ -25,6 +33,23 @@ async def populate(git: GitRunner, git_dir: Path, target: Path, sha: str, index:
         index.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink of a local temp file
     if scratch_git:
         await scratch_repo(git, git_dir, target, sha)
+
+
+async def fill(git: GitRunner, git_dir: Path, target: Path, sha: str, index: Path, scratch_sha: str, *,
+               scratch_git: bool) -> None:
+    """Check `sha` out into the existing, empty folder `target` (a workspace emptied for a new
+    attempt, RestoreWorkspace); with `scratch_git`, its `.git` holds `scratch_sha` (the branch head,
+    what the sandbox's `git diff` compares with)."""
+    if any(os.scandir(target)):
+        raise FailedPrecondition(f"{target.name}: the workspace is not empty; it cannot be restored into")
+    try:
+        await git.run(["-c", "checkout.workers=0", "read-tree", "--reset", "-u", "--end-of-options", sha],
+                      git_dir=git_dir, work_tree=target, env={"GIT_INDEX_FILE": str(index)},
+                      what="git checkout")
+    finally:
+        index.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink of a local temp file
+    if scratch_git:
+        await scratch_repo(git, git_dir, target, scratch_sha)
 
 
 async def scratch_repo(git: GitRunner, git_dir: Path, target: Path, sha: str) -> None:

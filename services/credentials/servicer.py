@@ -40,6 +40,16 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed,
                                  nested_repositories=list(r.nested_repositories))
 
+    async def CheckpointWorkspace(self, request, context):
+        sha = await self.core.checkpoint_workspace(request.ticket_id, request.workspace, request.node,
+                                                   fence=request.fence)
+        return pb.CheckpointWorkspaceResponse(sha=sha, node=request.node)
+
+    async def RestoreWorkspace(self, request, context):
+        sha = await self.core.restore_workspace(request.ticket_id, request.workspace, request.node,
+                                                fence=request.fence)
+        return pb.CheckpointWorkspaceResponse(sha=sha, node=request.node)
+
     async def Diff(self, request, context):
         text, truncated = await self.core.diff(request.ticket_id, request.workspace, request.max_bytes)
         return pb.DiffResponse(diff=text, truncated=truncated)

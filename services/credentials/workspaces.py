@@ -26,12 +26,15 @@ from pathlib import Path
 from services.common import layout as layout_mod
 from services.common import safefs
 from services.common.config import Workspace
-from services.common.errors import AfeError, FailedPrecondition, Internal
+from services.common.errors import AfeError, FailedPrecondition, Internal, InvalidArgument
 from services.common.layout import Layout
+from services.common.schema.text import NODE_ID_RE
 from services.common.secrets import SecretValue
 
 from . import capture, checkout, compiled, continuation
 from .continuation import KEPT_REF, author_env, branch_for
+
+CHECKPOINT_REF = "refs/afe/checkpoints/"   # + node, in the ticket's git dir: its state after that node
 from .gitcmd import GitFailed, GitRunner
 from .mirrors import Mirrors
 from .spares import Spares
@@ -216,6 +219,51 @@ class WorkspaceGit:
             log.info("committed %s files for ticket %s as %s", files, ticket_id, sha[:12])
             return Committed(sha, True, files, repos)
 
+    # -- checkpoint and restore (a takeover's new attempt, docs/SCALE.md) -------
+    async def checkpoint(self, ws: Workspace, ticket_id: str, node: str) -> str:
+        """Keep the workspace's state after `node` completed: its safe snapshot (the tree a commit
+        would take) as a commit on top of the branch head, under CHECKPOINT_REF + node in the
+        ticket's git dir. Nothing is pushed and the branch does not move. Returns the commit."""
+        ref = _checkpoint_ref(node)
+        async with self._lock("ticket:" + ticket_id):
+            gitdir = self._ticket_gitdir(ticket_id)
+            tree = (await self.snapshot_tree(ticket_id)).tree
+            head = await self._rev(gitdir, f"refs/heads/{branch_for(ticket_id)}")
+            if head is None:
+                raise FailedPrecondition(f"ticket {ticket_id}: its branch is missing; prepare the workspace again")
+            res = await self.git.run(["commit-tree", "-p", head, "-F", "-", tree], git_dir=gitdir,
+                                     env=author_env(ws), stdin=f"afe checkpoint after node {node}\n".encode(),
+                                     what="git commit-tree (checkpoint)")
+            sha = res.out.strip()
+            await self.git.run(["update-ref", "--end-of-options", ref, sha], git_dir=gitdir,
+                               what="git update-ref (checkpoint)")
+            return sha
+
+    async def restore(self, ticket_id: str, node: str) -> str:
+        """Put the workspace back to its state after `node` (its checkpoint; "": the branch head,
+        no node changed the workspace since it was prepared or committed): empty it without
+        following a link, then check that commit out into it as a fresh checkout. Files the
+        Workspace's .gitignore excludes are not in a checkpoint and do not come back, as after a
+        retry. Refused, the workspace untouched, when that node's checkpoint was never kept."""
+        async with self._lock("ticket:" + ticket_id):
+            gitdir = self._ticket_gitdir(ticket_id)
+            head = await self._rev(gitdir, f"refs/heads/{branch_for(ticket_id)}")
+            if head is None:
+                raise FailedPrecondition(f"ticket {ticket_id}: its branch is missing; prepare the workspace again")
+            target = await self._rev(gitdir, _checkpoint_ref(node)) if node else head
+            if target is None:
+                raise FailedPrecondition(f"ticket {ticket_id}: no checkpoint was kept after node {node!r} here; "
+                                         "the workspace is left as it is")
+            work = self.layout.workspace(ticket_id)
+            await asyncio.to_thread(_empty_workspace, work)
+            await checkout.fill(self.git, gitdir, work, target, gitdir / "afe-restore.index", head,
+                                scratch_git=self.scratch_git)
+            if os.geteuid() == 0:
+                await self._chown(work)
+            log.info("ticket %s: workspace restored to %s (%s)", ticket_id, target[:12],
+                     f"after node {node}" if node else "the branch head")
+            return target
+
     # -- diff --------------------------------------------------------------
     async def diff(self, ticket_id: str, max_bytes: int = 0, work: Path | None = None) -> tuple[str, bool]:
         """The workspace's current changes against the base, for display."""
@@ -279,6 +327,22 @@ def _remove_workspace(path: Path) -> None:
             os.close(fd)
         return
     _remove_tree(path)
+
+
+def _checkpoint_ref(node: str) -> str:
+    if not NODE_ID_RE.match(node or ""):
+        raise InvalidArgument(f"{node!r} is not a node id (letters, digits, _ and -, at most 63)")
+    return CHECKPOINT_REF + node
+
+
+def _empty_workspace(path: Path) -> None:
+    """Remove everything inside the workspace folder (kept: it may be the sandbox's mount), never
+    following a link (R34)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        safefs.empty_dir(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove_tree(path: Path) -> None:

@@ -89,6 +89,7 @@ class Engine:
         self.events = EventLog(store, redactor, self.metrics)
         self.transitions = Transitions(store, self.events, self.metrics)
         self.broker_retry_s = BROKER_RETRY_S   # how long runs wait for a broker that went away (R37)
+        self.keep_checkpoints = True
         self._background: set[asyncio.Task] = set()
         # Leases (docs/SCALE.md): who this scheduler is, how long its tickets' leases last, and what it
         # does when it loses one (stop the run, count the events it can no longer store).
@@ -141,6 +142,12 @@ class Engine:
     @property
     def stopping(self) -> bool:
         return self.dispatch.stopping
+
+    @property
+    def checkpoints(self) -> bool:
+        """A workspace checkpoint after each node that may change it: only where another scheduler
+        can take a ticket over (a shared store); `keep_checkpoints` False turns it off (tests)."""
+        return self.store.shared and self.keep_checkpoints
 
     # ---- lifecycle -------------------------------------------------------
 

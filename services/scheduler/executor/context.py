@@ -11,10 +11,11 @@ never as shell code (R36); it never reaches tools, egress or config.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from services.common import cost
@@ -123,6 +124,64 @@ class RunContext:
             return await fn()
 
         return await brokercalls.step(self.host.broker_retry_s, self.emit, node.id, name, fenced)
+
+    # ---- checkpoints: a takeover's re-run starts from the last completed node ----------
+
+    async def checkpoint(self, node: Node) -> None:
+        """After `node` (it may have changed the workspace) and before it is stored as succeeded: the
+        credential broker keeps the workspace's state after it, with the sandbox frozen, for a
+        takeover's new attempt of a later node to start from (`restore`). A checkpoint that cannot
+        be kept fails nothing: the event says so, and a restore after this node is refused later."""
+        tid, ws = self.ticket.id, self.workspace.name
+        try:
+            async with self._frozen():
+                r = await self.step(node, "checkpoint", lambda: self.credentials.checkpoint(
+                    tid, ws, node.id, self.host.fence(tid)))
+        except AfeError as exc:
+            if self.host.lease_lost(tid):
+                raise
+            log.warning("ticket %s: no checkpoint after node %s: %s", tid, node.id, exc.message)
+            self.emit("workspace.checkpoint", {"after": node.id, "error": exc.message[:500]})
+            return
+        self.emit("workspace.checkpoint", {"after": node.id, "sha": r.sha})
+
+    async def restore(self, after: str, attempt: int) -> None:
+        """Before a new attempt of an interrupted node: the workspace back to its state after node
+        `after` ("": the branch head), not the files the interrupted attempt left. Refused (that
+        checkpoint was never kept here, or the workspace is on another host): the event says so and
+        the attempt runs on the files as they are."""
+        tid, ws = self.ticket.id, self.workspace.name
+        await self.ensure_workspace()
+        try:
+            async with self._frozen():
+                self.host.check_lease(tid)
+                r = await brokercalls.retry_unavailable(
+                    self.host.broker_retry_s, "restoring the workspace",
+                    lambda: self.credentials.restore(tid, ws, after, self.host.fence(tid)), PeerUnavailable)
+        except AfeError as exc:
+            if self.host.lease_lost(tid):
+                raise
+            log.warning("ticket %s: workspace not restored: %s", tid, exc.message)
+            self.emit("workspace.restored", {"after": after, "attempt": attempt, "restored": False,
+                                             "error": exc.message[:500]})
+            return
+        self.emit("workspace.restored", {"after": after, "attempt": attempt, "restored": True, "sha": r.sha})
+
+    @contextlib.asynccontextmanager
+    async def _frozen(self) -> AsyncIterator[None]:
+        """The ticket's sandbox frozen for the block, when it has one (nothing in it writes meanwhile)."""
+        frozen = False
+        try:
+            await self.sandbox.freeze(self.ticket.id, True)
+            frozen = True
+        except AfeError:
+            pass            # no sandbox (yet): nothing runs that could write
+        try:
+            yield
+        finally:
+            if frozen:
+                with contextlib.suppress(AfeError):
+                    await asyncio.shield(self.sandbox.freeze(self.ticket.id, False))
 
     # ---- preparation ------------------------------------------------------------
 

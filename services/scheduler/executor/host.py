@@ -34,6 +34,12 @@ class Host(Protocol):
         ...
 
     @property
+    def checkpoints(self) -> bool:
+        """Keep the workspace's state after each node that may change it, for a takeover's new
+        attempt to start from (several schedulers share the store)."""
+        ...
+
+    @property
     def stopping(self) -> bool:
         """The scheduler is stopping: a cancelled node runs again on the next start."""
         ...

@@ -87,7 +87,10 @@ class TicketRun:
             raise FailedPrecondition(
                 f"workflow {self.workflow.name!r} changed since this ticket was created (nodes "
                 f"{', '.join(sorted(records))} became {', '.join(sorted(declared))}); create a new ticket")
-        self._say_attempt([r for r in records.values() if r.state in (N_RUNNING, N_WAITING)])
+        interrupted = [r for r in records.values() if r.state in (N_RUNNING, N_WAITING)]
+        self._say_attempt(interrupted)
+        if self.host.checkpoints and any(self.workflow.node(r.node_id).kind in SANDBOX_KINDS for r in interrupted):
+            await ctx.restore(self._last_completed(records), max(r.attempt for r in interrupted) + 1)
         for r in records.values():
             if r.state in (N_RUNNING, N_WAITING):
                 # It was running when its last run stopped: run it again, as a new attempt.
@@ -117,6 +120,13 @@ class TicketRun:
         if failure is None:
             return SUCCEEDED, ""
         return FAILED, f"node {failure.node_id} failed: {failure.reason}"
+
+    def _last_completed(self, records: dict[str, NodeRunRecord]) -> str:
+        """The node that may have changed the workspace and completed last ("" when none did):
+        the state a new attempt of an interrupted node starts from."""
+        done = [r for r in records.values()
+                if r.state == N_SUCCEEDED and self.workflow.node(r.node_id).kind in SANDBOX_KINDS]
+        return max(done, key=lambda r: r.finished_at_ms).node_id if done else ""
 
     def _say_attempt(self, interrupted: list[NodeRunRecord]) -> None:
         """Before anything else of this run: the events of the interrupted attempt that were never
@@ -203,6 +213,8 @@ class TicketRun:
                         raise DeadlineExceeded(
                             f"timed out after {node.timeout_s:g}s (the node's timeout)") from None
                 out = out or ""
+                if host.checkpoints and node.kind in SANDBOX_KINDS:
+                    await self.ctx.checkpoint(node)     # before it counts as done: a takeover restores it
                 await self._node_state(node.id, state=N_SUCCEEDED, finished_at_ms=now_ms(),
                                        output=host.redactor.redact(_keep(out)))
                 self.ctx.emit("node.finished", {"node": node.id, "state": N_SUCCEEDED, "attempt": attempt,

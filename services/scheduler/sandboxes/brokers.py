@@ -82,6 +82,10 @@ class CredentialBroker(Protocol):
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse: ...
     async def push(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.PushResponse: ...
     async def release(self, ticket_id: str, workspace: str) -> None: ...
+    async def checkpoint(self, ticket_id: str, workspace: str, node: str,
+                         fence: int = 0) -> cpb.CheckpointWorkspaceResponse: ...
+    async def restore(self, ticket_id: str, workspace: str, node: str,
+                      fence: int = 0) -> cpb.CheckpointWorkspaceResponse: ...
     async def prepare_verification(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str],
                                    commands: list[str]) -> cpb.PrepareVerificationResponse: ...
     async def release_verification(self, ticket_id: str, workspace: str) -> None: ...
@@ -271,6 +275,18 @@ class CredentialsClient(VerificationCalls):
         async with rpc_errors(CREDENTIALS, "releasing the workspace"):
             await self.stub.ReleaseWorkspace(cpb.ReleaseWorkspaceRequest(ticket_id=ticket_id,
                                                                          workspace=workspace), timeout=LONG)
+
+    async def checkpoint(self, ticket_id: str, workspace: str, node: str,
+                         fence: int = 0) -> cpb.CheckpointWorkspaceResponse:
+        async with fenced_errors(ticket_id, fence, "keeping the workspace's checkpoint"):
+            return await self.stub.CheckpointWorkspace(cpb.CheckpointWorkspaceRequest(
+                ticket_id=ticket_id, workspace=workspace, node=node, fence=fence), timeout=LONG)
+
+    async def restore(self, ticket_id: str, workspace: str, node: str,
+                      fence: int = 0) -> cpb.CheckpointWorkspaceResponse:
+        async with fenced_errors(ticket_id, fence, "restoring the workspace"):
+            return await self.stub.RestoreWorkspace(cpb.CheckpointWorkspaceRequest(
+                ticket_id=ticket_id, workspace=workspace, node=node, fence=fence), timeout=LONG)
 
     # -- the workspace on another host (remoteworkspace.py) ---------------------------
     @contextlib.asynccontextmanager

@@ -145,6 +145,22 @@ class RemoteWorkspaces:
                                        cpb.DiffRequest(ticket_id=ticket_id, workspace=workspace,
                                                        max_bytes=max_bytes))
 
+    async def checkpoint(self, ticket_id: str, workspace: str, node: str,
+                         fence: int = 0) -> cpb.CheckpointWorkspaceResponse:
+        """Not kept for a workspace on another host (the credential broker cannot read it): a
+        takeover's re-run there continues from the files as they are."""
+        if self._holder(ticket_id) is None:
+            return await self.credentials.checkpoint(ticket_id, workspace, node, fence)
+        raise FailedPrecondition(f"ticket {ticket_id}: its workspace is on another host, where no checkpoint "
+                                 "is kept")
+
+    async def restore(self, ticket_id: str, workspace: str, node: str,
+                      fence: int = 0) -> cpb.CheckpointWorkspaceResponse:
+        if self._holder(ticket_id) is None:
+            return await self.credentials.restore(ticket_id, workspace, node, fence)
+        raise FailedPrecondition(f"ticket {ticket_id}: its workspace is on another host, where no checkpoint "
+                                 "is kept; it is left as it is")
+
     async def release(self, ticket_id: str, workspace: str) -> None:
         """Keep the workspace's last state (read from its broker), then release.
         A workspace its broker no longer has is released without keeping;

@@ -144,6 +144,8 @@ class FakeCredentials:
         self.merge_acks: list[list[str]] = []     # the acknowledged harness files of each merge
         self.merge_bases: list[str] = []          # the expected base tip of each merge call
         self.base_moves_at_merge = False
+        self.checkpoints: list[tuple[str, str]] = []   # (ticket, node) of each CheckpointWorkspace
+        self.restored: list[tuple[str, str]] = []      # (ticket, node) of each RestoreWorkspace
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -169,6 +171,18 @@ class FakeCredentials:
 
     async def release(self, ticket_id: str, workspace: str) -> None:
         self._call("release")
+
+    async def checkpoint(self, ticket_id: str, workspace: str, node: str,
+                         fence: int = 0) -> cpb.CheckpointWorkspaceResponse:
+        self._call("checkpoint")
+        self.checkpoints.append((ticket_id, node))
+        return cpb.CheckpointWorkspaceResponse(sha="k" * 40, node=node)
+
+    async def restore(self, ticket_id: str, workspace: str, node: str,
+                      fence: int = 0) -> cpb.CheckpointWorkspaceResponse:
+        self._call("restore")
+        self.restored.append((ticket_id, node))
+        return cpb.CheckpointWorkspaceResponse(sha="k" * 40, node=node)
 
     async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
                       fence: int = 0) -> cpb.PullRequest:

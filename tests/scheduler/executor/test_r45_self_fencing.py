@@ -11,8 +11,10 @@ when the database does not answer, while the other scheduler's go through.
   runs the node beside it; positive control: without self-fencing the owner
   runs on past its lease while the other one re-runs the same node.
 - The takeover is a new attempt (node_runs.attempt 2) that says so
-  (`node.attempt`: reason, previous scheduler) and whose output carries the
-  attempt; one commit, one push, one pull request in the end.
+  (`node.attempt`: reason, previous scheduler), starts from the workspace of
+  the last completed node (RestoreWorkspace; the state after each node is
+  kept by CheckpointWorkspace) and whose output carries the attempt; one
+  commit, one push, one pull request in the end.
 - Events the fenced-off attempt could not store are never written late:
   the scheduler that claims the ticket again says how many in `events.lost`.
 """
@@ -182,6 +184,13 @@ async def test_r45_an_owner_that_cannot_renew_stops_its_node_before_its_lease_en
     assert all(text != "done\n" for n, text in outputs if n == 1)      # attempt 1 never finished
     started = [p["scheduler"] for _, p in _events(b, tid, "node.started") if p["node"] == "edit"]
     assert started == ["sched-a", "sched-b"]
+    # attempt 2 started from the workspace of the last completed node (none: the branch head), not
+    # attempt 1's files, and the state after `edit` was kept before it counted as done
+    assert credentials.restored == [(tid, "")] and credentials.checkpoints == [(tid, "edit")]
+    types = [t for t, _ in _events(b, tid)]
+    [(_, restored)] = _events(b, tid, "workspace.restored")
+    assert restored == {"after": "", "attempt": 2, "restored": True, "sha": "k" * 40}
+    assert types.index("workspace.restored") < max(i for i, t in enumerate(types) if t == "node.started")
     # the builtin ran once, by the new owner: one commit, one push, one pull request
     assert credentials.calls.count("commit") == 1 and credentials.calls.count("push") == 1
     assert credentials.calls.count("open_pr") == 1 and len(credentials.prs) == 1

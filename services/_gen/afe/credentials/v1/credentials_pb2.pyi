@@ -333,6 +333,60 @@ class PushResponse(_message.Message):
 Global___PushResponse: _TypeAlias = PushResponse  # noqa: Y015
 
 @_typing.final
+class CheckpointWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    workspace: _builtins.str
+    node: _builtins.str
+    """the node that completed (Checkpoint), whose state to restore (Restore)"""
+    fence: _builtins.int
+    """as CommitRequest.fence"""
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        node: _builtins.str = ...,
+        fence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "node", b"node", "ticket_id", b"ticket_id", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointWorkspaceRequest: _TypeAlias = CheckpointWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class CheckpointWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    sha: _builtins.str
+    """the checkpoint kept, or the commit the workspace was restored to"""
+    node: _builtins.str
+    """the request's node"""
+    def __init__(
+        self,
+        *,
+        sha: _builtins.str = ...,
+        node: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "sha", b"sha"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointWorkspaceResponse: _TypeAlias = CheckpointWorkspaceResponse  # noqa: Y015
+
+@_typing.final
 class ReleaseWorkspaceRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

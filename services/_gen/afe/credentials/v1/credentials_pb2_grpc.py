@@ -64,6 +64,16 @@ class CredentialBrokerStub:
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchRequest.SerializeToString,
                 response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchResponse.FromString,
                 _registered_method=True)
+        self.CheckpointWorkspace = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/CheckpointWorkspace',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.RestoreWorkspace = channel.unary_unary(
+                '/afe.credentials.v1.CredentialBroker/RestoreWorkspace',
+                request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceRequest.SerializeToString,
+                response_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceResponse.FromString,
+                _registered_method=True)
         self.OpenPullRequest = channel.unary_unary(
                 '/afe.credentials.v1.CredentialBroker/OpenPullRequest',
                 request_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.OpenPullRequestRequest.SerializeToString,
@@ -230,6 +240,25 @@ class CredentialBrokerServicer:
         the host and push the merge; with conflicts nothing is pushed and the
         conflicting paths are returned.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointWorkspace(self, request, context):
+        """After a node completed: keep the workspace's state (its safe snapshot, as
+        Commit takes it) as the node's checkpoint, a commit on top of the branch
+        head under refs/afe/checkpoints/<node> in the ticket's git dir, never
+        pushed. RestoreWorkspace empties the workspace and checks the checkpoint
+        of `node` out again (node "": the branch head): a node re-run after a
+        takeover starts from the last completed node's state, not from the files
+        of the attempt that was interrupted (docs/SCALE.md). Both carry the fence.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreWorkspace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -479,6 +508,16 @@ def add_CredentialBrokerServicer_to_server(servicer, server):
                     servicer.UpdateBranch,
                     request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchRequest.FromString,
                     response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchResponse.SerializeToString,
+            ),
+            'CheckpointWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointWorkspace,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceResponse.SerializeToString,
+            ),
+            'RestoreWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreWorkspace,
+                    request_deserializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceRequest.FromString,
+                    response_serializer=afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceResponse.SerializeToString,
             ),
             'OpenPullRequest': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenPullRequest,
@@ -763,6 +802,60 @@ class CredentialBroker:
             '/afe.credentials.v1.CredentialBroker/UpdateBranch',
             afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchRequest.SerializeToString,
             afe_dot_credentials_dot_v1_dot_credentials__pb2.UpdateBranchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/CheckpointWorkspace',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/afe.credentials.v1.CredentialBroker/RestoreWorkspace',
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceRequest.SerializeToString,
+            afe_dot_credentials_dot_v1_dot_credentials__pb2.CheckpointWorkspaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

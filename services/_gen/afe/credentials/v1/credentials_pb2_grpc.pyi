@@ -53,6 +53,16 @@ class CredentialBrokerStub:
     the host and push the merge; with conflicts nothing is pushed and the
     conflicting paths are returned.
     """
+    CheckpointWorkspace: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.CheckpointWorkspaceRequest, _credentials_pb2.CheckpointWorkspaceResponse]
+    """After a node completed: keep the workspace's state (its safe snapshot, as
+    Commit takes it) as the node's checkpoint, a commit on top of the branch
+    head under refs/afe/checkpoints/<node> in the ticket's git dir, never
+    pushed. RestoreWorkspace empties the workspace and checks the checkpoint
+    of `node` out again (node "": the branch head): a node re-run after a
+    takeover starts from the last completed node's state, not from the files
+    of the attempt that was interrupted (docs/SCALE.md). Both carry the fence.
+    """
+    RestoreWorkspace: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.CheckpointWorkspaceRequest, _credentials_pb2.CheckpointWorkspaceResponse]
     OpenPullRequest: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.OpenPullRequestRequest, _credentials_pb2.PullRequest]
     """Idempotent: finds the open PR for the head branch when there is one."""
     GetPullRequest: _grpc.UnaryUnaryMultiCallable[_credentials_pb2.GetPullRequestRequest, _credentials_pb2.PullRequest]
@@ -183,6 +193,16 @@ class CredentialBrokerAsyncStub(CredentialBrokerStub):
     the host and push the merge; with conflicts nothing is pushed and the
     conflicting paths are returned.
     """
+    CheckpointWorkspace: _aio.UnaryUnaryMultiCallable[_credentials_pb2.CheckpointWorkspaceRequest, _credentials_pb2.CheckpointWorkspaceResponse]  # type: ignore[assignment]
+    """After a node completed: keep the workspace's state (its safe snapshot, as
+    Commit takes it) as the node's checkpoint, a commit on top of the branch
+    head under refs/afe/checkpoints/<node> in the ticket's git dir, never
+    pushed. RestoreWorkspace empties the workspace and checks the checkpoint
+    of `node` out again (node "": the branch head): a node re-run after a
+    takeover starts from the last completed node's state, not from the files
+    of the attempt that was interrupted (docs/SCALE.md). Both carry the fence.
+    """
+    RestoreWorkspace: _aio.UnaryUnaryMultiCallable[_credentials_pb2.CheckpointWorkspaceRequest, _credentials_pb2.CheckpointWorkspaceResponse]  # type: ignore[assignment]
     OpenPullRequest: _aio.UnaryUnaryMultiCallable[_credentials_pb2.OpenPullRequestRequest, _credentials_pb2.PullRequest]  # type: ignore[assignment]
     """Idempotent: finds the open PR for the head branch when there is one."""
     GetPullRequest: _aio.UnaryUnaryMultiCallable[_credentials_pb2.GetPullRequestRequest, _credentials_pb2.PullRequest]  # type: ignore[assignment]
@@ -346,6 +366,28 @@ class CredentialBrokerServicer(metaclass=_abc_1.ABCMeta):
         the host and push the merge; with conflicts nothing is pushed and the
         conflicting paths are returned.
         """
+
+    @_abc_1.abstractmethod
+    def CheckpointWorkspace(
+        self,
+        request: _credentials_pb2.CheckpointWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.CheckpointWorkspaceResponse, _abc.Awaitable[_credentials_pb2.CheckpointWorkspaceResponse]]:
+        """After a node completed: keep the workspace's state (its safe snapshot, as
+        Commit takes it) as the node's checkpoint, a commit on top of the branch
+        head under refs/afe/checkpoints/<node> in the ticket's git dir, never
+        pushed. RestoreWorkspace empties the workspace and checks the checkpoint
+        of `node` out again (node "": the branch head): a node re-run after a
+        takeover starts from the last completed node's state, not from the files
+        of the attempt that was interrupted (docs/SCALE.md). Both carry the fence.
+        """
+
+    @_abc_1.abstractmethod
+    def RestoreWorkspace(
+        self,
+        request: _credentials_pb2.CheckpointWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credentials_pb2.CheckpointWorkspaceResponse, _abc.Awaitable[_credentials_pb2.CheckpointWorkspaceResponse]]: ...
 
     @_abc_1.abstractmethod
     def OpenPullRequest(
