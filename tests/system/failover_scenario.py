@@ -240,8 +240,9 @@ def _tail(path: Path | None, n: int = 20000) -> str:
     return path.read_text(errors="replace")[-n:]
 
 
-async def run(mode: str, outage_s: float = OUTAGE_S, lease_s: float = LEASE_S) -> dict:
-    """The scenario; returns the observation (JSON-able)."""
+async def run(mode: str, outage_s: float = OUTAGE_S, lease_s: float = LEASE_S, settle_s: float = 180) -> dict:
+    """The scenario; returns the observation (JSON-able). `settle_s`: how long both tickets get to
+    end once the database is back (a ticket still live then is reported as it is)."""
     if mode not in ("stop", "kill9"):
         raise ValueError(f"mode {mode!r}: stop or kill9")
     root = temp_root("afe-fo-")
@@ -286,7 +287,7 @@ async def run(mode: str, outage_s: float = OUTAGE_S, lease_s: float = LEASE_S) -
                     await asyncio.to_thread(postgres.start_again, server)
                     t["up"] = _now()
 
-                    final = await _until_done(stubs, [stream.id, push.id], 180)
+                    final = await _until_done(stubs, [stream.id, push.id], settle_s)
                     t["done"] = _now()
                     for _ in range(150):     # both answer ready again (the probes' record shows when)
                         if all(any(at > t["up"] and st == 200 for at, st, _f in p.readyz)
@@ -326,9 +327,10 @@ def main() -> None:
     p.add_argument("--mode", default="stop", choices=("stop", "kill9"))
     p.add_argument("--outage", type=float, default=OUTAGE_S)
     p.add_argument("--lease", type=float, default=LEASE_S)
+    p.add_argument("--settle", type=float, default=180, help="seconds the tickets get to end after the outage")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    obs = asyncio.run(run(a.mode, a.outage, a.lease))
+    obs = asyncio.run(run(a.mode, a.outage, a.lease, a.settle))
     Path(a.out).write_text(json.dumps(obs))
 
 
