@@ -12,7 +12,9 @@ path between the emptying and the checkout.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 from pathlib import Path
 
 from services.common.errors import FailedPrecondition
@@ -49,19 +51,35 @@ async def fill(git: GitRunner, git_dir: Path, target: Path, sha: str, index: Pat
     finally:
         index.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink of a local temp file
     if scratch_git:
-        await scratch_repo(git, git_dir, target, scratch_sha)
+        # The workspace may be its own mount by now (the sandbox broker's disk cap): the pack is
+        # written beside the git dir and copied in (git renames its temporary file into place).
+        packs = git_dir / "afe-restore-pack"
+        packs.mkdir(exist_ok=True)
+        try:
+            await scratch_repo(git, git_dir, target, scratch_sha, pack_dir=packs)
+        finally:
+            shutil.rmtree(packs, ignore_errors=True)
 
 
-async def scratch_repo(git: GitRunner, git_dir: Path, target: Path, sha: str) -> None:
+def _copy_packs(made: Path, into: Path) -> None:
+    for f in sorted(made.glob("pack-*")):
+        shutil.copyfile(f, into / f.name)
+
+
+async def scratch_repo(git: GitRunner, git_dir: Path, target: Path, sha: str, pack_dir: Path | None = None) -> None:
     """Give the workspace a `.git` of its own, for the sandbox's `git status`/`git diff`:
     a shallow repository holding only the base commit, on branch `workspace`.
-    It is written now, before any sandbox exists; host git never reads it again."""
+    It is written now, before any sandbox exists; host git never reads it again.
+    `pack_dir`: write the pack there first (the git dir's file system) and copy it in."""
     scratch = target / ".git"
     await git.run(["init", "-q", "--bare", "--", str(scratch)], what="git init (scratch)")
     objects = await git.run(["rev-list", "--objects", "--no-walk", "--end-of-options", sha],
                             git_dir=git_dir, what="git rev-list")
-    await git.run(["pack-objects", "-q", "--", str(scratch / "objects" / "pack" / "pack")],
+    into = scratch / "objects" / "pack"
+    await git.run(["pack-objects", "-q", "--", str((pack_dir or into) / "pack")],
                   git_dir=git_dir, stdin=objects.stdout, what="git pack-objects")
+    if pack_dir is not None:
+        await asyncio.to_thread(_copy_packs, pack_dir, into)
     (scratch / "shallow").write_text(sha + "\n")
     await git.run(["config", "core.bare", "false"], git_dir=scratch)
     await git.run(["update-ref", "--end-of-options", "refs/heads/workspace", sha], git_dir=scratch)
