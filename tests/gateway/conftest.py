@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,12 +26,6 @@ from services.common.links import LinkSecrets, new_secret, pass_via_pipe
 from .fake_scheduler import FakeScheduler, start_fake_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -71,15 +65,16 @@ class GatewayProc:
 def start_gateway(layout: Layout, secret: bytes | None, *, token_file: Path | None = None,
                   public_url: str | None = None, extra: list[str] | None = None,
                   env: dict[str, str] | None = None, config_dir: Path | None = None,
-                  module: str = "gateway.main") -> GatewayProc:
+                  module: str = "gateway.main", port: int = 0) -> GatewayProc:
     """Start `python -m gateway.main` as the launcher would; wait for its ready line. `module`
-    names a stand-in that runs the gateway with an old code path (positive controls)."""
-    port = free_port()
+    names a stand-in that runs the gateway with an old code path (positive controls). `port`:
+    0 (the default) lets the gateway bind a free port and say which in its ready line, so
+    parallel test workers never race for one; a test that restarts a gateway passes its port."""
     token_file = token_file or layout.token_file
     links = LinkSecrets(call={"scheduler": secret} if secret else {})
     link_fd = pass_via_pipe(links.to_json())
     status_r, status_w = os.pipe()
-    log_path = layout.data_dir.parent / f"gateway-{port}.log"
+    log_path = layout.data_dir.parent / f"gateway-{secrets.token_hex(4)}.log"
     argv = [sys.executable, "-m", module, "--config", str(config_dir or layout.data_dir),
             "--data", str(layout.data_dir), "--run", str(layout.run_dir),
             "--link-fd", str(link_fd), "--status-fd", str(status_w), "--ops-port", "0",
@@ -101,7 +96,8 @@ def start_gateway(layout: Layout, secret: bytes | None, *, token_file: Path | No
         proc.kill()
         raise RuntimeError("gateway did not become ready:\n" + log_path.read_text(errors="replace"))
     info = json.loads(line)
-    return GatewayProc(proc, f"http://127.0.0.1:{port}", port, log_path, token_file, info["ops_port"])
+    return GatewayProc(proc, f"http://127.0.0.1:{info['port']}", info["port"], log_path, token_file,
+                       info["ops_port"])
 
 
 class FakeSchedulerThread:

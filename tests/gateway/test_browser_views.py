@@ -32,8 +32,7 @@ EVENTS = [
 ]
 
 
-async def test_ticket_page_views_and_connection_banner(gw_layout, link_secret, scheduler, monkeypatch,
-                                                      artifacts_dir):
+async def test_ticket_page_views_and_connection_banner(gw_layout, link_secret, scheduler, artifacts_dir):
     from playwright.async_api import async_playwright
 
     gw = gwconf.start_gateway(gw_layout, link_secret, extra=["--max-failed-logins", "1000"])
@@ -116,8 +115,7 @@ async def test_ticket_page_views_and_connection_banner(gw_layout, link_secret, s
                 gw.stop()
                 await page.wait_for_selector('#conn-banner[data-kind="lost"]', timeout=30_000)
                 assert "Connection to afe lost" in await page.text_content("#conn-banner")
-                monkeypatch.setattr(gwconf, "free_port", lambda: port)
-                gw = gwconf.start_gateway(gw_layout, link_secret, extra=["--max-failed-logins", "1000"])
+                gw = gwconf.start_gateway(gw_layout, link_secret, extra=["--max-failed-logins", "1000"], port=port)
                 await page.wait_for_selector('#conn-banner[data-kind="back"]', timeout=30_000)
                 assert "Reconnected" in await page.text_content("#conn-banner")
                 await page.wait_for_selector('#ticket-state[data-state="failed"]')
