@@ -5,8 +5,9 @@ a shared store: the fence of each claim (kept in `store.fences`, where the
 store's checks read it), when each lease is valid until by this process's
 own clock, which tickets were lost here, and the two loops that keep them:
 
-- `renew_loop` renews the held leases every third of a lease and hears what
-  other schedulers asked of them (a cancel, an approval);
+- `renew_loop` renews the held leases three times within the time a renewal
+  is trusted (lease - margin) and hears what other schedulers asked of them
+  (a cancel, an approval);
 - `takeover_loop` claims live tickets whose owner's lease expired on the
   database's clock (it died, hangs, or fenced itself) and re-claims the
   tickets this scheduler fenced itself off once their run has stopped.
@@ -43,7 +44,7 @@ from ..store.worker import run_in_store, store_failing
 
 log = logging.getLogger(__name__)
 
-LEASE_S = 10.0                     # a live ticket's lease; renewed every third of it (docs/SCALE.md)
+LEASE_S = 10.0                     # a live ticket's lease (docs/SCALE.md); see Leases.renew_interval
 HELD = (RUNNING, WAITING_APPROVAL)  # states a scheduler drives a ticket in (takeover takes them over)
 WATCH_S = 0.1                      # how often the self-fencing watch looks at the held leases (at most)
 
@@ -116,6 +117,12 @@ class Leases:
     @property
     def lease_ms(self) -> int:
         return int(self.lease_s * 1000)
+
+    @property
+    def renew_interval(self) -> float:
+        """Renewals are sent three times within the time a renewal is trusted (lease - margin), so
+        two may be slow or fail before this scheduler fences itself off."""
+        return (self.lease_s - self.margin) / 3
 
     # ---- one ticket ------------------------------------------------------------------
 
@@ -225,11 +232,11 @@ class Leases:
     # ---- the loops -------------------------------------------------------------------
 
     async def renew_loop(self, heard: Callable[[Lease], None], stopping: Callable[[], bool]) -> None:
-        """Renew the held leases every third of a lease, trusting each for lease_s - margin from
+        """Renew the held leases every `renew_interval`, trusting each for lease_s - margin from
         when its renewal was sent; lose the ones another scheduler took over; hand each renewed
         lease to `heard` (a cancel or an approval asked through another scheduler)."""
         while not stopping():
-            await asyncio.sleep(self.lease_s / 3)
+            await asyncio.sleep(self.renew_interval)
             held = self.held()
             if not held:
                 continue
