@@ -1,7 +1,7 @@
 """The egress proxy as it was before issue 34, for benchmarks that compare
 with it in the same run: Debian's GnuTLS build of squid (the proxy
 Dockerfile at f3296f3) with the configuration of then (squid's native
-access log; no TLS settings, no rules).
+access log and its own mime table; no TLS settings, no rules).
 
 `ensure_image()` builds it (once; a label hashes its inputs).
 `python -m bench.proxy_before BROKER-ARGS` runs today's sandbox broker with
@@ -63,10 +63,10 @@ def ensure_image() -> str:
 
 def before_conf(conf: str) -> str:
     """Today's configuration of a ticket without rules as it was before: squid's
-    native access log, no TLS settings (the GnuTLS build knows neither)."""
+    native access log, no TLS settings (the GnuTLS build knows neither), squid's own mime table."""
     out = []
     for line in conf.splitlines():
-        if line.startswith(("logformat ", "tls_outgoing_options ")):
+        if line.startswith(("logformat ", "tls_outgoing_options ", "mime_table ")):
             continue
         out.append("access_log stdio:/dev/stdout" if line.startswith("access_log stdio:/dev/stdout") else line)
     return "\n".join(out) + "\n"

@@ -144,6 +144,9 @@ def proxy_env(host: str, port: int = PROXY_PORT) -> dict[str, str]:
 # every egress sandbox's first command waited for (make bench: bench_egress_rules.py).
 SYSTEM_CA_DIR = "/etc/ssl/certs"
 TLS_OUTGOING = f"tls_outgoing_options default-ca=off capath={SYSTEM_CA_DIR}"
+# squid's table of file types and their icons, for listings of ftp:// and gopher:// URLs: without
+# it squid loads none of its ~50 icons before it listens (some 8 ms of CPU, 16 at half a CPU).
+MIME_TABLE = "mime_table /dev/null"
 
 # squid's native access log format, then the request's bytes, the SslBump
 # decision, the TLS SNI and the judge's annotation (egress_judge.py): the first
@@ -194,6 +197,7 @@ def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()
         "via off",
         "httpd_suppress_version_string on",
         TLS_OUTGOING,
+        MIME_TABLE,
         "acl SSL_ports port 443",
         "acl Safe_ports port 80 443",
         "acl CONNECT method CONNECT",
