@@ -66,9 +66,19 @@ check: $(RUN_STAMP)
 # recursive clean-up of old base folders cannot remove (RecursionError). The
 # name is digits only: a random mixed-case name in a path (a replay script's)
 # would look like a token to the manifests' secret scan.
+# The tests run in PYTEST_WORKERS processes (pytest-xdist): most of their time is
+# waiting on Docker, git, browsers and subprocesses, so more workers than cores
+# pays off. A test file stays on one worker (--dist loadfile: its module fixtures,
+# e.g. a shared sandbox or gateway, are made once), and the files go out in the
+# order tests/conftest.py gives them, the longest first (--no-loadscope-reorder:
+# not xdist's own order, by test count). PYTEST_ARGS="-n 0" runs serially.
+# --durations lists the slowest tests at the end of the log.
+PYTEST_WORKERS ?= 4
+PYTEST_DIST ?= loadfile
 test: $(STAMP) proto-check images-ready
 	@bt=/tmp/afe-pytest-$$$$-$$(date +%s); mkdir -p $$bt; \
-	  $(BIN)/python -m pytest -ra -p no:cacheprovider --basetemp=$$bt/t $(PYTEST_ARGS); rc=$$?; \
+	  $(BIN)/python -m pytest -ra -p no:cacheprovider --basetemp=$$bt/t -n $(PYTEST_WORKERS) \
+	    --dist $(PYTEST_DIST) --no-loadscope-reorder --durations=40 $(PYTEST_ARGS); rc=$$?; \
 	  $(BIN)/python -c "import sys; from services.common.treewalk import remove_tree; remove_tree(sys.argv[1])" $$bt || true; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 

@@ -12,6 +12,29 @@ from services.common.layout import Layout
 from tests.support.temp_roots import release_disk_caps, remove_temp_root, temp_root, temp_roots
 
 
+def pytest_collection_modifyitems(config, items):
+    """In a parallel run (pytest-xdist's workers, as `make test` runs the suite),
+    the test files that take longest start first (tests/slow_files.txt, then the
+    files with a test marked `slow`), so no worker picks up a long file at the
+    end while the others idle. The order within a file is kept; a serial run
+    keeps pytest's own order. Every worker sorts alike (xdist requires it)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from tests.support.durations import read_list
+
+    listed = read_list()
+    root = Path(str(config.rootpath))
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def key(item) -> tuple[float, float]:
+        seconds = listed.get(item.path.relative_to(root).as_posix()) if item.path.is_relative_to(root) else None
+        if seconds is not None:
+            return (0, -seconds)
+        return (1, 0 if item.path in slow_files else 1)
+
+    items.sort(key=key)
+
+
 class LeakedDiskCap(UserWarning):
     """A test left a workspace disk cap (R34) mounted or attached."""
 
