@@ -18,7 +18,8 @@ Judged from outside, as an operator would:
   outage ends as a new attempt (its lease was 3 s);
 - the lost attempt's output is counted by `events.lost` (count >= 1);
 - nothing of an old attempt is stored after a newer one started or after
-  `ticket.takeover`: no line of the old run, no event carrying its attempt;
+  `ticket.takeover`: no line of the old run, no event carrying its attempt,
+  no event naming another scheduler than the one that took the ticket over;
 - each ticket ends succeeded with one branch, one pull request (the local
   forge's records) and one commit above the base, whose NOTES.md gains
   one line (a re-run from the interrupted attempt's files would add two);
@@ -170,6 +171,15 @@ def _ticket(name: str, tk: dict, obs: dict) -> list[str]:
         if late:
             out.append(f"stale: {where}: {len(late)} events of an attempt before {a} stored after attempt {a} "
                        f"started (seq {s}), first {sorted(late)[:5]}")
+    for e in ev:     # events that name their scheduler: none of the old owner's after the takeover
+        if e["type"] != "ticket.takeover":
+            continue
+        new = e["payload"].get("scheduler")
+        other = [(x["seq"], x["type"], x["payload"]["scheduler"]) for x in ev if x["seq"] > e["seq"]
+                 and x["payload"].get("scheduler") not in (None, new)]
+        if other:
+            out.append(f"stale: {where}: events of another scheduler after {new}'s ticket.takeover (seq {e['seq']}): "
+                       f"{other[:5]}")
     for s in takeovers:
         before = {run for lines in by_attempt.values() for seq, run, _n in lines if seq < s}
         late = sorted({seq for lines in by_attempt.values() for seq, run, _n in lines if seq > s and run in before})
