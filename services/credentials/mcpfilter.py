@@ -60,11 +60,14 @@ class Malformed(Exception):
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise Malformed(f"the key {k[:40]!r} appears twice in one object; send each key once", PARSE_ERROR)
-        out[k] = v
+    out = dict(pairs)
+    if len(out) != len(pairs):          # a key appears twice: name the first that does
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise Malformed(f"the key {k[:40]!r} appears twice in one object; send each key once",
+                                PARSE_ERROR)
+            seen.add(k)
     return out
 
 
@@ -87,19 +90,25 @@ def parse(body: bytes) -> Any:
                         PARSE_ERROR) from None
 
 
+# One encoder each, made once (json.dumps with options builds a new encoder per call).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
 def encode(doc: Any) -> bytes:
     """The relay's own serialization: compact, ASCII only."""
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=True).encode()
+    return _COMPACT.encode(doc).encode()
 
 
 def canonical_digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"),
-                                     ensure_ascii=True).encode()).hexdigest()
+    return hashlib.sha256(_CANONICAL.encode(value).encode()).hexdigest()
 
 
 def id_key(value: Any) -> str:
     """A request id as a key (1 and "1" are different ids)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+    if type(value) is int:          # exactly int (not bool): its JSON is its decimal form
+        return str(value)
+    return _COMPACT.encode(value)
 
 
 def error(id_: Any, code: int, message: str) -> dict[str, Any]:

@@ -90,6 +90,17 @@ ReadBody = Callable[[int], Awaitable[bytes]]       # the request body, within a 
 Release = Callable[[], Awaitable[None]]            # the body's bytes no longer count for the ticket
 
 
+@dataclass(frozen=True)
+class _Target:
+    """Where a server's requests go, and their time limits."""
+
+    server: McpServer
+    url: URL
+    proxy: str | None
+    post_timeout: aiohttp.ClientTimeout       # a POST: its whole answer within the server's timeout
+    stream_timeout: aiohttp.ClientTimeout     # a GET stream: open within it, then idle at most this long
+
+
 @dataclass
 class _Pending:
     """The requests of one POST still waiting for their answer."""
@@ -113,6 +124,19 @@ class McpRelay:
         self.masked = masked
         self.max_body = MAX_BODY
         self.max_response = MAX_RESPONSE
+        self._targets: dict[str, _Target] = {}
+
+    def _target(self, server: McpServer) -> _Target:
+        """The server's URL, proxy and timeouts, worked out once (the manifests do not change)."""
+        got = self._targets.get(server.name)
+        if got is None or got.server is not server:
+            url = URL(server.url)
+            got = self._targets[server.name] = _Target(
+                server, url, proxy_for(str(url), self.proxies),
+                aiohttp.ClientTimeout(total=server.timeout_s, sock_connect=min(30.0, server.timeout_s)),
+                aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, server.timeout_s),
+                                      sock_read=max(server.timeout_s, STREAM_IDLE_S)))
+        return got
 
     # -- helpers -------------------------------------------------------------------
     def _redact(self, t: TicketRelay, server: str, data: bytes) -> bytes:
@@ -211,12 +235,12 @@ class McpRelay:
         headers = self._headers(request, server, post=True)
         if isinstance(headers, str):
             return self._failed(t, server.name, pending, 502, "error", headers)
-        url = URL(server.url)
-        timeout = aiohttp.ClientTimeout(total=server.timeout_s, sock_connect=min(30.0, server.timeout_s))
+        target = self._target(server)
         resp: web.StreamResponse | None = None
         try:
-            async with self.session().post(url, data=checked.forward, headers=headers, timeout=timeout,
-                                           allow_redirects=False, proxy=proxy_for(str(url), self.proxies)) as up:
+            async with self.session().post(target.url, data=checked.forward, headers=headers,
+                                           timeout=target.post_timeout, allow_redirects=False,
+                                           proxy=target.proxy) as up:
                 del body
                 await release()          # the body is sent: its bytes no longer count for the ticket
                 refused = self._status_problem(server, up)
@@ -390,14 +414,12 @@ class McpRelay:
             return self._json(t, server.name, error(None, RELAY_ERROR, headers), 502)
         if request.method == "DELETE":
             headers.pop("Accept", None)
-        url = URL(server.url)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, server.timeout_s),
-                                        sock_read=max(server.timeout_s, STREAM_IDLE_S))
+        target = self._target(server)
         resp: web.StreamResponse | None = None
         try:
-            async with self.session().request(request.method, url, headers=headers, timeout=timeout,
-                                              allow_redirects=False,
-                                              proxy=proxy_for(str(url), self.proxies)) as up:
+            async with self.session().request(request.method, target.url, headers=headers,
+                                              timeout=target.stream_timeout, allow_redirects=False,
+                                              proxy=target.proxy) as up:
                 refused = self._status_problem(server, up)
                 if refused is not None:
                     return self._json(t, server.name, error(None, RELAY_ERROR, refused), 502)

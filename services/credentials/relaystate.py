@@ -74,16 +74,21 @@ class RelayStates:
         return self.state_dir / f"{check_ticket_id(ticket_id)}.mcp.jsonl"
 
     def append_call(self, t: TicketRelay, call: dict) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.calls_path(t.ticket_id)
         if t.mcp_seq % (2 * MCP_CALLS_KEPT) == 0:        # compact: only the calls still kept
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = path.with_suffix(".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.writelines(json.dumps(c) + "\n" for c in t.mcp_calls)
             os.replace(tmp, path)
             return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:       # the folder is made on the first save, not looked for on each call
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, flags, 0o600)
         try:
             os.write(fd, (json.dumps(call) + "\n").encode())
         finally:

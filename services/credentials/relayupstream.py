@@ -62,8 +62,11 @@ class Upstream:
             ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
             # No pool-wide connection limit: each ticket's connections are bounded (relaylimits.py),
             # so one ticket's requests cannot hold the pool the other tickets need.
+            # No cookie jar: one session serves every ticket, and a cookie one upstream answer set
+            # must not ride along on another ticket's requests (nor be looked up on each request).
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=ctx, limit=0), trust_env=False, auto_decompress=True)
+                connector=aiohttp.TCPConnector(ssl=ctx, limit=0), trust_env=False, auto_decompress=True,
+                cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def close(self) -> None:
