@@ -47,6 +47,8 @@ from ..sandboxes.teardown import Teardowns
 from ..store.base import (
     CANCELLED,
     LIVE,
+    N_RUNNING,
+    N_WAITING,
     QUEUED,
     RUNNING,
     TERMINAL,
@@ -229,7 +231,9 @@ class Engine:
                 self.metrics.lease_takeovers.labels(from_state=t.state).inc()
             self.events.append(t.id, "ticket.takeover", {"scheduler": self.owner, "state": t.state})
         reason = attempts.SELF_FENCED if why == leases_mod.SELF_FENCED else attempts.TAKEOVER
-        self.dispatch.resume(t, self.handover.attempt_for(t, reason, self.owner))
+        interrupted = max((n.attempt for n in self.store.node_runs(t.id) if n.state in (N_RUNNING, N_WAITING)),
+                          default=0)
+        self.dispatch.resume(t, self.handover.attempt_for(t.id, reason, self.owner, interrupted))
 
     def _heard(self, lease: Lease) -> None:
         """A renewed lease: act on what was asked of the ticket through another scheduler."""

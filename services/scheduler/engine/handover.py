@@ -30,7 +30,7 @@ from collections.abc import Callable
 from ..events.log import EventLog
 from ..events.writes import LOST_EVENT
 from ..executor.attempts import SELF_FENCED, TAKEOVER, Attempt, lost_reason
-from ..store.base import N_RUNNING, N_WAITING, Store, TicketRecord
+from ..store.base import Store
 from .leases import Leases
 
 log = logging.getLogger(__name__)
@@ -93,13 +93,13 @@ class Handover:
 
     # ---- the scheduler that claims the ticket ---------------------------------------
 
-    def attempt_for(self, t: TicketRecord, why: str, owner: str) -> Attempt:
-        """The attempt a claimed ticket's run starts with: why, and the lost events known now."""
-        reported = self._take(t.id)
-        count = self._counted.pop(t.id, 0) + (reported or 0)
+    def attempt_for(self, ticket_id: str, why: str, owner: str, interrupted: int) -> Attempt:
+        """The attempt a claimed ticket's run starts with: why, and the lost events known now
+        (`interrupted`: the attempt of the node that was running, for a report that comes later)."""
+        reported = self._take(ticket_id)
+        count = self._counted.pop(ticket_id, 0) + (reported or 0)
         if why == TAKEOVER and reported is None and _reports(self.store) is not None:
-            interrupted = [n.attempt for n in self.store.node_runs(t.id) if n.state in (N_RUNNING, N_WAITING)]
-            self._awaiting[t.id] = max(interrupted, default=0)
+            self._awaiting[ticket_id] = interrupted
         return Attempt(why, owner if why == SELF_FENCED else "", count)
 
     def heard(self, ticket_id: str) -> None:
