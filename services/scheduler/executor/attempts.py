@@ -37,15 +37,16 @@ class Attempt:
 
 
 def previous_scheduler(store: Store, ticket_id: str) -> str:
-    """The scheduler of the latest stored `node.started` event (each names its scheduler), read
-    backwards from the ticket's last event, at most PAGES pages of 1000; "" when none says."""
+    """The scheduler of the latest stored `node.started` event (each names the scheduler of its
+    attempt; `ticket.takeover` names the new owner, not the old), read backwards from the ticket's
+    last event, at most PAGES pages of 1000; "" when none says."""
     last = store.last_seq(ticket_id)
     for _ in range(PAGES):
         if last < 1:
             break
         first = max(1, last - 999)
         for ev in reversed(store.events(ticket_id, first, last - first + 1)):
-            if ev.type in ("node.started", "ticket.takeover") and '"scheduler"' in ev.payload_json:
+            if ev.type == "node.started" and '"scheduler"' in ev.payload_json:
                 return str(json.loads(ev.payload_json).get("scheduler") or "")
         last = first - 1
     return ""
