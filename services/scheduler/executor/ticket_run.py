@@ -136,7 +136,7 @@ class TicketRun:
         if a.lost_events > 0:
             ctx.emit(LOST_EVENT, {"count": a.lost_events, "reason": lost_reason(a.reason),
                                   "attempt": max((r.attempt for r in interrupted), default=0),
-                                  "scheduler": a.previous_scheduler})
+                                  **({"previous_scheduler": a.previous_scheduler} if a.previous_scheduler else {})})
         if not interrupted:
             return
         before = a.previous_scheduler or previous_scheduler(self.host.store, tid)
