@@ -379,6 +379,12 @@ class RelayHub:
         if length and not self.limiter.reserve(t.ticket_id, t.load, length):
             raise busy
         held[0] = length or 0
+        if length and request.content.is_eof():     # all of it came with the head (the usual small body)
+            whole = request.content.read_nowait(-1)
+            if len(whole) == length:
+                return whole
+            raise Refused(400, "invalid_request_error", "the request body is malformed (its length or chunked "
+                                                        "encoding)")
         data = bytearray()
         try:
             async with asyncio.timeout(self.limiter.limits.body_s or None):

@@ -153,6 +153,13 @@ class _Guard(asyncio.Protocol):
         self.admitted = False
         self._busy = False
         self._head = False
+        # One timer per connection, never moved: it fires at most `_step` (the shortest limit) after it
+        # was set, so a new deadline (now + a limit) is never before it, and arming a limit costs no timer
+        # operation (two per request otherwise); when it fires early it is set again.
+        self._deadline = 0.0          # loop time the armed limit runs out; 0: none armed
+        self._reason = ""
+        self._seconds = 0.0
+        self._step = min((x for x in (limiter.limits.idle_s, limiter.limits.head_s) if x), default=0.0)
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -171,14 +178,26 @@ class _Guard(asyncio.Protocol):
         self._arm(self.limiter.limits.idle_s, "idle_timeout")
 
     def _arm(self, seconds: float, reason: str) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if seconds and self.transport is not None:
-            self._timer = asyncio.get_running_loop().call_later(seconds, self._expire, reason, seconds)
+        """The connection is closed if nothing disarms this within `seconds` (0: disarm)."""
+        if not seconds or self.transport is None:
+            self._deadline = 0.0
+            return
+        loop = asyncio.get_running_loop()
+        self._deadline, self._reason, self._seconds = loop.time() + seconds, reason, seconds
+        if self._timer is None:
+            self._timer = loop.call_at(min(self._deadline, loop.time() + self._step), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        if not self._deadline or self._busy or self.transport is None:
+            return                      # disarmed: the next _arm sets the timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() + 0.001 < self._deadline:
+            self._timer = loop.call_at(min(self._deadline, loop.time() + self._step), self._fire)
+            return
+        self._expire(self._reason, self._seconds)
 
     def _expire(self, reason: str, seconds: float) -> None:
-        self._timer = None
         if self._busy or self.transport is None:
             return
         what = "sent no request" if reason == "idle_timeout" else "did not finish a request's head"

@@ -326,14 +326,16 @@ class McpRelay:
                                                         f"MCP server {server.name!r} answered HTTP {up.status}")]
         return self._json(t, server.name, answers if len(answers) > 1 else answers[0], up.status, headers)
 
-    def _answered(self, t: TicketRelay, server: str, doc: Any, pending: _Pending) -> None:
+    def _answered(self, t: TicketRelay, server: str, doc: Any, pending: _Pending, encoded: bytes) -> None:
+        """Note the requests `doc` (`encoded`: its serialization) answers."""
         for r in responses(doc):
             k = id_key(r.get("id"))
             if k in pending.requests:
                 pending.requests.remove(k)
             c = pending.calls.pop(k, None)
             if c is not None:
-                self.record(t, server, c, outcome(r), len(encode(r)), "", pending.started)
+                self.record(t, server, c, outcome(r), len(encoded) if r is doc else len(encode(r)), "",
+                            pending.started)
 
     async def _json_answer(self, t: TicketRelay, server: str, up: aiohttp.ClientResponse, pending: _Pending,
                            tools: frozenset[str]) -> web.Response:
@@ -343,9 +345,11 @@ class McpRelay:
         except Malformed as exc:
             return self._failed(t, server, pending, 502, "error", f"MCP server {server!r} answered with a body "
                                                                   f"that is not JSON-RPC ({exc.message[:100]})")
-        self._answered(t, server, doc, pending)
+        body = encode(doc)
+        self._answered(t, server, doc, pending, body)
         self._finish(t, server, pending, "no_answer", "the server's answer did not answer it")
-        return self._json(t, server, doc, up.status, self._back_headers(t, server, up))
+        return web.Response(body=self._redact(t, server, body), status=up.status, content_type="application/json",
+                            headers=self._back_headers(t, server, up))
 
     async def _stream(self, t: TicketRelay, server: str, up: aiohttp.ClientResponse, request: web.Request,
                       resp: web.StreamResponse, pending: _Pending | None, tools: frozenset[str],
@@ -372,15 +376,16 @@ class McpRelay:
                 except Malformed:
                     dropped += 1
                     continue
+                body = encode(doc)
                 if pending is not None:
-                    self._answered(t, server, doc, pending)
+                    self._answered(t, server, doc, pending, body)
                 head = ""
                 if ev.id is not None:
                     eid = self._redact(t, server, ev.id.encode("utf-8", "replace")).decode("utf-8", "replace")
                     head += f"id: {eid}\n" if "\n" not in eid and "\r" not in eid else ""
                 if ev.retry:
                     head += f"retry: {ev.retry}\n"
-                data = head.encode() + b"event: message\ndata: " + self._redact(t, server, encode(doc)) + b"\n\n"
+                data = head.encode() + b"event: message\ndata: " + self._redact(t, server, body) + b"\n\n"
                 if pending is not None and not resp.prepared and not pending.requests:
                     held.append(data)      # every request is answered: the stream is ending
                     continue

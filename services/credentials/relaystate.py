@@ -66,12 +66,18 @@ class RelayStates:
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
+        self._calls_paths: dict[str, Path] = {}
 
     def path(self, ticket_id: str) -> Path:
         return self.state_dir / f"{check_ticket_id(ticket_id)}.json"
 
     def calls_path(self, ticket_id: str) -> Path:
-        return self.state_dir / f"{check_ticket_id(ticket_id)}.mcp.jsonl"
+        got = self._calls_paths.get(ticket_id)
+        if got is None:
+            if len(self._calls_paths) > 4096:
+                self._calls_paths.clear()
+            got = self._calls_paths[ticket_id] = self.state_dir / f"{check_ticket_id(ticket_id)}.mcp.jsonl"
+        return got
 
     def append_call(self, t: TicketRelay, call: dict) -> None:
         path = self.calls_path(t.ticket_id)
