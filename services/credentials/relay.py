@@ -242,6 +242,7 @@ class RelayHub:
                 with contextlib.suppress(Exception):
                     await runner.cleanup()
         self.tickets.clear()
+        await self.mcp.aclose()
         await self.upstream.close()
 
     async def _serve(self, t: TicketRelay) -> web.AppRunner:

@@ -101,6 +101,25 @@ class _Target:
     stream_timeout: aiohttp.ClientTimeout     # a GET stream: open within it, then idle at most this long
 
 
+class _Held:
+    """`async with` the server's response to a request: released at the end (the connection back to the
+    pool, or closed if its body was not all read) unless handed to a drain (`kept`)."""
+
+    def __init__(self, request: Awaitable[aiohttp.ClientResponse]) -> None:
+        self._request = request
+        self.up: aiohttp.ClientResponse | None = None
+        self.kept = False
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        self.up = await self._request
+        return self.up
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.up is not None and not self.kept:
+            self.up.release()
+            await self.up.wait_for_close()
+
+
 @dataclass
 class _Pending:
     """The requests of one POST still waiting for their answer."""
@@ -125,6 +144,7 @@ class McpRelay:
         self.max_body = MAX_BODY
         self.max_response = MAX_RESPONSE
         self._targets: dict[str, _Target] = {}
+        self._drains: set[asyncio.Task[None]] = set()
 
     def _target(self, server: McpServer) -> _Target:
         """The server's URL, proxy and timeouts, worked out once (the manifests do not change)."""
@@ -238,9 +258,10 @@ class McpRelay:
         target = self._target(server)
         resp: web.StreamResponse | None = None
         try:
-            async with self.session().post(target.url, data=checked.forward, headers=headers,
-                                           timeout=target.post_timeout, allow_redirects=False,
-                                           proxy=target.proxy) as up:
+            held = _Held(self.session().post(target.url, data=checked.forward, headers=headers,
+                                             timeout=target.post_timeout, allow_redirects=False,
+                                             proxy=target.proxy))
+            async with held as up:
                 del body
                 await release()          # the body is sent: its bytes no longer count for the ticket
                 refused = self._status_problem(server, up)
@@ -259,9 +280,11 @@ class McpRelay:
                         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                         **self._back_headers(t, server.name, up)})
                     whole = await self._stream(t, server.name, up, request, resp, pending, tools,
-                                               self.max_response)
+                                               self.max_response, held)
+                    if isinstance(whole, web.StreamResponse):     # every request answered, the answer sent
+                        return whole
                     self._finish(t, server.name, pending, "no_answer", "the stream ended without the answer")
-                    if whole is not None:     # it ended after one event: one answer, written at once
+                    if whole is not None:     # it ended with nothing sent: what it carried, in one write
                         return web.Response(body=whole, status=up.status, headers=resp.headers)
                     await resp.write_eof()
                     return resp
@@ -353,22 +376,26 @@ class McpRelay:
 
     async def _stream(self, t: TicketRelay, server: str, up: aiohttp.ClientResponse, request: web.Request,
                       resp: web.StreamResponse, pending: _Pending | None, tools: frozenset[str],
-                      cap: int) -> bytes | None:
+                      cap: int, held: _Held | None) -> web.StreamResponse | bytes | None:
         """Copy an event stream: each JSON-RPC event filtered, re-serialized and masked; any other event
         dropped. `cap`: the bytes the whole stream may carry (0: no cap, only the size of one event).
-        A POST's stream (`pending`) is sent as it comes until every request has its answer; what
-        comes from then on is held, and a stream that ends there (a tool's answer, the usual case)
-        is returned whole, for the caller to send in one write instead of three; a failure before
-        anything is sent is still a JSON-RPC error."""
+        A POST's stream (`pending`) is sent as it comes until every request has its answer; the
+        client's answer ends there: sent at once (in one write when nothing was sent before: a tool's
+        answer, the usual case), not after the server gets round to closing its stream, which then
+        carries nothing for these requests and is read and dropped meanwhile (`_drain`, which `held`
+        is handed to); the finished response is returned. A POST's stream that ends first, with
+        nothing sent, is returned as bytes (a failure before anything is sent is still a JSON-RPC
+        error); a GET's stream returns None."""
         reader = SseReader(self.max_response)
         total = 0
         dropped = 0
-        held: list[bytes] = []
+        out: list[bytes] = []          # events not yet written
+        done = False                   # every request of the POST has its answer
 
-        async def send(events: list) -> None:
-            nonlocal dropped
+        def take(events: list) -> None:
+            nonlocal dropped, done
             for ev in events:
-                if ev.event not in ("", "message"):
+                if done or ev.event not in ("", "message"):
                     dropped += 1
                     continue
                 try:
@@ -379,37 +406,83 @@ class McpRelay:
                 body = encode(doc)
                 if pending is not None:
                     self._answered(t, server, doc, pending, body)
+                    done = not pending.requests
                 head = ""
                 if ev.id is not None:
                     eid = self._redact(t, server, ev.id.encode("utf-8", "replace")).decode("utf-8", "replace")
                     head += f"id: {eid}\n" if "\n" not in eid and "\r" not in eid else ""
                 if ev.retry:
                     head += f"retry: {ev.retry}\n"
-                data = head.encode() + b"event: message\ndata: " + self._redact(t, server, body) + b"\n\n"
-                if pending is not None and not resp.prepared and not pending.requests:
-                    held.append(data)      # every request is answered: the stream is ending
-                    continue
+                out.append(head.encode() + b"event: message\ndata: " + self._redact(t, server, body) + b"\n\n")
+
+        async def flush() -> None:
+            if out:
                 if not resp.prepared:
                     await resp.prepare(request)
-                if held:
-                    data = b"".join(held) + data
-                    held.clear()
+                data = b"".join(out)
+                out.clear()
                 await resp.write(data)
 
         async for chunk in up.content.iter_any():
             total += len(chunk)
             if cap and total > cap:
                 raise TooLarge
-            await send(reader.feed(chunk))
-        await send(reader.finish())
+            take(reader.feed(chunk))
+            if done:
+                break
+            await flush()
+        else:
+            take(reader.finish())
         if dropped:
             self.throttle.note(f"{t.ticket_id}:mcp:{server}:dropped", f"MCP relay of ticket {t.ticket_id}: "
-                               f"dropped {dropped} event(s) of MCP server {server!r} that were not JSON-RPC")
+                               f"dropped {dropped} event(s) of MCP server {server!r} that were not JSON-RPC or "
+                               "came after the last answer of their POST")
+        if done:
+            final = resp
+            if resp.prepared:
+                await flush()
+            else:
+                final = web.Response(body=b"".join(out), status=resp.status, headers=resp.headers)
+                await final.prepare(request)
+            await final.write_eof()
+            if held is not None:
+                held.kept = True
+                task = asyncio.get_running_loop().create_task(self._drain(t, server, up, total, cap))
+                self._drains.add(task)
+                task.add_done_callback(self._drains.discard)
+            return final
         if pending is not None and not resp.prepared:
-            return b"".join(held)
-        if held:
-            await resp.write(b"".join(held))
+            return b"".join(out)
+        await flush()
         return None
+
+    async def _drain(self, t: TicketRelay, server: str, up: aiohttp.ClientResponse, total: int, cap: int) -> None:
+        """The rest of a POST's stream once the client has every answer: read and dropped within the
+        same size cap and time (the server's timeout covers the whole request), so the connection is
+        kept for the next call (the answer is already on its way: the client's next request does not
+        wait for this); a stream that goes on past them is cut (its connection closed)."""
+        try:
+            async for chunk in up.content.iter_any():
+                total += len(chunk)
+                if cap and total > cap:
+                    raise TooLarge
+        except asyncio.CancelledError:       # the broker stops
+            up.close()
+            raise
+        except (TimeoutError, aiohttp.ClientError, OSError, TooLarge) as exc:
+            up.close()
+            self.throttle.note(f"{t.ticket_id}:mcp:{server}:tail", f"MCP relay of ticket {t.ticket_id}: MCP "
+                               f"server {server!r} went on after its last answer ({type(exc).__name__}); its "
+                               "connection was closed")
+        finally:
+            up.release()
+
+    async def aclose(self) -> None:
+        """Stop the drains still reading (the broker stops)."""
+        for task in list(self._drains):
+            task.cancel()
+        if self._drains:
+            await asyncio.gather(*self._drains, return_exceptions=True)
 
     async def _other(self, request: web.Request, t: TicketRelay, server: McpServer,
                      tools: frozenset[str]) -> web.StreamResponse:
@@ -439,7 +512,7 @@ class McpRelay:
                 resp = web.StreamResponse(status=up.status, headers={
                     "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **back})
                 await resp.prepare(request)        # the client waits for the stream to open, not for an event
-                await self._stream(t, server.name, up, request, resp, None, tools, 0)
+                await self._stream(t, server.name, up, request, resp, None, tools, 0, None)
                 await resp.write_eof()
                 return resp
         except (TimeoutError, aiohttp.ClientError, OSError, TooLarge) as exc:

@@ -328,6 +328,99 @@ async def test_r43_grants_and_calls_survive_a_broker_restart(tmp_path, hub, srv)
         await again.aclose()
 
 
+class LingeringStream:
+    """A Streamable HTTP server (aiohttp, raw SSE) whose POST stream sends the answer, then waits
+    `linger_s` and sends `tail` (events that answer nothing) before it closes, as a server that
+    takes its time to end the stream does. Counts the connections it was asked on and the tails
+    it could not finish (the client closed the connection)."""
+
+    def __init__(self, linger_s: float, tail: bytes) -> None:
+        self.linger_s, self.tail, self.pieces = linger_s, tail, 1
+        self.peers: set[object] = set()
+        self.cut = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+        doc = await request.json()
+        if "id" not in doc:
+            return web.Response(status=202)
+        result = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "s", "version": "1"}} if doc["method"] == "initialize" else \
+            {"content": [{"type": "text", "text": f"answer {doc['id']}"}], "isError": False}
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Mcp-Session-Id": "s1"})
+        await resp.prepare(request)
+        await resp.write(b"event: message\ndata: " + json.dumps({"jsonrpc": "2.0", "id": doc["id"],
+                                                                  "result": result}).encode() + b"\n\n")
+        await asyncio.sleep(self.linger_s)
+        try:
+            for i in range(self.pieces):
+                await resp.write(self.tail)
+                if i + 1 < self.pieces:
+                    await asyncio.sleep(0.01)
+            await resp.write_eof()
+        except ConnectionResetError:
+            self.cut += 1
+        return resp
+
+
+async def test_r43_the_answer_is_sent_once_complete_and_what_the_stream_carries_after_it_is_dropped(tmp_path):
+    """The relay ends the agent's answer when every request of the POST has its answer, not when the
+    server gets round to closing its stream; what comes after (answering nothing) never reaches the
+    sandbox; the server's connection is kept for the next call, or closed when its tail is over the
+    answer limit. Positive control: a client straight to the server waits for the close and gets the tail."""
+    from tests.support.fakes.base import FakeServer
+
+    tail = b"event: message\ndata: " + json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {
+        "level": "info", "data": "after the answer"}}).encode() + b"\n\n"
+    upstream = LingeringStream(0.5, tail)
+
+    class Server(FakeServer):
+        def routes(self, app: web.Application) -> None:
+            app.router.add_route("POST", "/mcp", upstream.handle)
+
+    async with Server() as fake:
+        h = _hub(tmp_path, {"tracker": McpServer("tracker", "http", url=f"{fake.url}/mcp", token_env=TOKEN_ENV,
+                                                  timeout_s=5)})
+        try:
+            cap = await h.open("t9", [], 0, GRANT)
+            http, s = _relay(h, "t9", cap)
+            async with http:
+                await s.start()
+                took = []
+                for n in (1, 2):
+                    t0 = asyncio.get_running_loop().time()
+                    status, answer = await s.call("get_issue", {"number": n}, id_=n)
+                    took.append(asyncio.get_running_loop().time() - t0)
+                    assert status == 200 and _text(answer) == f"answer {n}", answer   # one message: no tail
+                assert max(took) < 0.4, took
+                opened = len(upstream.peers)
+                await asyncio.sleep(0.7)                         # the tails are read: the connections are free
+                assert (await s.call("get_issue", {"number": 3}, id_=3))[0] == 200
+                assert len(upstream.peers) == opened and upstream.cut == 0     # a drained connection, used again
+                # A tail over the answer limit: the answer still arrives whole; that connection is closed.
+                await asyncio.sleep(0.7)
+                upstream.tail, upstream.pieces = b": " + b"x" * 1024 + b"\n\n", 100
+                h.mcp.max_response = 4096
+                status, answer = await s.call("get_issue", {"number": 4}, id_=4)
+                assert status == 200 and _text(answer) == "answer 4"
+                for _ in range(40):
+                    if upstream.cut:
+                        break
+                    await asyncio.sleep(0.05)
+                assert upstream.cut == 1
+                upstream.tail, upstream.pieces = tail, 1
+            assert [(c["tool"], c["outcome"]) for c in h.mcp_calls("t9")[0]] == [("get_issue", "ok")] * 4
+            # positive control: straight to the server, the answer ends when the stream does, tail included
+            async with aiohttp.ClientSession() as direct:
+                t0 = asyncio.get_running_loop().time()
+                async with direct.post(f"{fake.url}/mcp", json={"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                                                                "params": {"name": "get_issue", "arguments": {}}}) as r:
+                    text = await r.text()
+                assert asyncio.get_running_loop().time() - t0 >= 0.45 and "after the answer" in text
+        finally:
+            await h.aclose()
+
+
 SSE_CONFIG = """\
 kind: McpServer
 name: monitor
