@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import Result
 from tests.support.temp_roots import remove_temp_root, temp_root
@@ -42,6 +43,21 @@ EVENTS = 20000
 EVENT_ROUNDS = 5
 PROBE_ROUNDS = 2       # each round: one probe process per tree and database, their order swapped every round
 PROBE_SAMPLES = 5
+
+
+def _create(store: Any, ticket: Any, nodes: list, first: list) -> None:
+    """A ticket in the store, through its tickets repository (the rebuilt store) or the older interface."""
+    if hasattr(store, "create_ticket"):
+        store.create_ticket(ticket, nodes, first)
+    else:
+        store.tickets.create(ticket, nodes, first)
+
+
+def _claim(store: Any, ticket_id: str, states: tuple[str, ...], lease_ms: int) -> int | None:
+    """Hold the ticket with a fence, as the scheduler does before it runs it."""
+    if hasattr(store, "claim_ticket"):
+        return store.claim_ticket(ticket_id, states, lease_ms)
+    return store.leases.claim(ticket_id, states, lease_ms)
 
 
 async def _pg_events(root: Path) -> list[Result]:
@@ -66,10 +82,10 @@ async def _pg_events(root: Path) -> list[Result]:
         for r in range(EVENT_ROUNDS):
             tid, raw_tid = f"t-bench{r}", f"t-raw{r}"
             for t in (tid, raw_tid):
-                store.create_ticket(TicketRecord(id=t, workspace="ws", workflow="wf", title="t", body="", inputs={},
-                                                 state=QUEUED, created_at_ms=1, updated_at_ms=1),
-                                    [NodeRunRecord(t, "test", "run")], [EventRecord(t, 1, "ticket.created", "{}", 1)])
-            if store.claim_ticket(tid, (QUEUED,), 600_000) is None:
+                _create(store, TicketRecord(id=t, workspace="ws", workflow="wf", title="t", body="", inputs={},
+                                            state=QUEUED, created_at_ms=1, updated_at_ms=1),
+                        [NodeRunRecord(t, "test", "run")], [EventRecord(t, 1, "ticket.created", "{}", 1)])
+            if _claim(store, tid, (QUEUED,), 600_000) is None:
                 raise RuntimeError(f"the bench could not claim its ticket {tid}")
             got = 0
 
