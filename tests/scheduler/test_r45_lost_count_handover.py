@@ -53,6 +53,12 @@ class DroppedEvents:
 class LostHere:
     lease_s = 3.0
 
+    def __init__(self) -> None:
+        self.forgotten: list[str] = []
+
+    def forget(self, ticket_id: str) -> None:
+        self.forgotten.append(ticket_id)
+
     def lost(self, ticket_id: str) -> bool:
         return True
 
@@ -87,8 +93,10 @@ def two(pg_url):
 
 async def test_r45_the_old_owners_count_reaches_the_new_attempt(two):
     a, b = two
-    old = Handover(a, DroppedEvents(7), LostHere(), running=lambda tid: False)   # type: ignore[arg-type]
+    leases_a = LostHere()
+    old = Handover(a, DroppedEvents(7), leases_a, running=lambda tid: False)   # type: ignore[arg-type]
     await old.lost_here(TID, fence=1)
+    assert leases_a.forgotten == [TID]          # the lost fence goes once nothing of the attempt is in flight
     new = Handover(b, DroppedEvents(0), LostHere(), running=lambda tid: False)   # type: ignore[arg-type]
     attempt = new.attempt_for(TID, TAKEOVER, "sched-b", interrupted=1)
     assert attempt.lost_events == 7 and attempt.reason == TAKEOVER

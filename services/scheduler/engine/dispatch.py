@@ -12,9 +12,10 @@ the ticket's last event.
 
 A ticket lost here (`Leases.lose`: taken over, or self-fenced, R45) has its
 run cancelled by `stop_lost`; the run then ends without a write (its fence
-is marked lost) and `Leases.forget` drops the fence once it has stopped. The
-events it could not store are counted by the event log (`EventLog.fence`)
-and said by the next attempt (`attempts.py`).
+is marked lost). Once it has stopped and every write it left on the store's
+thread is through (refused by the fence), `Handover.lost_here` forgets the
+fence; the events it could not store are counted by the event log
+(`EventLog.fence`) and said by the next attempt (handover.py).
 """
 
 from __future__ import annotations
@@ -156,8 +157,7 @@ class Dispatcher:
         task = self.tasks.get(ticket_id)
         if task is not None and ticket_id not in self.finishing:
             task.cancel()
-        elif task is None:          # no run here to stop: the loss is over already
-            self.leases.forget(ticket_id)
+        elif task is None:          # no run here to stop: the loss is handed over now
             for ended in self.on_ended:
                 ended(ticket_id)
         self.running.discard(ticket_id)
@@ -177,7 +177,8 @@ class Dispatcher:
         if not self.leases.lost(ticket_id):      # the store found out first (a write refused)
             self.leases.lose(ticket_id, TAKEN_OVER, notify=False)
             self.events.fence(ticket_id)
-        self.leases.forget(ticket_id)
+        # The fence stays marked lost: writes of this run may still be on the store's thread
+        # (Handover.lost_here forgets it once they are through).
         self.running.discard(ticket_id)
         self.cancelling.pop(ticket_id, None)
         self.kick()

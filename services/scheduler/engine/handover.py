@@ -4,7 +4,8 @@ fenced itself off, R45): how many events the lost attempt could not store.
 
 The scheduler that lost the ticket drops those events (`EventLog.fence`,
 never written late) and, once its run has stopped and nothing of the attempt
-is on the store's thread any more, takes the count (`lost_here`). It reports
+is on the store's thread any more, forgets the lost fence and takes the
+count (`lost_here`). It reports
 it in the database (`report_lost`, a non-owner's write like a cancel
 request: the row is its own report) so whichever scheduler claims the ticket
 says it; it keeps it here too, for when it claims the ticket again itself
@@ -31,6 +32,7 @@ from ..events.log import EventLog
 from ..events.writes import LOST_EVENT
 from ..executor.attempts import SELF_FENCED, TAKEOVER, Attempt, lost_reason
 from ..store.base import Store
+from ..store.worker import run_in_store
 from .leases import Leases
 
 log = logging.getLogger(__name__)
@@ -67,8 +69,16 @@ class Handover:
             if not self.events.holds_unstored(ticket_id):
                 break
             await asyncio.sleep(0.05)
+        # Every statement the lost attempt left on the store's thread (a node's state, a batch of
+        # events) runs before this one, meeting the fence still marked lost: only then is the fence
+        # forgotten (a write of the ticket after that would not be checked against it).
+        try:
+            await run_in_store(self.store, lambda s: None)
+        except Exception:  # noqa: BLE001 - the store is closed: the scheduler stops
+            return
         if not self.leases.lost(ticket_id) or self.running(ticket_id):
             return
+        self.leases.forget(ticket_id)
         count = self.events.unfence(ticket_id)
         if count:
             log.warning("ticket %s: %d event(s) of its attempt here were never stored (its lease was lost: %s); "
