@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import warnings
 from pathlib import Path
@@ -33,6 +35,50 @@ def pytest_collection_modifyitems(config, items):
         return (1, 0 if item.path in slow_files else 1)
 
     items.sort(key=key)
+
+
+class _AloneLock:
+    """A test marked `alone` (a timing measurement) runs while no other test of
+    this parallel run does: it takes the run's lock file exclusively, every
+    other test takes it shared. The gate keeps new tests from starting while an
+    `alone` test waits for the running ones to finish (no starvation)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.gate = open(folder / "afe-alone.gate", "a")  # noqa: SIM115 - held for the worker's life
+        self.main = open(folder / "afe-alone.lock", "a")  # noqa: SIM115
+
+    @contextlib.contextmanager
+    def hold(self, alone: bool):
+        if alone:
+            fcntl.flock(self.gate, fcntl.LOCK_EX)     # no other test starts from now on
+            fcntl.flock(self.main, fcntl.LOCK_EX)     # and the running ones have finished
+        else:
+            fcntl.flock(self.gate, fcntl.LOCK_SH)     # wait while an `alone` test waits or runs
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+            fcntl.flock(self.main, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.main, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(self.gate, fcntl.LOCK_UN)
+
+
+_alone_lock: _AloneLock | None = None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In a parallel run, `alone` tests run with no other test beside them (see
+    _AloneLock); outermost, so the wait does not count toward the test's timeout."""
+    global _alone_lock
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    if _alone_lock is None:      # the run's folder: the parent of this worker's base temp (popen-gwN)
+        _alone_lock = _AloneLock(item.config._tmp_path_factory.getbasetemp().parent)
+    with _alone_lock.hold(item.get_closest_marker("alone") is not None):
+        yield
 
 
 class LeakedDiskCap(UserWarning):

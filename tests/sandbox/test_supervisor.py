@@ -465,6 +465,7 @@ async def _started_and_exit_writes(container: str, source: str, rounds: int) -> 
     return together, started_after
 
 
+@pytest.mark.alone       # counts writes within milliseconds: nothing else of a parallel run beside it
 def test_a_short_commands_start_and_exit_share_one_write(stub, sandbox):
     """The started frame waits (HOLD_STARTED_S) for what follows it, so a short
     command costs one trip through the engine, not two; a long one is still
@@ -472,12 +473,20 @@ def test_a_short_commands_start_and_exit_share_one_write(stub, sandbox):
     container = container_of(stub, sandbox)
     held = supervisor.SOURCE
     assert "HOLD_STARTED_S = 0.002" in held
-    together, started_after = asyncio.run(_started_and_exit_writes(container, held, 10))
+    # A busy machine (parallel test workers) blurs both counts now and then: `true` outlasts the
+    # 2 ms hold, or a late reader finds two writes in one chunk. Each side has three tries.
+    for _ in range(3):
+        together, started_after = asyncio.run(_started_and_exit_writes(container, held, 10))
+        if together >= 8:
+            break
     assert together >= 8, together
     assert started_after < 1.5
     # positive control: without the hold, the started frame goes alone
-    apart, _ = asyncio.run(_started_and_exit_writes(container, held.replace("HOLD_STARTED_S = 0.002",
-                                                                              "HOLD_STARTED_S = 0"), 10))
+    for _ in range(3):
+        apart, _ = asyncio.run(_started_and_exit_writes(container, held.replace("HOLD_STARTED_S = 0.002",
+                                                                                  "HOLD_STARTED_S = 0"), 10))
+        if apart <= 2:
+            break
     assert apart <= 2, apart
 
 
