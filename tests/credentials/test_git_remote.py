@@ -48,14 +48,16 @@ class ProcWatch:
                         cmd = f.read()
                 except OSError:
                     continue
-                if (cmd.startswith((b"git\0", b"git-remote")) or b"/git\0" in cmd) and b"http-backend" not in cmd:
-                    self.git_seen += 1
+                is_git = (cmd.startswith((b"git\0", b"git-remote")) or b"/git\0" in cmd) and b"http-backend" not in cmd
                 if self.needle in cmd:
                     self.hits.append(f"cmdline of pid {pid}")
                 try:
                     with open(f"/proc/{pid}/environ", "rb") as f:
                         if self.needle in f.read():
                             self.env_holders.add(cmd.split(b"\0")[0])
+                            # git of this test (its token in the environment): another test's
+                            # git, e.g. a parallel worker's, does not count as seen
+                            self.git_seen += is_git
                 except OSError:
                     pass
             for path in files_under(self.root) if self.root.exists() else []:
