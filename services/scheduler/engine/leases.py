@@ -287,10 +287,17 @@ class Leases:
         itself off (SELF_FENCED) once `busy(ticket)` (their old run, their unstored events) is over;
         then `kick` (queued tickets filed through other schedulers)."""
         interval = max(0.2, self.lease_s / 5)
+        failing, back_at = False, float("-inf")
         while not stopping():
             await asyncio.sleep(interval)
             if store_failing(self.store):
+                failing = True
                 continue          # nothing to take over from a database that does not answer
+            if failing:
+                # The database was away for this scheduler, so most likely for the others too: their
+                # leases ran out meanwhile. Each claims its own tickets again at once; theirs are
+                # left to them for a lease before this one takes over what is still unclaimed.
+                failing, back_at = False, self.clock()
             try:
                 for tid in sorted(self._reclaim):
                     if stopping() or full():
@@ -298,6 +305,9 @@ class Leases:
                     if busy(tid):
                         continue
                     self._take(tid, SELF_FENCED, take)
+                if self.clock() - back_at < self.lease_s:
+                    kick()
+                    continue
                 expired = await run_in_store(self.store, lambda s: s.expired_tickets(HELD), timeout=self.lease_s)
                 for tid in expired:
                     if stopping() or full():
