@@ -113,11 +113,11 @@ def _exec(stub, ticket: str, argv: list[str]) -> int:
 
 @contextlib.contextmanager
 def bench_broker(extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                 ) -> Iterator[tuple[_Broker, docker.DockerClient, Path]]:
+                 module: str = "services.sandbox.main") -> Iterator[tuple[_Broker, docker.DockerClient, Path]]:
     """A real sandbox broker with an egress network and a temp root of its
     own (the images built first); network and root are removed afterwards.
     `extra`: more flags of the broker (--egress-transport socket); `env`: more
-    of its environment (AFE_CA_FILE)."""
+    of its environment (AFE_CA_FILE); `module`: its entry point."""
     ensure_images(progress=lambda _m: None)
     client = docker.from_env()
     instance = "bench" + secrets.token_hex(4)
@@ -126,7 +126,8 @@ def bench_broker(extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
     net.reload()
     subnet = net.attrs["IPAM"]["Config"][0]["Subnet"]
     try:
-        with _Broker(root, instance, egress_network=net.name, allow_private=subnet, extra=extra, env=env) as b:
+        with _Broker(root, instance, egress_network=net.name, allow_private=subnet, extra=extra, env=env,
+                     module=module) as b:
             yield b, client, root
     finally:
         net.remove()

@@ -4,17 +4,19 @@ Dockerfile at f3296f3) with the configuration of then (squid's native
 access log and its own mime table; no TLS settings, no rules).
 
 `ensure_image()` builds it (once; a label hashes its inputs).
-`python -m bench.proxy_before BROKER-ARGS` runs today's sandbox broker with
-that proxy: the image and the configuration are the only difference, so a
-ratio against it is the cost of today's proxy. A ticket with egress rules is
-refused there (the proxy of before had none).
+`python -m bench.proxy_before BROKER-ARGS` runs today's sandbox broker, which
+gives the tickets named `before-...` that proxy and every other ticket
+today's: the image and the configuration are the only difference, and one
+broker process serves both kinds, so a ratio of the two is the cost of
+today's proxy. A `before-` ticket with egress rules is refused (the proxy of
+before had none).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import subprocess
+import threading
 from typing import Any
 
 from services.common.childenv import docker_cli_env
@@ -22,6 +24,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument
 from services.sandbox.images import BASE_IMAGE, IMAGE_DIGEST_LABEL
 
 IMAGE = "afe/bench-proxy-before:latest"
+TICKET_PREFIX = "before-"
 
 # deploy/images/proxy/Dockerfile at f3296f3, but asking for the GnuTLS build by name: a base
 # made since holds squid-openssl (build-base.sh), which `command -v squid` took for squid.
@@ -72,18 +75,33 @@ def before_conf(conf: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _patch() -> None:
-    from services.sandbox import app, provision
-    from services.sandbox.sandboxes import SandboxManager
+_making = threading.local()       # the ticket whose containers this thread makes is a `before-` one
 
-    today = provision.squid_conf
+
+def _patch() -> None:
+    from services.sandbox import provision
+
+    today_conf = provision.squid_conf
+    today_create = provision.create_containers
 
     def squid_conf(*args: Any, **kw: Any) -> str:
+        conf = today_conf(*args, **kw)
+        if not getattr(_making, "before", False):
+            return conf
         if kw.get("rules"):
             raise InvalidArgument("the proxy of before issue 34 has no egress rules")
-        return before_conf(today(*args, **kw))
+        return before_conf(conf)
+
+    def create_containers(client: Any, s: Any, *args: Any, **kw: Any) -> Any:
+        _making.before = s.ticket_id.startswith(TICKET_PREFIX)
+        if _making.before:
+            kw["proxy_image"] = IMAGE
+        try:
+            return today_create(client, s, *args, **kw)
+        finally:
+            _making.before = False
     provision.squid_conf = squid_conf
-    setattr(app, "SandboxManager", functools.partial(SandboxManager, proxy_image=IMAGE))  # noqa: B010
+    provision.create_containers = create_containers
 
 
 if __name__ == "__main__":
