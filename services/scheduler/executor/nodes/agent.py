@@ -34,8 +34,10 @@ async def agent_node(ctx: RunContext, node: Node) -> str:
     await ctx.ensure_sandbox()
     agent = ctx.config.agents[node.agent or ""]
 
+    attempt = ctx.attempts.get(node.id, 0)    # the agent's events say which attempt they belong to
+
     async def emit(type_: str, payload: dict[str, Any]) -> None:
-        ctx.emit(type_, {"node": node.id, **payload})
+        ctx.emit(type_, {"node": node.id, "attempt": attempt, **payload})
 
     if agent.model or relay_mcp(ctx.config, ctx.workflow, node.id):
         await ctx.open_relay(node)

@@ -48,12 +48,16 @@ async def model_node(ctx: RunContext, node: Node) -> str:
         ctx.host.check_lease(tid)
         return ctx.host.fence(tid)
 
-    mcp = NodeMcpTools(ctx.credentials, tid, ctx.workflow.name, node, ctx.config.mcp_servers, fence, ctx.emit)
+    def emit(type_: str, payload: dict[str, Any]) -> None:
+        """The node's own events carry its attempt (a re-run after a takeover is a new one)."""
+        ctx.emit(type_, {**payload, "attempt": attempt} if payload.get("node") == node.id else payload)
+
+    mcp = NodeMcpTools(ctx.credentials, tid, ctx.workflow.name, node, ctx.config.mcp_servers, fence, emit)
     await mcp.load()
     toolbox = Toolbox(ctx.sandbox, tid, node.tools, on_output, mcp)
     return await run_model_node(
         ticket_id=ctx.ticket.id, node=node, model=model, prompt=ctx.prompt(node),
-        toolbox=toolbox, credentials=ctx.credentials, emit=ctx.emit, add_tokens=ctx.add_tokens,
+        toolbox=toolbox, credentials=ctx.credentials, emit=emit, add_tokens=ctx.add_tokens,
         ticket_budget=ctx.workflow.max_tokens, record_usage=ctx.record_usage)
 
 
