@@ -273,7 +273,7 @@ async def test_r43_real_agent_calls_an_mcp_tool_through_the_relay_and_the_token_
 
     # The agent was given the tracker at the relay, and its model saw only the granted tools.
     given = [p for ty, p in events if ty == "agent.mcp_servers"]
-    assert given == [{"node": "fix", "servers": ["tracker"], "given": True}], given
+    assert given == [{"node": "fix", "attempt": 1, "servers": ["tracker"], "given": True}], given
     assert {"mcp__tracker__get_issue", "mcp__tracker__whoami"} <= offered, offered
     assert not {n for n in offered if n.startswith("mcp__tracker__")} - {"mcp__tracker__get_issue",
                                                                            "mcp__tracker__whoami"}, offered
