@@ -16,7 +16,10 @@ the real sandbox and credential brokers; two tickets:
 
 The database is then stopped for OUTAGE_S (`pg_ctl stop -m fast`, or
 SIGKILL of the postmaster: `kill9`) and started again; both tickets are
-followed to their end. `/livez` and `/readyz` of both schedulers are asked
+followed to their end. With `pause_owner`, the scheduler that held
+`stream` comes back later than the database (SIGSTOP until the other one
+has taken `stream` over): a takeover for certain, and an old owner that
+wakes with its lost attempt. `/livez` and `/readyz` of both schedulers are asked
 every 0.1 s throughout. The observation (JSON) holds the probes, every
 stored event of both tickets, their nodes, the forge's pull requests,
 branches and commits, and the schedulers' logs' tails.
@@ -152,6 +155,17 @@ def _owners(server: postgres.PgServer, db: str) -> dict[str, dict]:
     return {r[0]: {"owner": r[1], "fence": r[2]} for r in rows}
 
 
+async def _taken_over(server: postgres.PgServer, db: str, ticket_id: str, old: str, deadline_s: float) -> bool:
+    """Wait until another scheduler than `old` holds the ticket by the database."""
+    end = _now() + deadline_s
+    while _now() < end:
+        owner = (await asyncio.to_thread(_owners, server, db)).get(ticket_id, {}).get("owner")
+        if owner and owner != old:
+            return True
+        await asyncio.sleep(0.2)
+    return False
+
+
 # -- the schedulers --------------------------------------------------------------------
 
 
@@ -240,9 +254,14 @@ def _tail(path: Path | None, n: int = 20000) -> str:
     return path.read_text(errors="replace")[-n:]
 
 
-async def run(mode: str, outage_s: float = OUTAGE_S, lease_s: float = LEASE_S, settle_s: float = 180) -> dict:
+async def run(mode: str, outage_s: float = OUTAGE_S, lease_s: float = LEASE_S, settle_s: float = 180,
+              pause_owner: bool = False) -> dict:
     """The scenario; returns the observation (JSON-able). `settle_s`: how long both tickets get to
-    end once the database is back (a ticket still live then is reported as it is)."""
+    end once the database is back (a ticket still live then is reported as it is). `pause_owner`:
+    the scheduler that held `stream` is paused (SIGSTOP) from just before the database starts
+    again until the other one has taken `stream` over (at most 30 s), as a scheduler that comes
+    back slower than the database does: a takeover happens for certain, and the old owner wakes
+    with its lost attempt."""
     if mode not in ("stop", "kill9"):
         raise ValueError(f"mode {mode!r}: stop or kill9")
     root = temp_root("afe-fo-")
@@ -284,8 +303,23 @@ async def run(mode: str, outage_s: float = OUTAGE_S, lease_s: float = LEASE_S, s
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(held, signal.SIGCONT)
                     await asyncio.sleep(max(0.0, t["stop"] + outage_s - _now()))
-                    await asyncio.to_thread(postgres.start_again, server)
-                    t["up"] = _now()
+                    paused = None
+                    if pause_owner:
+                        name = obs["owners_before"].get(stream.id, {}).get("owner", "")
+                        paused = {"sched-a": a, "sched-b": b}.get(name)
+                        if paused is not None and paused.proc is not None:
+                            os.kill(paused.proc.pid, signal.SIGSTOP)
+                            obs["paused"] = {"scheduler": name, "from": _now()}
+                    try:
+                        await asyncio.to_thread(postgres.start_again, server)
+                        t["up"] = _now()
+                        if "paused" in obs:
+                            obs["paused"]["taken_over"] = await _taken_over(server, db, stream.id,
+                                                                            obs["paused"]["scheduler"], 30)
+                    finally:
+                        if "paused" in obs and paused is not None and paused.proc is not None:
+                            os.kill(paused.proc.pid, signal.SIGCONT)
+                            obs["paused"]["to"] = _now()
 
                     final = await _until_done(stubs, [stream.id, push.id], settle_s)
                     t["done"] = _now()
@@ -328,9 +362,10 @@ def main() -> None:
     p.add_argument("--outage", type=float, default=OUTAGE_S)
     p.add_argument("--lease", type=float, default=LEASE_S)
     p.add_argument("--settle", type=float, default=180, help="seconds the tickets get to end after the outage")
+    p.add_argument("--pause-owner", action="store_true", help="pause stream's owner until the other takes it over")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    obs = asyncio.run(run(a.mode, a.outage, a.lease, a.settle))
+    obs = asyncio.run(run(a.mode, a.outage, a.lease, a.settle, a.pause_owner))
     Path(a.out).write_text(json.dumps(obs))
 
 

@@ -156,3 +156,15 @@ def test_a_scenario_that_missed_the_stream_or_the_push_says_so():
     obs["stream_line_at_stop"] = LINES
     obs["push_alive_at_down"] = False
     assert "scenario" in _keys(obs)
+
+
+def test_the_paused_owners_silence_is_not_a_freeze_but_a_missing_takeover_is_named():
+    obs = _clean()
+    probes = obs["probes"]["sched-a"]
+    probes["livez"] = [[at, None if 69 <= at <= 75 else st, took] for at, st, took in probes["livez"]]
+    obs["paused"] = {"scheduler": "sched-a", "from": 69.5, "to": 75.0, "taken_over": True}
+    assert violations(obs) == []
+    obs["paused"]["scheduler"] = "sched-b"        # the silent one was not the paused one
+    assert _keys(obs) == {"livez"}
+    obs["paused"] = {"scheduler": "sched-a", "from": 69.5, "to": 75.0, "taken_over": False}
+    assert _keys(obs) == {"scenario"}
