@@ -250,3 +250,59 @@ async def test_r45_a_scheduler_cut_off_from_its_database_drops_its_unstored_even
     assert seqs == list(range(1, len(seqs) + 1))           # gap-free: nothing renumbered in late
     assert next(n for n in a.store.node_runs(tid) if n.node_id == "edit").attempt == 2
     assert N_RUNNING not in {n.state for n in a.store.node_runs(tid)}
+
+
+@pytest.mark.parametrize("barrier", [True, False], ids=["fence-kept-until-the-queue-is-through", "positive-control"])
+async def test_r45_a_batch_still_queued_when_the_owner_fences_itself_off_is_never_written(pair, barrier):
+    """The scheduler's store on its own thread (as in the scheduler): a batch of the node's output
+    is on that thread, held (the database does not answer it), when the owner fences itself off.
+    The lost fence is kept until every statement queued there has met it: the batch is refused and
+    counted. Positive control: the fence forgotten once the run has stopped (what the engine did
+    before) lets the held batch through, unchecked: the old attempt's lines land after it was lost."""
+    import threading
+
+    from services.scheduler.store.worker import ThreadedStore
+
+    make, sandbox, _credentials = pair
+    a = make("sched-a")
+    inner = a.store
+    threaded = ThreadedStore(inner)
+    a2 = Engine(a.config, threaded, a.sandbox, a.credentials, Redactor(), registry=CollectorRegistry(),
+                recovery_interval=0, owner="sched-a2", lease_s=LEASE_S)
+    a2.broker_retry_s = 5.0
+    held, release = threading.Event(), threading.Event()
+    real_append = inner.append_events
+
+    def append_held(events):
+        if any(ev[2] == "node.output" and "two" in ev[3] for ev in events):
+            held.set()
+            release.wait(20)             # the database does not answer this batch (yet)
+        return real_append(events)
+    inner.append_events = append_held
+    try:
+        await a2.start()
+        tid = a2.create_ticket("", "fix", "notes", "", {}, "tester").ticket.id
+        await _until(lambda: sandbox.gate("started").is_set(), what="the command to start")
+        sandbox.open("more")                       # "two", "three": their batch is held on the store's thread
+        await _until(held.is_set, what="the batch on the store's thread")
+        await _until(lambda: a2.lease_lost(tid), deadline_s=LEASE_S * 5, what="self-fencing")
+        await _until(lambda: not a2.running_here(tid), what="the run to stop")
+        await asyncio.sleep(0.3)
+        if not barrier:
+            a2.leases.forget(tid)                   # what the engine before did once the run had stopped
+        release.set()                               # the database answers the held batch now
+        await _until(lambda: not a2.events.holds_unstored(tid), what="the held batch's outcome")
+        await asyncio.sleep(0.5)
+        outputs = [json.loads(e.payload_json) for e in inner.events(tid, 1, 100_000) if e.type == "node.output"]
+        first = [p["text"] for p in outputs if p["attempt"] == 1]
+        if barrier:
+            assert first == ["one\n"], first      # the held batch was refused: the fence was still marked lost
+            await _until(lambda: any(t == "events.lost" for t, _ in _events(a2, tid)), what="the next attempt")
+            lost = [p for _, p in _events(a2, tid, "events.lost")]
+            assert [(p["count"], p["attempt"]) for p in lost] == [(2, 1)], lost
+        else:
+            assert first == ["one\n", "two\n", "three\n"], first   # written after the owner lost the ticket
+    finally:
+        release.set()
+        await a2.stop()
+        threaded.close()
