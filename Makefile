@@ -68,12 +68,14 @@ check: $(RUN_STAMP)
 # would look like a token to the manifests' secret scan.
 # The tests run in PYTEST_WORKERS processes (pytest-xdist): most of their time is
 # waiting on Docker, git, browsers and subprocesses, so more workers than cores
-# pays off. A test file stays on one worker (--dist loadfile: its module fixtures,
-# e.g. a shared sandbox or gateway, are made once), and the files go out in the
-# order tests/conftest.py gives them, the longest first (--no-loadscope-reorder:
-# not xdist's own order, by test count). PYTEST_ARGS="-n 0" runs serially.
+# pays off (tests/foundation on 2 cores: 207 s serial, 120 s with 3 workers, 117 s
+# with 6, 149-211 s with 4 on a shared machine). A test file stays on one worker
+# (--dist loadfile: its module fixtures, e.g. a shared sandbox or gateway, are
+# made once), and the files go out in the order tests/conftest.py gives them, the
+# longest first (--no-loadscope-reorder: not xdist's own order, by test count).
+# PYTEST_ARGS="-n 0" runs serially.
 # --durations lists the slowest tests at the end of the log.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 PYTEST_DIST ?= loadfile
 test: $(STAMP) proto-check images-ready
 	@bt=/tmp/afe-pytest-$$$$-$$(date +%s); mkdir -p $$bt; \
