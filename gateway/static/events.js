@@ -145,6 +145,9 @@ const LINES = {
     const types = p.types && typeof p.types === "object" ? Object.entries(p.types).map(([t, c]) => `${c} ${t}`).join(", ") : "";
     return { cls: "sys", text: `${plural(p.count || 0, "event")} not stored${types ? " (" + types + ")" : ""}: ${p.reason || ""}` };
   },
+  "node.attempt": (p, n) => ({ cls: "sys", text: `${n}attempt ${p.attempt || "?"} starts (attempt ${p.previous ?? "?"} was interrupted: ${p.reason || "?"}${p.previous_scheduler ? ", on scheduler " + p.previous_scheduler : ""})` }),
+  "workspace.checkpoint": (p) => ({ cls: "sys", text: p.error ? `no workspace checkpoint after ${p.after}: ${p.error}` : `workspace kept after ${p.after} (${short(p.sha)})` }),
+  "workspace.restored": (p) => ({ cls: "sys", text: p.restored ? `workspace back to its state after ${p.after || "the branch head"} (${short(p.sha)}) for attempt ${p.attempt}` : `workspace not restored for attempt ${p.attempt}; the attempt runs on the files as they are: ${p.error || ""}` }),
   "merge.done": (p, n) => ({ cls: "sys", text: `${n}merged ${short(p.merge_sha || p.sha)}` }),
 };
 

@@ -360,6 +360,11 @@ SAMPLES = {
     "ci.rounds_exhausted": ({"sha": "7" * 40, "rounds": 2, "max": 2, "checks": [{"name": "lint"}]},
                             "CI still fails on 777777777777 (lint) after 2 of 2 rounds"),
     "ticket.takeover": ({"scheduler": "s2", "state": "waiting_approval"}, "taken over by scheduler s2"),
+    "node.attempt": ({"node": "edit", "attempt": 2, "previous": 1, "reason": "taken over",
+                      "previous_scheduler": "s1", "scheduler": "s2"}, "attempt 2 starts (attempt 1 was interrupted"),
+    "workspace.checkpoint": ({"after": "edit", "sha": "0123456789abcdef"}, "workspace kept after edit"),
+    "workspace.restored": ({"after": "", "attempt": 2, "restored": True, "sha": "0123456789abcdef"},
+                           "workspace back to its state after the branch head"),
 }
 
 
