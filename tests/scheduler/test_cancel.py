@@ -73,7 +73,7 @@ async def test_cancel_during_long_run_kills_it_and_tears_down(short_tmp):
 
             events = await all_events(sys_.stub, t.id)
             assert events[-1].type == "ticket.finished" and payload(events[-1])["state"] == "cancelled"
-            assert any(e.type == "node.finished" and payload(e) == {"node": "wait", "state": "cancelled"}
+            assert any(e.type == "node.finished" and payload(e) == {"node": "wait", "state": "cancelled", "attempt": 1}
                        for e in events)
             # Cancelling again is harmless and changes nothing.
             again = await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="bob"))
