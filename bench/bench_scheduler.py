@@ -160,11 +160,11 @@ async def _event_pipeline(root: Path) -> Result:
 
     from services.common.redact import Redactor
     from services.scheduler.events.log import FLUSH_AT, EventLog
-    from services.scheduler.store.sqlite import SqliteStore
+    from services.scheduler.store.store import Store
     from services.scheduler.store.worker import threaded
 
     path = root / "events.db"
-    store = threaded(SqliteStore(path))     # as the scheduler has it: statements on the store's thread
+    store = threaded(Store.sqlite(path))     # as the scheduler has it: statements on the store's thread
     redactor = Redactor()
     redactor.register("a-registered-secret-value")
     log = EventLog(store, redactor)

@@ -28,8 +28,7 @@ from .sandboxes.placement import BrokerSet
 from .sandboxes.pool import DEFAULT_CAP as DEFAULT_POOL_CAP
 from .sandboxes.remoteworkspace import RemoteWorkspaces
 from .servicer import WATCH_SEND_TIMEOUT_S, SchedulerServicer, register
-from .store.base import Store
-from .store.sqlite import SqliteStore
+from .store.store import Store
 from .store.worker import threaded
 
 
@@ -87,7 +86,7 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
     address, for the ticket links afe writes on GitHub (github_report.py). `owner`, `lease_s`:
     this scheduler's id and its tickets' lease on a shared store (docs/SCALE.md). The store's
     statements run on its own thread, never on the event loop (store/worker.py)."""
-    store = threaded(store if store is not None else SqliteStore(store_path or layout.store_file))
+    store = threaded(store if store is not None else Store.sqlite(store_path or layout.store_file))
     # `sandbox`: brokers on other hosts (placement.py, --sandbox-broker); else the local one
     sandbox = sandboxes or SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
     credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))

@@ -131,12 +131,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def GetRunRecords(self, request: pb.GetTicketRequest, context) -> pb.RunRecords:
         t = self.engine.view(request.id).ticket           # NotFound for an unknown ticket
-        pr = self.engine.store.get_pr(t.id)
+        pr = self.engine.store.prs.get_pr(t.id)
         forge_head, forge_error = await self.engine.forge_head(t.id)
         return pb.RunRecords(ticket_id=t.id, head_sha=pr.head_sha if pr else "", forge_head_sha=forge_head,
                              forge_error=forge_error, records=[
                                  pb.RunRecord(sha=r.sha, kind=r.kind, envelope=r.envelope, at_ms=r.at_ms)
-                                 for r in self.engine.store.run_records(t.id)])
+                                 for r in self.engine.store.run_records.run_records(t.id)])
 
     async def GetTicketDiff(self, request: pb.GetTicketRequest, context) -> pb.TicketDiff:
         diff, truncated, recorded = await self.engine.diff(request.id)

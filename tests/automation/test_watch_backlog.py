@@ -9,7 +9,7 @@ import pytest
 from services.common.redact import Redactor
 from services.scheduler.events import log as events_mod
 from services.scheduler.events.log import EventLog
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.mark.parametrize("backlog", [4, 0])   # 0: an unbounded queue, the behaviour without the bound
 async def test_slow_watcher_memory_is_bounded_and_it_misses_nothing(tmp_path, monkeypatch, backlog):
     monkeypatch.setattr(events_mod, "WATCH_BACKLOG", backlog)
-    log = EventLog(SqliteStore(tmp_path / "afe.db"), Redactor())
+    log = EventLog(Store.sqlite(tmp_path / "afe.db"), Redactor())
     tid = "t-1"
     log.append(tid, "ticket.created", {})
     log.flush()

@@ -62,11 +62,10 @@ def test_r42_afe_keys_and_afe_verify_a_ticket_a_pr_and_a_file(live_afe, tmp_path
     # The record as a file, checked with the key in a file.
     records = json.loads(_afe(live_afe, "verify", tid, "--json").stdout.splitlines()[0])
     assert records["sha"] == sha
-    from services.scheduler.store.sqlite import SqliteStore
-
-    store = SqliteStore(layout.data_dir / "afe.db")
+    from services.scheduler.store.store import Store
+    store = Store.sqlite(layout.data_dir / "afe.db")
     try:
-        envelope = store.run_record(tid, sha, "request").envelope
+        envelope = store.run_records.run_record(tid, sha, "request").envelope
     finally:
         store.close()
     key_file, rec_file = tmp_path / "afe.pub", tmp_path / "record.json"

@@ -436,11 +436,10 @@ def test_r42_a_persons_push_is_an_older_head_then_a_record_of_its_own_without_th
         assert now.returncode == 0, (now.stdout, now.stderr)
         line = json.loads(now.stdout.splitlines()[0])
         assert line["sha"] == moved and line["pushed_by"] == "person" and line["afe_head"] == old
-        from services.scheduler.store.sqlite import SqliteStore
-
-        store = SqliteStore(live_afe.layout.data_dir / "afe.db")
+        from services.scheduler.store.store import Store
+        store = Store.sqlite(live_afe.layout.data_dir / "afe.db")
         try:
-            env = json.loads(store.run_record(tid, moved, "request").envelope)
+            env = json.loads(store.run_records.run_record(tid, moved, "request").envelope)
         finally:
             store.close()
         p = attestation.unverified_statement(env)["predicate"]

@@ -84,7 +84,7 @@ def _event(app, tid: str, type_: str, payload: dict) -> None:
 
 def _wait(app, tid: str, sha: str) -> None:
     _event(app, tid, "approval.requested", {"node": "gate", "sha": sha, "pr": "1", "url": ""})
-    app.store.update_ticket(tid, state=WAITING_APPROVAL, awaiting_sha=sha)
+    app.store.tickets.update(tid, state=WAITING_APPROVAL, awaiting_sha=sha)
 
 
 def _history(app) -> str:
@@ -94,7 +94,7 @@ def _history(app) -> str:
     _wait(app, tid, H1)
     _event(app, tid, "approval.granted", {"node": "gate", "sha": H1, "principal": "bob"})
     _event(app, tid, "ticket.reopened", {"principal": "bob", "reason": "follow-up"})
-    app.store.update_ticket(tid, state=RUNNING)
+    app.store.tickets.update(tid, state=RUNNING)
     _event(app, tid, "node.started", {"node": "think"})
     _wait(app, tid, H2)
     _event(app, tid, "followup.received", {"source": "github:review", "taken": "followup"})
@@ -143,7 +143,7 @@ async def test_until_waiting_live_goes_past_an_earlier_wait_and_stops_at_the_new
     tid = app.engine.create_ticket("ws", "iterate", "Fix add()", "", {}, "alice").ticket.id
     _wait(app, tid, H1)
     _event(app, tid, "ticket.reopened", {"principal": "bob", "reason": "follow-up"})
-    app.store.update_ticket(tid, state=RUNNING)                      # running again: the watch follows it
+    app.store.tickets.update(tid, state=RUNNING)                      # running again: the watch follows it
     watch = asyncio.create_task(cli._follow(client, tid, _args()))
     await asyncio.sleep(1.0)
     assert not watch.done()                                          # not stopped at the earlier request

@@ -141,7 +141,7 @@ class Stack:
             return r.status, doc
 
     def tickets(self):
-        return self.scheduler.store.list_tickets(limit=500)
+        return self.scheduler.store.tickets.list(limit=500)
 
     async def metric(self, outcome: str, reason: str) -> float:
         async with self.session.get(f"http://127.0.0.1:{self.gateway.ops_port}/metrics") as r:

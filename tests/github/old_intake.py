@@ -15,6 +15,11 @@ from services.scheduler.github import intake as github_intake
 from services.scheduler.store.base import WorkClaim
 
 
+def _intake(store):
+    """The store's GitHub intake repository itself (a ThreadedStore's is its inner store's)."""
+    return getattr(store, "inner", store).intake
+
+
 def old_behaviour(monkeypatch: pytest.MonkeyPatch, store, which: str) -> None:
     """"refused": the event refused as `permission_unknown` (and so used up);
     "claim-kept": the failed event's claim kept, so its next try is a
@@ -22,17 +27,18 @@ def old_behaviour(monkeypatch: pytest.MonkeyPatch, store, which: str) -> None:
     if which == "refused":
         monkeypatch.setattr(github_intake, "TRY_AGAIN", ())
     elif which == "claim-kept":
-        monkeypatch.setattr(store, "release_once", lambda key: None)
+        monkeypatch.setattr(_intake(store), "release_once", lambda key: None)
     else:
         assert which == "", which
 
 
 def old_claims(monkeypatch: pytest.MonkeyPatch, store) -> None:
     """Every event starts its own ticket: the store's work claim always goes to the caller."""
-    monkeypatch.setattr(store, "claim_work", lambda repo, number, trigger, claim, at_ms, grace_ms:
+    repo = _intake(store)
+    monkeypatch.setattr(repo, "claim_work", lambda repo, number, trigger, claim, at_ms, grace_ms:
                         WorkClaim(claim, "", at_ms))
-    monkeypatch.setattr(store, "set_work_ticket", lambda *a: True)
-    monkeypatch.setattr(store, "release_work", lambda *a: None)
+    monkeypatch.setattr(repo, "set_work_ticket", lambda *a: True)
+    monkeypatch.setattr(repo, "release_work", lambda *a: None)
 
 
 def old_follow_ups(monkeypatch: pytest.MonkeyPatch, intake) -> None:

@@ -36,8 +36,8 @@ def _afe_ticket(stack, *, rounds: int, state: str = SUCCEEDED, sha: str = SHA) -
     stack.scheduler.intake.ci_settle_s = 0.5
     engine = stack.scheduler.engine
     tid = engine.create_ticket("hello", "iterate", "#1 fix", "body", {}, "alice").ticket.id
-    engine.store.update_ticket(tid, state=state, torn_down=True)
-    engine.store.put_pr(PullRequestRecord(tid, str(NUMBER), f"https://github.com/{stack.repo}/pull/{NUMBER}",
+    engine.store.tickets.update(tid, state=state, torn_down=True)
+    engine.store.prs.put_pr(PullRequestRecord(tid, str(NUMBER), f"https://github.com/{stack.repo}/pull/{NUMBER}",
                                           f"afe/{tid}", "main", sha, "open"))
     return tid
 
@@ -88,8 +88,8 @@ async def _until(cond, deadline_s: float = 20) -> None:
 
 def _round_done(stack, tid: str, sha: str = SHA):
     def done() -> bool:
-        row = stack.scheduler.store.ci_failure(tid, sha)
-        return row is not None and row.state != "gathering" and not stack.scheduler.store.pending_followups(tid)
+        row = stack.scheduler.store.ci.ci_failure(tid, sha)
+        return row is not None and row.state != "gathering" and not stack.scheduler.store.followups.pending_followups(tid)
     return done
 
 
@@ -105,10 +105,10 @@ async def test_r36_a_failing_check_run_starts_one_round_with_its_log_tail_quoted
     assert (status, doc["reason"]) == (202, "gathered"), doc
     await _until(_round_done(stack, tid))
     store = stack.scheduler.store
-    t = store.get_ticket(tid)
+    t = store.tickets.get(tid)
     assert t.state == QUEUED and t.reopened_at_ms > 0
-    assert sum(e.type == "ticket.reopened" for e in store.events(tid, 1)) == 1
-    (f,) = store.followups(tid, t.reopened_at_ms)
+    assert sum(e.type == "ticket.reopened" for e in store.events.read(tid, 1)) == 1
+    (f,) = store.followups.followups(tid, t.reopened_at_ms)
     assert (f.source, f.author) == ("github:ci", "test")
     for want in ("CI failed on commit " + SHA, "Check test (check_run by github-actions): failure",
                  "Summary: tests/test_calc.py::test_add failed", "Check ci/build (status): failure",
@@ -122,7 +122,7 @@ async def test_r36_a_failing_check_run_starts_one_round_with_its_log_tail_quoted
     section = followup_section([f])
     block = section[section.index("<<<QUOTED"):]
     assert unquote(block) == f.text and "failing CI checks" in block
-    row = store.ci_failure(tid, SHA)
+    row = store.ci.ci_failure(tid, SHA)
     assert (row.state, row.doc["round"]) == (ROUND, 1)
     assert [c["name"] for c in row.doc["checks"]] == ["test", "ci/build"]
     comments = [c["body"] for c in stack.github.comments if c["number"] == NUMBER]
@@ -148,7 +148,7 @@ async def test_success_an_older_head_and_other_pull_requests_start_nothing(stack
             ("status", _status(examples, sha=OLD, branch="afe/t-someone-elses"), "not_afe_pull_request")):
         status, doc = await stack.post(event, payload)
         assert (status, doc["outcome"], doc["reason"]) == (202, "ignored", reason), (event, doc)
-    assert stack.scheduler.store.ci_failures(tid) == []
+    assert stack.scheduler.store.ci.ci_failures(tid) == []
 
 
 @pytest.mark.parametrize("context", ["afe/iterate", "afe", "afe/verify"])
@@ -156,28 +156,28 @@ async def test_r36_afe_own_failing_status_starts_nothing(stack, examples, contex
     tid = _afe_ticket(stack, rounds=2)
     status, doc = await stack.post("status", _status(examples, context=context))
     assert (status, doc["outcome"], doc["reason"]) == (202, "ignored", "own_check")
-    assert stack.scheduler.store.ci_failures(tid) == []
+    assert stack.scheduler.store.ci.ci_failures(tid) == []
     # Positive control: the same payload with another context starts a round.
     status, doc = await stack.post("status", _status(examples, context="ci/" + context))
     assert (status, doc["outcome"], doc["reason"]) == (202, "accepted", "followup")
     await _until(_round_done(stack, tid))
-    assert stack.scheduler.store.ci_failure(tid, SHA).state == ROUND
+    assert stack.scheduler.store.ci.ci_failure(tid, SHA).state == ROUND
 
 
 async def test_rounds_are_bounded_then_a_comment_asks_a_person(stack, examples):
     tid = _afe_ticket(stack, rounds=1, state=WAITING_APPROVAL)
     store = stack.scheduler.store
-    assert store.claim_ci_failure(tid, OLD, "earlier", 1)
-    store.put_ci_failure(tid, OLD, {"state": ROUND, "round": 1, "checks": []})     # the one round, done before
+    assert store.ci.claim_ci_failure(tid, OLD, "earlier", 1)
+    store.ci.put_ci_failure(tid, OLD, {"state": ROUND, "round": 1, "checks": []})     # the one round, done before
     # Answered as what happens: no round (not `accepted/followup`), also for the same failure's other reports.
     status, doc = await stack.post("status", _status(examples))
     assert (status, doc["outcome"], doc["reason"], doc["tickets"]) == (202, "ignored", "past_max", [tid])
     status, doc = await stack.post("check_suite", _suite(examples))
     assert (status, doc["outcome"], doc["reason"]) == (202, "ignored", "past_max")
     await _until(_round_done(stack, tid))
-    assert store.ci_failure(tid, SHA).state == OVER
-    assert store.followups(tid, 0) == [] and store.get_ticket(tid).state == WAITING_APPROVAL
-    assert any(e.type == "ci.rounds_exhausted" for e in store.events(tid, 1))
+    assert store.ci.ci_failure(tid, SHA).state == OVER
+    assert store.followups.followups(tid, 0) == [] and store.tickets.get(tid).state == WAITING_APPROVAL
+    assert any(e.type == "ci.rounds_exhausted" for e in store.events.read(tid, 1))
     (body,) = [c["body"] for c in stack.github.comments if c["number"] == NUMBER]
     assert "CI still fails on `bbbbbbbbbbbb` (`ci/build`) after 1 round(s)" in body and "a person must look" in body
 
@@ -188,9 +188,9 @@ async def test_without_on_ci_failure_a_failure_is_only_noted(stack, examples):
     assert (status, doc["outcome"], doc["reason"], doc["tickets"]) == (202, "ignored", "no_ci_iteration", [tid])
     await _until(_round_done(stack, tid))
     store = stack.scheduler.store
-    assert store.ci_failure(tid, SHA).state == QUIET and store.followups(tid, 0) == []
-    assert [e.type for e in store.events(tid, 1) if e.type.startswith("ci.")] == ["ci.failed", "ci.noted"]
-    assert store.get_ticket(tid).state == SUCCEEDED and stack.github.comments == []
+    assert store.ci.ci_failure(tid, SHA).state == QUIET and store.followups.followups(tid, 0) == []
+    assert [e.type for e in store.events.read(tid, 1) if e.type.startswith("ci.")] == ["ci.failed", "ci.noted"]
+    assert store.tickets.get(tid).state == SUCCEEDED and stack.github.comments == []
 
 
 async def test_polling_sees_a_failing_check_and_starts_one_round_not_two(stack, examples):
@@ -203,18 +203,18 @@ async def test_polling_sees_a_failing_check_and_starts_one_round_not_two(stack, 
     await poller.poll_once(ws)
     await _until(_round_done(stack, tid))
     store = stack.scheduler.store
-    row = store.ci_failure(tid, SHA)
+    row = store.ci.ci_failure(tid, SHA)
     assert (row.state, [c["name"] for c in row.doc["checks"]]) == (ROUND, ["test"])    # not afe's own status
-    t = store.get_ticket(tid)
-    (f,) = store.followups(tid, t.reopened_at_ms)
+    t = store.tickets.get(tid)
+    (f,) = store.followups.followups(tid, t.reopened_at_ms)
     assert "E   assert add(1, 1) == 3" in f.text and TOKEN not in f.text
-    store.update_ticket(tid, state=SUCCEEDED)      # as if the re-run ended without a new head
+    store.tickets.update(tid, state=SUCCEEDED)      # as if the re-run ended without a new head
     before = stack.github.rate_remaining
     await poller.poll_once(ws)          # the events unchanged (304) and this head had its round: no request
     await asyncio.sleep(1.0)
     assert stack.github.rate_remaining == before
-    assert len(store.ci_failures(tid)) == 1 and len(store.followups(tid, 0)) == 1
-    assert sum(e.type == "ticket.reopened" for e in store.events(tid, 1)) == 1
+    assert len(store.ci.ci_failures(tid)) == 1 and len(store.followups.followups(tid, 0)) == 1
+    assert sum(e.type == "ticket.reopened" for e in store.events.read(tid, 1)) == 1
 
 
 async def test_polling_a_head_whose_checks_still_run_asks_github_conditionally(stack, examples):
@@ -228,7 +228,7 @@ async def test_polling_a_head_whose_checks_still_run_asks_github_conditionally(s
     poller = Poller(stack.scheduler.intake, interval_s=0)
     first, seen = stack.github.rate_remaining, stack.github.not_modified
     await poller.poll_once(ws)
-    assert stack.scheduler.store.ci_failure(tid, SHA) is None       # pending: no round yet
+    assert stack.scheduler.store.ci.ci_failure(tid, SHA) is None       # pending: no round yet
     assert stack.github.rate_remaining <= first - 2 and stack.github.not_modified == seen    # counted
     before, seen = stack.github.rate_remaining, stack.github.not_modified
     await poller.poll_once(ws)
@@ -237,4 +237,4 @@ async def test_polling_a_head_whose_checks_still_run_asks_github_conditionally(s
     stack.github.check_runs[-1].update(status="completed", conclusion="failure")
     await poller.poll_once(ws)                                      # the answer changed: a new ETag
     await _until(_round_done(stack, tid))
-    assert stack.scheduler.store.ci_failure(tid, SHA).state == ROUND
+    assert stack.scheduler.store.ci.ci_failure(tid, SHA).state == ROUND

@@ -35,7 +35,7 @@ NEWER = "c" * 40
 
 
 def _events(store, tid: str, type_: str) -> list[dict]:
-    return [json.loads(e.payload_json) for e in store.events(tid, 1, 100_000) if e.type == type_]
+    return [json.loads(e.payload_json) for e in store.events.read(tid, 1, 100_000) if e.type == type_]
 
 
 async def _until(cond, deadline_s: float = 20) -> None:
@@ -55,15 +55,15 @@ async def test_a_ci_round_queued_while_the_ticket_runs_is_dropped_once_its_head_
     await runs.started(1)
     status, doc = await stack.post("check_run", _check_run(examples))       # CI of H1 fails meanwhile
     assert (status, doc["reason"]) == (202, "followup")
-    await _until(lambda: bool(store.pending_followups(tid)))
+    await _until(lambda: bool(store.followups.pending_followups(tid)))
     [received] = [r for r in _events(store, tid, "followup.received") if r["source"] == "github:ci"]
     assert received["taken"] == "queued"
-    assert store.ci_failure(tid, SHA).state == ROUND
+    assert store.ci.ci_failure(tid, SHA).state == ROUND
     announced = "CI failed on `bbbbbbbbbbbb`: `test`; afe takes it up as round 1 of 2 once its current run ends"
     await _until(lambda: announced in _pr_comment(stack))
     if pushed:      # what builtin:open_pr records when the re-run pushes a new head to the pull request
-        pr = store.get_pr(tid)
-        store.put_pr(PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, NEWER, "open"))
+        pr = store.prs.get_pr(tid)
+        store.prs.put_pr(PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, NEWER, "open"))
     await runs.finish(0)
     if not pushed:
         await runs.started(2)
@@ -78,9 +78,9 @@ async def test_a_ci_round_queued_while_the_ticket_runs_is_dropped_once_its_head_
         in dropped["reason"]
     assert [f["source"] for f in dropped["followups"]] == ["github:ci"]
     await asyncio.sleep(0.5)
-    assert len(runs.seen) == 1 and store.pending_followups(tid) == []
-    assert sum(e.type == "ticket.reopened" for e in store.events(tid, 1)) == 1    # only the first re-run
-    row = store.ci_failure(tid, SHA)
+    assert len(runs.seen) == 1 and store.followups.pending_followups(tid) == []
+    assert sum(e.type == "ticket.reopened" for e in store.events.read(tid, 1)) == 1    # only the first re-run
+    row = store.ci.ci_failure(tid, SHA)
     assert (row.state, row.doc["reason"]) == (QUIET, "stale_head")          # the round did not count
     # The announcement is corrected, in the same (edited) comment: one comment per head (R37).
     await _until(lambda: "Not taken up" in _pr_comment(stack))
@@ -97,16 +97,16 @@ async def test_a_head_that_moved_within_the_settle_window_starts_and_announces_n
     stack.scheduler.intake.ci_settle_s = 1.0
     status, doc = await stack.post("check_run", _check_run(examples))
     assert (status, doc["reason"]) == (202, "followup")
-    pr = store.get_pr(tid)        # a run pushed a newer head before the window ended
-    store.put_pr(PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, NEWER, "open"))
-    await _until(lambda: store.ci_failure(tid, SHA).state != "gathering")
-    row = store.ci_failure(tid, SHA)
+    pr = store.prs.get_pr(tid)        # a run pushed a newer head before the window ended
+    store.prs.put_pr(PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, NEWER, "open"))
+    await _until(lambda: store.ci.ci_failure(tid, SHA).state != "gathering")
+    row = store.ci.ci_failure(tid, SHA)
     assert (row.state, row.doc["reason"]) == (QUIET, "stale_head")
     [noted] = _events(store, tid, "ci.noted")
     assert f"no longer the pull request's head ({NEWER[:12]})" in noted["reason"]
     await asyncio.sleep(0.5)
-    assert store.followups(tid, 0) == [] and stack.github.comments == []
-    assert store.get_ticket(tid).reopened_at_ms == 0
+    assert store.followups.followups(tid, 0) == [] and stack.github.comments == []
+    assert store.tickets.get(tid).reopened_at_ms == 0
 
 
 def _pr_comment(stack) -> str:

@@ -40,7 +40,7 @@ def _comment(examples, body: str) -> dict:
 
 
 def _joined(store, tid: str) -> list[dict]:
-    return [json.loads(e.payload_json) for e in store.events(tid, 1) if e.type == JOINED_EVENT]
+    return [json.loads(e.payload_json) for e in store.events.read(tid, 1) if e.type == JOINED_EVENT]
 
 
 @pytest.mark.parametrize("fixed", [True, False], ids=["claimed", "positive-control-no-claim"])
@@ -75,7 +75,7 @@ async def test_deliveries_for_one_issue_make_one_ticket_until_it_ends(stack, exa
     status, doc = await stack.post("issues", labeled, delivery=cases[1][2])
     assert (status, doc["reason"]) == (409, "duplicate")
     # The ticket ends: the next event starts a new ticket, which the one after joins.
-    stack.scheduler.store.update_ticket(t.id, state=FAILED, torn_down=True)
+    stack.scheduler.store.tickets.update(t.id, state=FAILED, torn_down=True)
     status, doc = await stack.post("issues", assigned)
     assert (status, doc["outcome"]) == (202, "accepted") and doc["tickets"] != [t.id]
     status, again = await stack.post("issues", labeled)
@@ -108,7 +108,7 @@ async def test_polled_events_for_one_issue_make_one_ticket(stack, examples, monk
         ("accepted", "ok", [t.id]), ("duplicate", "joined", [t.id]), ("duplicate", "joined", [t.id])]
     assert [j["delivery"] for j in _joined(stack.scheduler.store, t.id)] == ["poll:1003", "poll:1004"]
     # Ended: the next polled event of the issue starts a new ticket.
-    stack.scheduler.store.update_ticket(t.id, state=SUCCEEDED, torn_down=True)
+    stack.scheduler.store.tickets.update(t.id, state=SUCCEEDED, torn_down=True)
     stack.github.events.insert(0, _event(5, examples))
     outcomes, _ = await poller.poll_once(ws)
     assert [o.reason for o in outcomes] == ["ok"] and len(stack.tickets()) == 2
@@ -124,7 +124,7 @@ async def test_a_claim_left_by_a_crash_never_blocks_the_issue_for_good(stack, ex
     store = stack.scheduler.store
     key = (stack.repo.lower(), labeled["issue"]["number"], "github-fix")
     monkeypatch.setattr(github_intake, "JOIN_WAIT_S", 0.3)
-    store.claim_work(*key, "crashed-scheduler", 10**13, github_intake.CLAIM_GRACE_MS)   # "just now"
+    store.intake.claim_work(*key, "crashed-scheduler", 10**13, github_intake.CLAIM_GRACE_MS)   # "just now"
     delivery = str(uuid.uuid4())
     status, doc = await stack.post("issues", labeled, delivery=delivery)
     assert (status, doc["reason"]) == (503, "scheduler_unavailable") and stack.tickets() == []
@@ -134,11 +134,11 @@ async def test_a_claim_left_by_a_crash_never_blocks_the_issue_for_good(stack, ex
     [t] = stack.tickets()
     # A claim naming a ticket the store does not have (a cut restore, say): the same, it blocks for
     # the grace period only.
-    store.update_ticket(t.id, state=CANCELLED, torn_down=True)
+    store.tickets.update(t.id, state=CANCELLED, torn_down=True)
     monkeypatch.undo()
     monkeypatch.setattr(github_intake, "JOIN_WAIT_S", 0.3)
-    held = store.claim_work(*key, "another", 10**13, github_intake.CLAIM_GRACE_MS)
-    assert store.set_work_ticket(*key, held.claim, "t-not-stored")
+    held = store.intake.claim_work(*key, "another", 10**13, github_intake.CLAIM_GRACE_MS)
+    assert store.intake.set_work_ticket(*key, held.claim, "t-not-stored")
     status, doc = await stack.post("issues", labeled)
     assert (status, doc["reason"]) == (503, "scheduler_unavailable") and len(stack.tickets()) == 1
     monkeypatch.setattr(github_intake, "CLAIM_GRACE_MS", -10**13)
@@ -203,7 +203,7 @@ def test_two_schedulers_on_one_postgresql_racing_make_one_ticket_per_issue(pg_ur
     store = open_store_url(pg_url)
     try:
         per_issue: dict[str, int] = {}
-        for t in store.list_tickets(limit=1000):
+        for t in store.tickets.list(limit=1000):
             per_issue[t.origin["issue"]] = per_issue.get(t.origin["issue"], 0) + 1
         if not fixed:
             assert per_issue == {str(n): 2 for n in issues}
@@ -213,7 +213,7 @@ def test_two_schedulers_on_one_postgresql_racing_make_one_ticket_per_issue(pg_ur
             pair = sorted([outcomes[0][n], outcomes[1][n]])
             assert pair == [("accepted", "ok"), ("duplicate", "joined")], (issues[n], pair)
         # Each issue's ticket names the delivery that joined it.
-        for t in store.list_tickets(limit=1000):
+        for t in store.tickets.list(limit=1000):
             assert len(_joined(store, t.id)) == 1
     finally:
         store.close()

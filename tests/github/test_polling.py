@@ -15,7 +15,7 @@ import pytest
 from services.credentials import github_events, httpclient
 from services.scheduler.github import poll as github_poll
 from services.scheduler.github.poll import NOTHING_SEEN, Poller
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.store import Store
 from tests.support.retry_rules import capped_next_wait
 
 from .conftest import example
@@ -88,9 +88,9 @@ async def test_polling_starts_from_now_uses_etags_and_keeps_its_cursor_across_re
     assert t.origin["delivery_id"] == "poll:1002" and t.origin["body_untrusted"]
     # A restarted scheduler (a new store object on the same file) neither replays nor skips.
     path = stack.scheduler.store.path
-    reopened = SqliteStore(path)
+    reopened = Store.sqlite(path)
     try:
-        assert reopened.poll_cursor("hello").last_event_id == "1002"
+        assert reopened.intake.poll_cursor("hello").last_event_id == "1002"
     finally:
         reopened.close()
     stack.github.events.insert(0, _event(3, examples, "assigned", number=3))    # issue #1 has a live ticket
@@ -148,12 +148,13 @@ async def test_a_restarted_poller_does_not_ask_before_the_stored_time(stack, exa
     gh.secondary_limit(600)
     await poller.poll_once(ws)
     # The scheduler restarts: its store opened again from the file, a new poller.
-    reopened = SqliteStore(stack.scheduler.store.path)
+    reopened = Store.sqlite(stack.scheduler.store.path)
     try:
-        assert reopened.poll_cursor("hello").next_poll_ms == int(clock.t * 1000) + 600_000
+        assert reopened.intake.poll_cursor("hello").next_poll_ms == int(clock.t * 1000) + 600_000
         if forget:      # the store before migration 0008 kept no next poll
-            read = reopened.poll_cursor
-            monkeypatch.setattr(reopened, "poll_cursor", lambda w: dataclasses.replace(read(w), next_poll_ms=0))
+            read = reopened.intake.poll_cursor
+            monkeypatch.setattr(reopened.intake, "poll_cursor",
+                                lambda w: dataclasses.replace(read(w), next_poll_ms=0))
         monkeypatch.setattr(intake, "store", reopened)
         before = _asked(gh)
         polled = await Poller(intake, interval_s=1, clock=clock).poll_due()

@@ -39,7 +39,7 @@ async def test_r36_a_nul_in_an_issue_becomes_u_fffd_and_its_ticket_is_made(repor
     r.github.permissions[r.payload["sender"]["login"]] = "write"
     out = await r.app.intake.deliver(str(uuid.uuid4()), "issues", _labeled(r.payload))
     assert (out.outcome, out.reason) == ("accepted", "ok"), out
-    t = r.store.get_ticket(out.ticket_ids[0])
+    t = r.store.tickets.get(out.ticket_ids[0])
     assert t.title == f"#{r.issue} Crash on \ufffd input \x1b[2J\x1b[31mred\x07"
     assert t.body == "steps\ufffdhere" and t.inputs["issue"] == "steps\ufffdhere"
 
@@ -51,4 +51,4 @@ async def test_r36_positive_control_a_nul_kept_fails_the_delivery_on_postgresql(
     monkeypatch.setattr(delivery, "_UNSTORABLE", re.compile("[\ud800-\udfff]"))     # the decoding before
     with pytest.raises(AfeError, match="redeliver it later"):
         await r.app.intake.deliver(str(uuid.uuid4()), "issues", _labeled(r.payload))
-    assert r.store.list_tickets(limit=10) == []
+    assert r.store.tickets.list(limit=10) == []

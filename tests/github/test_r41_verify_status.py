@@ -26,7 +26,7 @@ async def test_r41_the_verification_is_a_commit_status_on_the_head(reporting):  
     sha = "c0ffee" + "1" * 34
     await r.open_pr(tid, sha)
     assert _verify_statuses(r.github) == []                     # not verified yet: no status
-    r.store.put_verification(tid, sha, False, {**FAILED, "sha": sha}, 1)
+    r.store.verifications.put_verification(tid, sha, False, {**FAILED, "sha": sha}, 1)
     await r.move(tid, "waiting_approval", awaiting_sha=sha)
     [status] = _verify_statuses(r.github)
     assert status["sha"] == sha and status["state"] == "failure"
@@ -36,7 +36,7 @@ async def test_r41_the_verification_is_a_commit_status_on_the_head(reporting):  
     assert len(_verify_statuses(r.github)) == 1
 
     new = "c0ffee" + "2" * 34                                    # a new head, verified: its own status
-    r.store.put_verification(tid, new, True, {**FAILED, "sha": new, "passed": True,
+    r.store.verifications.put_verification(tid, new, True, {**FAILED, "sha": new, "passed": True,
                                               "commands": [{**FAILED["commands"][0], "exit_code": 0}]}, 2)
     await r.open_pr(tid, new)
     last = _verify_statuses(r.github)[-1]

@@ -67,7 +67,7 @@ class Reporting:
 
     async def open_pr(self, tid: str, sha: str) -> None:
         """What builtin:open_pr records, then its notice to the listeners."""
-        self.store.put_pr(PullRequestRecord(tid, "7", f"https://github.com/{self.github.repo}/pull/7",
+        self.store.prs.put_pr(PullRequestRecord(tid, "7", f"https://github.com/{self.github.repo}/pull/7",
                                             f"afe/{tid}", "main", sha, "open"))
         self.app.engine.transitions.notify(tid, RUNNING)
         await self.app.reporter.idle()
@@ -121,9 +121,9 @@ async def test_report_start_comment_status_and_final_comment(reporting):
     await r.move(tid, RUNNING)                  # nothing changed: nothing is sent again
     assert len(r.github.comments) == 1 and len(r.github.statuses) == 1
 
-    r.store.update_node(tid, "work", state=N_SUCCEEDED)
-    r.store.update_node(tid, "gate", state=N_SUCCEEDED)
-    t = r.store.get_ticket(tid)
+    r.store.tickets.update_node(tid, "work", state=N_SUCCEEDED)
+    r.store.tickets.update_node(tid, "gate", state=N_SUCCEEDED)
+    t = r.store.tickets.get(tid)
     await r.move(tid, SUCCEEDED, tokens_used=1234)
     assert [s["state"] for s in r.github.statuses] == ["pending", "success"]
     assert r.github.statuses[-1]["sha"] == sha
@@ -133,7 +133,7 @@ async def test_report_start_comment_status_and_final_comment(reporting):
     assert f"- Pull request: https://github.com/{r.github.repo}/pull/7" in final
     assert "- Tests: 1 of 1 passed" in final and "- Tokens: 1234" in final
     assert re.search(r"- Duration: \d+s", final) and MARK.search(final).group(2) == "final"
-    assert r.store.get_ticket(tid).updated_at_ms >= t.created_at_ms
+    assert r.store.tickets.get(tid).updated_at_ms >= t.created_at_ms
     assert r.github.edits == []
 
 
@@ -143,7 +143,7 @@ async def test_report_failure_status_and_failed_tests(reporting):
     await r.move(tid, RUNNING)
     sha = "feed" + "1" * 36
     await r.open_pr(tid, sha)
-    r.store.update_node(tid, "work", state=N_FAILED)
+    r.store.tickets.update_node(tid, "work", state=N_FAILED)
     await r.move(tid, FAILED, error="node work failed: exit status 1\n`rm -rf` <b>")
     assert [(s["sha"], s["state"]) for s in r.github.statuses] == [(sha, "pending"), (sha, "failure")]
     final = r.issue_comments()[-1]
@@ -180,7 +180,7 @@ async def _crash_between_post_and_record(r: Reporting) -> str:
     r.app.engine.transitions.move(tid, RUNNING, state_event(RUNNING))
     await killed.wait()                                              # the post happened, then the kill
     assert len(r.github.comments) == 1
-    assert r.store.report(tid, "started") is None                   # the scheduler never heard back
+    assert r.store.reports.report(tid, "started") is None                   # the scheduler never heard back
     await r.broker.start()
     await r.app.reporter.idle()                                      # its retry reaches the new broker
     assert r.broker.starts == 2
@@ -191,9 +191,9 @@ async def test_r37_report_comment_after_a_broker_crash_is_edited_not_repeated(re
     r = reporting
     tid = await _crash_between_post_and_record(r)
     assert len(r.issue_comments()) == 1                              # found by its mark: not posted again
-    assert r.store.report(tid, "started")[0] == "1"
+    assert r.store.reports.report(tid, "started")[0] == "1"
     # A later change of the same report edits that comment.
-    r.store.update_ticket(tid, reopened_at_ms=1)
+    r.store.tickets.update(tid, reopened_at_ms=1)
     await r.move(tid, RUNNING)
     [started] = r.issue_comments()
     assert "again, for a follow-up" in started and r.github.edits == [1]
@@ -217,8 +217,8 @@ async def test_r37_a_copied_mark_in_a_later_comment_is_not_taken_for_afes(report
     mine = r.issue_comments()[0]
     r.github.comments.append({"number": r.issue, "body": "copied:\n" + mine.split("\n", 1)[1]
                               if "\n" in mine else mine})
-    r.store.put_report(tid, "started", "1", "lost", 0)                # the scheduler forgot what it said
-    r.store.update_ticket(tid, reopened_at_ms=1)
+    r.store.reports.put_report(tid, "started", "1", "lost", 0)                # the scheduler forgot what it said
+    r.store.tickets.update(tid, reopened_at_ms=1)
     await r.move(tid, RUNNING)
     assert r.github.edits == [1]
     assert "again" in r.github.comments[0]["body"] and "again" not in r.github.comments[1]["body"]
@@ -239,7 +239,7 @@ async def test_a_head_a_re_opened_run_replaced_gets_a_final_status(reporting, mo
     h1, h2 = "1" * 40, "2" * 40
     await r.open_pr(tid, h1)
     await r.move(tid, "waiting_approval")
-    r.store.update_ticket(tid, reopened_at_ms=1)                     # Engine.reopen: the follow-up's run
+    r.store.tickets.update(tid, reopened_at_ms=1)                     # Engine.reopen: the follow-up's run
     await r.move(tid, RUNNING)
     await r.open_pr(tid, h2)
     latest = {}

@@ -45,7 +45,7 @@ class HeldRuns:
 
     def _launch(self, t, resumed: bool) -> None:
         engine = self.engine
-        self.seen.append([f.text for f in engine.store.followups(t.id, t.reopened_at_ms)])
+        self.seen.append([f.text for f in engine.store.followups.followups(t.id, t.reopened_at_ms)])
         gate = asyncio.Event()
         self.gates.append(gate)
 
@@ -80,7 +80,7 @@ def _inline(examples, body: str, n: int) -> dict:
 
 
 def _events(store, tid: str, type_: str) -> list[dict]:
-    return [json.loads(e.payload_json) for e in store.events(tid, 1, 100_000) if e.type == type_]
+    return [json.loads(e.payload_json) for e in store.events.read(tid, 1, 100_000) if e.type == type_]
 
 
 @pytest.mark.parametrize("fixed", [True, False], ids=["gathered", "positive-control-dropped-as-busy"])
@@ -105,22 +105,22 @@ async def test_a_review_and_its_inline_comments_are_one_rerun_and_late_ones_the_
         assert [(s, d["reason"]) for s, d in answers] == [(202, "followup")] + [(202, "busy")] * 3
         await runs.started(1)
         assert runs.seen == [["Please handle the edge cases"]]
-        assert [f.text for f in store.followups(tid, 0)] == ["Please handle the edge cases"]
-        assert not any("inline comment" in e.payload_json for e in store.events(tid, 1, 100_000))
+        assert [f.text for f in store.followups.followups(tid, 0)] == ["Please handle the edge cases"]
+        assert not any("inline comment" in e.payload_json for e in store.events.read(tid, 1, 100_000))
         return
     assert [(s, d["outcome"], d["reason"], d["tickets"]) for s, d in answers] == (
         [(202, "accepted", "followup", [tid])] + [(202, "accepted", "gathered", [tid])] * 3)
     await runs.started(1)
     assert runs.seen == [["Please handle the edge cases", "inline comment 1", "inline comment 2",
                           "inline comment 3"]]
-    assert store.get_ticket(tid).state == RUNNING
-    given = store.followups(tid, store.get_ticket(tid).reopened_at_ms)
+    assert store.tickets.get(tid).state == RUNNING
+    given = store.followups.followups(tid, store.tickets.get(tid).reopened_at_ms)
     assert [(f.source, f.path, f.line) for f in given[1:]] == [
         ("github:review_comment", comments[0]["comment"]["path"], 11 + i) for i in range(3)]
     # A comment of the same review that comes after its re-run started: queued for the next one.
     status, doc = await stack.post("pull_request_review_comment", _inline(examples, "one more thing", 4))
     assert (status, doc["outcome"], doc["reason"]) == (202, "accepted", "queued")
-    assert [f.text for f in store.pending_followups(tid)] == ["one more thing"]
+    assert [f.text for f in store.followups.pending_followups(tid)] == ["one more thing"]
     await asyncio.sleep(0.3)
     assert len(runs.seen) == 1                                    # the running re-run is left alone
     await runs.finish(0)                                          # it ends (or waits for approval) ...
@@ -149,8 +149,8 @@ async def test_queued_follow_ups_of_a_pull_request_merged_meanwhile_are_said_dro
     status, doc = await stack.post("pull_request_review_comment", _inline(examples, "and this one", 1))
     assert doc["reason"] == "queued"
     # The pull request is merged while the re-run runs: the queued comment can never run.
-    pr = store.get_pr(tid)
-    store.put_pr(PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha, "merged"))
+    pr = store.prs.get_pr(tid)
+    store.prs.put_pr(PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha, "merged"))
     await runs.finish(0)
     end = time.monotonic() + 15
     while not _events(store, tid, "followup.dropped"):
@@ -159,7 +159,7 @@ async def test_queued_follow_ups_of_a_pull_request_merged_meanwhile_are_said_dro
     [dropped] = _events(store, tid, "followup.dropped")
     assert dropped["count"] == 1 and "merged" in dropped["reason"]
     assert dropped["followups"][0]["source"] == "github:review_comment"
-    assert len(runs.seen) == 1 and store.pending_followups(tid) == []
+    assert len(runs.seen) == 1 and store.followups.pending_followups(tid) == []
     # ... and on the pull request, where the reviewer reads.
     def replies() -> list[dict]:       # (the reporter writes its own comments on the ticket's progress)
         return [c for c in stack.github.comments if "did not act on" in c["body"]]
@@ -188,13 +188,13 @@ async def test_follow_ups_pending_when_the_scheduler_stops_rerun_after_its_resta
     intake = stack.scheduler.intake
     intake.followups.changed(tid, SUCCEEDED)
     await asyncio.wait_for(intake.stop(), 5)
-    assert store.get_ticket(tid).state == SUCCEEDED and len(store.pending_followups(tid)) == 2
+    assert store.tickets.get(tid).state == SUCCEEDED and len(store.followups.pending_followups(tid)) == 2
     restarted = FollowUpQueue(stack.scheduler.engine, settle_s=0.1)
     restarted.start()
     try:
         await _settled(stack, tid)
-        t = store.get_ticket(tid)
+        t = store.tickets.get(tid)
         assert t.state == QUEUED
-        assert [f.text for f in store.followups(tid, t.reopened_at_ms)] == ["Handle empty input", "here"]
+        assert [f.text for f in store.followups.followups(tid, t.reopened_at_ms)] == ["Handle empty input", "here"]
     finally:
         await restarted.close()

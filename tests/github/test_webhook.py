@@ -17,7 +17,7 @@ from services._gen.afe.scheduler.v1 import hooks_pb2, hooks_pb2_grpc
 from services.common import grpcutil
 from services.scheduler.github.intake import REFUSAL_COMMENT, GitHubIntake
 from services.scheduler.store.base import CANCELLED
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.store import Store
 
 from .conftest import example
 
@@ -133,7 +133,7 @@ async def test_r35_a_replayed_delivery_changes_nothing(stack, examples):
     assert (status, doc["outcome"], doc["reason"], doc["tickets"]) == (202, "duplicate", "joined", doc["tickets"])
     [first] = stack.tickets()
     assert doc["tickets"] == [first.id]
-    stack.scheduler.store.update_ticket(first.id, state=CANCELLED, torn_down=True)
+    stack.scheduler.store.tickets.update(first.id, state=CANCELLED, torn_down=True)
     status, doc = await stack.post("issues", payload)
     assert (status, doc["outcome"]) == (202, "accepted")
     assert len(stack.tickets()) == 2
@@ -149,11 +149,11 @@ async def test_r35_delivery_ids_survive_a_restart_of_the_store(tmp_path, example
     cfg = load_config(write_config(tmp_path / "cfg", e["repository"]["full_name"], "http://127.0.0.1:9",
                                    label="other", assignee="nobody"))
     body = json.dumps(e).encode()
-    store = SqliteStore(tmp_path / "afe.db")
+    store = Store.sqlite(tmp_path / "afe.db")
     first = await GitHubIntake(cfg, store, None, None).deliver("d-1", "issues", body)
     assert first.outcome == "ignored"                 # no Trigger matches this label; still recorded
     store.close()
-    store = SqliteStore(tmp_path / "afe.db")
+    store = Store.sqlite(tmp_path / "afe.db")
     again = await GitHubIntake(cfg, store, None, None).deliver("d-1", "issues", body)
     assert again.outcome == "duplicate"
     fresh = await GitHubIntake(cfg, store, None, None).deliver("d-2", "issues", body)
@@ -250,7 +250,7 @@ async def test_r36_issue_text_that_tries_to_inject_stays_data(stack, examples, t
         wf = stack.scheduler.engine.config.workflows[t.workflow]
         assert [n.id for n in wf.nodes] == ["work", "gate"] and wf.node("gate").uses == "approval"
         assert stack.scheduler.engine.config.workspaces["hello"].sandbox.egress == ("pypi.org",)
-        assert [n.node_id for n in stack.scheduler.store.node_runs(t.id)] == ["work", "gate"]
+        assert [n.node_id for n in stack.scheduler.store.tickets.node_runs(t.id)] == ["work", "gate"]
         assert t.origin["body_untrusted"] and all(i["untrusted"] for i in t.origin["inputs"])
     labeled_ticket = next(t for t in stack.tickets() if t.origin["event"] == "issues.labeled")
     assert labeled_ticket.body == text and labeled_ticket.inputs["issue"] == text   # verbatim, as data

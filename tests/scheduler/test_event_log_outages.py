@@ -21,10 +21,11 @@ from services.common.metrics import scheduler_metrics
 from services.common.redact import Redactor
 from services.scheduler.events import writes as event_writes
 from services.scheduler.events.log import EventLog
+from services.scheduler.store import database
+from services.scheduler.store import store as store_module
 from services.scheduler.store.base import EventRecord
-from services.scheduler.store.postgres import PostgresStore
-from services.scheduler.store.retry import _wrap
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.events import Events
+from services.scheduler.store.store import Store
 from tests.support import postgres
 
 pytestmark = pytest.mark.timeout(180)
@@ -55,7 +56,7 @@ def _lines(events: list[EventRecord]) -> list[str]:
 def _old_renumber(self, batch):
     """Today's code (the positive control): number the batch after the stored
     seq, whatever is missing before it."""
-    last = {tid: self.store.last_seq(tid) for tid in {ev[0] for ev in batch}}
+    last = {tid: self.store.events.last_seq(tid) for tid in {ev[0] for ev in batch}}
     out = []
     for ev in batch:
         last[ev[0]] += 1
@@ -72,16 +73,14 @@ def _todays_flush(monkeypatch) -> None:
 
     def drop_unavailable(self, exc):    # today's code kept nothing for a store that did not answer
         self._unstored = []
-    for name in dir(PostgresStore):       # no store method retries (the event writes ask several)
-        method = getattr(PostgresStore, name)
-        if callable(method) and hasattr(method, "__wrapped__"):
-            monkeypatch.setattr(PostgresStore, name, method.__wrapped__)
+    # no repository method retries (the event writes ask several)
+    monkeypatch.setattr(store_module, "retry_methods", lambda repo, retrier: repo)
     monkeypatch.setattr(EventLog, "_store_apart", drop)
     monkeypatch.setattr(EventLog, "_unavailable", drop_unavailable)
     # The first batch after the restart meets the connection the restart broke, as the store's own
     # thread now often replaces it first (a read of another statement): the failure made certain.
     restarted = threading.Event()
-    real_restart, real_append = postgres.restart_server, PostgresStore.append_events
+    real_restart, real_append = postgres.restart_server, Events.append
 
     def restart(*args, **kw):  # type: ignore[no-untyped-def]
         out = real_restart(*args, **kw)
@@ -94,7 +93,7 @@ def _todays_flush(monkeypatch) -> None:
             raise psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly")
         return real_append(self, events)
     monkeypatch.setattr(postgres, "restart_server", restart)
-    monkeypatch.setattr(PostgresStore, "append_events", append)
+    monkeypatch.setattr(Events, "append", append)
 
 
 async def _stream(log: EventLog, tid: str, on_line: int, action, watch: bool = True) -> list[EventRecord]:
@@ -144,7 +143,7 @@ async def test_events_streamed_through_a_postgresql_restart_are_stored_once_in_o
         bystander.execute("SELECT 1")
     bystander.close()
 
-    stored = log.store.events("T1", 1, 10_000)
+    stored = log.store.events.read("T1", 1, 10_000)
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))        # gap-free
     assert _lines(stored) == [f"line-{i}" for i in range(1, LINES + 1)]      # each line once, in order
     assert [tuple(e) for e in seen] == [tuple(e) for e in stored]            # the watcher saw exactly that
@@ -160,7 +159,7 @@ async def test_positive_control_todays_drop_and_renumber_loses_lines_and_hides_t
     log.append("T1", "ticket.created", {})
     log.flush()
     await _stream(log, "T1", 20, lambda: postgres.restart_server(durable_pg, "fast"), watch=False)
-    stored = log.store.events("T1", 1, 10_000)
+    stored = log.store.events.read("T1", 1, 10_000)
     lines = _lines(stored)
     assert len(lines) < LINES                                                # lines lost...
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))        # ...and the seqs look whole
@@ -175,34 +174,41 @@ async def test_positive_control_a_dropped_batch_is_named_on_the_ticket_not_renum
     log.append("T1", "ticket.created", {})
     log.flush()
     await _stream(log, "T1", 20, lambda: postgres.restart_server(durable_pg, "fast"), watch=False)
-    stored = log.store.events("T1", 1, 10_000)
+    stored = log.store.events.read("T1", 1, 10_000)
     lost = [json.loads(e.payload_json) for e in stored if e.type == "events.lost"]
     assert len(lost) == 1 and lost[0]["count"] == LINES - len(_lines(stored)) > 0
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
     log.store.close()
 
 
-def _cut_after_commit(monkeypatch, times: int = 1) -> list[int]:
+def _patch_append(monkeypatch, store: Store, fn) -> None:
+    """The store's event append replaced by `fn(events)`, retried as the store retries it."""
+    monkeypatch.setattr(store.events, "append", database._wrap(store.db.retry, fn))
+
+
+def _cut_after_commit(monkeypatch, store: Store, times: int = 1) -> list[int]:
     """The connection dies right after the batch's COMMIT reached the server:
     the client cannot know it was stored."""
-    inner = PostgresStore.append_events.__wrapped__   # type: ignore[attr-defined]
+    repo = store.events
     cuts: list[int] = []
 
-    def append_then_cut(self, events):
-        inner(self, events)
+    def append_then_cut(events):
+        Events.append(repo, events)
         if len(cuts) < times:
             cuts.append(len(events))
-            self.db.close()
+            conn = store.db._conn
+            assert conn is not None
+            conn.invalidate()                    # the connection is gone
             raise psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly")
 
-    monkeypatch.setattr(PostgresStore, "append_events", _wrap(append_then_cut))
+    _patch_append(monkeypatch, store, append_then_cut)
     return cuts
 
 
 async def test_a_batch_whose_commit_was_cut_is_found_stored_not_written_twice(pg_url, monkeypatch):
     store = postgres.open_store_url(pg_url)
     log = EventLog(store, Redactor())
-    cuts = _cut_after_commit(monkeypatch)
+    cuts = _cut_after_commit(monkeypatch, store)
     for i in range(5):
         log.append("T1", "node.output", {"text": f"line-{i}"})
     log.append("T2", "node.output", {"text": "other"})
@@ -210,9 +216,9 @@ async def test_a_batch_whose_commit_was_cut_is_found_stored_not_written_twice(pg
     assert cuts == [6]                                          # the first write committed, then was cut
     log.append("T1", "node.output", {"text": "line-5"})
     log.flush()
-    stored = store.events("T1", 1, 100)
+    stored = store.events.read("T1", 1, 100)
     assert _lines(stored) == [f"line-{i}" for i in range(6)] and [e.seq for e in stored] == list(range(1, 7))
-    assert _lines(store.events("T2", 1, 100)) == ["other"]
+    assert _lines(store.events.read("T2", 1, 100)) == ["other"]
     store.close()
 
 
@@ -220,34 +226,34 @@ async def test_positive_control_a_cut_commit_written_again_by_todays_renumbering
     monkeypatch.setattr(EventLog, "_reconcile", _old_renumber)
     store = postgres.open_store_url(pg_url)
     log = EventLog(store, Redactor())
-    _cut_after_commit(monkeypatch)
+    _cut_after_commit(monkeypatch, store)
     for i in range(3):
         log.append("T1", "node.output", {"text": f"line-{i}"})
     log.flush()
-    assert _lines(store.events("T1", 1, 100)) == ["line-0", "line-1", "line-2"] * 2
+    assert _lines(store.events.read("T1", 1, 100)) == ["line-0", "line-1", "line-2"] * 2
     store.close()
 
 
 async def test_events_the_store_refuses_for_good_are_named_on_their_ticket(pg_url, monkeypatch):
-    inner = PostgresStore.append_events.__wrapped__   # type: ignore[attr-defined]
+    store = postgres.open_store_url(pg_url)
+    repo = store.events
 
-    def refuse_t2(self, events):
+    def refuse_t2(events):
         if any(ev[0] == "T2" and ev[2] == "node.output" for ev in events):
             raise psycopg.errors.DataError("value out of range")   # no retry mends it
-        inner(self, events)
+        Events.append(repo, events)
 
-    monkeypatch.setattr(PostgresStore, "append_events", _wrap(refuse_t2))
-    store = postgres.open_store_url(pg_url)
+    _patch_append(monkeypatch, store, refuse_t2)
     log = EventLog(store, Redactor())
     registry, _m = _metrics(log)
     with pytest.raises(psycopg.errors.DataError):      # the refusal itself, as the store gives it
-        store.append_events([EventRecord("T2", 1, "node.output", "{}", 1)])
+        store.events.append([EventRecord("T2", 1, "node.output", "{}", 1)])
     log.append("T1", "node.output", {"text": "kept"})
     log.append("T2", "node.output", {"text": "refused-1"})
     log.append("T2", "node.output", {"text": "refused-2"})
     log.flush()
-    assert _lines(store.events("T1", 1, 10)) == ["kept"]
-    t2 = store.events("T2", 1, 10)
+    assert _lines(store.events.read("T1", 1, 10)) == ["kept"]
+    t2 = store.events.read("T2", 1, 10)
     assert [e.type for e in t2] == ["events.lost"] and t2[0].seq == 1
     assert json.loads(t2[0].payload_json) == {"count": 2, "reason": "the store refused them: DataError"}
     assert registry.get_sample_value("afe_events_lost_total", {"reason": "store_error"}) == 2
@@ -278,7 +284,7 @@ async def test_an_outage_past_the_retries_keeps_events_and_names_what_memory_cou
         if log.unavailable_since is None:
             break
         await asyncio.sleep(0.05)
-    stored = log.store.events("T1", 1, 1000)
+    stored = log.store.events.read("T1", 1, 1000)
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
     types = [e.type for e in stored]
     # one loss, said once -- or in two records when more was lost while the first was being written
@@ -304,8 +310,8 @@ def _hold_lock(path, locked: threading.Event, release: threading.Event) -> None:
 
 async def test_sqlite_busy_events_are_kept_until_the_lock_is_released(tmp_path, monkeypatch):
     monkeypatch.setattr(event_writes, "RETRY_DELAYS_S", (0.1,))
-    store = SqliteStore(tmp_path / "afe.db")
-    store.db.execute("PRAGMA busy_timeout=20")
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 20)
+    store = Store.sqlite(tmp_path / "afe.db")
     store._retry.budget_s = 0.3
     log = EventLog(store, Redactor())
     registry, _m = _metrics(log)
@@ -317,8 +323,8 @@ async def test_sqlite_busy_events_are_kept_until_the_lock_is_released(tmp_path, 
     locked.wait(10)
     try:
         with pytest.raises(sqlite3.OperationalError, match="locked"):   # what today's flush dropped
-            store.db.execute("INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) "
-                             "VALUES ('X', 1, 'x', '{}', 1)")
+            store.db.connection().connection.driver_connection.execute(
+                "INSERT INTO events (ticket_id, seq, type, payload_json, at_ms) VALUES ('X', 1, 'x', '{}', 1)")
         for i in range(10):
             log.append("T1", "node.output", {"text": f"line-{i}"})
         log.flush()
@@ -330,16 +336,16 @@ async def test_sqlite_busy_events_are_kept_until_the_lock_is_released(tmp_path, 
         if log.unavailable_since is None:
             break
         await asyncio.sleep(0.05)
-    stored = store.events("T1", 1, 100)
+    stored = store.events.read("T1", 1, 100)
     assert [e.seq for e in stored] == list(range(1, 12))
     assert _lines(stored) == [f"line-{i}" for i in range(10)]
     assert _retries(registry, "sqlite") >= 1
     store.close()
 
 
-async def test_sqlite_a_lock_shorter_than_the_retries_only_delays_the_write(tmp_path):
-    store = SqliteStore(tmp_path / "afe.db")
-    store.db.execute("PRAGMA busy_timeout=20")
+async def test_sqlite_a_lock_shorter_than_the_retries_only_delays_the_write(tmp_path, monkeypatch):
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 20)
+    store = Store.sqlite(tmp_path / "afe.db")
     log = EventLog(store, Redactor())
     registry, _m = _metrics(log)
     locked, release = threading.Event(), threading.Event()
@@ -351,6 +357,6 @@ async def test_sqlite_a_lock_shorter_than_the_retries_only_delays_the_write(tmp_
     log.flush()                                       # waits out the lock within the store's retries
     holder.join()
     assert log.unavailable_since is None
-    assert _lines(store.events("T1", 1, 10)) == ["line-0"]
+    assert _lines(store.events.read("T1", 1, 10)) == ["line-0"]
     assert _retries(registry, "sqlite") >= 1
     store.close()

@@ -12,7 +12,7 @@ import pytest
 from services.common.errors import NotFound
 from services.common.redact import Redactor
 from services.scheduler.events.log import EventLog
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.store import Store
 from services.scheduler.store.worker import ThreadedStore
 from tests.support.postgres import open_store_url
 
@@ -94,7 +94,7 @@ async def test_watch_beyond_the_last_seq_is_not_found(make_log):
 
 def _stored(log: EventLog, tid: str) -> list[str]:
     log.flush()
-    return [e.payload_json for e in log.store.events(tid, 1)]
+    return [e.payload_json for e in log.store.events.read(tid, 1)]
 
 
 async def test_r27_registered_secret_and_secret_shapes_are_redacted_in_events(make_log, tmp_path):
@@ -102,7 +102,7 @@ async def test_r27_registered_secret_and_secret_shapes_are_redacted_in_events(ma
     payloads = [{"text": f"the value is {SECRET}"}, {"nested": [{"deep": f"token={token}"}]},
                 {"clean": "nothing to hide"}, {SECRET: "as a key"}]
     # Positive control: without the defence the values reach the store.
-    plain = EventLog(SqliteStore(tmp_path / "plain.db"), Redactor())
+    plain = EventLog(Store.sqlite(tmp_path / "plain.db"), Redactor())
     plain.redactor.redact = lambda text: text  # type: ignore[method-assign]
     plain.redactor.redact_obj = lambda obj: obj  # type: ignore[method-assign]
     for p in payloads:

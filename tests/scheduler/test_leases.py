@@ -10,9 +10,11 @@ import signal
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
+from services.scheduler.store import schema
 from services.scheduler.store.base import (
     N_PENDING,
     N_RUNNING,
@@ -49,45 +51,46 @@ def _ticket(tid: str) -> tuple[TicketRecord, list[NodeRunRecord], list[EventReco
 
 def _expire(store, tid: str) -> None:
     """What a scheduler that stopped renewing leaves behind: a lease in the past."""
-    store.db.execute("UPDATE tickets SET lease_until_ms=0 WHERE id=%s", (tid,))
+    with store.db.transaction(write=True) as conn:
+        conn.execute(sa.update(schema.tickets).where(schema.tickets.c.id == tid).values(lease_until_ms=0))
 
 
 def test_claims_are_exclusive_and_a_takeover_refuses_the_old_owners_writes(pg_url, tmp_path):
     a, b = open_store_url(pg_url, tmp_path), open_store_url(pg_url, tmp_path)
     a.owner, b.owner = "sched-a", "sched-b"
     try:
-        a.create_ticket(*_ticket("T1"))
-        assert a.claim_ticket("T1", (QUEUED,), LONG) == 1
-        assert b.claim_ticket("T1", (QUEUED,), LONG) is None          # held: nobody else gets it
-        assert b.expired_tickets((QUEUED, RUNNING)) == []
-        a.update_ticket("T1", state=RUNNING)
-        a.update_node("T1", "edit", state=N_RUNNING)                    # the owner writes
-        a.append_events([EventRecord("T1", 2, "node.started", "{}", 2)])
-        assert [x.ticket_id for x in a.renew_leases(["T1"], LONG)] == ["T1"]
+        a.tickets.create(*_ticket("T1"))
+        assert a.leases.claim("T1", (QUEUED,), LONG) == 1
+        assert b.leases.claim("T1", (QUEUED,), LONG) is None          # held: nobody else gets it
+        assert b.leases.expired((QUEUED, RUNNING)) == []
+        a.tickets.update("T1", state=RUNNING)
+        a.tickets.update_node("T1", "edit", state=N_RUNNING)                    # the owner writes
+        a.events.append([EventRecord("T1", 2, "node.started", "{}", 2)])
+        assert [x.ticket_id for x in a.leases.renew(["T1"], LONG)] == ["T1"]
 
         _expire(a, "T1")                                                # a stops renewing (killed, paused)
-        assert b.expired_tickets((RUNNING,)) == ["T1"]
-        assert b.claim_ticket("T1", (RUNNING,), LONG) == 2              # taken over: a new fence
-        assert not a.holds("T1", 1) and b.holds("T1", 2)
-        assert a.renew_leases(["T1"], LONG) == []                       # a's heartbeat finds it gone
+        assert b.leases.expired((RUNNING,)) == ["T1"]
+        assert b.leases.claim("T1", (RUNNING,), LONG) == 2              # taken over: a new fence
+        assert not a.leases.holds("T1", 1) and b.leases.holds("T1", 2)
+        assert a.leases.renew(["T1"], LONG) == []                       # a's heartbeat finds it gone
 
         with pytest.raises(LeaseLost):
-            a.update_node("T1", "edit", state=N_PENDING)
+            a.tickets.update_node("T1", "edit", state=N_PENDING)
         with pytest.raises(LeaseLost):
-            a.append_events([EventRecord("T1", 3, "node.finished", "{}", 3)])
+            a.events.append([EventRecord("T1", 3, "node.finished", "{}", 3)])
         with pytest.raises(LeaseLost):
-            a.update_ticket("T1", state="succeeded")
-        assert a.node_runs("T1")[0].state == N_RUNNING and a.last_seq("T1") == 2   # nothing of a's was written
-        b.update_node("T1", "edit", state=N_PENDING)                    # the new owner writes
-        b.append_events([EventRecord("T1", 3, "ticket.takeover", "{}", 3)])
+            a.tickets.update("T1", state="succeeded")
+        assert a.tickets.node_runs("T1")[0].state == N_RUNNING and a.events.last_seq("T1") == 2   # nothing of a's was written
+        b.tickets.update_node("T1", "edit", state=N_PENDING)                    # the new owner writes
+        b.events.append([EventRecord("T1", 3, "ticket.takeover", "{}", 3)])
 
         # Positive control: the refusal is the fence check; a write not checked against it lands.
-        a.fences.pop("T1")
-        a.update_node("T1", "edit", state="succeeded")
-        assert a.node_runs("T1")[0].state == "succeeded"
+        a.leases.forget("T1")                                           # the fence entry dropped
+        a.tickets.update_node("T1", "edit", state="succeeded")
+        assert a.tickets.node_runs("T1")[0].state == "succeeded"
 
-        b.release_ticket("T1")
-        assert a.claim_ticket("T1", (RUNNING,), LONG) == 3              # released: free at once
+        b.leases.release("T1")
+        assert a.leases.claim("T1", (RUNNING,), LONG) == 3              # released: free at once
     finally:
         a.close()
         b.close()
@@ -129,7 +132,7 @@ async def test_r37_a_scheduler_whose_ticket_was_taken_over_cannot_push_or_open_a
             r = await real_commit(*args, **kwargs)
             tid = args[0]
             _expire(other, tid)
-            taken.append(other.claim_ticket(tid, (RUNNING,), LONG) or 0)
+            taken.append(other.leases.claim(tid, (RUNNING,), LONG) or 0)
             await real_commit(tid, args[1], "the new owner's commit", taken[-1])   # the new owner acts
             return r
 

@@ -25,7 +25,7 @@ from services.sandbox.images import ensure_images
 from services.scheduler.sandboxes import teardown
 from services.scheduler.sandboxes.brokers import SandboxClient
 from services.scheduler.sandboxes.teardown import Teardowns
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.store import Store
 from tests.support.sandbox_broker import new_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
@@ -45,7 +45,7 @@ async def _seconds_to_reconcile(root) -> float:
     first = broker()
     await first.start()
     client = SandboxClient(sock, secret)
-    store = SqliteStore(layout.data_dir / "afe.db")
+    store = Store.sqlite(layout.data_dir / "afe.db")
     watcher = teardowns = None
     reconciles: list[float] = []
     failed: list[float] = []

@@ -33,7 +33,7 @@ from services.common.layout import Layout
 from services.common.manifests import load_config
 from services.scheduler.sandboxes.brokers import CredentialsClient
 from services.scheduler.sandboxes.remoteworkspace import RemoteWorkspaces
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.store import Store
 from tests.support.credential_broker import credential_broker
 from tests.support.sandbox_broker import new_instance
 
@@ -79,7 +79,7 @@ async def test_remote_broker_ticket_commits_diffs_and_keeps_without_a_shared_dat
     layout = Layout(tmp_path / "cb-data", tmp_path / "cb-run")
     remote_ws = remote["two"].root / "data" / "workspaces"
     assert layout.data_dir != remote["two"].root / "data"
-    store = SqliteStore(tmp_path / "afe.db")
+    store = Store.sqlite(tmp_path / "afe.db")
     brokers = _only_two(remote, store)
     async with credential_broker(config, layout) as (sock, secret):
         creds = CredentialsClient(sock, secret)
@@ -155,7 +155,7 @@ async def _chunks(data: bytes):
 
 
 async def test_r19_remote_broker_refuses_a_hostile_workspace_over_mtls(remote, tmp_path):
-    store = SqliteStore(tmp_path / "afe.db")
+    store = Store.sqlite(tmp_path / "afe.db")
     brokers = _only_two(remote, store)
     client = brokers.members["two"].client
     remote_ws = remote["two"].root / "data" / "workspaces"
@@ -186,7 +186,7 @@ async def test_r41_the_verification_checkout_crosses_the_network_to_a_fresh_remo
     config = load_config(remote["cfg"])
     layout = Layout(tmp_path / "cb-data", tmp_path / "cb-run")
     remote_ws = remote["two"].root / "data" / "workspaces"
-    store = SqliteStore(tmp_path / "afe.db")
+    store = Store.sqlite(tmp_path / "afe.db")
     brokers = _only_two(remote, store)
     async with credential_broker(config, layout) as (sock, secret):
         creds = CredentialsClient(sock, secret)

@@ -34,7 +34,7 @@ from services.common.errors import PeerUnavailable, ResourceExhausted
 from services.common.tls import TlsFiles, read_secret_file
 from services.scheduler.sandboxes.brokers import SandboxClient
 from services.scheduler.sandboxes.placement import BrokerSet, add_flags, from_flags
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.store import Store
 from tests.support.sandbox_broker import new_instance
 from tests.support.second_docker import SecondEngine, second_engine
 
@@ -200,12 +200,12 @@ async def test_r39_real_broker_refuses_a_scheduler_of_another_ca(hosts):
 
 async def test_r39_tickets_placed_on_two_docker_hosts_and_a_broker_that_goes_away(hosts, engine2, tmp_path):
     inst, two = hosts["instance"], hosts["brokers"]["two"]
-    store = SqliteStore(tmp_path / "afe.db")
+    store = Store.sqlite(tmp_path / "afe.db")
     brokers = _set(hosts, store)
     try:
         await brokers.create("t-a", spb.SandboxSpec())
         await brokers.create("t-b", spb.SandboxSpec())
-        placed = {t: store.sandbox_placement(t) for t in ("t-a", "t-b")}
+        placed = {t: store.placements.sandbox_placement(t) for t in ("t-a", "t-b")}
         assert sorted(placed.values()) == ["one", "two"]          # one each: capacity 1 per broker
         on_two = next(t for t, b in placed.items() if b == "two")
         on_one = next(t for t, b in placed.items() if b == "one")
@@ -215,7 +215,7 @@ async def test_r39_tickets_placed_on_two_docker_hosts_and_a_broker_that_goes_awa
 
         with pytest.raises(ResourceExhausted, match=r"one full \(1/1\), two full \(1/1\)"):
             await brokers.create("t-c", spb.SandboxSpec())
-        assert store.sandbox_placement("t-c") is None
+        assert store.placements.sandbox_placement("t-c") is None
 
         # A restarted scheduler: a new set finds the placement in the store.
         await brokers.close()
@@ -245,7 +245,7 @@ async def test_r39_tickets_placed_on_two_docker_hosts_and_a_broker_that_goes_awa
         assert await brokers.destroy(on_two) == 0                  # the retried teardown finds nothing
         assert await brokers.destroy(on_one) > 0
         assert _containers(None, inst) == set()
-        assert store.sandbox_placement(on_one) is None
+        assert store.placements.sandbox_placement(on_one) is None
     finally:
         await brokers.close()
         store.close()

@@ -24,14 +24,14 @@ def store(store_url, tmp_path):
 
 def test_run_records_keep_the_first_envelope_per_ticket_head_and_kind(store):
     a, b = "a" * 40, "b" * 40
-    assert store.run_record("t1", a, REQUEST) is None and store.run_records("t1") == []
-    first = store.put_run_record(RunRecord("t1", a, REQUEST, '{"n": 1}', 10))
+    assert store.run_records.run_record("t1", a, REQUEST) is None and store.run_records.run_records("t1") == []
+    first = store.run_records.put_run_record(RunRecord("t1", a, REQUEST, '{"n": 1}', 10))
     assert first.envelope == '{"n": 1}'
-    again = store.put_run_record(RunRecord("t1", a, REQUEST, '{"n": 2}', 11))
+    again = store.run_records.put_run_record(RunRecord("t1", a, REQUEST, '{"n": 2}', 11))
     assert again == first                                   # the stored one, not the new one
-    store.put_run_record(RunRecord("t1", a, DECISION, '{"d": 1}', 20))
-    store.put_run_record(RunRecord("t1", b, REQUEST, '{"n": 3}', 30))
-    store.put_run_record(RunRecord("t2", a, REQUEST, '{"x": 1}', 5))
-    assert [(r.sha, r.kind) for r in store.run_records("t1")] == [(a, REQUEST), (a, DECISION), (b, REQUEST)]
-    assert store.run_record("t1", a, DECISION).envelope == '{"d": 1}'
-    assert getattr(type(store).put_run_record, "__wrapped_store_method__", False)   # retried like the rest
+    store.run_records.put_run_record(RunRecord("t1", a, DECISION, '{"d": 1}', 20))
+    store.run_records.put_run_record(RunRecord("t1", b, REQUEST, '{"n": 3}', 30))
+    store.run_records.put_run_record(RunRecord("t2", a, REQUEST, '{"x": 1}', 5))
+    assert [(r.sha, r.kind) for r in store.run_records.run_records("t1")] == [(a, REQUEST), (a, DECISION), (b, REQUEST)]
+    assert store.run_records.run_record("t1", a, DECISION).envelope == '{"d": 1}'
+    assert getattr(store.run_records.put_run_record, "__wrapped_store_method__", False)   # retried like the rest

@@ -19,10 +19,10 @@ import pytest
 
 from services.common.redact import Redactor
 from services.scheduler.events.log import EventLog
-from services.scheduler.store import sqlite as sqlite_store
+from services.scheduler.store import database
 from services.scheduler.store.base import EventRecord, TicketRecord
 from services.scheduler.store.retry import StoreUnavailable
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.store import Store
 from services.scheduler.store.worker import (
     Chain,
     Skipped,
@@ -40,7 +40,7 @@ LOCK_S = 1.0
 @pytest.fixture
 def store_file(tmp_path, monkeypatch):
     # SQLite's own wait for a lock, before the store's retries (5 s in the scheduler): short here.
-    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 20)
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 20)
     return tmp_path / "afe.db"
 
 
@@ -80,34 +80,35 @@ class Ticker:
         self._task.cancel()
 
 
-def _statement_threads(store: SqliteStore) -> set[int]:
+def _statement_threads(store: Store) -> set[int]:
     seen: set[int] = set()
-    store.db.set_trace_callback(lambda _sql: seen.add(threading.get_ident()))
+    raw = store.db.connection().connection.driver_connection      # the store's one sqlite3 connection
+    raw.set_trace_callback(lambda _sql: seen.add(threading.get_ident()))
     return seen
 
 
 async def test_every_statement_runs_on_the_store_thread_never_on_the_loop(store_file, tmp_path):
     loop_thread = threading.get_ident()
     # Positive control: today's shape, the store called on the loop, runs its statements there.
-    raw = SqliteStore(tmp_path / "raw.db")
+    raw = Store.sqlite(tmp_path / "raw.db")
     seen = _statement_threads(raw)
-    raw.create_ticket(_ticket("t-1"), [], [])
+    raw.tickets.create(_ticket("t-1"), [], [])
     assert seen == {loop_thread}
     raw.close()
 
-    inner = SqliteStore(store_file)
+    inner = Store.sqlite(store_file)
     seen = _statement_threads(inner)
     store = ThreadedStore(inner)
     try:
-        store.create_ticket(_ticket("t-1"), [], [])                               # a synchronous call
-        assert await run_in_store(store, lambda s: s.get_ticket("t-1")) is not None   # an awaited one
+        store.tickets.create(_ticket("t-1"), [], [])                               # a synchronous call
+        assert await run_in_store(store, lambda s: s.tickets.get("t-1")) is not None   # an awaited one
         log = EventLog(store, Redactor())
         for i in range(50):
             log.append("t-1", "x", {"i": i})
         log.flush()
-        assert store.last_seq("t-1") == 50      # submitted after the flush: runs after its batch
+        assert store.events.last_seq("t-1") == 50      # submitted after the flush: runs after its batch
         assert await store_answers(store) and store.ping()
-        store.checkpoint()                      # a method beyond Store's interface (SqliteStore's own)
+        store.checkpoint()                      # SQLite's WAL checkpoint, on the thread too
         assert seen == {store.thread._thread.ident} and loop_thread not in seen
     finally:
         store.close()
@@ -115,23 +116,23 @@ async def test_every_statement_runs_on_the_store_thread_never_on_the_loop(store_
 
 
 async def test_a_database_that_does_not_answer_holds_neither_the_loop_nor_a_synchronous_call(store_file):
-    store = ThreadedStore(SqliteStore(store_file))
+    store = ThreadedStore(Store.sqlite(store_file))
     other = _lock(store_file)
     try:
         with Ticker() as ticker:
             # An awaited write rides the outage on the store's thread ...
-            write = asyncio.create_task(run_in_store(store, lambda s: s.claim_once("kept", 1)))
+            write = asyncio.create_task(run_in_store(store, lambda s: s.intake.claim_once("kept", 1)))
             while not store_failing(store):  # noqa: ASYNC110 - the store's thread says so
                 await asyncio.sleep(0.01)
             # ... a synchronous call is refused at once, naming the store ...
             start = time.monotonic()
             with pytest.raises(StoreUnavailable, match=r"the SQLite store afe\.db does not answer"):
-                store.get_ticket("t-1")
+                store.tickets.get("t-1")
             refused_s = time.monotonic() - start
             assert not await store_answers(store)         # readiness: at once not ready
             # ... and an awaited call that stops waiting is given up, never written.
             with pytest.raises(StoreUnavailable, match=r"no answer within 0\.2 s"):
-                await run_in_store(store, lambda s: s.claim_once("given-up", 1), timeout=0.2)
+                await run_in_store(store, lambda s: s.intake.claim_once("given-up", 1), timeout=0.2)
             await asyncio.sleep(LOCK_S)
             assert not write.done()
             other.execute("ROLLBACK")                     # the database answers again
@@ -139,21 +140,21 @@ async def test_a_database_that_does_not_answer_holds_neither_the_loop_nor_a_sync
         assert refused_s < 0.1, refused_s
         assert ticker.worst < 0.25, f"the loop stood still {ticker.worst:.2f} s"
         assert not store_failing(store) and await store_answers(store)
-        assert store.claim_once("kept", 2) is False                 # written once, by the awaited call
-        assert store.claim_once("given-up", 2) is True              # the given-up call wrote nothing
+        assert store.intake.claim_once("kept", 2) is False                 # written once, by the awaited call
+        assert store.intake.claim_once("given-up", 2) is True              # the given-up call wrote nothing
     finally:
         other.close()
         store.close()
 
 
 async def test_positive_control_todays_store_on_the_loop_freezes_it(store_file):
-    store = SqliteStore(store_file)
+    store = Store.sqlite(store_file)
     other = _lock(store_file)
     threading.Timer(LOCK_S, lambda: other.execute("ROLLBACK")).start()
     try:
         with Ticker() as ticker:
             await asyncio.sleep(0.05)
-            assert store.claim_once("kept", 1) is True         # retried on the loop's own thread
+            assert store.intake.claim_once("kept", 1) is True         # retried on the loop's own thread
             await asyncio.sleep(0.05)
         assert ticker.worst > LOCK_S * 0.8, f"the loop stood still only {ticker.worst:.2f} s"
     finally:
@@ -162,8 +163,8 @@ async def test_positive_control_todays_store_on_the_loop_freezes_it(store_file):
 
 
 async def test_event_batches_written_through_an_outage_in_order_and_delivered_once_stored(store_file):
-    store = ThreadedStore(SqliteStore(store_file))
-    store.create_ticket(_ticket("t-1"), [], [])
+    store = ThreadedStore(Store.sqlite(store_file))
+    store.tickets.create(_ticket("t-1"), [], [])
     log = EventLog(store, Redactor())
     seen: list[int] = []
 
@@ -189,7 +190,7 @@ async def test_event_batches_written_through_an_outage_in_order_and_delivered_on
     finally:
         other.close()
     assert seen == list(range(1, 401))
-    stored = store.events("t-1", 1, 1000)
+    stored = store.events.read("t-1", 1, 1000)
     assert [e.seq for e in stored] == list(range(1, 401))
     assert [e.payload_json for e in stored] == [f'{{"text":"line-{i}"}}' for i in range(400)]
     assert not log.holds_unstored("t-1") and log.unavailable_since is None
@@ -197,7 +198,7 @@ async def test_event_batches_written_through_an_outage_in_order_and_delivered_on
 
 
 async def test_a_chain_stops_at_its_first_failure(store_file):
-    store = ThreadedStore(SqliteStore(store_file))
+    store = ThreadedStore(Store.sqlite(store_file))
     chain = Chain()
     ran: list[int] = []
 
@@ -219,14 +220,13 @@ async def test_a_chain_stops_at_its_first_failure(store_file):
 
 
 def test_close_runs_what_is_queued_then_closes_on_the_thread(store_file):
-    store = ThreadedStore(SqliteStore(store_file))
-    store.create_ticket(_ticket("t-1"), [], [])
-    jobs = [store.thread.submit(lambda s, i=i: s.append_events([EventRecord("t-1", i, "x", "{}", 1)]))
+    store = ThreadedStore(Store.sqlite(store_file))
+    store.tickets.create(_ticket("t-1"), [], [])
+    jobs = [store.thread.submit(lambda s, i=i: s.events.append([EventRecord("t-1", i, "x", "{}", 1)]))
             for i in range(1, 51)]
     store.close()
     assert all(j.done.is_set() and j.error is None for j in jobs)
-    with pytest.raises(sqlite3.ProgrammingError):
-        store.inner.db.execute("SELECT 1")          # closed
-    again = SqliteStore(store_file)
-    assert again.last_seq("t-1") == 50
+    assert store.inner.db._conn is None          # closed (on the store's thread)
+    again = Store.sqlite(store_file)
+    assert again.events.last_seq("t-1") == 50
     again.close()

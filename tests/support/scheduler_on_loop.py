@@ -7,7 +7,7 @@ between the retries of one, on the event loop. Takes the arguments of
 from __future__ import annotations
 
 from services.scheduler import app, main
-from services.scheduler.store.base import Store
+from services.scheduler.store.store import Store
 
 
 def _on_the_loop(store: Store) -> Store:

@@ -17,7 +17,8 @@ from ..events.log import EventLog, now_ms
 from ..executor import Transitions
 from ..executor.nodes.verification import check_approvable
 from ..executor.transitions import state_event
-from ..store.base import RUNNING, WAITING_APPROVAL, ApprovalRecord, Store
+from ..store.base import RUNNING, WAITING_APPROVAL, ApprovalRecord
+from ..store.store import Store
 from .dispatch import Dispatcher
 from .leases import HELD
 from .view import TicketView
@@ -48,11 +49,11 @@ class Approvals:
                 f"and approve the current head")
         # R41: a head whose verification failed is not approved (the merge would refuse it), and
         # a change to how its tests run is approved only when the person says they saw it
-        accepted = check_approvable(self.store.verification(ticket_id, t.awaiting_sha) if t.awaiting_sha else None,
+        accepted = check_approvable(self.store.verifications.verification(ticket_id, t.awaiting_sha) if t.awaiting_sha else None,
                                     t.awaiting_sha, accept_harness_change)
         rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, True, now_ms(), accepted_harness_change=accepted)
         self.events.flush()
-        self.store.add_approval(rec)
+        self.store.approvals.add_approval(rec)
         granted = {"principal": principal, "sha": rec.sha,
                    **({"accepted_harness_change": accepted} if accepted else {})}
         self.transitions.move(t.id, RUNNING, ("approval.granted", granted),
@@ -69,7 +70,7 @@ class Approvals:
             raise FailedPrecondition(f"ticket {ticket_id} is {t.state}, not waiting for approval")
         rec = ApprovalRecord(ticket_id, principal, t.awaiting_sha, False, now_ms(), reason or "")
         self.events.flush()
-        self.store.add_approval(rec)
+        self.store.approvals.add_approval(rec)
         self.transitions.move(t.id, RUNNING, ("approval.rejected", {"principal": principal, "sha": rec.sha,
                                                                     "reason": reason or ""}),
                               counted=False, awaiting_sha="")
@@ -86,7 +87,7 @@ class Approvals:
         if fut is not None and not fut.done():
             fut.set_result(rec)
         elif ticket_id not in self.dispatch.tasks:
-            t = self.store.get_ticket(ticket_id)
+            t = self.store.tickets.get(ticket_id)
             if t is not None and self.dispatch.claim(t.id, HELD):
                 self.dispatch.launch(t, resumed=True)
             else:   # another scheduler drives it: its heartbeat sees the decision (Engine._heard)
@@ -96,7 +97,7 @@ class Approvals:
         """A held ticket is `running` again by its lease, and a run of it here waits for a decision:
         the decision was given through another scheduler."""
         if ticket_id in self.waiters:
-            rec = self.store.latest_approval(ticket_id)
+            rec = self.store.approvals.latest_approval(ticket_id)
             if rec is not None:
                 self.dispatch.running.add(ticket_id)
                 self.wake(ticket_id, rec)

@@ -55,9 +55,9 @@ from ..store.base import (
     ApprovalRecord,
     Lease,
     NodeRunRecord,
-    Store,
     TicketRecord,
 )
+from ..store.store import Store
 from . import leases as leases_mod
 from .approvals import Approvals
 from .dispatch import Dispatcher
@@ -115,7 +115,7 @@ class Engine:
                               self.leases, self.view)
         # Warm sandboxes (pool.py): `pool_dir` None = none; their reserved ids are live for reconcile.
         self.pool = SandboxPool(config, sandbox, credentials, pool_dir, cap=pool_cap,
-                                is_ticket=lambda tid: store.get_ticket(tid) is not None)
+                                is_ticket=lambda tid: store.tickets.get(tid) is not None)
         self.teardowns.reserved = self.pool.ids
         self.pool.export(self.metrics)
 
@@ -158,12 +158,12 @@ class Engine:
         self.dispatch.started = True
         await self.teardowns.reconcile()
         await self.pool.recover()
-        live = self.store.tickets_in_states(LIVE)
+        live = self.store.tickets.in_states(LIVE)
         if self.recovery_interval > 0:
             self._spawn(self.teardowns.retry_loop())
             self._spawn(self.teardowns.watch_broker())
         else:
-            for t in self.store.terminal_not_torn_down():
+            for t in self.store.tickets.terminal_not_torn_down():
                 self._spawn(self.teardowns.teardown_only(t))
         for t in live:
             if t.state in HELD and self.dispatch.claim(t.id, HELD):
@@ -231,7 +231,7 @@ class Engine:
                 self.metrics.lease_takeovers.labels(from_state=t.state).inc()
             self.events.append(t.id, "ticket.takeover", {"scheduler": self.owner, "state": t.state})
         reason = attempts.SELF_FENCED if why == leases_mod.SELF_FENCED else attempts.TAKEOVER
-        interrupted = max((n.attempt for n in self.store.node_runs(t.id) if n.state in (N_RUNNING, N_WAITING)),
+        interrupted = max((n.attempt for n in self.store.tickets.node_runs(t.id) if n.state in (N_RUNNING, N_WAITING)),
                           default=0)
         self.dispatch.resume(t, self.handover.attempt_for(t.id, reason, self.owner, interrupted))
 
@@ -277,19 +277,19 @@ class Engine:
         return self.view(t.id)
 
     def view(self, ticket_id: str) -> TicketView:
-        t = self.store.get_ticket(ticket_id)
+        t = self.store.tickets.get(ticket_id)
         if t is None:
             raise NotFound(f"no ticket {ticket_id!r}; list tickets to see their ids")
         self.events.flush()
-        return TicketView(t, self.store.node_runs(t.id), self.store.get_pr(t.id),
-                          self.store.latest_approval(t.id), self.store.last_seq(t.id))
+        return TicketView(t, self.store.tickets.node_runs(t.id), self.store.prs.get_pr(t.id),
+                          self.store.approvals.latest_approval(t.id), self.store.events.last_seq(t.id))
 
     def pull_request(self, workspace: str, number: str) -> TicketView:
         """The ticket whose pull request in `workspace` is `number` (the UI's page of a
         local-forge pull request)."""
         if workspace not in self.config.workspaces:
             raise NotFound(f"no workspace {workspace!r}; list workspaces to see their names")
-        tid = self.store.ticket_for_pr(workspace, number) if number else None
+        tid = self.store.prs.ticket_for_pr(workspace, number) if number else None
         if tid is None:
             raise NotFound(f"workspace {workspace!r} has no pull request {number!r} that afe opened")
         return self.view(tid)
@@ -305,7 +305,7 @@ class Engine:
                 before = int(page_token, 16)
             except ValueError:
                 raise InvalidArgument("page_token is not one this server gave out") from None
-        rows = self.store.list_tickets(states or None, workspace or None, size + 1, before)
+        rows = self.store.tickets.list(states or None, workspace or None, size + 1, before)
         more = len(rows) > size
         rows = rows[:size]
         token = format(rows[-1].rowid, "x") if more and rows else ""
@@ -321,7 +321,7 @@ class Engine:
         if task is None and not d.claim(t.id, (t.state,)):
             return await self._cancel_elsewhere(t.id, who)
         if t.state == QUEUED and task is None:
-            self.store.update_ticket(t.id, torn_down=True)
+            self.store.tickets.update(t.id, torn_down=True)
             await d.finish(t, CANCELLED, f"cancelled by {who}")
             return self.view(ticket_id)
         d.cancelling[ticket_id] = who
@@ -337,10 +337,10 @@ class Engine:
     async def _cancel_elsewhere(self, ticket_id: str, who: str) -> TicketView:
         """A cancel of a ticket another scheduler drives: ask it (its heartbeat sees the
         request) and wait for the end, at most a lease and a half."""
-        self.store.request_cancel(ticket_id, who)
+        self.store.leases.request_cancel(ticket_id, who)
         end = asyncio.get_running_loop().time() + self.lease_s * 1.5 + 5
         while asyncio.get_running_loop().time() < end:
-            t = self.store.get_ticket(ticket_id)
+            t = self.store.tickets.get(ticket_id)
             if t is None or t.state in TERMINAL:
                 break
             await asyncio.sleep(0.2)
@@ -350,7 +350,7 @@ class Engine:
         self.view(ticket_id)
 
         def terminal() -> bool:
-            t = self.store.get_ticket(ticket_id)
+            t = self.store.tickets.get(ticket_id)
             return t is None or t.state in TERMINAL
 
         async with contextlib.aclosing(self.events.watch(ticket_id, from_seq, follow, terminal)) as events:

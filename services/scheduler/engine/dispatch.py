@@ -36,7 +36,8 @@ from ..executor.attempts import Attempt
 from ..executor.host import Host
 from ..executor.transitions import state_event
 from ..sandboxes.teardown import Teardowns
-from ..store.base import CANCELLED, FAILED, QUEUED, RUNNING, LeaseLost, Store, TicketRecord
+from ..store.base import CANCELLED, FAILED, QUEUED, RUNNING, LeaseLost, TicketRecord
+from ..store.store import Store
 from .leases import TAKEN_OVER, Leases
 from .records import Records
 
@@ -76,7 +77,7 @@ class Dispatcher:
             return len(self.running)
         n = 0
         for tid in self.running:
-            t = self.store.get_ticket(tid)
+            t = self.store.tickets.get(tid)
             if t is not None and t.workspace == workspace:
                 n += 1
         return n
@@ -100,10 +101,10 @@ class Dispatcher:
             return
         per_ws: dict[str, int] = {}
         for tid in self.running:
-            t = self.store.get_ticket(tid)
+            t = self.store.tickets.get(tid)
             if t is not None:
                 per_ws[t.workspace] = per_ws.get(t.workspace, 0) + 1
-        for t in self.store.tickets_in_states((QUEUED,)):
+        for t in self.store.tickets.in_states((QUEUED,)):
             if self.full():
                 break
             if t.id in self.tasks:

@@ -96,8 +96,8 @@ async def follow_up(engine: Any, ticket_id: str, text: str, *, principal: str, a
 
     def record(_t: TicketRecord, at_ms: int) -> None:
         rec.at_ms = at_ms
-        engine.store.add_followup(rec)
-        engine.store.give_followups(ticket_id, at_ms)
+        engine.store.followups.add_followup(rec)
+        engine.store.followups.give_followups(ticket_id, at_ms)
 
     payload = {"followup": _brief(rec)}
     return await engine.reopen(ticket_id, principal, "follow-up", payload=payload, on_reopen=record)
@@ -105,7 +105,7 @@ async def follow_up(engine: Any, ticket_id: str, text: str, *, principal: str, a
 
 def final_refusal(engine: Any, t: TicketRecord) -> str:
     """Why the ticket can never be re-opened with a follow-up ("" when it can, now or later)."""
-    pr = engine.store.get_pr(t.id)
+    pr = engine.store.prs.get_pr(t.id)
     if pr is not None and pr.state == "merged":
         return f"its pull request {pr.number} is merged; open a new issue for more changes"
     if t.workflow not in engine.config.workflows or t.workspace not in engine.config.workspaces:
@@ -150,10 +150,10 @@ class FollowUpQueue:
         except AfeError as exc:
             self._event(ticket_id, "followup.refused", {**detail, "reason": exc.message})
             raise
-        waiting = self.store.pending_followups(ticket_id)
+        waiting = self.store.followups.pending_followups(ticket_id)
         rec.state = FOLLOWUP_PENDING
         rec.at_ms = now_ms()
-        self.store.add_followup(rec)
+        self.store.followups.add_followup(rec)
         if t.state == QUEUED and t.reopened_at_ms and not self.engine.running_here(ticket_id):
             how = GATHERED          # a re-run not started yet: it takes this one at once
         elif t.state in TERMINAL or t.state == WAITING_APPROVAL:
@@ -175,7 +175,7 @@ class FollowUpQueue:
 
     def start(self) -> None:
         """Resume the follow-ups a stopped scheduler still owed a re-open."""
-        for tid in self.store.tickets_with_pending_followups():
+        for tid in self.store.followups.tickets_with_pending_followups():
             self._ensure(tid)
 
     async def close(self) -> None:
@@ -214,7 +214,7 @@ class FollowUpQueue:
         first), or at once for a re-run that has not started yet."""
         while True:
             first, last = self._first.get(ticket_id), self._last.get(ticket_id)
-            t = self.store.get_ticket(ticket_id)
+            t = self.store.tickets.get(ticket_id)
             if first is None or last is None or t is None or (t.state == QUEUED and t.reopened_at_ms):
                 return
             left = min(last + self.settle_s, first + max(MAX_GATHER_S, self.settle_s)) - time.monotonic()
@@ -228,10 +228,10 @@ class FollowUpQueue:
         try:
             while True:
                 await self._settle(ticket_id)
-                pending = self.store.pending_followups(ticket_id)
+                pending = self.store.followups.pending_followups(ticket_id)
                 if not pending:
                     return              # no await from this check to the driver's removal (finally)
-                t = self.store.get_ticket(ticket_id)
+                t = self.store.tickets.get(ticket_id)
                 refusal = final_refusal(self.engine, t) if t is not None else "the ticket does not exist"
                 if refusal:
                     await self._drop(ticket_id, refusal)
@@ -258,7 +258,7 @@ class FollowUpQueue:
         given: list[int] = []
 
         def give(_t: TicketRecord, at_ms: int) -> None:
-            given.append(self.store.give_followups(ticket_id, at_ms))
+            given.append(self.store.followups.give_followups(ticket_id, at_ms))
 
         first = pending[0]
         principal = f"github:{first.author}" if first.source.startswith("github:") else first.author
@@ -269,7 +269,7 @@ class FollowUpQueue:
         log.info("ticket %s: re-opened with %d follow-up(s)", ticket_id, sum(given))
 
     async def _drop(self, ticket_id: str, reason: str) -> None:
-        dropped = self.store.drop_followups(ticket_id)
+        dropped = self.store.followups.drop_followups(ticket_id)
         if not dropped:
             return
         self._event(ticket_id, "followup.dropped", {"reason": reason, "count": len(dropped),
@@ -302,7 +302,7 @@ class FollowUpQueue:
         return bool(dropped)
 
     def _event(self, ticket_id: str, type_: str, payload: dict) -> None:
-        if self.store.get_ticket(ticket_id) is None:
+        if self.store.tickets.get(ticket_id) is None:
             return
         self.engine.events.append(ticket_id, type_, payload)
         self.engine.events.flush()

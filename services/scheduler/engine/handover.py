@@ -31,7 +31,7 @@ from collections.abc import Callable
 from ..events.log import EventLog
 from ..events.writes import LOST_EVENT
 from ..executor.attempts import SELF_FENCED, TAKEOVER, Attempt, lost_reason
-from ..store.base import Store
+from ..store.store import Store
 from ..store.worker import run_in_store
 from .leases import Leases
 

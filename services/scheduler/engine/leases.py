@@ -1,7 +1,7 @@
 """Leases: several schedulers on one PostgreSQL store (docs/SCALE.md, R37, R45).
 
 `Leases` owns everything this scheduler knows about the tickets it drives on
-a shared store: the fence of each claim (kept in `store.fences`, where the
+a shared store: the fence of each claim (kept in `store.leases.fences`, where the
 store's checks read it), when each lease is valid until by this process's
 own clock, which tickets were lost here, and the two loops that keep them:
 
@@ -39,7 +39,8 @@ from collections.abc import Callable
 
 from services.common.metrics import SchedulerMetrics
 
-from ..store.base import RUNNING, WAITING_APPROVAL, Lease, LeaseLost, Store, TicketRecord
+from ..store.base import RUNNING, WAITING_APPROVAL, Lease, LeaseLost, TicketRecord
+from ..store.store import Store
 from ..store.worker import run_in_store, store_failing
 
 log = logging.getLogger(__name__)
@@ -64,26 +65,14 @@ def self_fence_margin(lease_s: float) -> float:
 
 
 def mark_lost(store: Store, ticket_id: str) -> None:
-    """Keep the ticket's fence entry, marked lost: every later write of it fails the store's check.
-    A store with a leases repository (store/leases.py) marks it there; today's keeps the fence
-    negated (a fence is never negative, so `owner = me AND fence = :fence` finds no row)."""
-    repo = getattr(store, "leases", None)
-    if repo is not None:
-        repo.lose(ticket_id)
-        return
-    fence = store.fences.get(ticket_id)
-    if fence is not None and fence > 0:
-        store.fences[ticket_id] = -fence
+    """Keep the ticket's fence entry, marked lost: every later write of it fails the store's check
+    (store/leases.py `Leases.lose`)."""
+    store.leases.lose(ticket_id)
 
 
 def drop_fence(store: Store, ticket_id: str) -> None:
     """The lost ticket's run has stopped: its entry goes (nothing of that run writes any more)."""
-    repo = getattr(store, "leases", None)
-    if repo is not None:
-        repo.forget(ticket_id)
-        return
-    if store.fences.get(ticket_id, 0) <= 0:
-        store.fences.pop(ticket_id, None)
+    store.leases.forget(ticket_id)
 
 
 class Leases:
@@ -130,7 +119,7 @@ class Leases:
         """Take the ticket for this scheduler (a new fence) when it is in `states` and free;
         True when this scheduler drives it now."""
         sent = self.clock()
-        fence = self.store.claim_ticket(ticket_id, states, self.lease_ms)
+        fence = self.store.leases.claim(ticket_id, states, self.lease_ms)
         if fence is None:
             return False
         self._lost.pop(ticket_id, None)
@@ -152,13 +141,13 @@ class Leases:
             return False
         if not self.shared:
             return True
-        fence = self.store.fences.get(ticket_id)
+        fence = self.store.leases.fences.get(ticket_id)
         if fence is None or fence <= 0:
             return False
         if self.self_fencing and self.valid_for(ticket_id) <= 0:
             self.lose(ticket_id, SELF_FENCED)
             return False
-        return self.store.holds(ticket_id, fence)
+        return self.store.leases.holds(ticket_id, fence)
 
     def check(self, ticket_id: str) -> None:
         """Right before a side effect (a push, a pull request, a merge, a comment): this scheduler
@@ -169,7 +158,7 @@ class Leases:
 
     def fence(self, ticket_id: str) -> int:
         """The fence this scheduler holds the ticket with (0: an unshared store, nothing to fence)."""
-        return max(0, self.store.fences.get(ticket_id, 0)) if self.fencing and self.shared else 0
+        return max(0, self.store.leases.fences.get(ticket_id, 0)) if self.fencing and self.shared else 0
 
     def lost(self, ticket_id: str) -> bool:
         return ticket_id in self._lost
@@ -188,7 +177,7 @@ class Leases:
         if ticket_id in self._lost:
             return
         self._lost[ticket_id] = reason
-        self._lost_fence[ticket_id] = max(0, self.store.fences.get(ticket_id, 0))
+        self._lost_fence[ticket_id] = max(0, self.store.leases.fences.get(ticket_id, 0))
         mark_lost(self.store, ticket_id)
         self._valid_until.pop(ticket_id, None)
         if reason == SELF_FENCED:
@@ -210,7 +199,7 @@ class Leases:
 
     def release(self, ticket_id: str) -> None:
         """The ticket ended here: give it up (another scheduler may claim it at once)."""
-        self.store.release_ticket(ticket_id)
+        self.store.leases.release(ticket_id)
         self._valid_until.pop(ticket_id, None)
         self._lost.pop(ticket_id, None)
         self._lost_fence.pop(ticket_id, None)
@@ -218,16 +207,16 @@ class Leases:
 
     def release_all(self) -> None:
         """The scheduler stops: give up every lease it still holds (lost ones run out by themselves)."""
-        for tid in list(self.store.fences):
+        for tid in list(self.store.leases.fences):
             try:
-                self.store.release_ticket(tid)
+                self.store.leases.release(tid)
             except Exception as exc:  # noqa: BLE001 - the lease runs out by itself
                 log.info("ticket %s: lease not released (%s); it runs out by itself", tid,
                          getattr(exc, "message", type(exc).__name__))
 
     def held(self) -> list[str]:
         """The tickets this scheduler holds a live fence of."""
-        return [tid for tid, f in self.store.fences.items() if f > 0 and tid not in self._lost]
+        return [tid for tid, f in self.store.leases.fences.items() if f > 0 and tid not in self._lost]
 
     # ---- the loops -------------------------------------------------------------------
 
@@ -245,7 +234,7 @@ class Leases:
                 # On the store's thread (store/worker.py), waited for at most a lease: a database that
                 # does not answer holds neither this loop nor the self-fencing watch.
                 def renew(s: Store, ids: list[str] = held) -> list[Lease]:
-                    return s.renew_leases(ids, self.lease_ms)
+                    return s.leases.renew(ids, self.lease_ms)
                 renewed = {lease.ticket_id: lease
                            for lease in await run_in_store(self.store, renew, timeout=self.lease_s)}
             except Exception as exc:  # noqa: BLE001 - the database is away: the watch fences in time
@@ -257,7 +246,7 @@ class Leases:
                     self.metrics.lease_renew_failures.labels(reason="error").inc()
                 continue
             for tid in held:
-                if tid in self._lost or self.store.fences.get(tid, 0) <= 0:
+                if tid in self._lost or self.store.leases.fences.get(tid, 0) <= 0:
                     continue          # lost meanwhile (self-fenced), or released (the ticket ended)
                 lease = renewed.get(tid)
                 if lease is None:
@@ -308,7 +297,7 @@ class Leases:
                 if self.clock() - back_at < self.lease_s:
                     kick()
                     continue
-                expired = await run_in_store(self.store, lambda s: s.expired_tickets(HELD), timeout=self.lease_s)
+                expired = await run_in_store(self.store, lambda s: s.leases.expired(HELD), timeout=self.lease_s)
                 for tid in expired:
                     if stopping() or full():
                         break
@@ -320,9 +309,9 @@ class Leases:
                 log.warning("scheduler: the takeover scan failed: %s", getattr(exc, "message", type(exc).__name__))
 
     def _take(self, ticket_id: str, why: str, take: Callable[[TicketRecord, str], None]) -> None:
-        t = self.store.get_ticket(ticket_id)      # a store that does not answer: tried again next scan
+        t = self.store.tickets.get(ticket_id)      # a store that does not answer: tried again next scan
         if t is None or t.state not in HELD or not self.claim(ticket_id, HELD):
             self._reclaim.discard(ticket_id)
             self.forget(ticket_id)      # ended meanwhile, or another scheduler claimed it first
             return
-        take(self.store.get_ticket(ticket_id) or t, why)
+        take(self.store.tickets.get(ticket_id) or t, why)

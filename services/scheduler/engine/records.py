@@ -20,7 +20,8 @@ from services.common.redact import Redactor
 from ..events.log import EventLog, now_ms
 from ..sandboxes import egress_report
 from ..sandboxes.brokers import CredentialBroker, SandboxBroker
-from ..store.base import QUEUED, TERMINAL, Store, TicketRecord
+from ..store.base import QUEUED, TERMINAL, TicketRecord
+from ..store.store import Store
 from .view import TicketView
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class Records:
         ticket ended, the one stored when it ended (its workspace is gone)."""
         t = self.view(ticket_id).ticket
         if t.state in TERMINAL:
-            rec = self.store.final_diff(t.id)
+            rec = self.store.diffs.final_diff(t.id)
             if rec is not None:
                 return rec[0], rec[1], True
         if t.torn_down or t.state == QUEUED:
@@ -64,7 +65,7 @@ class Records:
         known): `afe verify` checks that head, not only the one afe stored (a person may have
         pushed to the branch since). ("", "") without a pull request."""
         t = self.view(ticket_id).ticket
-        pr = self.store.get_pr(t.id)
+        pr = self.store.prs.get_pr(t.id)
         if pr is None or not pr.number:
             return "", ""
         try:
@@ -83,7 +84,7 @@ class Records:
         except AfeError as exc:   # no workspace (ended before it was prepared) or the broker is away
             log.info("ticket %s: no diff to keep: %s", t.id, exc.message)
             return
-        self.store.put_final_diff(t.id, self.redactor.redact(r.diff), r.truncated, now_ms())
+        self.store.diffs.put_final_diff(t.id, self.redactor.redact(r.diff), r.truncated, now_ms())
 
     async def record_denied_egress(self, t: TicketRecord) -> None:
         """The hosts the ticket's egress proxy refused, as an event before its sandbox

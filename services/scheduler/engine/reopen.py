@@ -29,9 +29,9 @@ from ..store.base import (
     QUEUED,
     TERMINAL,
     WAITING_APPROVAL,
-    Store,
     TicketRecord,
 )
+from ..store.store import Store
 from .dispatch import Dispatcher
 from .leases import Leases
 from .view import TicketView
@@ -85,7 +85,7 @@ class Reopen:
         if (t.state not in TERMINAL and t.state != WAITING_APPROVAL) or ticket_id in self.reopening:
             raise FailedPrecondition(f"ticket {ticket_id} is {t.state}; ask again once it waits for approval or "
                                      "has ended")
-        pr = self.store.get_pr(ticket_id)
+        pr = self.store.prs.get_pr(ticket_id)
         if pr is not None and pr.state == "merged":
             raise FailedPrecondition(f"ticket {ticket_id}'s pull request {pr.number} is merged; create a new "
                                      "ticket for more changes")
@@ -103,10 +103,10 @@ class Reopen:
             at = now_ms()
             if on_reopen is not None:
                 on_reopen(t, at)
-            for n in self.store.node_runs(ticket_id):
+            for n in self.store.tickets.node_runs(ticket_id):
                 if nodes is not None and n.node_id not in nodes:
                     continue          # `nodes` (a retry): the others keep their state and output
-                self.store.update_node(ticket_id, n.node_id, state=N_PENDING, error="", output="",
+                self.store.tickets.update_node(ticket_id, n.node_id, state=N_PENDING, error="", output="",
                                        started_at_ms=0, finished_at_ms=0, rounds=0, feedback="")
             self.events.flush()
             self.transitions.move(ticket_id, QUEUED,
@@ -127,7 +127,7 @@ class Reopen:
         wf = self.config.workflows.get(t.workflow)
         if wf is None:
             raise FailedPrecondition(f"workflow {t.workflow!r} is no longer configured; create a new ticket")
-        runs = {r.node_id: r for r in self.store.node_runs(t.id)}
+        runs = {r.node_id: r for r in self.store.tickets.node_runs(t.id)}
         if from_node:
             if from_node not in runs:
                 raise InvalidArgument(f"ticket {t.id} has no node {from_node!r}; its nodes: "
@@ -182,7 +182,7 @@ class Reopen:
                                      "with --from the node that writes the change) and approve again")
         if r.changed:
             v.pr.head_sha = r.head_sha
-            self.store.put_pr(v.pr)
+            self.store.prs.put_pr(v.pr)
         again = self._again(t, merge)
         return await self.reopen(ticket_id, principal, "update branch", nodes=set(again),
                                  payload={"from": merge or "", "nodes": again, "head_sha": r.head_sha,

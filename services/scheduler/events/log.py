@@ -33,8 +33,9 @@ import orjson
 from services.common.errors import NotFound, Unavailable
 from services.common.redact import Redactor
 
-from ..store.base import EventRecord, Store
+from ..store.base import EventRecord
 from ..store.retry import count_outages
+from ..store.store import Store
 from .writes import DROPPABLE, MAX_UNSTORED, EventWrites
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class EventLog(EventWrites):
     def next_seq(self, ticket_id: str) -> int:
         seq = self._seq.get(ticket_id)
         if seq is None:
-            seq = self.store.last_seq(ticket_id)
+            seq = self.store.events.last_seq(ticket_id)
         seq += 1
         self._seq[ticket_id] = seq
         return seq
@@ -200,7 +201,7 @@ class EventLog(EventWrites):
         try:
             seq = self._seq[ticket_id] + 1
         except KeyError:
-            seq = self.store.last_seq(ticket_id) + 1
+            seq = self.store.events.last_seq(ticket_id) + 1
         self._seq[ticket_id] = seq
         buffer = self._buffer
         buffer.append((ticket_id, seq, type_, text, time_ns() // 1_000_000))
@@ -276,7 +277,7 @@ class EventLog(EventWrites):
         """
         self.flush()
         # Events kept in memory while the store does not answer count as written here.
-        last = max(self.store.last_seq(ticket_id), self._seq.get(ticket_id, 0))
+        last = max(self.store.events.last_seq(ticket_id), self._seq.get(ticket_id, 0))
         start = max(from_seq, 1)
         if start > last + 1:
             raise NotFound(f"event seq {from_seq} does not exist for ticket {ticket_id} "
@@ -286,14 +287,14 @@ class EventLog(EventWrites):
         try:
             sent = start - 1
             while True:
-                page = self.store.events(ticket_id, sent + 1, 1000)
+                page = self.store.events.read(ticket_id, sent + 1, 1000)
                 if not page:
                     break
                 for ev in page:
                     yield ev
                     sent = ev.seq
                     # A re-opened ticket (Engine.reopen) has events after an earlier end: go on to them.
-                    if ev.type == FINAL_EVENT and not self.store.events(ticket_id, ev.seq + 1, 1):
+                    if ev.type == FINAL_EVENT and not self.store.events.read(ticket_id, ev.seq + 1, 1):
                         return
             if not follow:
                 return
@@ -302,7 +303,7 @@ class EventLog(EventWrites):
                 # terminal state: flush and send what is left. (Events still
                 # waiting for the store come through the queue once stored.)
                 self.flush()
-                for ev in self.store.events(ticket_id, sent + 1, 1_000_000):
+                for ev in self.store.events.read(ticket_id, sent + 1, 1_000_000):
                     yield ev
                 return
             poll = WATCH_POLL_S if self.store.shared else None
@@ -319,7 +320,7 @@ class EventLog(EventWrites):
                         q.get_nowait()
                     q.behind = False
                     try:
-                        while page := self.store.events(ticket_id, sent + 1, 1000):
+                        while page := self.store.events.read(ticket_id, sent + 1, 1000):
                             for ev in page:
                                 yield ev
                                 sent = ev.seq
@@ -342,7 +343,7 @@ class EventLog(EventWrites):
                     if ev.seq <= sent:
                         continue
                     if ev.seq != sent + 1:  # cannot happen with one writer; read the store to be sure
-                        for old in self.store.events(ticket_id, sent + 1, ev.seq - sent - 1):
+                        for old in self.store.events.read(ticket_id, sent + 1, ev.seq - sent - 1):
                             yield old
                             sent = old.seq
                     yield ev

@@ -40,7 +40,8 @@ from typing import Any, cast
 
 from services.common.errors import FailedPrecondition, Unavailable
 
-from ..store.base import EventRecord, LeaseLost, Store
+from ..store.base import EventRecord, LeaseLost
+from ..store.store import Store
 from ..store.worker import Chain, StoreJob, ThreadedStore, store_failing, submit
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class EventWrites:
             return      # the batch in flight meets the store first; these follow its outcome
         batch, self._unstored = self._unstored, []
         sent = self._finish_markers(batch)
-        job = submit(self.store, lambda s: s.append_events(cast(list[EventRecord], sent)), self._chain)
+        job = submit(self.store, lambda s: s.events.append(cast(list[EventRecord], sent)), self._chain)
         entry: InFlight = (batch, sent, job)
         self._inflight.append(entry)
         self._inflight_n += len(batch)
@@ -281,7 +282,7 @@ class EventWrites:
         for _ in range(STORE_TRIES):
             try:
                 # Plain tuples in EventRecord's column order: SQLite binds them fastest.
-                self.store.append_events(cast(list[EventRecord], batch))
+                self.store.events.append(cast(list[EventRecord], batch))
                 return already + batch
             except LeaseLost as exc:
                 log.warning("events of ticket %s not written: %s", exc.ticket_id, exc.message)
@@ -297,7 +298,7 @@ class EventWrites:
                 already += stored
                 if not batch:
                     return already
-        self.store.append_events(cast(list[EventRecord], batch))
+        self.store.events.append(cast(list[EventRecord], batch))
         return already + batch
 
     def _reconcile(self, batch: list[tuple[str, int, str, str, int]]
@@ -313,10 +314,10 @@ class EventWrites:
         out: list[tuple[str, int, str, str, int]] = []
         for tid in dict.fromkeys(ev[0] for ev in batch):
             mine = [ev for ev in batch if ev[0] == tid]
-            stored = {e[1]: e for e in self.store.events(tid, mine[0][1], len(mine))}
+            stored = {e[1]: e for e in self.store.events.read(tid, mine[0][1], len(mine))}
             while mine and (e := stored.get(mine[0][1])) is not None and tuple(e)[2:] == mine[0][2:]:
                 held.append(mine.pop(0))
-            last = self.store.last_seq(tid)
+            last = self.store.events.last_seq(tid)
             if mine and mine[0][1] > last + 1:
                 missing = mine[0][1] - last - 1
                 log.error("events: %d event(s) of ticket %s before seq %d were never stored", missing, tid,
@@ -349,10 +350,10 @@ class EventWrites:
                 reason = f"the store refused them: {one.__class__.__name__}"
             if self.lost_metric is not None:
                 self.lost_metric.labels(reason="store_error").inc(len(mine))
-            last = self.store.last_seq(tid)
+            last = self.store.events.last_seq(tid)
             lost = (tid, last + 1, LOST_EVENT, _json({"count": len(mine), "reason": reason}), _now_ms())
             try:
-                self.store.append_events(cast(list[EventRecord], [lost]))
+                self.store.events.append(cast(list[EventRecord], [lost]))
             except Exception:
                 log.exception("events: %d event(s) of ticket %s are lost and could not be marked", len(mine), tid)
                 self._seq.pop(tid, None)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..store.base import Store
+from ..store.store import Store
 
 RESTART = "restart"          # the scheduler that drove it stopped and started again (same store)
 TAKEOVER = "takeover"        # another scheduler's lease expired; this one claimed the ticket
@@ -40,12 +40,12 @@ def previous_scheduler(store: Store, ticket_id: str) -> str:
     """The scheduler of the latest stored `node.started` event (each names the scheduler of its
     attempt; `ticket.takeover` names the new owner, not the old), read backwards from the ticket's
     last event, at most PAGES pages of 1000; "" when none says."""
-    last = store.last_seq(ticket_id)
+    last = store.events.last_seq(ticket_id)
     for _ in range(PAGES):
         if last < 1:
             break
         first = max(1, last - 999)
-        for ev in reversed(store.events(ticket_id, first, last - first + 1)):
+        for ev in reversed(store.events.read(ticket_id, first, last - first + 1)):
             if ev.type == "node.started" and '"scheduler"' in ev.payload_json:
                 return str(json.loads(ev.payload_json).get("scheduler") or "")
         last = first - 1

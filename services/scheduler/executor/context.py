@@ -79,11 +79,11 @@ class RunContext:
     def prompt(self, node: Node) -> str:
         """A model or agent node's prompt: its template with the ticket's
         untrusted texts quoted, then the follow-ups of this re-run, quoted (R36)."""
-        t = self.store.get_ticket(self.ticket.id) or self.ticket
+        t = self.store.tickets.get(self.ticket.id) or self.ticket
         visible = {k: v for k, v in self.outputs.items() if k in self._node_ancestors(node.id)}
         text = templates.render(node.prompt or "", quoting.prompt_fields(t), visible)
         if t.reopened_at_ms:
-            text += quoting.followup_section(self.store.followups(t.id, t.reopened_at_ms))
+            text += quoting.followup_section(self.store.followups.followups(t.id, t.reopened_at_ms))
         feedback = self.feedback.get(node.id)
         if feedback:   # an on_failure round (TicketRun): a later node's failure, sandbox-made text (R36)
             text += ("\n\nA later step failed after your previous attempt; fix the cause. Its output:\n"
@@ -109,9 +109,9 @@ class RunContext:
 
     def add_tokens(self, n: int) -> int:
         """Add `n` to the ticket's tokens used; returns the new total."""
-        t = self.store.get_ticket(self.ticket.id)
+        t = self.store.tickets.get(self.ticket.id)
         total = (t.tokens_used if t else 0) + n
-        self.store.update_ticket(self.ticket.id, tokens_used=total)
+        self.store.tickets.update(self.ticket.id, tokens_used=total)
         return total
 
     async def step(self, node: Node, name: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -244,7 +244,7 @@ class RunContext:
                                                     lambda: self.credentials.relay_usage(tid), PeerUnavailable)
         limits = []
         if self.workflow.max_tokens:
-            t = self.store.get_ticket(tid)
+            t = self.store.tickets.get(tid)
             limits.append(self.workflow.max_tokens - (t.tokens_used if t else 0))
         if node is not None and node.max_tokens:
             limits.append(node.max_tokens)
@@ -297,7 +297,7 @@ class RunContext:
             counted: dict[str, tuple[int, int]] = {}
             seq = 0
             while True:
-                batch = self.store.events(self.ticket.id, seq, 1000)
+                batch = self.store.events.read(self.ticket.id, seq, 1000)
                 for e in batch:
                     if e.type in ("model.usage", "mcp.call") and f'"{self._relay_id}"' in e.payload_json:
                         p = json.loads(e.payload_json)

@@ -13,7 +13,8 @@ from services.common.redact import Redactor
 
 from ..events.log import EventLog
 from ..sandboxes.brokers import CredentialBroker, SandboxBroker
-from ..store.base import ApprovalRecord, Store
+from ..store.base import ApprovalRecord
+from ..store.store import Store
 from .transitions import Transitions
 
 

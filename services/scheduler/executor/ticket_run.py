@@ -81,7 +81,7 @@ class TicketRun:
     async def execute(self) -> tuple[str, str]:
         """Run the ticket's graph; returns (terminal state, error)."""
         tid, store, ctx = self.ticket.id, self.host.store, self.ctx
-        records = {r.node_id: r for r in store.node_runs(tid)}
+        records = {r.node_id: r for r in store.tickets.node_runs(tid)}
         declared = [n.id for n in self.workflow.nodes]
         if sorted(declared) != sorted(records):
             raise FailedPrecondition(
@@ -94,7 +94,7 @@ class TicketRun:
         for r in records.values():
             if r.state in (N_RUNNING, N_WAITING):
                 # It was running when its last run stopped: run it again, as a new attempt.
-                store.update_node(tid, r.node_id, state=N_PENDING)
+                store.tickets.update_node(tid, r.node_id, state=N_PENDING)
                 ctx.emit("node.resumed", {"node": r.node_id, "was": r.state, "attempt": r.attempt})
                 r.state = N_PENDING
             elif r.state == N_SUCCEEDED:
@@ -110,7 +110,7 @@ class TicketRun:
             ctx.outputs[node.id] = await self.run_node(node, self.attempts.get(node.id, 0))
 
         def skip(node_id: str, reason: str) -> None:
-            store.update_node(tid, node_id, state=N_SKIPPED, error=reason)
+            store.tickets.update_node(tid, node_id, state=N_SKIPPED, error=reason)
 
         while True:
             failure = await run_graph(self.workflow.nodes, states, run, skip)
@@ -154,7 +154,7 @@ class TicketRun:
         node = self.workflow.node(failure.node_id)
         if not node.retry_from or failure.rejected:
             return False
-        rec = next(r for r in store.node_runs(tid) if r.node_id == node.id)
+        rec = next(r for r in store.tickets.node_runs(tid) if r.node_id == node.id)
         if rec.rounds >= node.retry_max:
             ctx.emit("node.feedback_spent", {"node": node.id, "to": node.retry_from, "rounds": rec.rounds,
                                              "max": node.retry_max})
@@ -166,11 +166,11 @@ class TicketRun:
         again = descendants(self.workflow.nodes, {node.retry_from} | stopped)
         for n in self.workflow.nodes:
             if n.id in again:
-                store.update_node(tid, n.id, state=N_PENDING, started_at_ms=0, finished_at_ms=0, output="",
+                store.tickets.update_node(tid, n.id, state=N_PENDING, started_at_ms=0, finished_at_ms=0, output="",
                                   error="", **({"feedback": text} if n.id == node.retry_from else {}))
                 states[n.id] = N_PENDING
                 ctx.outputs.pop(n.id, None)
-        store.update_node(tid, node.id, rounds=rounds)
+        store.tickets.update_node(tid, node.id, rounds=rounds)
         ctx.feedback[node.retry_from] = text
         ctx.emit("node.feedback", {"node": node.id, "to": node.retry_from, "round": rounds, "max": node.retry_max,
                                    "error": text[-4000:], "nodes": [n.id for n in self.workflow.nodes
@@ -182,7 +182,7 @@ class TicketRun:
         node that starts or ends while the database is away waits for it (within
         the store's retries) instead of holding the loop or failing at once."""
         tid = self.ticket.id
-        await run_in_store(self.host.store, lambda s: s.update_node(tid, node_id, **fields))
+        await run_in_store(self.host.store, lambda s: s.tickets.update_node(tid, node_id, **fields))
 
     async def run_node(self, node: Node, attempt: int) -> str:
         """Run `node` until it succeeds or its retries are spent (then `NodeFailed`)."""
@@ -224,12 +224,12 @@ class TicketRun:
             except asyncio.CancelledError:
                 if host.lease_lost(tid):    # another scheduler drives it now: write nothing (R37)
                     raise
-                store.update_node(tid, node.id, state=N_CANCELLED, finished_at_ms=now_ms(), error="cancelled")
+                store.tickets.update_node(tid, node.id, state=N_CANCELLED, finished_at_ms=now_ms(), error="cancelled")
                 if not host.stopping:
                     self.ctx.emit("node.finished", {"node": node.id, "state": N_CANCELLED, "attempt": attempt})
                     host.node_metric(kind, "cancelled", time.monotonic() - started)
                 else:  # the scheduler is stopping: the node runs again on the next start
-                    store.update_node(tid, node.id, state=N_RUNNING)
+                    store.tickets.update_node(tid, node.id, state=N_RUNNING)
                 raise
             except LeaseLost:
                 raise

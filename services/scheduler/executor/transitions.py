@@ -15,7 +15,8 @@ from typing import Any
 from services.common.metrics import SchedulerMetrics
 
 from ..events.log import EventLog, now_ms
-from ..store.base import QUEUED, TERMINAL, NodeRunRecord, Store, TicketRecord
+from ..store.base import QUEUED, TERMINAL, NodeRunRecord, TicketRecord
+from ..store.store import Store
 
 Event = tuple[str, dict[str, Any]]
 
@@ -42,7 +43,7 @@ class Transitions:
         """Store a new `queued` ticket, its node runs and `ticket.created` at once."""
         self.events.flush()
         first = [self.events.make(ticket.id, "ticket.created", created)]
-        self.store.create_ticket(ticket, nodes, first)
+        self.store.tickets.create(ticket, nodes, first)
         self.events.delivered(first)
         self.count(QUEUED)
 
@@ -55,7 +56,7 @@ class Transitions:
         terminal = state in TERMINAL
         if terminal:
             self.events.flush()
-        self.store.update_ticket(ticket_id, state=state, updated_at_ms=now_ms(), **fields)
+        self.store.tickets.update(ticket_id, state=state, updated_at_ms=now_ms(), **fields)
         for type_, payload in events:
             self.events.append(ticket_id, type_, payload)
         if terminal:
@@ -72,4 +73,4 @@ class Transitions:
         if self.metrics is None:
             return
         # Every state, the finished ones too: `afe_tickets{state="failed"}` is an alert (OPERATIONS.md).
-        self.metrics.set_ticket_counts(self.store.count_by_state())
+        self.metrics.set_ticket_counts(self.store.tickets.count_by_state())

@@ -149,7 +149,7 @@ class CiIteration:
         spaces = [ws for ws in self.config.workspaces.values()
                   if ws.forge.type == "github" and repo and ws.forge.repo.lower() == repo]
         for ws in spaces:
-            tid = self.store.ticket_for_head(ws.name, sha.lower())
+            tid = self.store.prs.ticket_for_head(ws.name, sha.lower())
             if tid:
                 return self._ci_failed(tid, sha.lower(), [check], f"{event} (delivery {delivery})")
         if self._older_head(data, {ws.name for ws in spaces}):
@@ -162,14 +162,14 @@ class CiIteration:
         and afe's pull request's branch is `afe/<ticket>`."""
         for pr in (data.get("check_run") or data.get("check_suite") or {}).get("pull_requests") or []:
             number = pr.get("number") if isinstance(pr, dict) else None
-            if any(self.store.ticket_for_pr(ws, str(number)) for ws in spaces):
+            if any(self.store.prs.ticket_for_pr(ws, str(number)) for ws in spaces):
                 return True
         for branch in data.get("branches") or []:
             name = _text(branch.get("name")) if isinstance(branch, dict) else ""
             if not name.startswith("afe/"):
                 continue
-            t = self.store.get_ticket(name[len("afe/"):])
-            pr = self.store.get_pr(t.id) if t is not None and t.workspace in spaces else None
+            t = self.store.tickets.get(name[len("afe/"):])
+            pr = self.store.prs.get_pr(t.id) if t is not None and t.workspace in spaces else None
             if pr is not None and pr.head_branch == name:
                 return True
         return False
@@ -178,25 +178,25 @@ class CiIteration:
         """What a failure on the ticket's head becomes: "" a round, else why not (NO_ROUNDS, PAST_MAX),
         by the rounds the ticket has had so far (_ci_decide decides, with the same rule, once the
         settle window is over)."""
-        t = self.store.get_ticket(tid)
+        t = self.store.tickets.get(tid)
         wf = self.config.workflows.get(t.workflow) if t is not None else None
         bound = wf.ci_rounds if wf is not None else 0
         if not bound:
             return NO_ROUNDS
-        return PAST_MAX if sum(1 for r in self.store.ci_failures(tid) if r.state == ROUND) >= bound else ""
+        return PAST_MAX if sum(1 for r in self.store.ci.ci_failures(tid) if r.state == ROUND) >= bound else ""
 
     def _ci_failed(self, tid: str, sha: str, checks: list[dict], what: str) -> Outcome:
         """Claim (ticket, head) for one round, or join the round that has it."""
         self._ci_tasks()
-        pr = self.store.get_pr(tid)
+        pr = self.store.prs.get_pr(tid)
         if pr is None or pr.head_sha.lower() != sha:
             return Outcome("ignored", "stale_head")
         if pr.state == "merged":
             return Outcome("ignored", "merged")
         key = (tid, sha)
         fate = self._ci_fate(tid)
-        if not self.store.claim_ci_failure(tid, sha, uuid.uuid4().hex, int(time.time() * 1000)):
-            row = self.store.ci_failure(tid, sha)
+        if not self.store.ci.claim_ci_failure(tid, sha, uuid.uuid4().hex, int(time.time() * 1000)):
+            row = self.store.ci.ci_failure(tid, sha)
             if row is not None and row.state == GATHERING:
                 self._ci_seen.setdefault(key, []).extend(checks)
                 # the same round (its settle window), or the same note of a failure that is no round
@@ -217,7 +217,7 @@ class CiIteration:
 
     def ci_resume(self) -> None:
         """Rounds a stopped scheduler left in their settle window."""
-        for row in self.store.ci_gathering():
+        for row in self.store.ci.ci_gathering():
             self._ci_start(row.ticket_id, row.sha)
 
     async def ci_stop(self) -> None:
@@ -259,20 +259,20 @@ class CiIteration:
         return list(unique.values())[:5]
 
     async def _ci_decide(self, tid: str, sha: str) -> None:
-        t = self.store.get_ticket(tid)
-        row = self.store.ci_failure(tid, sha)
+        t = self.store.tickets.get(tid)
+        row = self.store.ci.ci_failure(tid, sha)
         if t is None or row is None or row.state != GATHERING:
             return
         checks = await self._ci_checks(t, sha)
         wf = self.config.workflows.get(t.workflow)
         bound = wf.ci_rounds if wf is not None else 0
-        rounds = sum(1 for r in self.store.ci_failures(tid) if r.state == ROUND)
+        rounds = sum(1 for r in self.store.ci.ci_failures(tid) if r.state == ROUND)
         doc = {**row.doc, "checks": [{k: v for k, v in c.items() if k != "log_tail"} for c in checks]}
-        pr = self.store.get_pr(tid)
+        pr = self.store.prs.get_pr(tid)
         names = ", ".join(_code(c["name"]) for c in checks) or "(none listed)"
         moved = pr is not None and pr.head_sha.lower() != sha     # a newer head came during the window
         if not bound or pr is None or pr.state == "merged" or moved:
-            self.store.put_ci_failure(tid, sha, {**doc, "state": QUIET, **({"reason": "stale_head"} if moved
+            self.store.ci.put_ci_failure(tid, sha, {**doc, "state": QUIET, **({"reason": "stale_head"} if moved
                                                                            else {})})
             self._note(tid, "ci.noted", {"sha": sha, "checks": [_brief(c) for c in checks],
                                          "reason": "no on_ci_failure in the workflow" if not bound
@@ -281,14 +281,14 @@ class CiIteration:
                                               "its own CI decides"})
             return
         if rounds >= bound:
-            self.store.put_ci_failure(tid, sha, {**doc, "state": OVER})
+            self.store.ci.put_ci_failure(tid, sha, {**doc, "state": OVER})
             self._note(tid, "ci.rounds_exhausted", {"sha": sha, "rounds": rounds, "max": bound,
                                                     "checks": [_brief(c) for c in checks]})
             await self._ci_comment(t, pr, "ci-over", f"CI still fails on `{sha[:12]}` ({names}) after {rounds} "
                                    f"round(s) of afe (on_ci_failure max {bound}); a person must look.")
             return
         k = rounds + 1
-        self.store.put_ci_failure(tid, sha, {**doc, "state": ROUND, "round": k})
+        self.store.ci.put_ci_failure(tid, sha, {**doc, "state": ROUND, "round": k})
         first = checks[0] if checks else {"name": "CI", "details_url": ""}
         try:
             how = self.followups.submit(tid, followup_text(sha, checks), principal=f"github:{first['name']}",
@@ -296,7 +296,7 @@ class CiIteration:
                                         url=first.get("details_url") or first.get("target_url") or "",
                                         delivery=f"ci:{sha}")
         except AfeError as exc:
-            self.store.put_ci_failure(tid, sha, {**doc, "state": QUIET, "reason": exc.message})
+            self.store.ci.put_ci_failure(tid, sha, {**doc, "state": QUIET, "reason": exc.message})
             return
         log.info("ticket %s: CI round %d of %d for %s: %s", tid, k, bound, sha[:12], how)
         await self._ci_round_comment(tid, sha, queued=how == QUEUED_NEXT)
@@ -315,7 +315,7 @@ class CiIteration:
         held[1][0] += 1
         try:
             async with held[0]:
-                t, pr, row = self.store.get_ticket(tid), self.store.get_pr(tid), self.store.ci_failure(tid, sha)
+                t, pr, row = self.store.tickets.get(tid), self.store.prs.get_pr(tid), self.store.ci.ci_failure(tid, sha)
                 if t is None or pr is None or row is None:
                     return
                 checks = row.doc.get("checks") or []
@@ -353,7 +353,7 @@ class CiIteration:
                         exc.message)
 
     def _note(self, tid: str, type_: str, payload: dict) -> None:
-        if self.engine is None or self.store.get_ticket(tid) is None:
+        if self.engine is None or self.store.tickets.get(tid) is None:
             return
         self.engine.events.append(tid, type_, payload)
         self.engine.events.flush()
@@ -365,9 +365,9 @@ class CiIteration:
         Workflow with on_ci_failure: a failing check starts the same path as a webhook. False when
         GitHub rate limited it (the caller waits)."""
         since = int((time.time() - CI_WATCH_S) * 1000)
-        watched = [w for w in self.store.ci_watch((WAITING_APPROVAL, *TERMINAL), since) if w.workspace == ws.name
+        watched = [w for w in self.store.ci.ci_watch((WAITING_APPROVAL, *TERMINAL), since) if w.workspace == ws.name
                    and getattr(self.config.workflows.get(w.workflow), "ci_rounds", 0)
-                   and self.store.ci_failure(w.ticket_id, w.head_sha.lower()) is None]
+                   and self.store.ci.ci_failure(w.ticket_id, w.head_sha.lower()) is None]
         for w in watched[:MAX_CI_POLLS]:
             r = await self.credentials.check_details(ws.name, w.head_sha, False)
             if r.rate_limited:

@@ -34,7 +34,7 @@ from typing import Any
 
 from services.common.errors import AfeError, Internal
 
-from ..store.base import Store
+from ..store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def unclaimed_on_failure(store: Store, key: str, delivery_id: str, event: str) -
     try:
         yield
     except BaseException as exc:
-        store.release_once(key)
+        store.intake.release_once(key)
         if isinstance(exc, AfeError) or not isinstance(exc, Exception):
             raise
         log.error("github delivery %s (%s) failed: %s at %s; it is not recorded as seen, so a redelivery "

@@ -48,7 +48,8 @@ from services.common.metrics import github_deliveries
 from ..engine.followups import SETTLE_S, FollowUpQueue
 from ..engine.tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_TITLE_CHARS
 from ..sandboxes.brokers import CredentialsClient
-from ..store.base import TERMINAL, Store, WorkClaim
+from ..store.base import TERMINAL, WorkClaim
+from ..store.store import Store
 from .ci import CI_EVENTS, CI_SETTLE_S, CiIteration
 from .delivery import decode_payload, unclaimed_on_failure
 from .iteration import ReviewIteration
@@ -131,7 +132,7 @@ class GitHubIntake(ReviewIteration, CiIteration):
         if data is None:
             return self._count(Outcome("refused", "bad_payload"))
         key = f"delivery:{delivery_id}"
-        if not self.store.claim_once(key, int(time.time() * 1000)):
+        if not self.store.intake.claim_once(key, int(time.time() * 1000)):
             log.info("github delivery %s (%s) seen before: ignored", delivery_id, event)
             return self._count(Outcome("duplicate", "duplicate"))
         with unclaimed_on_failure(self.store, key, delivery_id, event):
@@ -148,7 +149,7 @@ class GitHubIntake(ReviewIteration, CiIteration):
         data["repository"] = {"full_name": e.repo or ws.forge.repo}
         data["sender"] = {"login": e.actor_login, "type": "Bot" if e.actor_login.endswith("[bot]") else "User"}
         key = f"poll:{ws.forge.repo.lower()}:{e.id}"
-        if not self.store.claim_once(key, int(time.time() * 1000)):
+        if not self.store.intake.claim_once(key, int(time.time() * 1000)):
             return self._count(Outcome("duplicate", "duplicate"))
         with unclaimed_on_failure(self.store, key, f"poll:{e.id}", event):   # the next poll tries it again
             return self._count(await self._handle(event, data, f"poll:{e.id}"))
@@ -238,21 +239,21 @@ class GitHubIntake(ReviewIteration, CiIteration):
         token = uuid.uuid4().hex
         deadline = time.monotonic() + JOIN_WAIT_S
         while True:
-            held: WorkClaim | None = self.store.claim_work(*key, token, int(time.time() * 1000), CLAIM_GRACE_MS)
+            held: WorkClaim | None = self.store.intake.claim_work(*key, token, int(time.time() * 1000), CLAIM_GRACE_MS)
             if held is not None and held.claim == token:
                 try:
                     tid = self._create(tr, ws, event, action, data, issue, login, delivery)
                 except BaseException:
-                    self.store.release_work(*key, token)
+                    self.store.intake.release_work(*key, token)
                     raise
                 if tid is None:
-                    self.store.release_work(*key, token)
-                elif not self.store.set_work_ticket(*key, token, tid):
+                    self.store.intake.release_work(*key, token)
+                elif not self.store.intake.set_work_ticket(*key, token, tid):
                     log.warning("github %s.%s (delivery %s): the claim of issue #%s for Trigger %s was taken over "
                                 "while ticket %s was created (over %s s)", event, action, delivery, key[1], tr.name,
                                 tid, CLAIM_GRACE_MS // 1000)
                 return True, tid
-            live = self.store.get_ticket(held.ticket_id) if held is not None and held.ticket_id else None
+            live = self.store.tickets.get(held.ticket_id) if held is not None and held.ticket_id else None
             if live is not None and live.state in TERMINAL:
                 continue          # it ended this moment: the next claim takes the work over
             if held is not None and live is not None:
@@ -294,8 +295,8 @@ class GitHubIntake(ReviewIteration, CiIteration):
 
     async def _reply_on_pr(self, ticket_id: str, text: str) -> None:
         """A comment on the ticket's pull request (what happened to follow-ups it was sent)."""
-        t = self.store.get_ticket(ticket_id)
-        pr = self.store.get_pr(ticket_id)
+        t = self.store.tickets.get(ticket_id)
+        pr = self.store.prs.get_pr(ticket_id)
         if t is None or pr is None or t.workspace not in self.config.workspaces:
             return
         await self.credentials.comment(t.workspace, pr.number, text)
@@ -320,7 +321,7 @@ class GitHubIntake(ReviewIteration, CiIteration):
     async def _refusal_comment(self, ws: Workspace, number: int, login: str) -> None:
         """At most one polite comment per issue and person, ever (the key is stored first)."""
         key = f"refusal:{ws.forge.repo.lower()}#{number}:{login.lower()}"
-        if not self.store.claim_once(key, int(time.time() * 1000)):
+        if not self.store.intake.claim_once(key, int(time.time() * 1000)):
             return
         try:
             await self.credentials.comment(ws.name, str(number), REFUSAL_COMMENT)

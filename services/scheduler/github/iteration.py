@@ -59,7 +59,7 @@ class ReviewIteration:
         if not isinstance(number, int):
             return Outcome("refused", "bad_payload")
         request = self._iteration_request(event, action, data)
-        found = [(ws, tid) for ws in workspaces if (tid := self.store.ticket_for_pr(ws.name, str(number)))]
+        found = [(ws, tid) for ws in workspaces if (tid := self.store.prs.ticket_for_pr(ws.name, str(number)))]
         if request is None or not found:
             return Outcome("ignored", "not_afe_pull_request")
         user, text, source, path, line = request

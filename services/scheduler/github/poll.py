@@ -49,10 +49,10 @@ class Poller:
 
     def cursor(self, workspace: str) -> PollCursor:
         """Where the polling of `workspace` stands, as stored."""
-        return self.intake.store.poll_cursor(workspace)
+        return self.intake.store.intake.poll_cursor(workspace)
 
     def _save(self, workspace: str, cursor: PollCursor, now_ms: int) -> None:
-        self.intake.store.put_poll_cursor(workspace, cursor, now_ms)
+        self.intake.store.intake.put_poll_cursor(workspace, cursor, now_ms)
 
     async def poll_once(self, ws: Workspace) -> tuple[list[Outcome], float]:
         """One poll of `ws`: (outcomes of the new events, seconds to wait before the next)."""

@@ -48,9 +48,9 @@ from ..store.base import (
     TERMINAL,
     LeaseLost,
     NodeRunRecord,
-    Store,
     TicketRecord,
 )
+from ..store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class GitHubReporter:
 
     def resume(self) -> None:
         """After a start: live tickets' reports catch up (a crash may have cut one short)."""
-        for t in self.store.tickets_in_states(LIVE):
+        for t in self.store.tickets.in_states(LIVE):
             self.changed(t.id, t.state)
 
     async def idle(self) -> None:
@@ -189,14 +189,14 @@ class GitHubReporter:
 
     async def sync(self, ticket_id: str) -> None:
         """Bring GitHub in line with the ticket: started, status, final (each only when it changed)."""
-        t = self.store.get_ticket(ticket_id)
+        t = self.store.tickets.get(ticket_id)
         if t is None:
             return
         ws = self.config.workspaces.get(t.workspace)
         if ws is None or ws.forge.type != "github":
             return
         issue = issue_number(t)
-        pr = self.store.get_pr(t.id)
+        pr = self.store.prs.get_pr(t.id)
         if issue and t.state != QUEUED:
             again = " again, for a follow-up" if t.reopened_at_ms else ""
             await self._comment(t, issue, STARTED,
@@ -210,8 +210,8 @@ class GitHubReporter:
             await self._comment(t, issue or pr.number, FINAL, self.final_body(t))   # type: ignore[union-attr]
 
     def final_body(self, t: TicketRecord) -> str:
-        pr = self.store.get_pr(t.id)
-        nodes = self.store.node_runs(t.id)
+        pr = self.store.prs.get_pr(t.id)
+        nodes = self.store.tickets.node_runs(t.id)
         since = t.reopened_at_ms or t.created_at_ms
         lines = [f"**afe ticket {self._ticket_ref(t)} {t.state}** (workflow `{t.workflow}`)", ""]
         if pr is not None and pr.url:
@@ -235,15 +235,15 @@ class GitHubReporter:
     def _fence(self, ticket_id: str) -> int:
         """The fence of this scheduler's lease on the ticket, checked by the credential broker (R37);
         0 once the ticket ended here, or on an unshared store."""
-        return self.store.fences.get(ticket_id, 0) if self.store.shared else 0
+        return self.store.leases.fences.get(ticket_id, 0) if self.store.shared else 0
 
     async def _comment(self, t: TicketRecord, number: str, step: str, body: str) -> None:
         digest = _digest(f"{number}\n{body}")
-        known = self.store.report(t.id, step)
+        known = self.store.reports.report(t.id, step)
         if known is not None and known[1] == digest:
             return
         r = await self.credentials.upsert_comment(t.workspace, number, t.id, step, body, self._fence(t.id))
-        self.store.put_report(t.id, step, r.comment_id, digest, int(time.time() * 1000))
+        self.store.reports.put_report(t.id, step, r.comment_id, digest, int(time.time() * 1000))
         log.info("ticket %s: GitHub %s comment %s on #%s", t.id, step, "posted" if r.created else "edited", number)
 
     async def _status(self, t: TicketRecord, sha: str) -> None:
@@ -259,7 +259,7 @@ class GitHubReporter:
         re-opened ticket's run pushed `head`): a final `error`, "superseded", instead of the pending it
         was left with. Before the new head's status, so a failed call leaves the old head recorded and
         the retry sets it again."""
-        known = self.store.report(t.id, STATUS)
+        known = self.store.reports.report(t.id, STATUS)
         old = known[0] if known is not None else ""
         if not re.fullmatch(r"[0-9a-f]{40}", old) or old == head:
             return
@@ -270,7 +270,7 @@ class GitHubReporter:
 
     async def _verify_status(self, t: TicketRecord, sha: str) -> None:
         """`afe/verify` on `sha` from its stored clean-room verification (R41); nothing without one."""
-        rec = self.store.verification(t.id, sha)
+        rec = self.store.verifications.verification(t.id, sha)
         if rec is not None:
             await self._set_status(t, sha, VERIFY_STEP, "success" if rec.passed else "failure", VERIFY_CONTEXT,
                                    failure_line(rec.result).replace("`", ""))
@@ -279,9 +279,9 @@ class GitHubReporter:
                           description: str) -> None:
         """A commit status, set once per (head, state, text): recorded under `step` (R37)."""
         digest = _digest(f"{sha} {state} {description} {context}")
-        known = self.store.report(t.id, step)
+        known = self.store.reports.report(t.id, step)
         if known is not None and known[1] == digest:
             return
         await self.credentials.set_status(t.workspace, sha, state, context, description, self.link(t.id), t.id,
                                           self._fence(t.id))
-        self.store.put_report(t.id, step, sha, digest, int(time.time() * 1000))
+        self.store.reports.put_report(t.id, step, sha, digest, int(time.time() * 1000))

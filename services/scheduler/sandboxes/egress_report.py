@@ -118,11 +118,11 @@ def section(data: dict[str, Any] | None, heading: str = "### Blocked egress atte
 
 def latest(store: Any, ticket_id: str) -> dict[str, Any] | None:
     """The payload of the ticket's newest EVENT (the newest events searched, bounded)."""
-    seq = store.last_seq(ticket_id)
+    seq = store.events.last_seq(ticket_id)
     floor = max(1, seq - _EVENTS_SCANNED)
     while seq >= floor:
         start = max(floor, seq - 999)
-        for ev in reversed(store.events(ticket_id, start, limit=seq - start + 1)):
+        for ev in reversed(store.events.read(ticket_id, start, limit=seq - start + 1)):
             if ev.type == EVENT:
                 try:
                     data = json.loads(ev.payload_json)

@@ -48,7 +48,7 @@ from services.common.errors import (
 from services.common.layout import verify_owner
 from services.common.tls import TlsFiles, read_secret_file
 
-from ..store.base import Store
+from ..store.store import Store
 from .brokers import SandboxClient
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class BrokerSet:
         """The broker the ticket's sandbox is placed on (None: not placed)."""
         name = self._placed.get(ticket_id)
         if name is None:
-            name = self.store.sandbox_placement(ticket_id)
+            name = self.store.placements.sandbox_placement(ticket_id)
             if name is not None:
                 self._placed[ticket_id] = name
         return name
@@ -158,7 +158,7 @@ class BrokerSet:
             if m is None:
                 m = await self._choose(ticket_id)
             name = m.name
-            self.store.place_sandbox(ticket_id, name, int(time.time() * 1000))
+            self.store.placements.place_sandbox(ticket_id, name, int(time.time() * 1000))
             self._placed[ticket_id] = name
             log.info("ticket %s: sandbox placed on %s", ticket_id, m.client.peer)
         return name
@@ -194,7 +194,7 @@ class BrokerSet:
             for m in self.members.values():
                 with contextlib.suppress(AfeError):
                     removed += await m.client.destroy(ticket_id)
-        self.store.unplace_sandbox(ticket_id)
+        self.store.placements.unplace_sandbox(ticket_id)
         self._placed.pop(ticket_id, None)
         return removed
 

@@ -26,7 +26,8 @@ from services.common.config import Config
 from services.common.errors import AfeError, NotFound
 from services.common.layout import verify_id
 
-from ..store.base import LIVE, Store, TicketRecord
+from ..store.base import LIVE, TicketRecord
+from ..store.store import Store
 from .brokers import CredentialBroker, SandboxBroker
 from .placement import AWAY
 
@@ -85,7 +86,7 @@ class Teardowns:
 
     async def teardown_only(self, t: TicketRecord) -> bool:
         if await self.teardown(t):
-            self.store.update_ticket(t.id, torn_down=True)
+            self.store.tickets.update(t.id, torn_down=True)
             log.info("ticket %s: teardown done", t.id)
             return True
         return False
@@ -96,7 +97,7 @@ class Teardowns:
         cannot miss a sandbox made during the call."""
         try:
             async with self.sandbox.creates_held():
-                tickets = [t.id for t in self.store.tickets_in_states(LIVE)]
+                tickets = [t.id for t in self.store.tickets.in_states(LIVE)]
                 # a live ticket's verification sandbox (R41) is live too: reconcile never kills a running one
                 live = tickets + [verify_id(t) for t in tickets] + sorted(self.reserved())
                 r = await self.sandbox.reconcile(live)
@@ -131,7 +132,7 @@ class Teardowns:
         while True:
             self._wake.clear()
             failed = 0
-            for t in self.store.terminal_not_torn_down():
+            for t in self.store.tickets.terminal_not_torn_down():
                 if not self.finishing(t.id) and not await self.teardown_only(t):
                     failed += 1
             wait: float | None = None
@@ -146,7 +147,7 @@ class Teardowns:
     async def final(self) -> None:
         """One bounded attempt at pending teardowns (the launcher stops the
         scheduler before the brokers)."""
-        pending = self.store.terminal_not_torn_down()
+        pending = self.store.tickets.terminal_not_torn_down()
         if not pending:
             return
         with contextlib.suppress(TimeoutError):

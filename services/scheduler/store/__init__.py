@@ -1,11 +1,16 @@
-"""The scheduler's durable state behind one interface.
+"""The scheduler's durable state: one repository per aggregate over one
+database, each statement written once for SQLite and PostgreSQL (SQLAlchemy
+Core).
 
-Owns: `Store` and its records (base.py), the SQLite back end (sqlite.py) and
-the PostgreSQL one (postgres.py with pg_*.py), the numbered migrations of
-both, the retry of statements across a lost or busy database (retry.py), the
-store's own thread that runs every statement off the event loop (worker.py),
-and opening the store an AFE_DATABASE_URL names (url.py).
+Owns: every table (schema.py); the database, its one connection and its
+clock (database.py); the repositories of tickets and node runs (tickets.py),
+events (events.py), leases and fences (leases.py) and the records (repos/),
+composed in `Store` (store.py); their records (base.py and the *_records.py
+modules); the Alembic migrations run when the store opens (migrate.py,
+alembic/); the retry of statements across a lost or busy database
+(retry.py); the store's own thread that runs every statement off the event
+loop (worker.py); opening the store an AFE_DATABASE_URL names (url.py).
 
-May import: services.common and the standard library, database drivers;
-nothing else of the scheduler.
+May import: services.common and the standard library, SQLAlchemy, Alembic
+and the database drivers; nothing else of the scheduler.
 """

@@ -24,9 +24,10 @@ import contextlib
 import functools
 import logging
 import os
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -36,9 +37,6 @@ from sqlalchemy.sql.expression import FunctionElement
 from services.common.errors import FailedPrecondition, Unavailable
 
 from .retry import Retrier, pg_reason, sqlite_reason
-
-if TYPE_CHECKING:
-    from .leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +107,7 @@ def pg_connect(conninfo: str, where: str, autocommit: bool = False) -> Any:
 def _unwrap(classify: Callable[[BaseException, bool], str | None]) -> Callable[[BaseException, bool], str | None]:
     """The driver's error inside SQLAlchemy's wrapper is what retry.py classifies."""
     def reason(exc: BaseException, broken: bool) -> str | None:
-        if isinstance(exc, sa.exc.DBAPIError):
+        if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
             return classify(exc.orig, broken or bool(exc.connection_invalidated))
         return classify(exc, broken)
     return reason
@@ -132,7 +130,7 @@ class Database:
         p.parent.mkdir(parents=True, exist_ok=True)
         engine = sa.create_engine(
             f"sqlite+pysqlite:///{p}",
-            connect_args={"check_same_thread": False, "isolation_level": None}, pool_size=2)
+            connect_args={"check_same_thread": False, "isolation_level": None}, poolclass=sa.pool.NullPool)
         sa.event.listen(engine, "connect", _sqlite_connected)
         sa.event.listen(engine, "begin", _sqlite_begin)
         db = cls(engine, f"the SQLite store {p.name}")
@@ -143,9 +141,23 @@ class Database:
         return db
 
     @classmethod
+    def sqlite_read_only(cls, path: str | os.PathLike) -> Database:
+        """An existing SQLite store opened read-only (`afe check`: nothing is changed)."""
+        p = Path(path)
+        engine = sa.create_engine(
+            f"sqlite+pysqlite:///file:{urllib.parse.quote(str(p))}?mode=ro&uri=true",
+            connect_args={"check_same_thread": False, "isolation_level": None})
+        sa.event.listen(engine, "begin", _sqlite_begin)
+        db = cls(engine, f"the SQLite store {p}")
+        db.path = p
+        return db
+
+    @classmethod
     def postgresql(cls, conninfo: str, where: str) -> Database:
+        # No pool: the store holds its one connection; a new one after a restart is a new connection,
+        # never an idle pooled one the restart also ended.
         engine = sa.create_engine("postgresql+psycopg://", creator=lambda: pg_connect(conninfo, where),
-                                  pool_size=2)
+                                  poolclass=sa.pool.NullPool)
         return cls(engine, where)
 
     path: Path | None = None
@@ -227,9 +239,10 @@ class Database:
         finds the WAL past 1000 pages). Nothing to do on PostgreSQL."""
         if self.dialect == "sqlite":
             conn = self.connection()
-            if not conn.in_transaction():
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                conn.rollback()
+            if not conn.in_transaction():        # outside a transaction, on the driver's connection
+                raw = conn.connection.driver_connection
+                assert raw is not None
+                raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
 def _sqlite_connected(dbapi_conn: Any, record: Any) -> None:
@@ -245,11 +258,23 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
 
 
+class Fences(Protocol):
+    """What a repository needs of this scheduler's leases (leases.py `Leases`)."""
+
+    owner: str
+
+    def guard(self, conn: Connection, ticket_id: str) -> None: ...
+
+    def fenced(self, ticket_id: str) -> int | None: ...
+
+    def lose(self, ticket_id: str) -> None: ...
+
+
 class Repository:
     """One aggregate's statements. `db`: the database; `leases`: this scheduler's
     fences, which every write of a held ticket is checked against (`Leases.guard`)."""
 
-    def __init__(self, db: Database, leases: Leases) -> None:
+    def __init__(self, db: Database, leases: Fences) -> None:
         self.db = db
         self.leases = leases
 

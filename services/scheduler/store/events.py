@@ -23,6 +23,7 @@ an `events.lost` event.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -38,7 +39,22 @@ _e = events.c
 _c = event_counters.c
 _l = lost_events.c
 _COLS = ("ticket_id", "seq", "type", "payload_json", "at_ms")
-_INSERT = events.insert()
+_INSERTS: dict[str, str] = {}
+
+
+def _insert_sql(conn: Connection) -> str:
+    """INSERT INTO events (the five columns) as the connection's driver takes it with
+    positional parameters: the statement of `events`, compiled once per database, so a
+    batch goes to the driver's executemany as plain tuples (the event log's hot path)."""
+    name = conn.dialect.name
+    sql = _INSERTS.get(name)
+    if sql is None:
+        dialect_cls: Any = type(conn.dialect)
+        dialect = dialect_cls(paramstyle="qmark" if name == "sqlite" else "format")
+        compiled = sa.insert(events).values({c: sa.bindparam(c) for c in _COLS}).compile(dialect=dialect)
+        assert tuple(compiled.positiontup or ()) == _COLS, compiled.positiontup
+        sql = _INSERTS[name] = compiled.string
+    return sql
 
 
 def spans(batch: Sequence[Sequence[object]]) -> dict[str, tuple[int, int]]:
@@ -79,7 +95,9 @@ def insert_events(conn: Connection, batch: Sequence[Sequence[object]],
             raise FailedPrecondition(
                 f"events of ticket {tid} from seq {first} do not follow its stored events (last seq "
                 f"{stored}): another scheduler wrote this ticket's events; nothing of this batch was stored")
-    conn.execute(_INSERT, [dict(zip(_COLS, ev, strict=True)) for ev in batch])
+    # EventRecord is a tuple in column order; the drivers bind exact tuples fastest
+    rows = batch if type(batch[0]) is tuple else [tuple(ev) for ev in batch]
+    conn.exec_driver_sql(_insert_sql(conn), rows)  # type: ignore[arg-type]
 
 
 class Events(Repository):

@@ -17,8 +17,9 @@ scheduler, which updates that row, waits for the write to commit; a write
 after the claim finds the new fence and raises `LeaseLost` with nothing
 written: the transaction is rolled back, no event is renumbered in.
 
-A lost lease keeps its entry, marked lost (`lose`, or a failed `guard`):
-later writes of the ticket fail at once, before any statement. Only
+A lost lease keeps its entry, marked lost (`lose`, called by the engine when
+its renewal or its own clock says so, or a failed `guard`): later writes of
+the ticket fail at once, before any statement. Only
 `release` (the ticket ended here) or `forget` (its task stopped) removes
 it. Writes of a ticket this scheduler never claimed are not fenced (a new
 ticket's creation, a request by a scheduler that does not own the ticket:

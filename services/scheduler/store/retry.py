@@ -8,7 +8,9 @@ connection unexpectedly"; while the server comes back, new connections are
 refused or told "the database system is starting up". SQLite's equivalent
 is another process holding the write lock past `busy_timeout`.
 
-Each public method of a store runs under `Retrier.call`: on one of those
+Each public method of a repository runs under `Retrier.call` (the store
+wraps them: database.py `retry_methods`; `ping` and `close` are not
+retried): on one of those
 connection-level errors (and on a serialization failure or a deadlock, which
 PostgreSQL asks the client to retry) the connection is dropped, the method
 waits a bounded, growing back-off and runs again from its start, so a
@@ -29,7 +31,6 @@ plain sleep of the calling thread.
 
 from __future__ import annotations
 
-import functools
 import logging
 import sqlite3
 import time
@@ -46,9 +47,6 @@ T = TypeVar("T")
 # second), then every 2 s until the budget is spent.
 BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 2.0)
 BUDGET_S = 30.0
-# Methods of `Store` that talk to the database but are not retried: `ping` says
-# how the database is now (readiness), `close` ends the connection.
-NOT_RETRIED = frozenset({"close", "ping"})
 
 
 class StoreUnavailable(Unavailable):
@@ -178,24 +176,3 @@ def count_outages(store: Any, events: Any, metrics: Any) -> None:
     retrier = getattr(store, "_retry", None)
     if retrier is not None:
         retrier.metric = metrics.store_retries
-
-
-def retried_methods(cls: type, base: type) -> type:
-    """Wrap each public method `cls` has of `base` (the Store interface) so it
-    runs under the instance's `_retry` (a Retrier)."""
-    for name in dir(base):
-        if name.startswith("_") or name in NOT_RETRIED:
-            continue
-        method = getattr(cls, name, None)
-        if not callable(method) or isinstance(getattr(base, name, None), property):
-            continue
-        setattr(cls, name, _wrap(method))
-    return cls
-
-
-def _wrap(method: Callable[..., T]) -> Callable[..., T]:
-    @functools.wraps(method)
-    def run(self: Any, *args: Any, **kwargs: Any) -> T:
-        return self._retry.call(method, self, *args, **kwargs)
-    run.__wrapped_store_method__ = True   # type: ignore[attr-defined]
-    return run

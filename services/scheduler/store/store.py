@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -124,6 +125,11 @@ class Store:
     @property
     def where(self) -> str:
         return self.db.where
+
+    @property
+    def path(self) -> Path | None:
+        """The SQLite store's file (None on PostgreSQL)."""
+        return self.db.path
 
     @property
     def owner(self) -> str:

@@ -35,6 +35,10 @@ NODE_FIELDS = frozenset({"state", "attempt", "started_at_ms", "finished_at_ms", 
                          "feedback"})
 
 
+TicketList = list[TicketRecord]    # (inside `Tickets`, `list` is its method)
+NodeRunList = list[NodeRunRecord]
+
+
 def _ticket(row: Sequence) -> TicketRecord:
     return TicketRecord(
         rowid=row[0], id=row[1], workspace=row[2], workflow=row[3], title=row[4], body=row[5],
@@ -96,7 +100,7 @@ class Tickets(Repository):
         return _ticket(row) if row else None
 
     def list(self, states: Sequence[str] | None = None, workspace: str | None = None,
-             limit: int = 50, before_rowid: int | None = None) -> list[TicketRecord]:
+             limit: int = 50, before_rowid: int | None = None) -> TicketList:
         """Newest first; `before_rowid` pages backwards."""
         q = sa.select(*_TICKET_COLS)
         if states:
@@ -125,14 +129,14 @@ class Tickets(Repository):
             self.leases.lose(ticket_id)
             raise LeaseLost(ticket_id)
 
-    def in_states(self, states: Sequence[str] = LIVE) -> list[TicketRecord]:
+    def in_states(self, states: Sequence[str] = LIVE) -> TicketList:
         """Tickets in `states`, oldest first (creation order)."""
         with self._read() as conn:
             rows = conn.execute(sa.select(*_TICKET_COLS).where(_t.state.in_(list(states)))
                                 .order_by(_t.rowid)).all()
         return [_ticket(r) for r in rows]
 
-    def terminal_not_torn_down(self) -> list[TicketRecord]:
+    def terminal_not_torn_down(self) -> TicketList:
         with self._read() as conn:
             rows = conn.execute(sa.select(*_TICKET_COLS)
                                 .where(_t.torn_down == sa.false(), _t.state.in_(sorted(TERMINAL)))
@@ -146,7 +150,7 @@ class Tickets(Repository):
         return {state: int(n) for state, n in rows}
 
     # node runs
-    def node_runs(self, ticket_id: str) -> list[NodeRunRecord]:
+    def node_runs(self, ticket_id: str) -> NodeRunList:
         """The ticket's node runs in the workflow's order."""
         with self._read() as conn:
             rows = conn.execute(sa.select(*_NODE_COLS).where(_n.ticket_id == ticket_id).order_by(_n.ord)).all()

@@ -7,7 +7,7 @@ Accepted:
   SQLite ignores;
 - `postgresql://user:password@host:port/dbname?sslmode=...` (or
   `postgres://`): a PostgreSQL server that several schedulers may share
-  (pg_store.py). Any libpq URL parameter may follow.
+  (store.py). Any libpq URL parameter may follow.
 
 A password is registered with the redactor, and the whole value too when it
 comes from the environment. Errors and logs name the backend, the host, the
@@ -22,12 +22,14 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import sqlalchemy
+
 from services.common.errors import ConfigError, FailedPrecondition
 from services.common.layout import Layout
 from services.common.redact import Redactor
 from services.common.secrets import take_secret_env
 
-from .base import Store
+from .store import Store
 
 ENV = "AFE_DATABASE_URL"
 PG_SCHEMES = ("postgresql", "postgres")
@@ -121,61 +123,36 @@ def open_store(target: DatabaseTarget) -> Store:
     """The store for `target`: migrated to this afe's schema, or an error that
     says what to change."""
     if target.backend == "postgresql":
-        from .postgres import PostgresStore
-
-        return PostgresStore(target.conninfo, target.where)
-    from .sqlite import SqliteStore
-
+        return Store.postgresql(target.conninfo, target.where)
     assert target.path is not None
-    return SqliteStore(target.path)
+    return Store.sqlite(target.path)
 
 
 def check_database(target: DatabaseTarget) -> str:
-    """Connect and compare the schema version with this afe's, changing
+    """Connect and compare the database's schema with this afe's, changing
     nothing. Returns a line for `afe check`; raises an AfeError that says
     what to change (unreachable, refused login, newer schema)."""
-    from . import migrations
+    from . import migrate
+    from .database import Database
 
     if target.backend == "postgresql":
-        from . import pg_connect
-
-        db = pg_connect.connect(target.conninfo, target.where)
-        try:
-            version, needed = pg_connect.schema_state(db)
-        finally:
-            db.close()
-        pg_connect.check_newer(version, needed, target.where)
-        known = pg_connect.SCHEMA_VERSION
+        db = Database.postgresql(target.conninfo, target.where)
     else:
-        from . import sqlite as sqlite_store
-
         assert target.path is not None
-        known = sqlite_store.SCHEMA_VERSION
         if not target.path.exists():
-            return f"{target.where}: not created yet; `afe up` creates it (schema {known})"
+            return f"{target.where}: not created yet; `afe up` creates it (schema {migrate.head()})"
         try:
-            db3 = sqlite3.connect(f"file:{urllib.parse.quote(str(target.path))}?mode=ro", uri=True)
-            try:
-                version = db3.execute("PRAGMA user_version").fetchone()[0]
-                needed = _sqlite_release_of(db3, known) if version > known else None
-            finally:
-                db3.close()
-        except sqlite3.Error:
+            db = Database.sqlite_read_only(target.path)
+        except sqlalchemy.exc.DBAPIError:
             raise FailedPrecondition(f"{target.where} cannot be read as a SQLite database: point "
                                      f"{ENV} at afe's store file, or move this file away") from None
-        if version > known:
-            raise FailedPrecondition(migrations.newer_schema_message(target.where, version, known, needed))
-    if version == known:
-        return f"{target.where}: reachable, schema {version} (current)"
-    if version == 0:
-        return f"{target.where}: reachable and empty; `afe up` creates the schema ({known})"
-    return f"{target.where}: reachable, schema {version}; `afe up` migrates it to {known}"
-
-
-def _sqlite_release_of(db: sqlite3.Connection, known: int) -> str | None:
+    db.where = target.where
     try:
-        row = db.execute("SELECT afe_version FROM schema_version WHERE version>? ORDER BY version LIMIT 1",
-                         (known,)).fetchone()
-    except sqlite3.Error:   # written before the table existed
-        return None
-    return row[0] if row else None
+        return migrate.check(db)
+    except sqlalchemy.exc.DBAPIError as exc:
+        if isinstance(exc.orig, sqlite3.Error):
+            raise FailedPrecondition(f"{target.where} cannot be read as a SQLite database: point "
+                                     f"{ENV} at afe's store file, or move this file away") from None
+        raise
+    finally:
+        db.close()

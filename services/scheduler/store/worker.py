@@ -7,8 +7,8 @@ the lease heartbeat (issue 32).
   order they were submitted. Its retries (retry.py) wait between tries on
   the job's own event, so a job whose caller stopped waiting ends at its
   next wait, and one that nobody waits for any more is not started.
-- `ThreadedStore` is the `Store` the engine holds. Each of its methods is a
-  job. Called from the event loop while the database answers, it waits for
+- `ThreadedStore` is the `Store` the engine holds. Each statement method of
+  its repositories is a job. Called from the event loop while the database answers, it waits for
   its job (the statement's round trip, as before this thread existed).
   While the store is failing (a statement met a lost, refused or locked
   database and none has succeeded since) and a job holds the thread (it
@@ -24,15 +24,12 @@ the lease heartbeat (issue 32).
 - While the store is failing and no job runs, the thread pings the database
   every `PROBE_S`, so the failure ends within that time of its return.
 
-The same holds for SQLite (its thread waits out another process's lock) and
-for any later rebuild of the store: a synchronous `Store` handed to
-`ThreadedStore` keeps this shape (e.g. SQLAlchemy Core with one connection
-owned by this thread).
+The same holds for SQLite (its thread waits out another process's lock): the
+store's one SQLAlchemy connection (database.py) is owned by this thread.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import logging
@@ -42,8 +39,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from .base import Store
+from .database import is_local
 from .retry import StoreUnavailable
+from .store import REPOSITORIES, Store
 
 log = logging.getLogger(__name__)
 
@@ -322,36 +320,61 @@ def _resolve(done: asyncio.Future[None]) -> None:
         done.set_result(None)
 
 
-class ThreadedStore(Store):
-    """A `Store` whose every method runs on its `StoreThread` (see the module's
-    text). Attributes the engine shares with the store (`owner`, `fences`,
-    `shared`) are the wrapped store's own."""
+class _OnThread:
+    """One repository of a `ThreadedStore`: each of its methods that runs a
+    statement is a job on the store's thread; bookkeeping methods (`local`)
+    and attributes are the repository's own, read and set here (also while
+    the database is away)."""
 
-    def __init__(self, store: Store) -> None:
+    __slots__ = ("_name", "_repo", "_thread")
+
+    def __init__(self, thread: StoreThread, name: str, repo: object) -> None:
+        object.__setattr__(self, "_thread", thread)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_repo", repo)
+
+    def __repr__(self) -> str:
+        return f"<{self._name} of {self._thread.where} on the store's thread>"
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._repo, attr)
+        if attr.startswith("_") or not callable(value) or is_local(value):
+            return value
+        name, thread = self._name, self._thread
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return thread.call(lambda s: getattr(getattr(s, name), attr)(*args, **kwargs))
+        call.__name__ = attr
+        return call
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        setattr(self._repo, attr, value)
+
+
+class ThreadedStore(Store):
+    """A `Store` whose every statement runs on its `StoreThread` (see the
+    module's text): each repository (`tickets`, `events`, `leases`, ...) is
+    the wrapped store's, its statements sent to the thread. What the engine
+    shares with the store (`leases.owner`, `leases.fences`, `shared`) is the
+    wrapped store's own."""
+
+    def __init__(self, store: Store) -> None:   # no super().__init__: the repositories are the inner store's
         self.inner = store
         self.thread = StoreThread(store)
+        self.db = store.db
+        self.shared = store.shared
+        self._retry = store._retry
+        for name in REPOSITORIES:
+            setattr(self, name, _OnThread(self.thread, name, getattr(store, name)))
 
     def __repr__(self) -> str:
         return f"ThreadedStore({self.inner!r})"
 
-    @property
-    def shared(self) -> bool:  # type: ignore[override]
-        return self.inner.shared
-
-    @property  # type: ignore[override]
-    def owner(self) -> str:
-        return self.inner.owner
-
-    @owner.setter
-    def owner(self, value: str) -> None:
-        self.inner.owner = value
-
-    @property
-    def fences(self) -> dict[str, int]:
-        return self.inner.fences
-
     def close(self) -> None:
         self.thread.close()
+
+    def checkpoint(self) -> None:
+        self.thread.call(lambda s: s.checkpoint())
 
     def ping(self) -> bool:
         if self.thread.refusing:
@@ -361,35 +384,10 @@ class ThreadedStore(Store):
         except StoreUnavailable:
             return False
 
-    def __getattr__(self, name: str) -> Any:
-        """What the wrapped store has beyond `Store`'s interface: its methods run on the thread too."""
-        if name in ("inner", "thread"):      # not set yet (a failed __init__)
-            raise AttributeError(name)
-        value = getattr(self.inner, name)
-        if name.startswith("_") or not callable(value):
-            return value
-        return lambda *args, **kwargs: self.thread.call(lambda s: getattr(s, name)(*args, **kwargs))
-
-
-def _forward(name: str) -> Callable[..., Any]:
-    def forward(self: ThreadedStore, *args: Any, **kwargs: Any) -> Any:
-        return self.thread.call(lambda s: getattr(s, name)(*args, **kwargs))
-    forward.__name__ = forward.__qualname__ = name
-    return forward
-
-
-for _name in dir(Store):
-    if _name.startswith("_") or _name in ThreadedStore.__dict__:
-        continue
-    if callable(getattr(Store, _name)) and not isinstance(getattr(Store, _name), property):
-        setattr(ThreadedStore, _name, _forward(_name))
-# The forwarders above implement Store's abstract methods (mypy does not see them made).
-abc.update_abstractmethods(ThreadedStore)  # type: ignore[type-abstract]
-
 
 def threaded(store: Store) -> ThreadedStore:
     """`store` on its own thread (once: a ThreadedStore is returned as it is)."""
-    return store if isinstance(store, ThreadedStore) else ThreadedStore(store)  # type: ignore[abstract]
+    return store if isinstance(store, ThreadedStore) else ThreadedStore(store)
 
 
 async def run_in_store(store: Store, fn: Callable[[Store], T], timeout: float | None = None) -> T:

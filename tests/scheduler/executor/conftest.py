@@ -16,7 +16,7 @@ from services.common.manifests import load_config
 from services.common.redact import Redactor
 from services.scheduler.engine.core import Engine
 from services.scheduler.store.base import TERMINAL, NodeRunRecord, TicketRecord
-from services.scheduler.store.sqlite import SqliteStore
+from services.scheduler.store.store import Store
 
 from .fakes import FakeCredentials, FakeSandbox
 
@@ -44,10 +44,10 @@ class Harness:
         self.sandbox = FakeSandbox()
         self.credentials = FakeCredentials()
         self.engine: Engine | None = None
-        self.store: SqliteStore | None = None
+        self.store: Store | None = None
 
     async def start(self) -> Engine:
-        self.store = SqliteStore(self.db)
+        self.store = Store.sqlite(self.db)
         self.engine = Engine(self.config, self.store, self.sandbox, self.credentials, Redactor(),
                              registry=CollectorRegistry(), recovery_interval=0)
         self.engine.broker_retry_s = 5.0
@@ -74,7 +74,7 @@ class Harness:
         assert self.store is not None
         async with asyncio.timeout(deadline_s):
             while True:
-                t = self.store.get_ticket(ticket_id)
+                t = self.store.tickets.get(ticket_id)
                 if t is not None and t.state in states:
                     return t
                 await asyncio.sleep(0.005)
@@ -86,12 +86,12 @@ class Harness:
 
     def nodes(self, ticket_id: str) -> dict[str, NodeRunRecord]:
         assert self.store is not None
-        return {n.node_id: n for n in self.store.node_runs(ticket_id)}
+        return {n.node_id: n for n in self.store.tickets.node_runs(ticket_id)}
 
     def events(self, ticket_id: str, type_: str | None = None) -> list[tuple[str, dict]]:
         assert self.engine is not None and self.store is not None
         self.engine.events.flush()
-        out = [(e.type, json.loads(e.payload_json)) for e in self.store.events(ticket_id, 1, 100_000)]
+        out = [(e.type, json.loads(e.payload_json)) for e in self.store.events.read(ticket_id, 1, 100_000)]
         return [e for e in out if type_ is None or e[0] == type_]
 
 

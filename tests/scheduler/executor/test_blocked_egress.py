@@ -72,7 +72,7 @@ async def test_r11_pr_description_lists_the_refused_hosts(harness):
     (_, ev), *_ = h.events(tid, "egress.denied")
     assert ev["node"] == "pr" and ev["hosts"][0] == {"host": "pypi.example", "count": 3}
 
-    final = GitHubReporter(h.config, h.store, credentials=None).final_body(h.store.get_ticket(tid))
+    final = GitHubReporter(h.config, h.store, credentials=None).final_body(h.store.tickets.get(tid))
     assert "**Blocked egress attempts**" in final and "- `pypi.example` (3 times)" in final
     _inline_codes_are_clean(final)
 
@@ -83,14 +83,14 @@ async def test_r11_no_section_when_nothing_was_refused(harness):
     body = h.credentials.bodies[tid]
     assert "Opened by afe" in body and "Blocked egress" not in body        # control: the body is there
     assert h.events(tid, "egress.denied") == []
-    final = GitHubReporter(h.config, h.store, credentials=None).final_body(h.store.get_ticket(tid))
+    final = GitHubReporter(h.config, h.store, credentials=None).final_body(h.store.tickets.get(tid))
     assert "Pull request:" in final and "Blocked egress" not in final
 
 
 async def test_r11_final_comment_lists_the_refused_hosts_of_a_ticket_without_pr(harness):
     h = harness(WORKFLOWS)
     tid = await _run(h, "fails", [("files.example", 4)])
-    t = h.store.get_ticket(tid)
+    t = h.store.tickets.get(tid)
     assert t.state == "failed" and tid in h.sandbox.destroyed
     final = GitHubReporter(h.config, h.store, credentials=None).final_body(t)
     assert "- Pull request: none" in final

@@ -92,12 +92,12 @@ async def test_followup_reruns_the_model_with_the_instruction_on_the_same_pr_and
     assert t.state == SUCCEEDED
     # A merged pull request takes no follow-up; one still open does.
     h.credentials.prs[tid].state = "open"
-    engine.store.put_pr(engine.store.get_pr(tid).__class__(tid, "1", state="merged"))
+    engine.store.prs.put_pr(engine.store.prs.get_pr(tid).__class__(tid, "1", state="merged"))
     with pytest.raises(FailedPrecondition, match="merged"):
         await follow_up(engine, tid, "more", principal="alice")
-    h2 = engine.store.get_pr(tid)
+    h2 = engine.store.prs.get_pr(tid)
     h2.state = "open"
-    engine.store.put_pr(h2)
+    engine.store.prs.put_pr(h2)
 
     await follow_up(engine, tid, "Also handle negative numbers", principal="alice")
     t = await h.until(tid, (WAITING_APPROVAL,))
@@ -108,7 +108,7 @@ async def test_followup_reruns_the_model_with_the_instruction_on_the_same_pr_and
     assert len(h.credentials.prs) == 1                      # the same pull request
     assert [p["was"] for _, p in h.events(tid, "ticket.reopened")] == [SUCCEEDED]
     # The approval of the first head does not count for the re-run.
-    assert engine.store.latest_approval(tid).sha == first_sha
+    assert engine.store.approvals.latest_approval(tid).sha == first_sha
     await engine.approve(tid, "bob", t.awaiting_sha)
     assert (await h.until(tid)).state == SUCCEEDED
     assert h.credentials.merged[-1] == (tid, t.awaiting_sha)
@@ -124,13 +124,13 @@ async def test_r16_an_approval_before_the_reopen_does_not_approve_the_rerun(harn
     await engine.approve(tid, "bob", sha)
     await h.until(tid)
     h.credentials.prs[tid].state = "open"
-    pr = engine.store.get_pr(tid)
+    pr = engine.store.prs.get_pr(tid)
     pr.state, pr.merge_sha = "open", ""
-    engine.store.put_pr(pr)
+    engine.store.prs.put_pr(pr)
     await follow_up(engine, tid, "again", principal="alice")
     t = await h.until(tid, (WAITING_APPROVAL,))
     assert t.awaiting_sha == sha                           # same head as the approved one ...
-    assert engine.store.latest_approval(tid).sha == sha    # ... approved before the re-open ...
+    assert engine.store.approvals.latest_approval(tid).sha == sha    # ... approved before the re-open ...
     assert len(h.events(tid, "approval.requested")) == 2   # ... and asked again all the same
     await engine.reject(tid, "bob", "no")
     assert (await h.until(tid)).state == FAILED

@@ -62,7 +62,7 @@ async def test_r36_a_title_with_control_characters_becomes_a_commit_git_takes(ha
     tid = h.create("pr", title=TITLE)
     t = await h.until(tid)
     assert t.state == SUCCEEDED, t.error
-    assert h.store.get_ticket(tid).title == TITLE          # the ticket keeps its text, as data
+    assert h.store.tickets.get(tid).title == TITLE          # the ticket keeps its text, as data
     [message], [(title, body)] = h.credentials.messages, h.credentials.opened
     assert message == f"#12 Crash on  input [2J[31mred\nsecond line\n\nafe ticket {tid}"
     assert title == "#12 Crash on input [2J[31mred second line"

@@ -123,7 +123,7 @@ async def test_r41_verification_runs_once_per_head_in_a_fresh_sandbox_and_a_pass
     assert any(p["stream"] == "stdout" for _, p in h.events(tid, "verification.output"))
     asked = h.events(tid, "approval.requested")[0][1]
     assert asked["verification"]["passed"] is True and asked["verification"]["base_paths"] == ["tests/"]
-    rec = h.store.verification(tid, HEAD)
+    rec = h.store.verifications.verification(tid, HEAD)
     assert rec is not None and rec.passed and rec.result == finished[0][1]
 
     engine = await h.restart()                 # a resumed ticket asks again: the stored result, no new run
@@ -174,7 +174,7 @@ async def test_r41_a_harness_change_is_approved_only_with_the_acknowledgement(ha
     assert t.state == SUCCEEDED, t.error
     granted = h.events(tid, "approval.granted")[0][1]
     assert granted["accepted_harness_change"] == ["conftest.py", "pytest.ini"]
-    appr = h.store.latest_approval(tid)
+    appr = h.store.approvals.latest_approval(tid)
     assert appr is not None and appr.accepted_harness_change == ["conftest.py", "pytest.ini"]
     assert h.credentials.merged == [(tid, HEAD)]
 
@@ -264,12 +264,12 @@ async def test_r41_a_verification_that_could_not_run_is_no_verdict_and_a_retry_r
     t = await h.until(tid)
     assert t.state == FAILED
     assert "verification could not run" in t.error and f"afe ticket retry {tid}" in t.error, t.error
-    assert h.store.verification(tid, HEAD) is None                    # nothing stored for the head
+    assert h.store.verifications.verification(tid, HEAD) is None                    # nothing stored for the head
     assert h.events(tid, "verification.error") and not h.events(tid, "verification.finished")
     h.sandbox.fail_create = None
     await engine.retry(tid, "", "bob")
     t = await h.until(tid, (WAITING_APPROVAL,))
-    rec = h.store.verification(tid, HEAD)
+    rec = h.store.verifications.verification(tid, HEAD)
     assert rec is not None and rec.passed
 
 
@@ -284,8 +284,8 @@ async def test_r41_a_changed_verify_declaration_verifies_again(harness):
     changed = h.config.workflows["review"].verify.__class__(run=("echo other",), base_paths=("tests/",),
                                                              timeout_s=30)
     assert config_digest(changed, ws) != first
-    assert h.store.verification_with(tid, HEAD, "b" * 40, first) is not None
-    assert h.store.verification_with(tid, HEAD, "b" * 40, config_digest(changed, ws)) is None
+    assert h.store.verifications.verification_with(tid, HEAD, "b" * 40, first) is not None
+    assert h.store.verifications.verification_with(tid, HEAD, "b" * 40, config_digest(changed, ws)) is None
 
 
 async def test_r41_a_command_that_reaches_the_clean_rooms_time_out_is_no_verdict(harness):
@@ -303,7 +303,7 @@ async def test_r41_a_command_that_reaches_the_clean_rooms_time_out_is_no_verdict
     tid = h.create("review")
     t = await h.until(tid)
     assert t.state == FAILED and "did not finish within 30 s (verify.timeout)" in t.error, t.error
-    assert "verification could not run" in t.error and h.store.verification(tid, HEAD) is None
+    assert "verification could not run" in t.error and h.store.verifications.verification(tid, HEAD) is None
 
 
 async def test_r41_the_merge_is_pinned_to_the_verified_base_and_a_move_in_between_verifies_again(harness):
@@ -328,4 +328,4 @@ async def test_r41_the_merge_is_pinned_to_the_verified_base_and_a_move_in_betwee
     assert h.credentials.merge_bases == ["b" * 40, "a" * 40]      # each merge names the base it was verified on
     assert h.credentials.merged == [(tid, HEAD)]
     assert h.events(tid, "merge.base_moved")[0][1]["verified_base_sha"] == "b" * 40
-    assert h.store.verification_with(tid, HEAD, "a" * 40, h.store.verification(tid, HEAD).config) is not None
+    assert h.store.verifications.verification_with(tid, HEAD, "a" * 40, h.store.verifications.verification(tid, HEAD).config) is not None

@@ -31,8 +31,8 @@ PERSON = "d" * 40         # what "a person" pushed to the ticket's branch since
 
 
 async def _predicate(h, tid: str, sha: str, kind: str = REQUEST) -> dict:
-    rec = h.store.run_record(tid, sha, kind)
-    assert rec is not None, (sha, kind, [(r.sha, r.kind) for r in h.store.run_records(tid)])
+    rec = h.store.run_records.run_record(tid, sha, kind)
+    assert rec is not None, (sha, kind, [(r.sha, r.kind) for r in h.store.run_records.run_records(tid)])
     key = attestation.public_key((await h.credentials.signing_key()).public_key_pem)
     return attestation.verify(json.loads(rec.envelope), key, sha).statement["predicate"]
 
@@ -76,7 +76,7 @@ async def test_r42_a_head_a_person_pushed_is_recorded_as_such_not_with_the_agent
     assert p["afe_run"]["head"] == AFE
     assert p["afe_run"]["commands"][0]["command"] == "make test"
     # the PR comment says so too
-    body = run_record.comment_body(h.store.run_record(tid, PERSON, REQUEST), None)
+    body = run_record.comment_body(h.store.run_records.run_record(tid, PERSON, REQUEST), None)
     assert "head pushed by a person, not by afe's run" in body and f"`{AFE}`" in body
 
     await h.engine.approve(tid, "bob", PERSON)
@@ -90,14 +90,21 @@ def _event(seq: int, type_: str, payload: dict) -> EventRecord:
     return EventRecord("t-1", seq, type_, json.dumps(payload), seq)
 
 
-class _Events:
-    """A store's `events` over a list (as SqliteStore pages them)."""
+class _EventsRepo:
+    """A store's events repository over a list (as the store pages them)."""
 
     def __init__(self, events: list[EventRecord]) -> None:
         self._events = events
 
-    def events(self, ticket_id: str, from_seq: int, limit: int = 1000) -> list[EventRecord]:
+    def read(self, ticket_id: str, from_seq: int, limit: int = 1000) -> list[EventRecord]:
         return [e for e in self._events if e.seq >= from_seq][:limit]
+
+
+class _Events:
+    """A store whose `events` are a list."""
+
+    def __init__(self, events: list[EventRecord]) -> None:
+        self.events = _EventsRepo(events)
 
 
 def test_r42_afe_knows_the_heads_it_pushed_from_its_push_and_update_branch_events():
@@ -174,18 +181,18 @@ def test_r42_the_decision_carries_the_acknowledged_harness_files(tmp_path):
     """statement() puts the ApprovalRecord's `accepted_harness_change` into the decision."""
     from services.common.manifests import load_config
     from services.scheduler.store.base import NodeRunRecord, TicketRecord
-    from services.scheduler.store.sqlite import SqliteStore
+    from services.scheduler.store.store import Store
 
     from .conftest import WORKSPACE
 
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "afe.yaml").write_text(WORKSPACE + WORKFLOWS)
     config = load_config(tmp_path / "cfg")
-    store = SqliteStore(tmp_path / "afe.db")
+    store = Store.sqlite(tmp_path / "afe.db")
     try:
         t = TicketRecord(id="t-1", workspace="ws", workflow="review", title="t", body="b", inputs={},
                          state=WAITING_APPROVAL, created_at_ms=1, updated_at_ms=1, principal="p")
-        store.create_ticket(t, [NodeRunRecord("t-1", n.id, n.kind) for n in config.workflows["review"].nodes], [])
+        store.tickets.create(t, [NodeRunRecord("t-1", n.id, n.kind) for n in config.workflows["review"].nodes], [])
         acked = ["conftest.py", "pytest.ini"]
         for appr, want in ((ApprovalRecord("t-1", "bob", "a" * 40, True, 5, accepted_harness_change=acked), acked),
                            (ApprovalRecord("t-1", "bob", "a" * 40, True, 6), [])):

@@ -41,7 +41,7 @@ async def test_r42_the_request_and_the_decision_are_signed_stored_once_and_verif
     tid = h.engine.create_ticket("", "review", HOSTILE, HOSTILE, {}, "tester").ticket.id
     t = await h.until(tid, (WAITING_APPROVAL,))
     sha = t.awaiting_sha
-    rec = h.store.run_record(tid, sha, REQUEST)
+    rec = h.store.run_records.run_record(tid, sha, REQUEST)
     assert rec is not None
     key = await _key(h)
     v = attestation.verify(json.loads(rec.envelope), key, sha)
@@ -60,15 +60,15 @@ async def test_r42_the_request_and_the_decision_are_signed_stored_once_and_verif
     calls = h.credentials.calls.count("sign_statement")
     engine = await h.restart()
     await h.until(tid, (WAITING_APPROVAL,))
-    assert h.store.run_record(tid, sha, REQUEST).envelope == rec.envelope
+    assert h.store.run_records.run_record(tid, sha, REQUEST).envelope == rec.envelope
     await engine.approve(tid, "bob", sha)
     t = await h.until(tid)
     assert t.state == SUCCEEDED, t.error
     assert h.credentials.calls.count("sign_statement") == calls + 1      # the decision only
-    dec = h.store.run_record(tid, sha, DECISION)
+    dec = h.store.run_records.run_record(tid, sha, DECISION)
     d = attestation.verify(json.loads(dec.envelope), key, sha).statement["predicate"]["decision"]
     assert d["principal"] == "bob" and d["granted"] is True and d["sha"] == sha
-    assert [r.kind for r in h.store.run_records(tid)] == [REQUEST, DECISION]
+    assert [r.kind for r in h.store.run_records.run_records(tid)] == [REQUEST, DECISION]
 
 
 async def test_r42_untrusted_text_is_never_raw_in_the_statement_or_the_pr_comment(harness):
@@ -78,8 +78,8 @@ async def test_r42_untrusted_text_is_never_raw_in_the_statement_or_the_pr_commen
     t = await h.until(tid, (WAITING_APPROVAL,))
     await h.engine.approve(tid, "bob", t.awaiting_sha)
     await h.until(tid)
-    req = h.store.run_record(tid, t.awaiting_sha, REQUEST)
-    dec = h.store.run_record(tid, t.awaiting_sha, DECISION)
+    req = h.store.run_records.run_record(tid, t.awaiting_sha, REQUEST)
+    dec = h.store.run_records.run_record(tid, t.awaiting_sha, DECISION)
     payload = base64.b64decode(json.loads(dec.envelope)["payload"])
     body = run_record.comment_body(req, dec)
     for piece in ("```", "<img", "</details>", "@octocat", "javascript:", "<!--", "\u202e", HOSTILE):
@@ -106,7 +106,7 @@ async def test_r42_a_record_that_cannot_be_signed_fails_the_approval_request(har
     t = await h.until(tid)
     assert t.state == "failed" and "could not be signed" in t.error and "holds a secret" in t.error
     assert h.events(tid, "approval.requested") == [] and h.credentials.merged == []
-    assert h.store.run_records(tid) == []
+    assert h.store.run_records.run_records(tid) == []
 
 
 async def test_r42_the_record_counts_the_hosts_the_proxy_let_through_and_refused(harness):
@@ -116,7 +116,7 @@ async def test_r42_the_record_counts_the_hosts_the_proxy_let_through_and_refused
     h.sandbox.allowed[tid] = [("pypi.org", 7), ("files.pythonhosted.org", 3)]
     h.sandbox.denied[tid] = [("evil.example", 2)]
     t = await h.until(tid, (WAITING_APPROVAL,))
-    rec = h.store.run_record(tid, t.awaiting_sha, REQUEST)
+    rec = h.store.run_records.run_record(tid, t.awaiting_sha, REQUEST)
     egress = attestation.verify(json.loads(rec.envelope), await _key(h), t.awaiting_sha).statement[
         "predicate"]["egress"]
     assert egress["allowed_counts"] == [{"host": "pypi.org", "count": 7}, {"host": "files.pythonhosted.org",

@@ -47,7 +47,7 @@ async def test_r44_refusals_in_the_event_and_every_request_in_the_signed_record(
     assert event["requests"] == [{"method": "PUT", "host": "registry.npmjs.org", "path": SECRET_PATH,
                                   "reason": "method", "rule": "read-only", "count": 2}]
     # the record: every request, allowed or refused, the path as a digest only, and the rules
-    rec = h.store.run_record(tid, t.awaiting_sha, REQUEST)
+    rec = h.store.run_records.run_record(tid, t.awaiting_sha, REQUEST)
     statement = attestation.verify(json.loads(rec.envelope), await _key(h), t.awaiting_sha).statement
     egress = statement["predicate"]["egress"]
     assert egress["requests"] == [          # the refused first

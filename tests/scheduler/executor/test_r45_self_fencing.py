@@ -93,15 +93,18 @@ class Partition:
 
     def __init__(self, store, *names: str) -> None:
         self.down = False
-        for name in names:
-            real = getattr(store, name)
+        store = store.__dict__.get("inner", store)      # the repositories themselves (not their thread's)
+        for name in names:                              # "repository.method"
+            repo_name, method = name.split(".")
+            repo = getattr(store, repo_name)
+            real = getattr(repo, method)
 
             def fail_while_down(*args, _real=real, _name=name, **kwargs):
                 if self.down:
                     raise Unavailable(f"the database did not answer ({_name})")
                 return _real(*args, **kwargs)
 
-            setattr(store, name, fail_while_down)
+            setattr(repo, method, fail_while_down)
 
 
 @pytest.fixture
@@ -137,7 +140,7 @@ async def _until(predicate, deadline_s: float = 20.0, what: str = "") -> None:
 
 def _events(engine: Engine, ticket_id: str, type_: str | None = None) -> list[tuple[str, dict]]:
     engine.events.flush()
-    out = [(e.type, json.loads(e.payload_json)) for e in engine.store.events(ticket_id, 1, 100_000)]
+    out = [(e.type, json.loads(e.payload_json)) for e in engine.store.events.read(ticket_id, 1, 100_000)]
     return [e for e in out if type_ is None or e[0] == type_]
 
 
@@ -146,7 +149,7 @@ async def _takeover_while_a_is_cut_off(pair, self_fencing: bool):
     a = make("sched-a")
     await a.start()
     a.leases.self_fencing = self_fencing
-    cut = Partition(a.store.__dict__.get("inner", a.store), "renew_leases", "claim_ticket")
+    cut = Partition(a.store, "leases.renew", "leases.claim")
     tid = a.create_ticket("", "fix", "notes", "", {}, "tester").ticket.id
     b = make("sched-b")
     await b.start()
@@ -168,13 +171,13 @@ async def test_r45_an_owner_that_cannot_renew_stops_its_node_before_its_lease_en
     # ... so B's attempt started only after A's had stopped: never side by side
     assert first["end"] <= second["start"]
     assert a.lease_lost(tid) and not a.running_here(tid)
-    assert a.store.get_ticket(tid).state == RUNNING
+    assert a.store.tickets.get(tid).state == RUNNING
 
     sandbox.open("go")
-    await _until(lambda: b.store.get_ticket(tid).state in TERMINAL, what="the ticket's end")
-    t = b.store.get_ticket(tid)
+    await _until(lambda: b.store.tickets.get(tid).state in TERMINAL, what="the ticket's end")
+    t = b.store.tickets.get(tid)
     assert t.state == SUCCEEDED, t.error
-    edit = next(n for n in b.store.node_runs(tid) if n.node_id == "edit")
+    edit = next(n for n in b.store.tickets.node_runs(tid) if n.node_id == "edit")
     assert edit.attempt == 2 and edit.output.endswith("done\n")
     [(_, again)] = _events(b, tid, "node.attempt")
     assert again == {"node": "edit", "attempt": 2, "previous": 1, "reason": "takeover",
@@ -208,8 +211,8 @@ async def test_r45_positive_control_without_self_fencing_the_owner_runs_on_besid
     await _until(lambda: first["end"] is not None and second["end"] is not None, what="both commands' end")
     assert first["how"] == "exit" and second["how"] == "exit"                  # both ran to the end ...
     assert first["end"] > second["start"]                                       # ... side by side
-    await _until(lambda: b.store.get_ticket(tid).state in TERMINAL, what="the ticket's end")
-    assert b.store.get_ticket(tid).state == SUCCEEDED
+    await _until(lambda: b.store.tickets.get(tid).state in TERMINAL, what="the ticket's end")
+    assert b.store.tickets.get(tid).state == SUCCEEDED
 
 
 async def test_r45_a_scheduler_cut_off_from_its_database_drops_its_unstored_events_and_counts_them(pair):
@@ -219,22 +222,23 @@ async def test_r45_a_scheduler_cut_off_from_its_database_drops_its_unstored_even
     make, sandbox, _credentials = pair
     a = make("sched-a")
     await a.start()
-    cut = Partition(a.store, "renew_leases", "claim_ticket", "append_events", "update_node", "update_ticket")
+    cut = Partition(a.store, "leases.renew", "leases.claim", "events.append", "tickets.update_node",
+                    "tickets.update")
     tid = a.create_ticket("", "fix", "notes", "", {}, "tester").ticket.id
     await _until(lambda: sandbox.gate("started").is_set(), what="the command to start")
     await _until(lambda: not a.events.holds_unstored(tid), what="the first events stored")
-    stored_before = a.store.last_seq(tid)
+    stored_before = a.store.events.last_seq(tid)
     cut.down = True
     sandbox.open("more")                         # "two", "three": printed while nothing can be stored
     await _until(lambda: a.lease_lost(tid), deadline_s=LEASE_S * 2, what="self-fencing")
     await _until(lambda: sandbox.runs[0]["how"] == "cancelled", what="the node's command stopped")
     assert sandbox.runs[0]["lease_left_ms"] > 0
-    assert a.store.last_seq(tid) == stored_before           # nothing of the fenced-off attempt was written
+    assert a.store.events.last_seq(tid) == stored_before           # nothing of the fenced-off attempt was written
     cut.down = False                              # the database answers again
     await _until(lambda: len(sandbox.runs) == 2, what="the attempt that claims the ticket again")
     sandbox.open("go")
-    await _until(lambda: a.store.get_ticket(tid).state in TERMINAL, what="the ticket's end")
-    assert a.store.get_ticket(tid).state == SUCCEEDED
+    await _until(lambda: a.store.tickets.get(tid).state in TERMINAL, what="the ticket's end")
+    assert a.store.tickets.get(tid).state == SUCCEEDED
 
     events = _events(a, tid)
     types = [t for t, _ in events]
@@ -246,10 +250,10 @@ async def test_r45_a_scheduler_cut_off_from_its_database_drops_its_unstored_even
     assert events[i + 1][1]["previous_scheduler"] == "sched-a" and events[i + 1][1]["attempt"] == 2
     texts = [(p["attempt"], p["text"]) for t, p in events if t == "node.output"]
     assert (1, "two\n") not in texts and (2, "two\n") in texts
-    seqs = [e.seq for e in a.store.events(tid, 1, 100_000)]
+    seqs = [e.seq for e in a.store.events.read(tid, 1, 100_000)]
     assert seqs == list(range(1, len(seqs) + 1))           # gap-free: nothing renumbered in late
-    assert next(n for n in a.store.node_runs(tid) if n.node_id == "edit").attempt == 2
-    assert N_RUNNING not in {n.state for n in a.store.node_runs(tid)}
+    assert next(n for n in a.store.tickets.node_runs(tid) if n.node_id == "edit").attempt == 2
+    assert N_RUNNING not in {n.state for n in a.store.tickets.node_runs(tid)}
 
 
 @pytest.mark.parametrize("barrier", [True, False], ids=["fence-kept-until-the-queue-is-through", "positive-control"])
@@ -271,14 +275,14 @@ async def test_r45_a_batch_still_queued_when_the_owner_fences_itself_off_is_neve
                 recovery_interval=0, owner="sched-a2", lease_s=LEASE_S)
     a2.broker_retry_s = 5.0
     held, release = threading.Event(), threading.Event()
-    real_append = inner.append_events
+    real_append = inner.events.append
 
     def append_held(events):
         if any(ev[2] == "node.output" and "two" in ev[3] for ev in events):
             held.set()
             release.wait(20)             # the database does not answer this batch (yet)
         return real_append(events)
-    inner.append_events = append_held
+    inner.events.append = append_held
     try:
         await a2.start()
         tid = a2.create_ticket("", "fix", "notes", "", {}, "tester").ticket.id
@@ -293,7 +297,7 @@ async def test_r45_a_batch_still_queued_when_the_owner_fences_itself_off_is_neve
         release.set()                               # the database answers the held batch now
         await _until(lambda: not a2.events.holds_unstored(tid), what="the held batch's outcome")
         await asyncio.sleep(0.5)
-        outputs = [json.loads(e.payload_json) for e in inner.events(tid, 1, 100_000) if e.type == "node.output"]
+        outputs = [json.loads(e.payload_json) for e in inner.events.read(tid, 1, 100_000) if e.type == "node.output"]
         first = [p["text"] for p in outputs if p["attempt"] == 1]
         if barrier:
             assert first == ["one\n"], first      # the held batch was refused: the fence was still marked lost

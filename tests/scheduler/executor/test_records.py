@@ -87,7 +87,7 @@ async def test_diff_test_output_pr_and_usage_are_kept_and_shown_once_the_ticket_
                                                                                        capsys):
     engine = await h.start()
     tid = await _end(h, engine, how)
-    t = h.store.get_ticket(tid)
+    t = h.store.tickets.get(tid)
     assert t.state == state and t.torn_down, (t.state, t.error)
     if how == "rejected":
         assert "rejected by alice" in t.error
@@ -133,7 +133,7 @@ async def test_watching_a_re_opened_ticket_from_the_start_goes_past_its_earlier_
     tid = await _end(h, engine, "rejected")
     await engine.retry(tid, "", "alice")
     await h.until(tid, (WAITING_APPROVAL,))
-    t = h.store.get_ticket(tid)
+    t = h.store.tickets.get(tid)
     await engine.approve(tid, "alice", t.awaiting_sha)
     await h.until(tid)
     seen = [ev.type async for ev in engine.watch(tid, 1, True)]

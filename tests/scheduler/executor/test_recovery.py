@@ -153,7 +153,7 @@ async def test_retry_from_a_node_runs_it_and_its_dependents_only(rh):
     await rh.until(tid)
     await engine.retry(tid, "", "alice")
     assert (await rh.until(tid)).state == SUCCEEDED
-    rh.store.update_ticket(tid, state=FAILED)      # as if a later step had failed
+    rh.store.tickets.update(tid, state=FAILED)      # as if a later step had failed
     await engine.retry(tid, "check", "alice")
     assert (await rh.until(tid)).state == SUCCEEDED
     assert _started(rh, tid) == ["first", "check", "check", "after", "check", "after"]
@@ -222,7 +222,7 @@ async def test_r16_an_approval_from_before_a_retry_does_not_merge_the_re_run(rh)
     rh.credentials.conflict = False
     engine.dispatch.started = False              # hold the dispatcher while the defence is taken away
     await engine.retry(tid2, "merge", "alice")
-    rh.store.update_ticket(tid2, reopened_at_ms=0)
+    rh.store.tickets.update(tid2, reopened_at_ms=0)
     engine.dispatch.started = True
     engine.dispatch.kick()
     t = await rh.until(tid2, (WAITING_APPROVAL, SUCCEEDED, FAILED))
@@ -239,7 +239,7 @@ async def test_r16_update_branch_merges_the_base_and_the_new_head_needs_its_own_
     rh.credentials.conflicts = ["calc.py", "README.md"]
     with pytest.raises(FailedPrecondition, match=r"conflicts in: calc\.py, README\.md; resolve them"):
         await engine.update_branch(tid, "alice")
-    assert rh.store.get_ticket(tid).state == FAILED
+    assert rh.store.tickets.get(tid).state == FAILED
     assert rh.events(tid, "branch.conflict")[0][1]["paths"] == ["calc.py", "README.md"]
     rh.credentials.conflicts = []
     await engine.update_branch(tid, "alice")

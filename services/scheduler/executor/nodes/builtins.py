@@ -123,12 +123,12 @@ async def open_pr(ctx: RunContext, node: Node) -> str:
         body += "\n\n" + egress_report.section(denied)
     pr = await ctx.step(node, "open_pr", lambda: ctx.credentials.open_pr(tid, ws, title, body,
                                                                            ctx.host.fence(tid)))
-    known = ctx.store.get_pr(tid)
+    known = ctx.store.prs.get_pr(tid)
     rec = PullRequestRecord(tid, pr.number, pr.url, pr.head_branch, pr.base_branch, pr.head_sha,
                             pr.state or "open", pr.merge_sha)
     if known is not None and known.state == "merged":
         rec.state, rec.merge_sha = known.state, known.merge_sha
-    ctx.store.put_pr(rec)
+    ctx.store.prs.put_pr(rec)
     ctx.emit("pr.opened", {"node": node.id, "number": pr.number, "url": pr.url,
                            "head_branch": pr.head_branch, "base_branch": pr.base_branch,
                            "head_sha": pr.head_sha, "existing": known is not None})
@@ -145,15 +145,15 @@ async def _await_approval(ctx: RunContext, node: Node, sha: str, pr: PullRequest
     between would find no waiter and be missed (`_approval_for` prepares the
     workspace before it looks for a decision)."""
     tid = ctx.ticket.id
-    t = ctx.store.get_ticket(tid)
-    ctx.store.update_node(tid, node.id, state=N_WAITING)
+    t = ctx.store.tickets.get(tid)
+    ctx.store.tickets.update_node(tid, node.id, state=N_WAITING)
     if not (t and t.state == WAITING_APPROVAL and t.awaiting_sha == sha):
         ctx.host.transitions.move(tid, WAITING_APPROVAL, state_event(WAITING_APPROVAL),
                                   ("approval.requested", {"node": node.id, "sha": sha, "pr": pr.number if pr else "",
                                                           "url": pr.url if pr else "", **gate}),
                                   awaiting_sha=sha)
     rec = await ctx.host.wait_for_decision(tid)
-    ctx.store.update_node(tid, node.id, state=N_RUNNING)
+    ctx.store.tickets.update_node(tid, node.id, state=N_RUNNING)
     return rec
 
 
@@ -167,8 +167,8 @@ async def _approval_for(ctx: RunContext, node: Node, sha: str, pr: PullRequestRe
     # review_gate (verification R41, signed record R42) before the look for a decision,
     # for the same reason; it is idempotent per head, so a decided head costs a lookup.
     gate = await review_gate.before_request(ctx, node, sha, pr)
-    appr = ctx.store.latest_approval(ctx.ticket.id)
-    t = ctx.store.get_ticket(ctx.ticket.id)
+    appr = ctx.store.approvals.latest_approval(ctx.ticket.id)
+    t = ctx.store.tickets.get(ctx.ticket.id)
     # An approval given before the ticket was last re-opened is not one of the re-run (R16).
     decided = (appr is not None and appr.sha == sha and t is not None and t.state == RUNNING
                and appr.at_ms > t.reopened_at_ms)  # same millisecond: the old one
@@ -182,14 +182,14 @@ async def _approval_for(ctx: RunContext, node: Node, sha: str, pr: PullRequestRe
 
 
 async def approval(ctx: RunContext, node: Node) -> str:
-    pr = ctx.store.get_pr(ctx.ticket.id)
+    pr = ctx.store.prs.get_pr(ctx.ticket.id)
     appr = await _approval_for(ctx, node, pr.head_sha if pr else "", pr)
     return f"approved by {appr.principal}"
 
 
 async def merge(ctx: RunContext, node: Node) -> str:
     tid, ws = ctx.ticket.id, ctx.workspace.name
-    pr = ctx.store.get_pr(tid)
+    pr = ctx.store.prs.get_pr(tid)
     if pr is None:
         raise FailedPrecondition("builtin:merge needs a pull request: put builtin:open_pr in its `needs`")
     if pr.state == "merged":
@@ -198,13 +198,13 @@ async def merge(ctx: RunContext, node: Node) -> str:
     current = await ctx.step(node, "merge", lambda: ctx.credentials.get_pr(ws, number))
     if current.state == "merged":
         pr.state, pr.merge_sha = "merged", current.merge_sha
-        ctx.store.put_pr(pr)
+        ctx.store.prs.put_pr(pr)
         ctx.emit("merge.done", {"node": node.id, "number": pr.number, "merge_sha": pr.merge_sha,
                                 "already_merged": True})
         return pr.merge_sha
     if current.head_sha and current.head_sha != pr.head_sha:
         pr.head_sha = current.head_sha
-        ctx.store.put_pr(pr)
+        ctx.store.prs.put_pr(pr)
     while True:
         appr = await _approval_for(ctx, node, pr.head_sha, pr)
         # The branch may have moved while it waited: a person approved
@@ -213,7 +213,7 @@ async def merge(ctx: RunContext, node: Node) -> str:
         if current.head_sha and current.head_sha != appr.sha and current.state != "merged":
             ctx.emit("approval.stale", {"node": node.id, "approved_sha": appr.sha, "head_sha": current.head_sha})
             pr.head_sha = current.head_sha
-            ctx.store.put_pr(pr)
+            ctx.store.prs.put_pr(pr)
             continue
         break
     acknowledged = getattr(appr, "accepted_harness_change", None) or ()    # R41: carried into the signed record
@@ -235,7 +235,7 @@ async def merge(ctx: RunContext, node: Node) -> str:
                                  f"head {appr.sha[:12]} was verified on it; retry when it is quieter "
                                  f"(`afe ticket retry {tid}`)")
     pr.state, pr.merge_sha = "merged", r.merge_sha
-    ctx.store.put_pr(pr)
+    ctx.store.prs.put_pr(pr)
     ctx.emit("merge.done", {"node": node.id, "number": pr.number, "sha": appr.sha, "merge_sha": r.merge_sha,
                             "principal": appr.principal, "already_merged": r.already_merged,
                             **({"verified_base_sha": verified.get("base_sha", "")} if verified else {})})

@@ -42,7 +42,7 @@ async def sign_request(ctx: RunContext, node: Any, sha: str, pr: PullRequestReco
     """Sign (once per ticket and head) the record of the run that made `sha`; what the approval shows of it."""
     if not SHA.match(sha or ""):
         return None     # no commit to sign for (an approval with nothing committed)
-    rec = ctx.store.run_record(ctx.ticket.id, sha, REQUEST)
+    rec = ctx.store.run_records.run_record(ctx.ticket.id, sha, REQUEST)
     if rec is None:
         rec = await _sign(ctx, node, sha, pr, verification, None)
     await _attach(ctx, node, sha, pr)
@@ -57,19 +57,19 @@ async def sign_decision(ctx: RunContext, node: Any, appr: ApprovalRecord) -> Non
     # approved, has two (`decision`, `decision-2`); one already signed is not signed again.
     decided = decisions(ctx.store, ctx.ticket.id, appr.sha)
     if not any(_predicate(d.envelope).get("decision", {}).get("at_ms") == appr.at_ms for d in decided):
-        request = ctx.store.run_record(ctx.ticket.id, appr.sha, REQUEST)
+        request = ctx.store.run_records.run_record(ctx.ticket.id, appr.sha, REQUEST)
         verification = None
         if request is not None:
             verification = _predicate(request.envelope).get("verification")
         kind = DECISION if not decided else f"{DECISION}-{len(decided) + 1}"
-        rec = await _sign(ctx, node, appr.sha, ctx.store.get_pr(ctx.ticket.id), verification, appr, kind)
+        rec = await _sign(ctx, node, appr.sha, ctx.store.prs.get_pr(ctx.ticket.id), verification, appr, kind)
         ctx.emit("record.signed", {"node": node.id, **_shown(rec)})
-    await _attach(ctx, node, appr.sha, ctx.store.get_pr(ctx.ticket.id))
+    await _attach(ctx, node, appr.sha, ctx.store.prs.get_pr(ctx.ticket.id))
 
 
 def decisions(store: Any, ticket_id: str, sha: str) -> list[RunRecord]:
     """The decision records of `sha`, oldest first."""
-    return [r for r in store.run_records(ticket_id) if r.sha == sha and r.kind.startswith(DECISION)]
+    return [r for r in store.run_records.run_records(ticket_id) if r.sha == sha and r.kind.startswith(DECISION)]
 
 
 def _shown(rec: RunRecord) -> dict[str, Any]:
@@ -94,7 +94,7 @@ async def _sign(ctx: RunContext, node: Any, sha: str, pr: PullRequestRecord | No
                 kind: str = REQUEST) -> RunRecord:
     tid = ctx.ticket.id
     ctx.host.events.flush()            # the events so far are in the store, which the record reads
-    t = ctx.store.get_ticket(tid) or ctx.ticket
+    t = ctx.store.tickets.get(tid) or ctx.ticket
     denied = await _denied(ctx)
     stmt = run_statement.statement(ctx.config, ctx.store, t, sha, pr=pr, verification=verification,
                                    denied=denied, decision=decision)
@@ -106,7 +106,7 @@ async def _sign(ctx: RunContext, node: Any, sha: str, pr: PullRequestRecord | No
     except AfeError as exc:
         raise FailedPrecondition(f"the run record of head {sha} could not be signed ({exc.message}); the approval "
                                  "is not asked without it (R42): fix the cause and retry the ticket") from None
-    return ctx.store.put_run_record(RunRecord(tid, sha, kind, envelope, now_ms()))
+    return ctx.store.run_records.put_run_record(RunRecord(tid, sha, kind, envelope, now_ms()))
 
 
 async def _denied(ctx: RunContext) -> dict[str, Any] | None:
@@ -123,7 +123,7 @@ async def _attach(ctx: RunContext, node: Any, sha: str, pr: PullRequestRecord | 
     """The head's comment on a GitHub pull request: summary and envelope(s), edited, never repeated."""
     if pr is None or not pr.number or ctx.workspace.forge.type != "github":
         return
-    body = comment_body(ctx.store.run_record(ctx.ticket.id, sha, REQUEST),
+    body = comment_body(ctx.store.run_records.run_record(ctx.ticket.id, sha, REQUEST),
                         next(reversed(decisions(ctx.store, ctx.ticket.id, sha)), None))
     if not body:
         return

@@ -30,7 +30,8 @@ from typing import Any
 from services.common import attestation, presets
 from services.common.config import Config, Workflow, Workspace
 
-from ...store.base import ApprovalRecord, PullRequestRecord, Store, TicketRecord
+from ...store.base import ApprovalRecord, PullRequestRecord, TicketRecord
+from ...store.store import Store
 
 EVENTS_SCANNED = 50_000        # a ticket's events read for the record, at most
 _EXIT = re.compile(r"exited with code (-?\d+)")
@@ -65,7 +66,7 @@ def statement(config: Config, store: Store, t: TicketRecord, sha: str, *, pr: Pu
         "kind": "decision" if decision is not None else "request",
         "ticket": {"id": t.id, "workspace": t.workspace, "principal": t.principal,
                    "title_sha256": digest(t.title), "body_sha256": digest(t.body),
-                   "followups_sha256": [digest(f.text) for f in store.followups(t.id, 0)],
+                   "followups_sha256": [digest(f.text) for f in store.followups.followups(t.id, 0)],
                    "created_at_ms": t.created_at_ms},
         "repository": {"forge": ws.forge.type, "repo": ws.forge.repo, "base_branch": ws.base_branch,
                        "branch": f"afe/{t.id}", "pull_request": pr.number if pr else "",
@@ -106,7 +107,7 @@ def _events(store: Store, ticket_id: str) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
     seq = 1
     while len(out) < EVENTS_SCANNED:
-        batch = store.events(ticket_id, seq, limit=1000)
+        batch = store.events.read(ticket_id, seq, limit=1000)
         if not batch:
             break
         for ev in batch:
@@ -126,7 +127,7 @@ def afe_pushed(store: Store, ticket_id: str) -> list[str]:
     out: list[str] = []
     seq = 1
     while True:
-        batch = store.events(ticket_id, seq, limit=1000)
+        batch = store.events.read(ticket_id, seq, limit=1000)
         if not batch:
             return out
         for ev in batch:
@@ -215,7 +216,7 @@ def _payloads(events: list[tuple[str, dict[str, Any]]], type_: str) -> list[dict
 
 
 def _workflow(store: Store, t: TicketRecord, wf: Workflow) -> dict[str, Any]:
-    runs = {r.node_id: r for r in store.node_runs(t.id)}
+    runs = {r.node_id: r for r in store.tickets.node_runs(t.id)}
     nodes = []
     for n in wf.nodes:
         r = runs.get(n.id)

@@ -181,7 +181,7 @@ class _Room:
         outcome = _Outcome()
         try:
             prep = await self._prepare(sha)
-            stored = ctx.store.verification_with(self.tid, sha, prep.base_sha, self.digest)
+            stored = ctx.store.verifications.verification_with(self.tid, sha, prep.base_sha, self.digest)
             if stored is not None:
                 return stored
             ctx.emit("verification.started", {"node": self.node.id, "sha": sha, "base_paths": base_paths,
@@ -214,7 +214,7 @@ class _Room:
                                          f"{prep.base_sha[:12]})")
                 passed = False
         result["passed"] = passed
-        rec = ctx.store.put_verification(self.tid, sha, passed, result, now_ms(), base_sha=prep.base_sha,
+        rec = ctx.store.verifications.put_verification(self.tid, sha, passed, result, now_ms(), base_sha=prep.base_sha,
                                          config=self.digest, kind=HEAD)
         if started:
             ctx.emit("verification.finished", rec.result)
@@ -238,7 +238,7 @@ class _Room:
         tip and configuration — the base's commit is no ticket's, so every ticket on it shares it."""
         ctx = self.ctx
         owner = base_owner(ctx.workspace.name)
-        stored = ctx.store.verification_with(owner, base_sha, base_sha, self.digest, BASE)
+        stored = ctx.store.verifications.verification_with(owner, base_sha, base_sha, self.digest, BASE)
         if stored is None:
             try:
                 await self._prepare(base_sha)
@@ -246,7 +246,7 @@ class _Room:
             finally:
                 await asyncio.shield(self._cleanup())
             tests = testcounts.total(outcome.counts)
-            stored = ctx.store.put_verification(
+            stored = ctx.store.verifications.put_verification(
                 owner, base_sha, outcome.exited_ok(len(self.rendered)),
                 {"sha": base_sha, "tests": tests, "commands": outcome.commands}, now_ms(),
                 base_sha=base_sha, config=self.digest, kind=BASE)
@@ -368,7 +368,7 @@ async def ensure_mergeable(ctx: RunContext, node: Node, appr: ApprovalRecord) ->
     passed (verified again when the base moved since), and the person acknowledged every harness
     change it has. Returns the verification the merge relies on (None without `verify:`)."""
     sha = appr.sha
-    before = ctx.store.verification(ctx.ticket.id, sha)
+    before = ctx.store.verifications.verification(ctx.ticket.id, sha)
     rec = await _verified(ctx, node, sha)
     if rec is None:
         return None
