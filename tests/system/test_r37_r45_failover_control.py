@@ -11,9 +11,14 @@ freeze: the freeze's own control is tests/scheduler/test_store_outage.py's
 issue, and the judge must say so: its owner acts on without a lease
 (self-fence), or the other scheduler takes the run over and the lost
 attempt's output is counted nowhere (lost), or the old owner's output lands
-after the takeover (stale, in some runs); usually also a re-run on the
-interrupted attempt's files (two NOTES.md lines) and a push ticket that
-fails or hangs.
+after the takeover (stale). In five runs at 63decdc (stop, and kill -9 with
+the owner paused) the other scheduler took `stream` over every time: lost,
+a re-run on the interrupted attempt's files (two NOTES.md lines), and the
+push ticket failed or hung in `running` with no pull request; the stale
+write did not show there (its pending events were lost instead), while the
+same judge caught it at several commits of the rebuild (an in-flight batch
+written after the takeover); tests/system/test_failover_judge.py shows the
+judge naming it.
 """
 
 from __future__ import annotations
