@@ -287,7 +287,13 @@ class EventLog(EventWrites):
         try:
             sent = start - 1
             while True:
-                page = self.store.events.read(ticket_id, sent + 1, 1000)
+                try:
+                    page = self.store.events.read(ticket_id, sent + 1, 1000)
+                except Unavailable:
+                    # The store does not answer (a database restart while the history is read, the
+                    # ticket still writing): the watch stays open and reads from its cursor again.
+                    await asyncio.sleep(WATCH_POLL_S)
+                    continue
                 if not page:
                     break
                 for ev in page:
@@ -298,7 +304,11 @@ class EventLog(EventWrites):
                         return
             if not follow:
                 return
-            if is_terminal() and not self.holds_unstored(ticket_id):
+            try:
+                ended = is_terminal()
+            except Unavailable:
+                ended = False      # the store does not answer: follow live; the end comes as an event
+            if ended and not self.holds_unstored(ticket_id):
                 # The final event is appended in the same loop turn as the
                 # terminal state: flush and send what is left. (Events still
                 # waiting for the store come through the queue once stored.)
