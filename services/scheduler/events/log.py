@@ -353,7 +353,12 @@ class EventLog(EventWrites):
                     if ev.seq <= sent:
                         continue
                     if ev.seq != sent + 1:  # cannot happen with one writer; read the store to be sure
-                        for old in self.store.events.read(ticket_id, sent + 1, ev.seq - sent - 1):
+                        try:
+                            missed = self.store.events.read(ticket_id, sent + 1, ev.seq - sent - 1)
+                        except Unavailable:
+                            q.behind = True    # read from the cursor once the store answers (above)
+                            break
+                        for old in missed:
                             yield old
                             sent = old.seq
                     yield ev
