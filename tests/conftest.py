@@ -12,6 +12,12 @@ import pytest
 
 from services.common.layout import Layout
 from tests.support.temp_roots import release_disk_caps, remove_temp_root, temp_root, temp_roots
+from tests.support.xdist_restart import install as install_xdist_restart_guard
+
+
+def pytest_configure(config):
+    """A worker that crashes must not end the parallel run (tests/support/xdist_restart.py)."""
+    install_xdist_restart_guard()
 
 
 def pytest_collection_modifyitems(config, items):
