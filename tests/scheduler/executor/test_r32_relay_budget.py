@@ -170,8 +170,8 @@ async def _run(harness, tmp_path, monkeypatch, *, old_accounting: bool) -> tuple
 
 
 async def test_r32_relay_counts_tokens_a_run_node_spends_and_a_later_agent_does_not_get_them_back(
-        harness, tmp_path, monkeypatch):
-    usage, run = await _run(harness, tmp_path, monkeypatch, old_accounting=False)
+        harness, short_tmp, monkeypatch):
+    usage, run = await _run(harness, short_tmp, monkeypatch, old_accounting=False)
     assert run["state"] == SUCCEEDED
     # The run: node's calls after the agent node ended were served (the attack reaches the model) ...
     assert json.loads(run["first"]) == [200] and json.loads(run["spend"]) == [200, 200]
@@ -183,8 +183,8 @@ async def test_r32_relay_counts_tokens_a_run_node_spends_and_a_later_agent_does_
 
 
 async def test_r32_relay_budget_positive_control_old_accounting_gives_the_tokens_back(
-        harness, tmp_path, monkeypatch):
-    usage, run = await _run(harness, tmp_path, monkeypatch, old_accounting=True)
+        harness, short_tmp, monkeypatch):
+    usage, run = await _run(harness, short_tmp, monkeypatch, old_accounting=True)
     assert run["state"] in (SUCCEEDED, FAILED)
     assert json.loads(run["spend"]) == [200, 200]
     assert [u[0] for u in usage] == ["first", "second"]          # the run node's tokens: never counted
