@@ -65,7 +65,9 @@ check: $(RUN_STAMP)
 # iterative remover: the R34 tests build 10,000-deep trees, which pytest's
 # recursive clean-up of old base folders cannot remove (RecursionError). The
 # name is digits only: a random mixed-case name in a path (a replay script's)
-# would look like a token to the manifests' secret scan.
+# would look like a token to the manifests' secret scan. It is short (/tmp/a<pid>):
+# xdist adds popen-gwN/ to every test's folder, and tests put Unix sockets there
+# (at most 107 bytes for a socket's path).
 # The tests run in PYTEST_WORKERS processes (pytest-xdist): most of their time is
 # waiting on Docker, git, browsers and subprocesses, so more workers than cores
 # pays off (tests/foundation on 2 cores: 207 s serial, 120 s with 3 workers, 117 s
@@ -78,7 +80,7 @@ check: $(RUN_STAMP)
 PYTEST_WORKERS ?= 3
 PYTEST_DIST ?= loadfile
 test: $(STAMP) proto-check images-ready
-	@bt=/tmp/afe-pytest-$$$$-$$(date +%s); mkdir -p $$bt; \
+	@bt=/tmp/a$$$$; $(BIN)/python -c "import sys; from services.common.treewalk import remove_tree; remove_tree(sys.argv[1])" $$bt 2>/dev/null; mkdir -p $$bt; \
 	  $(BIN)/python -m pytest -ra -p no:cacheprovider --basetemp=$$bt/t -n $(PYTEST_WORKERS) \
 	    --dist $(PYTEST_DIST) --no-loadscope-reorder --durations=40 $(PYTEST_ARGS); rc=$$?; \
 	  $(BIN)/python -c "import sys; from services.common.treewalk import remove_tree; remove_tree(sys.argv[1])" $$bt || true; \
