@@ -13,11 +13,13 @@ path between the emptying and the checkout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from pathlib import Path
 
 from services.common.errors import FailedPrecondition
+from services.common.safefs import remove_tree
 
 from .gitcmd import GitRunner
 
@@ -58,7 +60,8 @@ async def fill(git: GitRunner, git_dir: Path, target: Path, sha: str, index: Pat
         try:
             await scratch_repo(git, git_dir, target, scratch_sha, pack_dir=packs)
         finally:
-            shutil.rmtree(packs, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_tree(packs)
 
 
 def _copy_packs(made: Path, into: Path) -> None:
