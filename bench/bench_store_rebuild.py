@@ -141,11 +141,16 @@ async def _pg_events(root: Path) -> list[Result]:
                    notes=f"{med(ours):.0f} vs {med(copied):.0f} events/s; for scale, no target")]
 
 
+def _child_env(**extra: str) -> dict[str, str]:
+    """An environment of the child's own (R33's habit): the basics, nothing else of this process's."""
+    return {**{k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}, **extra}
+
+
 def _export_before(dest: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE_ISSUE_32], capture_output=True,
-                             check=True).stdout
+                             check=True, env=_child_env()).stdout
     dest.mkdir(parents=True)
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, env=_child_env())
     probe = Path(__file__).with_name("first_output_probe.py")
     (dest / "bench" / probe.name).write_bytes(probe.read_bytes())
     return dest
@@ -153,7 +158,7 @@ def _export_before(dest: Path) -> Path:
 
 def _probe(tree: Path, db: str) -> list[float]:
     proc = subprocess.run([sys.executable, "-m", "bench.first_output_probe", "--db", db,
-                           "--samples", str(PROBE_SAMPLES)], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                           "--samples", str(PROBE_SAMPLES)], cwd=tree, env=_child_env(PYTHONPATH=str(tree)),
                           capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"first_output_probe in {tree} ({db}) failed:\n{proc.stderr[-3000:]}")
