@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 
 from services.common.layout import Layout
+from tests.support import crashlog
 from tests.support.temp_roots import release_disk_caps, remove_temp_root, temp_root, temp_roots
 from tests.support.xdist_restart import install as install_xdist_restart_guard
 
@@ -56,18 +58,38 @@ class _AloneLock:
     @contextlib.contextmanager
     def hold(self, alone: bool):
         if alone:
-            fcntl.flock(self.gate, fcntl.LOCK_EX)     # no other test starts from now on
-            fcntl.flock(self.main, fcntl.LOCK_EX)     # and the running ones have finished
+            gate = _lock(self.gate, fcntl.LOCK_EX)    # no other test starts from now on
+            main = gate and _lock(self.main, fcntl.LOCK_EX)     # and the running ones have finished
         else:
-            fcntl.flock(self.gate, fcntl.LOCK_SH)     # wait while an `alone` test waits or runs
-            fcntl.flock(self.gate, fcntl.LOCK_UN)
-            fcntl.flock(self.main, fcntl.LOCK_SH)
+            gate = False
+            if _lock(self.gate, fcntl.LOCK_SH):      # wait while an `alone` test waits or runs
+                fcntl.flock(self.gate, fcntl.LOCK_UN)
+            main = _lock(self.main, fcntl.LOCK_SH)
         try:
             yield
         finally:
-            fcntl.flock(self.main, fcntl.LOCK_UN)
-            if alone:
+            if main:
+                fcntl.flock(self.main, fcntl.LOCK_UN)
+            if gate:
                 fcntl.flock(self.gate, fcntl.LOCK_UN)
+
+
+ALONE_WAIT_S = 600.0    # a test stuck in another worker past its own timeout must not stall the whole run
+
+
+def _lock(f, how: int) -> bool:
+    """flock with a bound: False (the test runs without it, and says so) after ALONE_WAIT_S."""
+    end = time.monotonic() + ALONE_WAIT_S
+    while True:
+        try:
+            fcntl.flock(f, how | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > end:
+                warnings.warn(f"the parallel run's `alone` lock was not free within {ALONE_WAIT_S:.0f} s; "
+                              "the test runs beside others", stacklevel=1)
+                return False
+            time.sleep(0.05)
 
 
 _alone_lock: _AloneLock | None = None
@@ -82,9 +104,23 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         return
     if _alone_lock is None:      # the run's folder: the parent of this worker's base temp (popen-gwN)
-        _alone_lock = _AloneLock(item.config._tmp_path_factory.getbasetemp().parent)
+        folder = item.config._tmp_path_factory.getbasetemp().parent
+        _alone_lock = _AloneLock(folder)
+        crashlog.start(folder, os.environ["PYTEST_XDIST_WORKER"])
+    crashlog.running(item.nodeid)
     with _alone_lock.hold(item.get_closest_marker("alone") is not None):
         yield
+
+
+def pytest_testnodedown(node, error):
+    """In the controller: a worker that crashed says which test ran and where
+    its threads were (tests/support/crashlog.py)."""
+    if error is None:
+        return
+    text = crashlog.report(node.config._tmp_path_factory.getbasetemp(), node.gateway.id)
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("\n" + text)
 
 
 class LeakedDiskCap(UserWarning):
