@@ -93,13 +93,46 @@ def connect_error(exc: Exception, where: str) -> Exception:
         "this machine, and the host and port in AFE_DATABASE_URL")
 
 
+# What a database failover needs of a connection, unless AFE_DATABASE_URL says otherwise: a
+# server that went away without closing the socket (its address moved to a new primary) is
+# noticed within seconds instead of the kernel's hours, a connect to an address that no longer
+# answers gives up, and a session frozen inside a transaction (a paused scheduler) cannot hold
+# the rows another scheduler needs for longer than a lease. afe's transactions are short and
+# never wait on anything but the database.
+PG_CONNECT_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "15000",
+}
+PG_SESSION_DEFAULTS = {
+    "lock_timeout": "30000",                        # a row lock held longer: the holder is stuck
+    "idle_in_transaction_session_timeout": "15000",  # a transaction left open by a frozen session
+}
+
+
+def pg_conninfo(conninfo: str) -> str:
+    """`conninfo` with the failover defaults above for what it does not set itself."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    given = conninfo_to_dict(conninfo)
+    extra: dict[str, Any] = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in given}
+    options = str(given.get("options") or "")
+    settings = " ".join(f"-c {k}={v}" for k, v in PG_SESSION_DEFAULTS.items() if k not in options)
+    if settings:
+        extra["options"] = f"{options} {settings}".strip()
+    return make_conninfo(conninfo, **extra)
+
+
 def pg_connect(conninfo: str, where: str, autocommit: bool = False) -> Any:
-    """A psycopg connection, or an error that says what to change (and repeats
-    neither the connection string nor the password)."""
+    """A psycopg connection (with `pg_conninfo`'s failover defaults), or an error that
+    says what to change (and repeats neither the connection string nor the password)."""
     import psycopg
 
     try:
-        return psycopg.connect(conninfo, autocommit=autocommit)
+        return psycopg.connect(pg_conninfo(conninfo), autocommit=autocommit)
     except psycopg.Error as exc:
         raise connect_error(exc, where) from None
 

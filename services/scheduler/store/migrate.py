@@ -111,6 +111,10 @@ def migrate(db: Database) -> None:
         conn.info["write"] = True                  # SQLite: BEGIN IMMEDIATE, one migrator at a time
         with conn.begin():
             if conn.dialect.name == "postgresql":
+                # Another scheduler's migration may take longer than the sessions' lock_timeout
+                # (database.PG_SESSION_DEFAULTS): wait for it, and let a long one run here.
+                conn.execute(sa.text("SET LOCAL lock_timeout = 0"))
+                conn.execute(sa.text("SET LOCAL idle_in_transaction_session_timeout = 0"))
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK)))
             kind, found = state(conn)
             cfg = _config(conn)
