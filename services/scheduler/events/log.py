@@ -268,6 +268,15 @@ class EventLog(EventWrites):
                     except asyncio.QueueFull:
                         q.behind = True
 
+    async def _read_through(self, ticket_id: str, from_seq: int, limit: int) -> list[EventRecord]:
+        """A read for an open watch: while the store does not answer, the watch waits and reads
+        again (it never ends UNAVAILABLE halfway through; its client could not tell where)."""
+        while True:
+            try:
+                return list(self.store.events.read(ticket_id, from_seq, limit))
+            except Unavailable:
+                await asyncio.sleep(WATCH_POLL_S)
+
     async def watch(self, ticket_id: str, from_seq: int, follow: bool,
                     is_terminal: Callable[[], bool]) -> AsyncGenerator[EventRecord, None]:
         """History from `from_seq` (inclusive), then live events if `follow`.
@@ -300,7 +309,7 @@ class EventLog(EventWrites):
                     yield ev
                     sent = ev.seq
                     # A re-opened ticket (Engine.reopen) has events after an earlier end: go on to them.
-                    if ev.type == FINAL_EVENT and not self.store.events.read(ticket_id, ev.seq + 1, 1):
+                    if ev.type == FINAL_EVENT and not await self._read_through(ticket_id, ev.seq + 1, 1):
                         return
             if not follow:
                 return
@@ -313,7 +322,7 @@ class EventLog(EventWrites):
                 # terminal state: flush and send what is left. (Events still
                 # waiting for the store come through the queue once stored.)
                 self.flush()
-                for ev in self.store.events.read(ticket_id, sent + 1, 1_000_000):
+                for ev in await self._read_through(ticket_id, sent + 1, 1_000_000):
                     yield ev
                 return
             poll = WATCH_POLL_S if self.store.shared else None
