@@ -77,12 +77,16 @@ check: $(RUN_STAMP)
 # longest first (--no-loadscope-reorder: not xdist's own order, by test count).
 # PYTEST_ARGS="-n 0" runs serially.
 # --durations lists the slowest tests at the end of the log.
+# --max-worker-restart=0: a worker that crashes (a segmentation fault) ends the run
+# at once, failed, with the test it ran and its threads' stacks printed
+# (tests/support/crashlog.py); xdist 3.8 replacing it under --dist loadfile could
+# leave the run waiting forever for work it never hands out.
 PYTEST_WORKERS ?= 3
 PYTEST_DIST ?= loadfile
 test: $(STAMP) proto-check images-ready
 	@bt=/tmp/a$$$$; $(BIN)/python -c "import sys; from services.common.treewalk import remove_tree; remove_tree(sys.argv[1])" $$bt 2>/dev/null; mkdir -p $$bt; \
 	  $(BIN)/python -m pytest -ra -p no:cacheprovider --basetemp=$$bt/t -n $(PYTEST_WORKERS) \
-	    --dist $(PYTEST_DIST) --no-loadscope-reorder --durations=40 $(PYTEST_ARGS); rc=$$?; \
+	    --dist $(PYTEST_DIST) --no-loadscope-reorder --max-worker-restart=0 --durations=40 $(PYTEST_ARGS); rc=$$?; \
 	  $(BIN)/python -c "import sys; from services.common.treewalk import remove_tree; remove_tree(sys.argv[1])" $$bt || true; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 

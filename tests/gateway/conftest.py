@@ -162,7 +162,7 @@ async def http():
         yield s
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def live_afe():
     """The real system (brokers, scheduler, gateway) with the demo config."""
     from .live import HOLDER

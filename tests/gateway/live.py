@@ -1,10 +1,15 @@
 """The running system for gateway/CLI end-to-end tests: the real brokers and
 scheduler (tests/support/system.py, demo config) plus the real gateway
-process, shared by every test that asks for it in one pytest session.
+process, shared by the tests of one folder in a row (tests/gateway,
+tests/cli: `live_afe` is package-scoped).
 
 The system lives in its own event loop and thread so async and sync tests
 (Playwright, CLI subprocesses) can all use it; it is reference-counted so
-tests/gateway and tests/cli share one instance.
+tests/gateway and tests/cli share one instance. It is stopped when the
+worker leaves those folders: its gRPC channels live on that thread's loop,
+and grpc.aio used from two threads' loops at once (this one and another
+area's tests on the main thread, in the same worker of a parallel run)
+crashed workers with a segmentation fault.
 """
 
 from __future__ import annotations

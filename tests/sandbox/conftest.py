@@ -142,7 +142,7 @@ def target_net(docker_client, test_instance):
         net.remove()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def broker_root():
     d = temp_root("afe-sbt-")
     try:
@@ -151,10 +151,15 @@ def broker_root():
         remove_temp_root(d)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def broker(broker_root, target_net, test_instance):
-    """One real broker for the session; its proxies' outside network is the
-    test network and the target's subnet is exempt from the private refusal."""
+    """One real broker for this package's tests in a row; its proxies' outside
+    network is the test network and the target's subnet is exempt from the
+    private refusal. Package-scoped, not session-scoped: its gRPC server runs on
+    an event loop in a thread of its own, and grpc.aio driven from two threads'
+    loops at once (this one, and the main thread's in another area's tests,
+    which a parallel run puts in the same worker) crashed workers with a
+    segmentation fault; it stops when the worker moves on to another folder."""
     layout = Layout(broker_root / "data", broker_root / "run")
     b = BrokerThread(layout, instance=test_instance + "b", egress_network=target_net["network"],
                      allow_private=(target_net["subnet"],),
@@ -165,7 +170,7 @@ def broker(broker_root, target_net, test_instance):
         b.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stub(broker):
     ch, s = sync_stub(broker.socket, broker.secret)
     try:
