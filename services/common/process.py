@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,9 +76,17 @@ def parse_args(name: str, default_ops_port: int, argv: list[str] | None = None,
     return p.parse_args(argv)
 
 
+def enable_stack_dumps() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack (file, line, function: no
+    values) on stderr, which the launcher keeps in the process's log: what a
+    process that hangs is waiting for, without stopping it."""
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
 def make_context(name: str, args: argparse.Namespace) -> ProcessContext:
     redactor = Redactor()
     setup_logging(name, redactor, level=args.log_level)
+    enable_stack_dumps()
     links = read_link_fd(args.link_fd) if args.link_fd is not None else LinkSecrets()
     for secret in [*links.serve.values(), *links.call.values()]:
         redactor.register(secret.hex())
