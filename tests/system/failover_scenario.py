@@ -248,6 +248,16 @@ def _branches(bare: Path, ticket_id: str) -> dict:
     return out
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """The process handles `sig` (an older afe, the control's, would be ended by SIGUSR1)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
 def _tail(path: Path | None, n: int = 20000) -> str:
     if path is None or not path.exists():
         return ""
@@ -328,6 +338,13 @@ async def run(mode: str, outage_s: float = OUTAGE_S, lease_s: float = LEASE_S, s
                                for p in (probes_a, probes_b)):
                             break
                         await asyncio.sleep(0.2)
+                    for sched, p in ((a, probes_a), (b, probes_b)):
+                        if (sched.proc is not None and _catches(sched.proc.pid, signal.SIGUSR1)
+                                and not any(at > t["up"] and st == 200 for at, st, _f in p.readyz)):
+                            # still not ready: where its threads wait goes into its log (kill -USR1)
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(sched.proc.pid, signal.SIGUSR1)
+                            await asyncio.sleep(0.5)
                 obs["probes"] = {name: {"livez": p.livez, "readyz": p.readyz}
                                  for name, p in (("sched-a", probes_a), ("sched-b", probes_b))}
                 obs["owners_after"] = await asyncio.to_thread(_owners, server, db)
