@@ -144,8 +144,8 @@ async def test_agent_then_tests_then_open_pr_on_the_demo_repository(short_tmp, a
         assert [p["decision"] for ty, p in payloads if ty == "agent.permission"] == ["allow"]
         exits = [p for ty, p in payloads if ty == "agent.terminal" and p["op"] == "exit"]
         assert [p["exit_code"] for p in exits] == [0]
-        assert ("agent.message", {"node": "code", "text": "Fixed add() in calc.py; unittest exit code 0."}) \
-            in payloads
+        assert ("agent.message",
+                {"node": "code", "attempt": 1, "text": "Fixed add() in calc.py; unittest exit code 0."}) in payloads
         order = [types.index(x) for x in ("agent.fs", "agent.terminal", "pr.opened")]
         assert order == sorted(order)
 
@@ -164,7 +164,8 @@ async def test_crashing_agent_fails_the_ticket_with_the_reason_and_no_pr(short_t
         assert "exited with code 3 during session/prompt" in t.error, t.error
         assert not t.pr.number
         assert git(bare, "branch", "--list", f"afe/{t.id}").strip() == ""     # nothing was pushed
-        assert ("agent.message", {"node": "code", "text": "about to crash"}) in await events_of(sys_.stub, t.id)
+        assert ("agent.message", {"node": "code", "attempt": 1, "text": "about to crash"}) \
+            in await events_of(sys_.stub, t.id)
         assert containers_of(t.id) == []
 
 
@@ -174,12 +175,15 @@ async def test_ticket_cancel_reaches_the_agent_as_session_cancel(short_tmp, acp_
     async with afe_system(cfg, layout) as sys_:
         t = await sys_.stub.CreateTicket(pb.CreateTicketRequest(workflow="agent-hang", title="x",
                                                                 principal="tester"))
-        working = ("agent.message", {"node": "code", "text": "thinking forever"})
-        while working not in await events_of(sys_.stub, t.id):  # noqa: ASYNC110 - another process's events
+        working = ("agent.message", {"node": "code", "attempt": 1, "text": "thinking forever"})
+        deadline = time.monotonic() + 60
+        while working not in (seen := await events_of(sys_.stub, t.id)):
+            assert time.monotonic() < deadline, f"the agent never said it works: {seen}"
             await asyncio.sleep(0.1)
         assert containers_of(t.id), "control: the sandbox runs while the agent works"
         await sys_.stub.CancelTicket(pb.CancelTicketRequest(id=t.id, principal="tester"))
         t = await wait_done(sys_.stub, t.id)
         assert t.state == pb.TICKET_STATE_CANCELLED
-        assert ("agent.cancel", {"node": "code", "sent": "session/cancel"}) in await events_of(sys_.stub, t.id)
+        assert ("agent.cancel", {"node": "code", "attempt": 1, "sent": "session/cancel"}) \
+            in await events_of(sys_.stub, t.id)
         assert containers_of(t.id) == []
