@@ -399,11 +399,27 @@ class SandboxManager(SandboxEnv):
             elif not frozen and state.get("Paused"):
                 self.client.api.unpause(info.container_id)
         try:
-            await asyncio.to_thread(run)
+            for delay in (*FREEZE_RETRY_S, None):
+                try:
+                    await asyncio.to_thread(run)
+                    break
+                except docker.errors.APIError as exc:
+                    # runc gives up freezing a cgroup whose tasks do not stop in time (a loaded
+                    # machine, a task in uninterruptible I/O): "unable to freeze". It is tried again.
+                    if delay is None or isinstance(exc, docker.errors.NotFound) or \
+                            "unable to freeze" not in str(exc.explanation or exc):
+                        raise
+                    log.warning("ticket %s: the engine could not freeze the sandbox yet; trying again in %.1f s",
+                                ticket_id, delay)
+                    await asyncio.sleep(delay)
         except docker.errors.NotFound as exc:
             self.forget(ticket_id)
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from exc
         self._cache[ticket_id] = replace(info, state="paused" if frozen else "running")
+
+
+# Waits before freezing a sandbox again after runc's "unable to freeze" (its tasks did not stop in time).
+FREEZE_RETRY_S = (0.2, 0.5, 1.0, 2.0)
 
 
 # Workspaces prepared (disk image, ownership) while the engine creates their containers.
