@@ -360,3 +360,39 @@ async def test_sqlite_a_lock_shorter_than_the_retries_only_delays_the_write(tmp_
     assert _lines(store.events.read("T1", 1, 10)) == ["line-0"]
     assert _retries(registry, "sqlite") >= 1
     store.close()
+
+
+async def test_events_kept_for_a_ticket_lost_here_are_dropped_and_the_log_is_available_again(
+        tmp_path, monkeypatch):
+    """A ticket lost here (R45 `fence`) while its events waited for a store that did not
+    answer: they are dropped and counted, and with nothing left waiting the log no longer
+    says it is unavailable (the scheduler's /readyz names the store while it does: it stayed
+    503 for good after a failover, though the database answered). Positive control: the same
+    without the clearing keeps the log "unavailable" with nothing in it."""
+    from services.common.errors import Unavailable
+
+    for control in (False, True):
+        store = Store.sqlite(tmp_path / f"events-{control}.db")
+        log = EventLog(store, Redactor())
+        if control:
+            monkeypatch.setattr(EventLog, "_nothing_waits", lambda self: None)
+
+        def refuse(events):
+            raise Unavailable("the test database does not answer")
+        with monkeypatch.context() as m:
+            _patch_append(m, store, refuse)
+            for i in range(5):
+                log.append("T1", "node.output", {"text": f"line-{i}"})
+            log.flush()
+            assert log.unavailable_since is not None and log.holds_unstored("T1")
+            log.fence("T1")                        # the lease was lost here
+        assert not log.holds_unstored("T1") and log.unfence("T1") == 5
+        log.flush()
+        if control:
+            assert log.unavailable_since is not None        # stuck, with nothing kept
+        else:
+            assert log.unavailable_since is None
+            log.append("T2", "node.output", {"text": "after"})
+            log.flush()
+            assert [e.type for e in store.events.read("T2", 1)] == ["node.output"]
+        store.close()

@@ -244,6 +244,8 @@ class EventLog(EventWrites):
             else:
                 self._unstored = batch
         elif not self._unstored:
+            if self.unavailable_since is not None and not self._inflight:
+                self._nothing_waits()   # what waited was dropped (a ticket lost here): not unavailable any more
             return
         if write:
             self._write()

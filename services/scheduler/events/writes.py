@@ -234,6 +234,18 @@ class EventWrites:
     def _stored_again(self) -> None:
         if self.unavailable_since is not None:
             log.warning("events: the store answers again; the events kept since %d are stored", self.unavailable_since)
+        self._available()
+
+    def _nothing_waits(self) -> None:
+        """No event waits for the store any more although none was stored: the ones kept were
+        dropped (their ticket was lost here, `fence`). Nothing is kept in memory, so the log is
+        not "unavailable" (readiness, append's limit); the next write finds out whether the
+        store answers."""
+        log.warning("events: no event waits for the store any more (the ones kept since %d were dropped)",
+                    self.unavailable_since)
+        self._available()
+
+    def _available(self) -> None:
         self.unavailable_since = None
         self.unavailable_reason = ""
         self._retries = 0
@@ -386,6 +398,8 @@ class EventWrites:
         self._count_dropped(ticket_id, mine)
         self._seq.pop(ticket_id, None)
         self._lost_marker.pop(ticket_id, None)
+        if self.unavailable_since is not None and not (self._buffer or self._unstored or self._inflight):
+            self._nothing_waits()
 
     def unfence(self, ticket_id: str) -> int:
         """The lost attempt is over (its run stopped, nothing of it on the store's thread any
