@@ -23,7 +23,7 @@ an `events.lost` event.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -59,6 +59,11 @@ def _insert_sql(conn: Connection) -> str:
 
 def spans(batch: Sequence[Sequence[object]]) -> dict[str, tuple[int, int]]:
     """Ticket -> (first seq, last seq) of its events in `batch`, which must be consecutive."""
+    one, start = cast(str, batch[0][0]), cast(int, batch[0][1])
+    # One ticket (the event log's usual batch): its seqs checked at C speed.
+    if (batch[-1][0] == one and len({ev[0] for ev in batch}) == 1
+            and [ev[1] for ev in batch] == list(range(start, start + len(batch)))):
+        return {one: (start, start + len(batch) - 1)}
     out: dict[str, list[int]] = {}
     for ev in batch:
         tid, seq = ev[0], ev[1]
