@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from services.scheduler.store import migrate
-from services.scheduler.store.database import pg_conninfo
+from services.scheduler.store.database import pg_connect, pg_conninfo
 from services.scheduler.store.store import Store
 
 
@@ -26,14 +26,15 @@ def _show(store: Store, name: str) -> str:
 
 
 def test_conninfo_adds_the_failover_defaults_and_keeps_what_the_url_sets():
-    info = psycopg.conninfo.conninfo_to_dict(pg_conninfo("postgresql://u:p@db.example:5432/afe"))
+    text, settings = pg_conninfo("postgresql://u:p@db.example:5432/afe")
+    info = psycopg.conninfo.conninfo_to_dict(text)
     assert info["keepalives"] == "1" and info["keepalives_idle"] == "5" and info["connect_timeout"] == "5"
-    assert "-c lock_timeout=30000" in info["options"]
-    assert "-c idle_in_transaction_session_timeout=15000" in info["options"]
-    own = psycopg.conninfo.conninfo_to_dict(pg_conninfo(
-        "postgresql://u:p@db.example/afe?connect_timeout=9&options=-c%20lock_timeout%3D5"))
-    assert own["connect_timeout"] == "9"
-    assert own["options"] == "-c lock_timeout=5 -c idle_in_transaction_session_timeout=15000"
+    assert "options" not in info        # no startup `options`: connection poolers refuse it
+    assert settings == {"lock_timeout": "30000", "idle_in_transaction_session_timeout": "15000"}
+    text, settings = pg_conninfo("postgresql://u:p@db.example/afe?connect_timeout=9&options=-c%20lock_timeout%3D5")
+    own = psycopg.conninfo.conninfo_to_dict(text)
+    assert own["connect_timeout"] == "9" and own["options"] == "-c lock_timeout=5"
+    assert settings == {"idle_in_transaction_session_timeout": "15000"}
 
 
 def test_store_sessions_carry_the_failover_defaults(pg_url):
@@ -69,7 +70,7 @@ def test_a_frozen_transaction_does_not_hold_the_rows_for_long(pg_url):
                 conn.execute(sa.text("UPDATE held SET v = v + 1 WHERE id = 1"))
             return time.monotonic() - t0
 
-        frozen = psycopg.connect(pg_conninfo(pg_url + "?options=-c%20idle_in_transaction_session_timeout%3D1000"))
+        frozen = pg_connect(pg_url + "?options=-c%20idle_in_transaction_session_timeout%3D1000", "frozen")
         frozen.execute("SELECT v FROM held WHERE id = 1 FOR UPDATE")      # and then nothing: frozen
         assert write() < 2.9
         frozen.close()
@@ -91,7 +92,7 @@ def test_a_migration_waits_for_another_one_past_the_lock_timeout(pg_url):
     holder.execute("SELECT pg_advisory_xact_lock(%s)", (migrate.MIGRATION_LOCK,))
     threading.Timer(2.0, holder.rollback).start()
     # Positive control: a session with that lock_timeout alone gives up on the lock.
-    with psycopg.connect(pg_conninfo(url)) as other, pytest.raises(psycopg.errors.LockNotAvailable):
+    with pg_connect(url, "other", autocommit=True) as other, pytest.raises(psycopg.errors.LockNotAvailable):
         other.execute("SELECT pg_advisory_xact_lock(%s)", (migrate.MIGRATION_LOCK,))
     t0 = time.monotonic()
     store = Store.postgresql(url, "the test database")

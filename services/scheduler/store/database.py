@@ -98,7 +98,9 @@ def connect_error(exc: Exception, where: str) -> Exception:
 # noticed within seconds instead of the kernel's hours, a connect to an address that no longer
 # answers gives up, and a session frozen inside a transaction (a paused scheduler) cannot hold
 # the rows another scheduler needs for longer than a lease. afe's transactions are short and
-# never wait on anything but the database.
+# never wait on anything but the database. The libpq parameters go in the connection string;
+# the session settings are SET once connected (not as the `options` startup parameter, which
+# connection poolers such as PgBouncer refuse).
 PG_CONNECT_DEFAULTS = {
     "connect_timeout": "5",
     "keepalives": "1",
@@ -113,28 +115,38 @@ PG_SESSION_DEFAULTS = {
 }
 
 
-def pg_conninfo(conninfo: str) -> str:
-    """`conninfo` with the failover defaults above for what it does not set itself."""
+def pg_conninfo(conninfo: str) -> tuple[str, dict[str, str]]:
+    """`conninfo` with the libpq failover defaults above for what it does not set itself, and
+    the session settings to SET once connected (those its `options` do not set)."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     given = conninfo_to_dict(conninfo)
     extra: dict[str, Any] = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in given}
     options = str(given.get("options") or "")
-    settings = " ".join(f"-c {k}={v}" for k, v in PG_SESSION_DEFAULTS.items() if k not in options)
-    if settings:
-        extra["options"] = f"{options} {settings}".strip()
-    return make_conninfo(conninfo, **extra)
+    settings = {k: v for k, v in PG_SESSION_DEFAULTS.items() if k not in options}
+    return make_conninfo(conninfo, **extra), settings
 
 
 def pg_connect(conninfo: str, where: str, autocommit: bool = False) -> Any:
     """A psycopg connection (with `pg_conninfo`'s failover defaults), or an error that
     says what to change (and repeats neither the connection string nor the password)."""
     import psycopg
+    from psycopg import sql
 
+    info, settings = pg_conninfo(conninfo)
     try:
-        return psycopg.connect(pg_conninfo(conninfo), autocommit=autocommit)
+        conn = psycopg.connect(info, autocommit=autocommit)
     except psycopg.Error as exc:
         raise connect_error(exc, where) from None
+    try:
+        for name, value in settings.items():
+            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        if not autocommit:
+            conn.commit()
+    except BaseException:
+        conn.close()        # the server went away meanwhile: the caller's retries classify the error
+        raise
+    return conn
 
 
 def _unwrap(classify: Callable[[BaseException, bool], str | None]) -> Callable[[BaseException, bool], str | None]:
