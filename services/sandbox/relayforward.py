@@ -19,6 +19,7 @@ it listens; a second start finds the port taken and exits 0 (idempotent).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import docker
@@ -27,6 +28,7 @@ from services.common.errors import FailedPrecondition, Unavailable
 from services.common.relayenv import RELAY_MOUNT, RELAY_PORT, RELAY_SOCKET
 
 NO_PYTHON = 127     # the exec's exit code when the image has no python3
+START_TIMEOUT_S = 30.0   # the forwarder listens within this, or the sandbox is not ready
 
 # The relay both forwarders and the egress proxy's socket server run
 # (socket_relay.py): one thread for all connections, at most a number at once.
@@ -67,15 +69,29 @@ def argv(program: str = SOURCE) -> list[str]:
 def start(client: docker.DockerClient, container_id: str, program: str = SOURCE,
           what: str = "the model relay's forwarder (R32)") -> None:
     """Run a forwarder (the relay's by default) in the sandbox, as the
-    sandbox user; it returns once it listens (or finds one listening already)."""
+    sandbox user; it returns once it listens (or finds one listening already).
+
+    The exec is started detached and its end watched with a deadline: reading
+    its output instead blocked for good when the stream was not closed (seen
+    with gVisor on a loaded machine), and the thread then held up the broker's
+    stop."""
     e = client.api.exec_create(container_id, argv(program), workdir="/", environment={},
-                                    stdout=True, stderr=True)
-    out = client.api.exec_start(e["Id"])
-    code = client.api.exec_inspect(e["Id"]).get("ExitCode")
+                               stdout=False, stderr=False)
+    client.api.exec_start(e["Id"], detach=True)
+    end = time.monotonic() + START_TIMEOUT_S
+    delay = 0.002
+    while True:
+        info = client.api.exec_inspect(e["Id"])
+        code = info.get("ExitCode")
+        if not info.get("Running") and code is not None:
+            break
+        if time.monotonic() > end:
+            raise Unavailable(f"{what} did not start in the sandbox within {START_TIMEOUT_S:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.05)
     if code == 0:
         return
     if code in (NO_PYTHON, 126):
         raise FailedPrecondition(f"the sandbox image has no python3, which runs {what}; use an image built "
                                  "on afe/sandbox")
-    text = out.decode("utf-8", "replace")[-300:] if isinstance(out, bytes) else ""
-    raise Unavailable(f"{what} did not start in the sandbox (exit {code}): {text}")
+    raise Unavailable(f"{what} did not start in the sandbox (exit {code})")
