@@ -87,7 +87,7 @@ def start(client: docker.DockerClient, container_id: str, program: str = SOURCE,
             break
         if time.monotonic() > end:
             raise Unavailable(f"{what} did not start in the sandbox within {START_TIMEOUT_S:.0f} s")
-        time.sleep(delay)
+        time.sleep(delay)       # on a worker thread: every caller runs this under asyncio.to_thread
         delay = min(delay * 1.5, 0.05)
     if code == 0:
         return

@@ -214,3 +214,14 @@ def plain_sandbox(stub, broker, runtime):
         yield ticket
     finally:
         stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
+
+
+@pytest.fixture
+def idle_container(docker_client):
+    """A plain container of the sandbox image that sleeps (no broker, no network), removed after the test."""
+    c = docker_client.containers.run(SANDBOX_IMAGE, ["sleep", "300"], detach=True, user="1000:1000",
+                                     labels={"afe.test": "idle-container"}, network_mode="none")
+    try:
+        yield c
+    finally:
+        c.remove(force=True)

@@ -18,16 +18,6 @@ pytestmark = pytest.mark.docker
 UNABLE = ("Cannot pause container x: OCI runtime pause failed: unable to freeze: unknown")
 
 
-@pytest.fixture
-def container(docker_client):
-    c = docker_client.containers.run(SANDBOX_IMAGE, ["sleep", "120"], detach=True, user="1000:1000",
-                                     labels={"afe.test": "freeze-retry"}, network_mode="none")
-    try:
-        yield c
-    finally:
-        c.remove(force=True)
-
-
 def _manager(short_tmp, client, fail_times: int) -> sandboxes.SandboxManager:
     """A manager whose engine refuses the first `fail_times` pauses as runc does."""
     real_pause = client.api.pause
@@ -42,28 +32,28 @@ def _manager(short_tmp, client, fail_times: int) -> sandboxes.SandboxManager:
     return sandboxes.SandboxManager(Layout(short_tmp / "data", short_tmp / "run"), client=client)
 
 
-async def test_freeze_tries_again_when_runc_could_not_freeze_yet(short_tmp, container, monkeypatch):
+async def test_freeze_tries_again_when_runc_could_not_freeze_yet(short_tmp, idle_container, monkeypatch):
     monkeypatch.setattr(sandboxes, "FREEZE_RETRY_S", (0.01, 0.01, 0.01))
     mgr = _manager(short_tmp, docker.from_env(), fail_times=2)
-    mgr._cache["t-freeze"] = SandboxInfo("t-freeze", container.id, "running", SANDBOX_IMAGE)
+    mgr._cache["t-freeze"] = SandboxInfo("t-freeze", idle_container.id, "running", SANDBOX_IMAGE)
     await mgr.freeze("t-freeze", True)
-    container.reload()
-    assert container.attrs["State"]["Paused"] is True
+    idle_container.reload()
+    assert idle_container.attrs["State"]["Paused"] is True
     await mgr.freeze("t-freeze", False)
-    container.reload()
-    assert container.attrs["State"]["Paused"] is False
+    idle_container.reload()
+    assert idle_container.attrs["State"]["Paused"] is False
 
 
-async def test_positive_control_without_the_retries_the_same_refusal_fails_the_freeze(short_tmp, container,
+async def test_positive_control_without_the_retries_the_same_refusal_fails_the_freeze(short_tmp, idle_container,
                                                                                       monkeypatch):
     monkeypatch.setattr(sandboxes, "FREEZE_RETRY_S", ())
     mgr = _manager(short_tmp, docker.from_env(), fail_times=2)
-    mgr._cache["t-freeze"] = SandboxInfo("t-freeze", container.id, "running", SANDBOX_IMAGE)
+    mgr._cache["t-freeze"] = SandboxInfo("t-freeze", idle_container.id, "running", SANDBOX_IMAGE)
     with pytest.raises(docker.errors.APIError, match="unable to freeze"):
         await mgr.freeze("t-freeze", True)
 
 
-async def test_other_engine_errors_are_not_retried(short_tmp, container, monkeypatch):
+async def test_other_engine_errors_are_not_retried(short_tmp, idle_container, monkeypatch):
     monkeypatch.setattr(sandboxes, "FREEZE_RETRY_S", (0.01,) * 3)
     client = docker.from_env()
     calls = {"n": 0}
@@ -73,7 +63,7 @@ async def test_other_engine_errors_are_not_retried(short_tmp, container, monkeyp
         raise docker.errors.APIError("500 Server Error", explanation="Cannot pause container x: it is not running")
     client.api.pause = pause
     mgr = sandboxes.SandboxManager(Layout(short_tmp / "data", short_tmp / "run"), client=client)
-    mgr._cache["t-freeze"] = SandboxInfo("t-freeze", container.id, "running", SANDBOX_IMAGE)
+    mgr._cache["t-freeze"] = SandboxInfo("t-freeze", idle_container.id, "running", SANDBOX_IMAGE)
     with pytest.raises(docker.errors.APIError, match="not running"):
         await mgr.freeze("t-freeze", True)
     assert calls["n"] == 1

@@ -13,40 +13,29 @@ import pytest
 
 from services.common.errors import Unavailable
 from services.sandbox import relayforward
-from services.sandbox.images import SANDBOX_IMAGE
 
 pytestmark = pytest.mark.docker
 
 NEVER_ENDS = "import time\ntime.sleep(600)\n"
 
 
-@pytest.fixture
-def container(docker_client):
-    c = docker_client.containers.run(SANDBOX_IMAGE, ["sleep", "300"], detach=True, user="1000:1000",
-                                     labels={"afe.test": "forwarder-start"}, network_mode="none")
-    try:
-        yield c
-    finally:
-        c.remove(force=True)
-
-
-def test_a_forwarder_that_never_returns_fails_the_start_within_its_bound(container, monkeypatch):
+def test_a_forwarder_that_never_returns_fails_the_start_within_its_bound(idle_container, monkeypatch):
     monkeypatch.setattr(relayforward, "START_TIMEOUT_S", 1.0)
     t0 = time.monotonic()
     with pytest.raises(Unavailable, match="did not start in the sandbox within 1 s"):
-        relayforward.start(docker.from_env(), container.id, NEVER_ENDS, what="a test forwarder")
+        relayforward.start(docker.from_env(), idle_container.id, NEVER_ENDS, what="a test forwarder")
     assert time.monotonic() - t0 < 10
 
 
-def test_the_real_forwarder_starts_and_a_second_start_finds_it_listening(container):
+def test_the_real_forwarder_starts_and_a_second_start_finds_it_listening(idle_container):
     client = docker.from_env()
-    relayforward.start(client, container.id, relayforward.source(47001, "/tmp/none.sock"))
-    relayforward.start(client, container.id, relayforward.source(47001, "/tmp/none.sock"))   # EADDRINUSE: 0
+    relayforward.start(client, idle_container.id, relayforward.source(47001, "/tmp/none.sock"))
+    relayforward.start(client, idle_container.id, relayforward.source(47001, "/tmp/none.sock"))   # EADDRINUSE: 0
 
 
-def test_positive_control_reading_the_execs_output_blocks_as_long_as_it_runs(container):
+def test_positive_control_reading_the_execs_output_blocks_as_long_as_it_runs(idle_container):
     client = docker.from_env()
-    e = client.api.exec_create(container.id, relayforward.argv(NEVER_ENDS), stdout=True, stderr=True)
+    e = client.api.exec_create(idle_container.id, relayforward.argv(NEVER_ENDS), stdout=True, stderr=True)
     reader = threading.Thread(target=client.api.exec_start, args=(e["Id"],), daemon=True)
     reader.start()
     reader.join(3)
