@@ -146,15 +146,24 @@ async def test_r6_gvisor_control_without_the_death_watch_the_command_waits_for_i
     layout.ensure()
     mgr = SandboxManager(layout, instance=new_instance("lk"), client=docker_client)
     api = DockerAPI()
-    ticket = "ctl-" + new_instance("k")
+    seen = []
     try:
-        await mgr.create(SandboxSettings(ticket_id=ticket, memory_bytes=64 * MIB, runtime="gvisor"))
-        t0 = time.monotonic()
-        events = [ev async for ev in Runner(mgr, api, death_watch=_Blind(api)).run_exec(ticket, HOG,
-                                                                                     timeout_ms=8000)]
-        took = time.monotonic() - t0
-        (end,) = [ev for ev in events if isinstance(ev, Exit)]
-        stderr = b"".join(ev.data for ev in events if isinstance(ev, Output) and ev.stream == "stderr")
-        assert end.timed_out and took >= 8 and b"memory limit" not in stderr   # it hung until its deadline
+        # On a loaded machine gVisor sometimes ends the hog itself (exit 128): the hang is shown when
+        # one of two fresh sandboxes waits for its deadline.
+        for _ in range(2):
+            ticket = "ctl-" + new_instance("k")
+            await mgr.create(SandboxSettings(ticket_id=ticket, memory_bytes=64 * MIB, runtime="gvisor"))
+            t0 = time.monotonic()
+            events = [ev async for ev in Runner(mgr, api, death_watch=_Blind(api)).run_exec(ticket, HOG,
+                                                                                         timeout_ms=8000)]
+            took = time.monotonic() - t0
+            (end,) = [ev for ev in events if isinstance(ev, Exit)]
+            stderr = b"".join(ev.data for ev in events if isinstance(ev, Output) and ev.stream == "stderr")
+            seen.append((end.code, end.timed_out, round(took, 1)))
+            await mgr.destroy(ticket)
+            if end.timed_out and took >= 8 and b"memory limit" not in stderr:
+                break       # it hung until its deadline
+        else:
+            pytest.fail(f"without the death watch the hog never hung until its deadline: {seen}")
     finally:
         await mgr.reconcile([])
