@@ -151,6 +151,12 @@ def _ticket(name: str, tk: dict, obs: dict) -> list[str]:
     lost = [e for e in ev if e["type"] == "events.lost"]
     interrupted = [a for a in sorted(started) if a not in finished and a in by_attempt
                    and len(by_attempt[a]) < obs["lines"]]
+    # An attempt that ended before the database stopped (its owner fenced itself on a loaded
+    # machine, and the next attempt began before the stop) did not stream through the outage:
+    # what it read was stored, so there may be nothing for an events.lost to count.
+    stop_ms = obs.get("stop_wall_ms")
+    begun = {a: next(e["at_ms"] for e in ev if e["seq"] == s) for a, s in started.items()}
+    interrupted = [a for a in interrupted if not (stop_ms and begun.get(a + 1, stop_ms) < stop_ms)]
     for a in interrupted:
         counted = [e for e in lost if e["payload"].get("attempt", a) == a
                    and isinstance(e["payload"].get("count"), int) and e["payload"]["count"] >= 1]

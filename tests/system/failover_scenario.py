@@ -305,6 +305,7 @@ async def run(mode: str, outage_s: float = OUTAGE_S, lease_s: float = LEASE_S, s
                     obs["stream_line_at_stop"] = progress.get(stream.id, 0)
                     obs["owners_before"] = await asyncio.to_thread(_owners, server, db)
                     t["stop"] = _now()
+                    obs["stop_wall_ms"] = time.time_ns() // 1_000_000     # the events' clock (the judge's)
                     try:
                         await asyncio.to_thread(postgres.stop_only if mode == "stop" else _kill9, server)
                         t["down"] = _now()

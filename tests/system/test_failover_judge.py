@@ -168,3 +168,19 @@ def test_the_paused_owners_silence_is_not_a_freeze_but_a_missing_takeover_is_nam
     assert _keys(obs) == {"livez"}
     obs["paused"] = {"scheduler": "sched-a", "from": 69.5, "to": 75.0, "taken_over": False}
     assert _keys(obs) == {"scenario"}
+
+
+def test_an_attempt_that_ended_before_the_database_stopped_needs_no_count():
+    """Its owner fenced itself on a loaded machine and the next attempt began before the stop:
+    it did not stream through the outage, so nothing may be left to count. The same attempt
+    ending after the stop without a count is named (the control)."""
+    obs = _clean()
+    ev = obs["tickets"]["stream"]["events"]
+    for e in ev:
+        if e["type"] == "events.lost":
+            e["type"] = "ticket.note"
+    second = [e for e in ev if e["type"] == "node.started" and e["payload"].get("node") == "edit"][1]
+    obs["stop_wall_ms"] = second["at_ms"] - 1
+    assert "lost" in _keys(obs)
+    obs["stop_wall_ms"] = second["at_ms"] + 1
+    assert "lost" not in _keys(obs)
