@@ -12,6 +12,7 @@ import base64
 import json
 import random
 import re
+import sqlite3
 
 import pytest
 
@@ -183,6 +184,29 @@ def test_a_payload_that_is_not_json_fails_at_append_without_taking_a_seq(tmp_pat
         log.append("t-1", "x", {"obj": object()})
     assert log.append("t-1", "x", {"a": 2}) == 2
     assert _stored(log, "t-1") == [{"a": 1}, {"a": 2}]
+
+
+def test_sqlite_batches_go_in_few_multi_row_inserts_and_store_every_event_exactly(tmp_path):
+    """SQLite takes a batch as multi-row INSERTs of a power of two rows (within the driver's
+    variable limit), so its thread lets go of the GIL per statement, not per row."""
+    from services.scheduler.store.base import EventRecord
+
+    store = Store.sqlite(tmp_path / "s.db")
+    statements: list[str] = []
+    with store.db.transaction() as conn:
+        dbapi = conn.connection.driver_connection
+        dbapi.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 22)    # 4 rows of 5 columns per statement
+        dbapi.set_trace_callback(statements.append)
+    texts = ["plain", "é 日本 \\ \" \t", "x" * 5000, "\x00 nul", "🙂"]
+    batch = [EventRecord("t-1", i + 1, "node.output", json.dumps({"text": texts[i % 5], "i": i}), 1000 + i)
+             for i in range(11)]
+    store.events.append(batch)
+    inserts = [s for s in statements if s.startswith("INSERT INTO events ")]
+    assert [s.count("),(") + 1 for s in inserts] == [4, 4, 2, 1]     # 11 = 4 + 4 + 2 + 1
+    store.events.append([tuple(EventRecord("t-1", 12 + i, "x", "{}", 5)) for i in range(3)])
+    assert list(store.events.read("t-1", 1)) == batch + [EventRecord("t-1", 12 + i, "x", "{}", 5) for i in range(3)]
+    assert store.events.last_seq("t-1") == 14
+    store.close()
 
 
 async def _watch(log: EventLog, tid: str) -> list[tuple[int, str]]:

@@ -22,7 +22,10 @@ an `events.lost` event.
 
 from __future__ import annotations
 
+import functools
+import sqlite3
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -40,6 +43,7 @@ _c = event_counters.c
 _l = lost_events.c
 _COLS = ("ticket_id", "seq", "type", "payload_json", "at_ms")
 _INSERTS: dict[str, str] = {}
+MAX_ROWS_PER_INSERT = 2048    # SQLite: rows of one INSERT (fewer when its variable limit is lower)
 
 
 def _insert_sql(conn: Connection) -> str:
@@ -100,9 +104,36 @@ def insert_events(conn: Connection, batch: Sequence[Sequence[object]],
             raise FailedPrecondition(
                 f"events of ticket {tid} from seq {first} do not follow its stored events (last seq "
                 f"{stored}): another scheduler wrote this ticket's events; nothing of this batch was stored")
+    if conn.dialect.name == "sqlite":
+        _insert_sqlite(conn, batch)
+        return
     # EventRecord is a tuple in column order; the drivers bind exact tuples fastest
     rows = batch if type(batch[0]) is tuple else [tuple(ev) for ev in batch]
     conn.exec_driver_sql(_insert_sql(conn), rows)  # type: ignore[arg-type]
+
+
+def _insert_sqlite(conn: Connection, batch: Sequence[Sequence[object]]) -> None:
+    """The batch as a few multi-row INSERTs (a power of two rows each, so a handful of
+    statement shapes stay in the driver's cache). SQLite's driver lets go of the GIL for
+    each statement it steps; one statement per row (executemany) lets go and waits for
+    it again per row, and a scheduler whose loop is busy holds the store's thread to a
+    row per switch interval (5 ms). One statement per few hundred rows runs beside it."""
+    info = conn.connection.info      # kept with the driver's connection
+    most = info.get("event_rows_per_insert")
+    if most is None:
+        params = conn.connection.driver_connection.getlimit(   # type: ignore[union-attr]
+            sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        most = info["event_rows_per_insert"] = 1 << (min(params // len(_COLS), MAX_ROWS_PER_INSERT).bit_length() - 1)
+    i, n = 0, len(batch)
+    while i < n:
+        size = 1 << (min(n - i, most).bit_length() - 1)
+        conn.exec_driver_sql(_values_sql(size), tuple(chain.from_iterable(batch[i:i + size])))
+        i += size
+
+
+@functools.cache
+def _values_sql(rows: int) -> str:
+    return f"INSERT INTO events ({', '.join(_COLS)}) VALUES " + ",".join(["(?,?,?,?,?)"] * rows)
 
 
 class Events(Repository):
