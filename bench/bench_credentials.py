@@ -28,9 +28,9 @@ import tempfile
 from pathlib import Path
 
 from bench.common import Result, median_time
-from services.common.config import Config, Workspace
+from services.common.config.model import Config, Workspace
 from services.common.layout import Layout
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.credentials.compose import build_core
 
 FILES = 2400

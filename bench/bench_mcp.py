@@ -6,7 +6,7 @@ Streamable HTTP, requiring a bearer token) in a process of its own; its
 `get_issue` takes WORK_S, as a tracker's lookup does. The baseline is an
 MCP client on the host calling it with the token. The measured path is the
 one an agent in a sandbox takes: the client connects to the forwarder
-(services/sandbox/relayforward.py, the same program, on the host's loopback
+(services/sandbox/relays/forward.py, the same program, on the host's loopback
 instead of the sandbox's), which copies the connection to the ticket's
 relay socket, where the credential broker's relay (RelayHub, in a process of
 its own as in the broker: it shares no interpreter, event loop or caches
@@ -45,13 +45,13 @@ import aiohttp
 
 from bench.bench_relay import _free_port, _kill_forwarder
 from bench.common import Result
-from services.common.config import Config, McpServer
+from services.common.config.model import Config, McpServer
 from services.common.layout import Layout
-from services.common.redact import Redactor
 from services.common.relayenv import RELAY_MOUNT, RELAY_PORT, RELAY_SOCKET
-from services.common.secrets import SecretValue
-from services.credentials.relay import RelayHub
-from services.sandbox import relayforward
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.relay.server import RelayHub
+from services.sandbox.relays import forward as relayforward
 
 ROOT = Path(__file__).resolve().parents[1]
 REPEAT = 40

@@ -6,7 +6,7 @@ The model server is tests/support/fakes/streaming.py (Anthropic Messages,
 SSE) thinking like a model: FIRST_S before the first event, then PIECES
 events PIECE_S apart. The baseline is an HTTP client on the host calling it
 directly. The measured path is the one an agent in a sandbox takes: the
-client connects to the forwarder (services/sandbox/relayforward.py, the same
+client connects to the forwarder (services/sandbox/relays/forward.py, the same
 program, run here on the host's loopback instead of the sandbox's), which
 copies the connection to the ticket's relay socket, where the credential
 broker's relay checks the capability, swaps in the key, and streams the
@@ -28,13 +28,13 @@ import time
 from pathlib import Path
 
 from bench.common import Result
-from services.common.config import Config, Model
+from services.common.config.model import Config, Model
 from services.common.layout import Layout
-from services.common.redact import Redactor
 from services.common.relayenv import RELAY_MOUNT, RELAY_PORT, RELAY_SOCKET
-from services.common.secrets import SecretValue
-from services.credentials.relay import RelayHub
-from services.sandbox import relayforward
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.relay.server import RelayHub
+from services.sandbox.relays import forward as relayforward
 from tests.support.fakes.streaming import FakeModelAPI
 
 REPEAT = 30

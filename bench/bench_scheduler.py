@@ -158,7 +158,7 @@ async def _system_benches(root: Path) -> list[Result]:
 async def _event_pipeline(root: Path) -> Result:
     import sqlite3
 
-    from services.common.redact import Redactor
+    from services.common.secrecy.redact import Redactor
     from services.scheduler.events.log import FLUSH_AT, EventLog
     from services.scheduler.store.store import Store
     from services.scheduler.store.worker import threaded

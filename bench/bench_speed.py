@@ -1,4 +1,4 @@
-"""Fast commands (the command supervisor, services/sandbox/supervisor.py),
+"""Fast commands (the command supervisor, services/sandbox/commands/command_supervisor.py),
 each a ratio against a baseline measured in the same run, p50 with p95 in
 the notes:
 
@@ -43,9 +43,9 @@ from pathlib import Path
 from bench.bench_sandbox import _exec, bench_broker
 from bench.common import Result
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
-from services.sandbox import supervisor
-from services.sandbox.dockerapi import DockerAPI
-from services.sandbox.images import SANDBOX_IMAGE
+from services.sandbox.commands import command_supervisor as supervisor
+from services.sandbox.containers.dockerapi import DockerAPI
+from services.sandbox.containers.images import SANDBOX_IMAGE
 
 ISSUE = 16     # the speed issue ("a warm sandbox ready in a fraction of a `docker run`...")
 SAMPLES = 7    # tickets per figure (p50 and p95 of these)
@@ -143,7 +143,7 @@ async def _scheduler_figures(root: Path, docker_run, sdk) -> list[Result]:
     over the automation socket like any client."""
     from services._gen.afe.scheduler.v1 import scheduler_pb2 as spb
     from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as srpc
-    from services.common.grpcutil import open_channel
+    from services.common.rpc.grpcutil import open_channel
     from tests.foundation.launcher_support import base_env, start_afe
 
     done = {spb.TICKET_STATE_SUCCEEDED, spb.TICKET_STATE_FAILED, spb.TICKET_STATE_CANCELLED}

@@ -63,7 +63,7 @@ def _claim(store: Any, ticket_id: str, states: tuple[str, ...], lease_ms: int) -
 async def _pg_events(root: Path) -> list[Result]:
     import psycopg
 
-    from services.common.redact import Redactor
+    from services.common.secrecy.redact import Redactor
     from services.scheduler.events.log import FLUSH_AT, EventLog
     from services.scheduler.store.base import QUEUED, EventRecord, NodeRunRecord, TicketRecord
     from services.scheduler.store.worker import threaded

@@ -19,9 +19,9 @@ import subprocess
 import threading
 from typing import Any
 
-from services.common.childenv import docker_cli_env
 from services.common.errors import FailedPrecondition, InvalidArgument
-from services.sandbox.images import BASE_IMAGE, IMAGE_DIGEST_LABEL
+from services.common.secrecy.childenv import docker_cli_env
+from services.sandbox.containers.images import BASE_IMAGE, IMAGE_DIGEST_LABEL
 
 IMAGE = "afe/bench-proxy-before:latest"
 TICKET_PREFIX = "before-"
@@ -79,7 +79,7 @@ _making = threading.local()       # the ticket whose containers this thread make
 
 
 def _patch() -> None:
-    from services.sandbox import provision
+    from services.sandbox.containers import provision
 
     today_conf = provision.squid_conf
     today_create = provision.create_containers

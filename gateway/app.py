@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.common.states import TicketState
 
 from .auth import Authenticator, Denied

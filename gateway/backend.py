@@ -11,8 +11,8 @@ import grpc
 
 from services._gen.afe.scheduler.v1 import hooks_pb2, hooks_pb2_grpc, scheduler_pb2_grpc
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
-from services.common import grpcutil
-from services.common.grpcutil import rpc_errors
+from services.common.rpc import grpcutil
+from services.common.rpc.grpcutil import rpc_errors
 
 from . import convert
 

@@ -18,7 +18,7 @@ TICKET_STATES = {s.proto: s.value for s in TicketState}
 TICKET_STATE_BY_NAME = {v: k for k, v in TICKET_STATES.items()}
 TERMINAL_STATES = frozenset(s.value for s in states.TERMINAL)
 NODE_STATES = {s.proto: s.value for s in NodeState}
-# The local forge's pull-request reference (services/credentials/localforge.py): local:<workspace>/pulls/<n>.
+# The local forge's pull-request reference (services/credentials/forges/local.py): local:<workspace>/pulls/<n>.
 LOCAL_PR = re.compile(r"local:([A-Za-z0-9][A-Za-z0-9_.-]{0,99})/pulls/([0-9]{1,20})")
 
 

@@ -32,8 +32,8 @@ import re
 from aiohttp import web
 
 from services.common.errors import AfeError, Unavailable
-from services.common.metrics import github_deliveries
-from services.common.secrets import SecretValue
+from services.common.observability.metrics import github_deliveries
+from services.common.secrecy.env_secrets import SecretValue
 
 from .backend import SchedulerBackend
 from .ratelimit import FailureLimiter, retry_after_header

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from services.common import errors, metrics, telemetry
+from services.common import errors
 from services.common.layout import DEFAULT_PORTS
+from services.common.observability import metrics, telemetry
 from services.common.process import make_context, parse_args, run_until_signalled
-from services.common.secrets import take_secret_env
+from services.common.secrecy.env_secrets import take_secret_env
 
 from . import hooks
 from .app import build_app

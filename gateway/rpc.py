@@ -24,9 +24,10 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from services.common import errors, telemetry
-from services.common.redact import Redactor
+from services.common import errors
+from services.common.observability import telemetry
 from services.common.schema.rpc import METHODS, parse_params
+from services.common.secrecy.redact import Redactor
 
 from .auth import Authenticator, Principal
 from .backend import SchedulerBackend

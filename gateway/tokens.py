@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.common.errors import ConfigError
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 
 log = logging.getLogger(__name__)
 

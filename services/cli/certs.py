@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.common.links import new_secret
+from services.common.rpc.links import new_secret
 
 if TYPE_CHECKING:   # cryptography is imported when certificates are made, not at CLI start
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey

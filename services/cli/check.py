@@ -12,10 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from services.common import egress_rules
-from services.common.config import Config
+from services.common.config import egress_rules
+from services.common.config.manifests import load_config, missing_env
+from services.common.config.model import Config
 from services.common.errors import ConfigError
-from services.common.manifests import load_config, missing_env
 from services.common.schema.sandboxenv import warnings as env_warnings
 
 from .mcpcheck import check_mcp_servers
@@ -107,7 +107,7 @@ def _check_database(args: argparse.Namespace, environ) -> int:
     one this afe can use? (Nothing is created or migrated.)"""
     from services.common.errors import AfeError
     from services.common.layout import Layout
-    from services.common.redact import Redactor
+    from services.common.secrecy.redact import Redactor
     from services.scheduler.store.url import ENV, check_database, read_database_url
 
     if not environ.get(ENV):
@@ -125,9 +125,9 @@ def _check_database(args: argparse.Namespace, environ) -> int:
 
 def _preset_image_notes(config: Config) -> list[str]:
     """A note per agent whose preset image is missing or built from other inputs."""
+    from services.common.config.presets import PRESETS
     from services.common.errors import AfeError
-    from services.common.presets import PRESETS
-    from services.sandbox.images import agent_image_state
+    from services.sandbox.containers.images import agent_image_state
 
     notes = []
     for agent in sorted(config.agents.values(), key=lambda a: a.name):

@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
 def _egress_settings(report: Report, client, network: str, config_dir: str | None):
     """The egress network exists, and which private destinations the manifests
     allow. Returns the manifests' Config (None when there is none to read)."""
+    from services.common.config.manifests import load_config
     from services.common.errors import ConfigError
-    from services.common.manifests import load_config
     from services.launcher.launch import egress_lines
 
     try:
@@ -108,7 +108,7 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
     import docker
 
     from services.common.errors import AfeError
-    from services.sandbox import images
+    from services.sandbox.containers import images
 
     report = Report()
     try:
@@ -182,8 +182,8 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
                  tname: str, tip: str, gvisor_runtime: str | None) -> None:
     """`gvisor_runtime`: the engine's gVisor runtime, or None to check runc only."""
     from services.sandbox.checks import GVISOR_RUNTIME
-    from services.sandbox.execs import Runner
-    from services.sandbox.hardening import SandboxSettings
+    from services.sandbox.commands.execs import Runner
+    from services.sandbox.containers.hardening import SandboxSettings
     from services.sandbox.sandboxes import SandboxManager
 
     probe_value = "doctor-probe-" + secrets.token_hex(8)
@@ -242,7 +242,7 @@ async def _probe_r31(report: Report, client, runner, eg, instance: str, network:
     import json
 
     from services.common.layout import SANDBOX_GID
-    from services.sandbox import images
+    from services.sandbox.containers import images
 
     gw = (client.api.inspect_network(eg.network)["IPAM"]["Config"] or [{}])[0].get("Gateway", "")
     proxy_nets = client.api.inspect_container(eg.proxy_container_id)["NetworkSettings"]["Networks"]

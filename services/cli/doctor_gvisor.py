@@ -20,7 +20,7 @@ from .egresschecks import egress_checks
 from .isolation import Seen, isolation_checks
 
 if TYPE_CHECKING:
-    from services.common.config import Config
+    from services.common.config.model import Config
 
     from .doctor_report import Report
 
@@ -71,7 +71,7 @@ def engine_runtimes(report: Report, client, runtime: str, config: Config | None)
 async def gvisor_checks(report: Report, client, runner, mgr, probe_value: str, runc: Seen) -> None:
     """R4-R9 and R34 on a gVisor sandbox, then its kernel against the
     engine's and against what the runc sandbox saw."""
-    from services.sandbox.hardening import SandboxSettings
+    from services.sandbox.containers.hardening import SandboxSettings
 
     info = await mgr.create(SandboxSettings(ticket_id=GVISOR_TICKET, runtime="gvisor", memory_bytes=512 * 1024 ** 2,
                                             disk_bytes=32 * 1024 ** 2, env_names=("AFE_DOCTOR_PROBE",)))
@@ -93,7 +93,7 @@ async def gvisor_egress_checks(report: Report, client, runner, mgr, instance: st
                                plain_mode: str) -> None:
     """R10 and R11 on a gVisor egress sandbox: no interface, its ticket's
     proxy through the socket, the same allowlist and refusals as on runc."""
-    from services.sandbox.hardening import SandboxSettings
+    from services.sandbox.containers.hardening import SandboxSettings
 
     eg = await mgr.create(SandboxSettings(ticket_id=GVISOR_EGRESS_TICKET, runtime="gvisor",
                                           egress=(tname, "localhost")))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.common import cost
-from services.common.verification import code, counts_text, detail_lines, failure_line, shown
+from services.common.provenance.verification import code, counts_text, detail_lines, failure_line, shown
 
 
 def _fmt_secs(ms: int) -> str:

@@ -23,7 +23,7 @@ def host_addresses(inside_if: str = "eth0") -> list[str]:
         import json
         import subprocess
 
-        from services.common.childenv import tool_env
+        from services.common.secrecy.childenv import tool_env
         doc = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True,
                                         check=True, timeout=10, env=tool_env()).stdout)
         addrs = [a["local"] for i in doc for a in i.get("addr_info", []) if "local" in a]
@@ -56,7 +56,7 @@ class HostListener:
         import subprocess
         import threading
 
-        from services.common.childenv import tool_env
+        from services.common.secrecy.childenv import tool_env
         self.proc = subprocess.Popen([sys.executable, "-c", LISTENER], stdout=subprocess.PIPE, text=True,
                                      env=tool_env())
         assert self.proc.stdout is not None  # stdout=PIPE

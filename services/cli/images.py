@@ -1,6 +1,6 @@
 """`afe images build [--force] [--agent NAME] [--config DIR]`: build the local
 images (Debian base from debootstrap when missing, then the sandbox and
-egress proxy images), an agent preset's image (services/common/presets.py),
+egress proxy images), an agent preset's image (services/common/config/presets.py),
 and the config folder's project images (DIR/images/NAME/Dockerfile, FROM
 afe/sandbox, tagged afe/project-NAME:latest; `afe init` writes one)."""
 
@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.sandbox.images import build_agent_image, ensure_images
+    from services.sandbox.containers.images import build_agent_image, ensure_images
 
     def progress(m: str) -> None:
         print(m, flush=True)
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from pathlib import Path
 
-    from services.sandbox.images import build_project_images
+    from services.sandbox.containers.images import build_project_images
 
     config = Path(args.config) if getattr(args, "config", None) else (Path("afe.d") if Path("afe.d").is_dir()
                                                                      else None)

@@ -32,7 +32,7 @@ class Seen:
 
 
 async def run_exec(runner, ticket: str, argv: list[str], timeout_ms: int = 30000) -> tuple[int, str]:
-    from services.sandbox.execs import Exit
+    from services.sandbox.commands.execs import Exit
     out: list[bytes] = []
     code = -1
     async for ev in runner.run_exec(ticket, argv, timeout_ms=timeout_ms):
@@ -52,7 +52,7 @@ async def isolation_checks(report: Report, client, runner, mgr, ticket: str, con
     """R4-R9 and R34 on the sandbox of `ticket` (made with the probe's
     settings: pids 64, memory 64 MiB and disk 32 MiB for `live_limits`,
     `AFE_DOCTOR_PROBE` declared). `tag` marks each line's rule, e.g. " [gVisor]"."""
-    from services.sandbox.execs import Exit
+    from services.sandbox.commands.execs import Exit
 
     attrs = client.api.inspect_container(container_id)
     hc = attrs["HostConfig"]

@@ -1,6 +1,6 @@
 """`afe check --online` and `afe doctor`: which tools each remote McpServer
 offers, asked from this host (never from a sandbox) with the same client the
-credential broker uses (services/credentials/mcpclient.py) and the token from
+credential broker uses (services/credentials/mcptools/client.py) and the token from
 this shell's environment, as `afe check --online` reads a repository with
 the Workspace's tokenEnv. `AFE_CA_FILE` and the proxy variables count as for
 the broker, so what this lists, `afe up` can reach.
@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.childenv import proxy_env
-from services.common.config import Config, McpServer
+from services.common.config.model import Config, McpServer
 from services.common.errors import AfeError
-from services.common.verification import shown
+from services.common.provenance.verification import shown
+from services.common.secrecy.childenv import proxy_env
 
 SHOW_TOOLS = 20     # tool names printed per server
 
@@ -40,7 +40,7 @@ class ServerReport:
 
 async def list_servers(config: Config, environ: Mapping[str, str]) -> list[ServerReport]:
     """Each remote McpServer's tools, or why they could not be listed."""
-    from services.credentials.mcpclient import McpClient
+    from services.credentials.mcptools.client import McpClient
 
     ca = environ.get("AFE_CA_FILE")
     client = McpClient(lambda name: environ.get(name) or None, ca_file=Path(ca) if ca else None,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from services.common import cost
+from services.common.provenance.verification import code, counts_text, detail_lines, failure_line
 from services.common.states import TicketState
-from services.common.verification import code, counts_text, detail_lines, failure_line
 
 from .event_lines import _fmt_secs
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from services.common.errors import AfeError
 from services.common.layout import DEFAULT_PORTS, Layout
-from services.common.logs import setup_logging
-from services.common.ops import check_ops_name
-from services.common.redact import Redactor
+from services.common.observability.logs import setup_logging
+from services.common.observability.ops import check_ops_name
+from services.common.secrecy.redact import Redactor
 
 SERVICES = ("sandbox", "credentials", "scheduler", "gateway")
 

@@ -1,5 +1,5 @@
 """`afe keys` and `afe verify`: the signed run records (R42, docs/GUIDE.md
-"The run record"). The checking is services/common/attestation.py's.
+"The run record"). The checking is services/common/provenance/attestation.py's.
 
     afe keys                      the credential broker's public key (PEM) and keyid
     afe verify FILE               an envelope JSON file, or a saved PR comment holding one
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common import attestation
 from services.common.layout import TICKET_ID_RE
+from services.common.provenance import attestation
 
 from .rpc_client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, RpcClient
 from .tickets import _common, _parser, _token

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .config import Model
+from services.common.config.model import Model
 
 PER = 1_000_000
 

@@ -8,7 +8,7 @@ arguments or the result themselves: both may hold anything (R36).
 
 `arguments_sha256` is the digest of `json.dumps(arguments, sort_keys=True,
 separators=(",", ":"), ensure_ascii=True)`, so the same arguments give the
-same digest on either path (services/credentials/mcpfilter.py computes it
+same digest on either path (services/credentials/mcptools/filter.py computes it
 over what the relay forwards).
 """
 

@@ -25,12 +25,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from services.common.observability.logs import setup_logging
+from services.common.observability.ops import OpsServer, ReadyCheck, check_ops_name
+from services.common.rpc.links import LinkSecrets, read_link_fd
+from services.common.secrecy.redact import Redactor
+
 from .errors import AfeError
 from .layout import Layout
-from .links import LinkSecrets, read_link_fd
-from .logs import setup_logging
-from .ops import OpsServer, ReadyCheck, check_ops_name
-from .redact import Redactor
 
 log = logging.getLogger(__name__)
 

@@ -13,18 +13,18 @@ from typing import cast
 import grpc
 from prometheus_client import CollectorRegistry
 
-from services.common import grpcutil
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.layout import Layout
-from services.common.links import LinkSecrets
-from services.common.metered import MeteredCredentials
-from services.common.metrics import relay_metrics
-from services.common.redact import Redactor
-from services.common.secrets import SecretValue
+from services.common.observability.metered import MeteredCredentials
+from services.common.observability.metrics import relay_metrics
+from services.common.rpc import grpcutil
+from services.common.rpc.links import LinkSecrets
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.fencing.database import FenceDatabase
 
 from .broker import CredentialCore
 from .compose import build_core
-from .dbfence import FenceDatabase
 from .httpclient import RetryPolicy
 from .servicer import register
 

@@ -17,24 +17,25 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.config import Config, Model, Workspace
+from services.common.config.model import Config, Model, Workspace
 from services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from services.common.layout import check_ticket_id
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
+from services.credentials.fencing.resource import FenceGuard, Fences
+from services.credentials.forges.base import MERGE_METHODS, Forge, PullRequestInfo
+from services.credentials.forges.github import GitHubForge
+from services.credentials.forges.github_checks import CheckDetails, ChecksReader
+from services.credentials.forges.github_events import RepoEvents
+from services.credentials.forges.reportmarks import STEP, load_key, mark
+from services.credentials.mcptools.client import ToolResult
+from services.credentials.mcptools.nodes import Listed, ModelNodeMcp
+from services.credentials.records.signing import Signer
+from services.credentials.relay.server import RelayHub, Usage
+from services.credentials.verification import checkout as verifycheckout
+from services.credentials.workspaces import handover
+from services.credentials.workspaces.host import Committed, Prepared, WorkspaceGit, branch_for
 
-from . import handover, verifycheckout
-from .fences import FenceGuard, Fences
-from .forges import MERGE_METHODS, Forge, PullRequestInfo
-from .github import GitHubForge
-from .github_checks import CheckDetails, ChecksReader
-from .github_events import RepoEvents
-from .mcpclient import ToolResult
-from .mcpnodes import Listed, ModelNodeMcp
 from .models.base import Completion, ModelProvider, Msg, Tool
-from .relay import RelayHub, Usage
-from .reportmarks import STEP, load_key, mark
-from .signing import Signer
-from .workspaces import Committed, Prepared, WorkspaceGit, branch_for
 
 log = logging.getLogger(__name__)
 

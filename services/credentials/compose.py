@@ -6,27 +6,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.layout import Layout
-from services.common.redact import Redactor
-from services.common.secrets import SecretValue
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.fencing.database import DatabaseFences, FenceDatabase
+from services.credentials.fencing.resource import FenceGuard, Fences
+from services.credentials.forges.github import GitHubForge
+from services.credentials.forges.local import LocalForge
+from services.credentials.git.askpass import write_helper
+from services.credentials.git.cmd import GitRunner
+from services.credentials.mcptools.client import McpClient
+from services.credentials.mcptools.nodes import ModelNodeMcp
+from services.credentials.records.signing import Signer, SigningKey
+from services.credentials.relay.server import RelayHub
+from services.credentials.workspaces.host import WorkspaceGit
 
-from .askpass import write_helper
 from .broker import CredentialCore
-from .dbfence import DatabaseFences, FenceDatabase
-from .fences import FenceGuard, Fences
-from .gitcmd import GitRunner
-from .github import GitHubForge
 from .httpclient import HttpClient, RetryPolicy
-from .localforge import LocalForge
-from .mcpclient import McpClient
-from .mcpnodes import ModelNodeMcp
 from .models.anthropic import AnthropicProvider
 from .models.openai import OpenAIProvider
 from .models.replay import ReplayProvider
-from .relay import RelayHub
-from .signing import Signer, SigningKey
-from .workspaces import WorkspaceGit
 
 
 def private_dir(layout: Layout) -> Path:

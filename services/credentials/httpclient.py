@@ -38,7 +38,7 @@ from services.common.errors import (
     Unauthenticated,
     Unavailable,
 )
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 
 log = logging.getLogger(__name__)
 

@@ -25,17 +25,17 @@ import shutil
 import sys
 from pathlib import Path
 
-from services.common.childenv import proxy_env
+from services.common.config.manifests import load_config
 from services.common.errors import AfeError
 from services.common.layout import DEFAULT_PORTS
-from services.common.manifests import load_config
+from services.common.observability.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 from services.common.process import make_context, parse_args, run_until_signalled
-from services.common.secrets import take_secret_env
-from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
+from services.common.secrecy.childenv import proxy_env
+from services.common.secrecy.env_secrets import take_secret_env
+from services.credentials.fencing.database import ENV as DATABASE_ENV
+from services.credentials.fencing.database import database_from_url
 
 from .app import build_app
-from .dbfence import ENV as DATABASE_ENV
-from .dbfence import database_from_url
 
 log = logging.getLogger(__name__)
 

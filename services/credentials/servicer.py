@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument
-from services.common.streamdrop import closed_with_call
+from services.common.rpc.streamdrop import closed_with_call
+from services.credentials.forges.base import PullRequestInfo
+from services.credentials.verification import checkout as verifycheckout
 
-from . import verifycheckout
 from .broker import Approval, CredentialCore
-from .forges import PullRequestInfo
 from .models.base import Msg, Tool, ToolCallData
 
 MCP_CALL_FIELDS = frozenset(pb.RelayMcpCall.DESCRIPTOR.fields_by_name)

@@ -8,7 +8,7 @@ variables (for its git and HTTPS calls); the sandbox broker exactly the names
 that decrypt, R44), the gateway the UI token and the
 GitHub webhook secret (`AFE_GITHUB_WEBHOOK_SECRET`), the
 scheduler the store URL, and the credential broker that URL too when it names
-PostgreSQL (the fences are checked in that database, services/credentials/dbfence.py);
+PostgreSQL (the fences are checked in that database, services/credentials/fencing/database.py);
 every child gets the `OTEL_*` exporter settings.
 The table of every operator setting and the process it reaches is in
 docs/OPERATIONS.md ("Operator settings").
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from services.common.childenv import BASE_NAMES, PROXY_NAMES
-from services.common.config import Config
+from services.common.config.model import Config
+from services.common.secrecy.childenv import BASE_NAMES, PROXY_NAMES
 
 SERVICES = ("sandbox", "credentials", "scheduler", "gateway")
 GITHUB_WEBHOOK_SECRET_ENV = "AFE_GITHUB_WEBHOOK_SECRET"

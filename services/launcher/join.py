@@ -97,7 +97,7 @@ def check_signed_by(files: DatabaseTls) -> None:
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import serialization
 
-    from services.common.tls import TlsFiles
+    from services.common.rpc.tls import TlsFiles
 
     cert_pem, key_pem, ca_pem = TlsFiles(files.cert, files.key, files.ca).read()   # says which file is wrong
     try:

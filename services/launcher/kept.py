@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.childenv import docker_cli_env
 from services.common.layout import Layout, verify_owner
+from services.common.secrecy.childenv import docker_cli_env
 
 ROLES = {"sandbox": "sandbox", "proxy": "egress proxy"}
 DOCKER_TIMEOUT_S = 15.0
@@ -47,7 +47,7 @@ def _docker_lines(argv: list[str], environ: Mapping[str, str]) -> list[list[str]
 
 
 def _mount_points(under: Path) -> list[Path]:
-    from services.sandbox.diskcap import mounts
+    from services.sandbox.files.diskcap import mounts
 
     prefix = str(under) + "/"
     return [Path(m.target) for m in mounts() if m.target.startswith(prefix)]

@@ -33,20 +33,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.childenv import docker_cli_env
-from services.common.config import Config
+from services.common.config.manifests import load_config, missing_env
+from services.common.config.model import Config
+from services.common.config.presets import preset_for_image
 from services.common.errors import AfeError, ConfigError, FailedPrecondition
 from services.common.layout import DEFAULT_PORTS, Layout
-from services.common.links import LinkSecrets, new_secret
-from services.common.manifests import load_config, missing_env
-from services.common.presets import preset_for_image
+from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.schema.sandboxenv import warnings as env_warnings
+from services.common.secrecy.childenv import docker_cli_env
+from services.launcher.process_supervisor import ChildSpec, Supervisor
 
 from .environment import child_env
 from .instance import resolve as resolve_instance
 from .kept import report as report_kept
 from .ports import check_ports, planned
-from .supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def preflight(opts: Options, environ: Mapping[str, str],
 
 
 def _check_engine(environ: Mapping[str, str]) -> None:
-    from services.sandbox.images import check_engine
+    from services.sandbox.containers.images import check_engine
 
     check_engine(environ)
 
@@ -134,7 +134,7 @@ def _check_database(opts: Options, environ: Mapping[str, str]) -> None:
     """With AFE_DATABASE_URL set: the store is reachable and its schema is not
     newer than this afe's, or `afe up` stops here with what to change (the
     scheduler, which alone keeps the URL, checks again when it opens it)."""
-    from services.common.redact import Redactor
+    from services.common.secrecy.redact import Redactor
     from services.scheduler.store.url import ENV, check_database, read_database_url
 
     if environ.get(ENV):
@@ -172,7 +172,7 @@ def _plain_database_link(environ: Mapping[str, str]) -> str:
 
 def _check_other_images(config: Config) -> None:
     """Images a manifest names besides the bundled ones must already exist locally."""
-    from services.sandbox.images import PROXY_IMAGE, SANDBOX_IMAGE
+    from services.sandbox.containers.images import PROXY_IMAGE, SANDBOX_IMAGE
 
     wanted: dict[str, str] = {}
     for w in config.workspaces.values():
@@ -197,7 +197,7 @@ def _check_other_images(config: Config) -> None:
 
 def _ensure_images(progress: Callable[[str], None]) -> None:
     try:
-        from services.sandbox.images import ensure_images
+        from services.sandbox.containers.images import ensure_images
     except ImportError as exc:  # the sandbox package is part of afe; this is a broken install
         raise FailedPrecondition("cannot check the Docker images: the sandbox package is missing "
                                  "(reinstall afe)") from exc

@@ -13,14 +13,14 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
-from services.common import grpcutil
 from services.common.layout import Layout
-from services.common.links import LinkSecrets
-from services.common.metrics import sandbox_metrics
-from services.common.redact import Redactor
+from services.common.observability.metrics import sandbox_metrics
+from services.common.rpc import grpcutil
+from services.common.rpc.links import LinkSecrets
+from services.common.secrecy.redact import Redactor
+from services.sandbox.commands.execs import Runner
+from services.sandbox.files.tools import FileTools
 
-from .execs import Runner
-from .files import FileTools
 from .sandboxes import SandboxManager
 from .servicer import SandboxServicer
 

@@ -15,8 +15,7 @@ import docker
 from services.common import safefs
 from services.common.errors import FailedPrecondition
 from services.common.layout import Layout
-
-from .egress_proxy import bridge_ipv4
+from services.sandbox.egress.proxy import bridge_ipv4
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ import logging
 import os
 import sys
 
+from services.common.config.manifests import load_config
 from services.common.errors import AfeError, ConfigError
 from services.common.layout import DEFAULT_PORTS
-from services.common.links import LinkSecrets
-from services.common.manifests import load_config
+from services.common.observability.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 from services.common.process import make_context, parse_args, run_until_signalled
-from services.common.secrets import take_secret_env
-from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
-from services.common.tls import TlsFiles, read_secret_file
+from services.common.rpc.links import LinkSecrets
+from services.common.rpc.tls import TlsFiles, read_secret_file
+from services.common.secrecy.env_secrets import take_secret_env
 
 from .app import build_app
 

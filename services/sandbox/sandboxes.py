@@ -22,32 +22,41 @@ from dataclasses import replace
 import docker
 import docker.errors
 
-from services.common.config import DEFAULT_PROXY_IMAGE
-from services.common.egress_rules import check_rules
+from services.common.config.egress_rules import check_rules
+from services.common.config.model import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
-
-from . import (
-    checks,
-    cleanup,
-    diskcap,
-    egress_bump,
-    egress_ca,
-    egress_proxy,
-    egress_socket,
-    hardening,
-    provision,
-    relayforward,
-    restart,
-    sandbox_info,
+from services.sandbox import checks
+from services.sandbox.containers import cleanup, hardening, provision, restart
+from services.sandbox.containers import info as sandbox_info
+from services.sandbox.containers.env import ENV_NAME_RE, SandboxEnv
+from services.sandbox.containers.hardening import (
+    LABEL_INSTANCE,
+    LABEL_ROLE,
+    LABEL_TICKET,
+    RUNTIMES,
+    SandboxSettings,
 )
+from services.sandbox.containers.info import INSTANCE_RE, ReconcileResult, SandboxInfo, check_instance
+from services.sandbox.egress import (
+    bump as egress_bump,
+)
+from services.sandbox.egress import (
+    ca as egress_ca,
+)
+from services.sandbox.egress import (
+    over_socket as egress_socket,
+)
+from services.sandbox.egress import (
+    proxy as egress_proxy,
+)
+from services.sandbox.egress.allowlist import check_cidrs, check_egress_names, check_private
+from services.sandbox.egress.proxy import bridge_ipv4
+from services.sandbox.files import diskcap
+from services.sandbox.files.handover import Handover
+from services.sandbox.relays import forward as relayforward
+
 from .checks import GVISOR_RUNTIME, check_bridge_has_no_address, chown_tree
-from .egress import check_cidrs, check_egress_names, check_private
-from .egress_proxy import bridge_ipv4
-from .handover import Handover
-from .hardening import LABEL_INSTANCE, LABEL_ROLE, LABEL_TICKET, RUNTIMES, SandboxSettings
-from .sandbox_env import ENV_NAME_RE, SandboxEnv
-from .sandbox_info import INSTANCE_RE, ReconcileResult, SandboxInfo, check_instance
 
 __all__ = ["INSTANCE_RE", "ReconcileResult", "SandboxInfo", "SandboxManager", "bridge_ipv4",
            "check_bridge_has_no_address", "check_instance", "chown_tree"]

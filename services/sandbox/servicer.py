@@ -10,17 +10,17 @@ from collections.abc import Callable
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
-from services.common.egress_rules import EgressRule
+from services.common.config.egress_rules import EgressRule
 from services.common.errors import InvalidArgument
-from services.common.metrics import SandboxMetrics
-from services.common.streamdrop import closed_with_call
+from services.common.observability.metrics import SandboxMetrics
+from services.common.rpc.streamdrop import closed_with_call
+from services.sandbox.commands import stream as commands
+from services.sandbox.commands.execs import Exit, Output, Runner
+from services.sandbox.containers.hardening import SandboxSettings, resolve_limits
+from services.sandbox.egress.allowlist import path_digest
+from services.sandbox.egress.denied import denied_egress
+from services.sandbox.files.tools import Entry, FileTools
 
-from . import commands
-from .denied_egress import denied_egress
-from .egress import path_digest
-from .execs import Exit, Output, Runner
-from .files import Entry, FileTools
-from .hardening import SandboxSettings, resolve_limits
 from .sandboxes import SandboxInfo, SandboxManager
 
 log = logging.getLogger(__name__)

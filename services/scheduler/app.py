@@ -10,11 +10,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from services.common import callers, grpcutil
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.layout import Layout
-from services.common.links import LinkSecrets
-from services.common.redact import Redactor
+from services.common.rpc import callers, grpcutil
+from services.common.rpc.links import LinkSecrets
+from services.common.secrecy.redact import Redactor
 
 from .automation_key import AutomationKeyFile
 from .engine.core import LEASE_S, Engine
@@ -100,7 +100,7 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
     intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry, settle_s=github_settle_s)
     reporter = GitHubReporter(config, store, credentials, public_url)
     engine.transitions.listeners.append(reporter.changed)
-    # The keys of the scheduler's callers; services/common/callers.py says which service each may call.
+    # The keys of the scheduler's callers; services/common/rpc/callers.py says which service each may call.
     accepted = grpcutil.CallerSecrets({k: v for k, v in links.serve.items()
                                        if k in callers.callers_of(callers.SERVES["scheduler"])})
     # Automation callers get server reflection too (behind the same key check) so generic tools work

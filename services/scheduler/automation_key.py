@@ -22,7 +22,7 @@ import os
 import stat
 from pathlib import Path
 
-from services.common.grpcutil import CallerSecrets
+from services.common.rpc.grpcutil import CallerSecrets
 
 log = logging.getLogger(__name__)
 

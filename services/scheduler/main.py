@@ -20,12 +20,12 @@ import asyncio
 import logging
 import sys
 
-from services.common import grpcutil
+from services.common.config.manifests import load_config
 from services.common.errors import AfeError
 from services.common.layout import DEFAULT_PORTS
-from services.common.manifests import load_config
+from services.common.observability.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
 from services.common.process import make_context, parse_args, run_until_signalled
-from services.common.telemetry import grpc_server_interceptors, setup_tracing, shutdown_tracing
+from services.common.rpc import grpcutil
 
 from .app import build_app
 from .engine.core import LEASE_S

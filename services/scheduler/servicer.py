@@ -9,8 +9,8 @@ import contextlib
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.common import grpcutil
 from services.common.errors import InvalidArgument
+from services.common.rpc import grpcutil
 from services.common.states import NodeState, TicketState
 
 from .engine.core import Engine

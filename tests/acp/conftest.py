@@ -11,9 +11,9 @@ import docker
 import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-from services.common.config import Agent, Node
-from services.common.grpcutil import open_channel
+from services.common.config.model import Agent, Node
 from services.common.layout import Layout
+from services.common.rpc.grpcutil import open_channel
 from tests.acp.image import agent_command, ensure_acp_test_image
 from tests.support.sandbox_broker import sandbox_broker
 

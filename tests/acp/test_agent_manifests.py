@@ -103,7 +103,7 @@ REPEATED = "command: [codex-acp, -c, 'model=\"o3\"', -c, 'sandbox=\"workspace-wr
 
 def test_agent_command_keeps_repeated_items_in_order(tmp_path):
     """An argv is not a set: `-c a -c b` passes `afe check` and loads as written."""
-    from services.common.manifests import load_config
+    from services.common.config.manifests import load_config
     cfg = write(tmp_path, GOOD_AGENT.replace("command: [claude-code-acp]", REPEATED))
     r = afe_check(cfg)
     assert r.returncode == 0, r.stderr

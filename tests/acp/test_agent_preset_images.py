@@ -15,10 +15,10 @@ import secrets
 import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-from services.common.grpcutil import open_channel
+from services.common.config.presets import PRESETS
 from services.common.layout import Layout
-from services.common.presets import PRESETS
-from services.sandbox.images import agent_image_digest, agent_image_state, build_agent_image
+from services.common.rpc.grpcutil import open_channel
+from services.sandbox.containers.images import agent_image_digest, agent_image_state, build_agent_image
 from tests.support.sandbox_broker import sandbox_broker
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
@@ -116,9 +116,9 @@ def test_digest_follows_the_inputs(tmp_path, monkeypatch):
 
 
 def test_up_preflight_names_the_build_command_for_a_missing_preset_image(tmp_path, monkeypatch):
+    from services.common.config.manifests import load_config
+    from services.common.config.presets import Preset
     from services.common.errors import ConfigError
-    from services.common.manifests import load_config
-    from services.common.presets import Preset
     from services.launcher.launch import _check_other_images
 
     missing = f"afe/agent-codex:missing-{secrets.token_hex(4)}"

@@ -1,4 +1,4 @@
-"""Agent presets in the manifests (services/common/presets.py): `preset:`
+"""Agent presets in the manifests (services/common/config/presets.py): `preset:`
 expands into image, command, relay wiring and fixed settings unless the
 manifest writes them by hand; `fixedEnv` never holds a secret; a bad preset
 names the field and lists the valid ones."""
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from services.common.config.manifests import load_config
+from services.common.config.presets import PRESETS, check_fixed_env
 from services.common.errors import ConfigError
-from services.common.manifests import load_config
-from services.common.presets import PRESETS, check_fixed_env
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -121,7 +121,7 @@ def test_stderr_log_keeps_whole_lines_the_head_and_the_tail_within_the_cap():
 async def env_with_key(short_tmp, acp_image):
     """The ACP sandbox with ACP_TEST_KEY=KEY held by the broker (declared by the agent)."""
     from services._gen.afe.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-    from services.common.grpcutil import open_channel
+    from services.common.rpc.grpcutil import open_channel
     from tests.support.sandbox_broker import sandbox_broker
     layout = Layout(short_tmp / "data", short_tmp / "run")
     async with sandbox_broker(layout, env_values={"ACP_TEST_KEY": KEY}) as (sock, secret, instance):

@@ -11,8 +11,8 @@ import secrets
 import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-from services.common.grpcutil import open_channel
 from services.common.layout import Layout
+from services.common.rpc.grpcutil import open_channel
 from tests.acp.conftest import AcpEnv, Events
 from tests.support.sandbox_broker import sandbox_broker
 

@@ -20,7 +20,7 @@ import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
-from services.common.grpcutil import open_channel
+from services.common.rpc.grpcutil import open_channel
 from tests.foundation.launcher_support import Afe, base_env, wait_gone
 from tests.support.npm import node_modules
 from tests.support.temp_roots import remove_temp_root, temp_root

@@ -25,10 +25,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.common import errors, grpcutil, metrics
+from services.common import errors
 from services.common.layout import Layout
-from services.common.links import METADATA_KEY, new_secret
-from services.common.redact import Redactor
+from services.common.observability import metrics
+from services.common.rpc import grpcutil
+from services.common.rpc.links import METADATA_KEY, new_secret
+from services.common.secrecy.redact import Redactor
 from services.scheduler.app import build_app
 from tests.scheduler.conftest import wait_for_state, write_config
 from tests.support.system import REPO_ROOT, afe_system

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.scheduler.events import log as events_mod
 from services.scheduler.events.log import EventLog
 from services.scheduler.store.store import Store

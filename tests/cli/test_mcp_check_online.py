@@ -17,8 +17,8 @@ import pytest
 from services.cli.doctor import _mcp_servers
 from services.cli.doctor_report import Report
 from services.cli.main import main
+from services.common.config.manifests import load_config
 from services.common.demo import make_repo
-from services.common.manifests import load_config
 from tests.support.mcpserver import mcp_server
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,8 +16,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from services.common import attestation
 from services.common.layout import Layout
+from services.common.provenance import attestation
 
 from .test_cli import afe, as_json
 

@@ -1,5 +1,5 @@
 """R42, "the record tells the truth", in `afe verify` (services/cli/verify.py,
-services/common/attestation.py).
+services/common/provenance/attestation.py).
 
 Fast tests, in-process, with real Ed25519 keys and real DSSE envelopes:
 - the exit code tells a script what it needs: 0 genuine and passed, 1 not
@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from services.cli import verify as cli_verify
 from services.cli.main import build_parser, main
 from services.cli.rpc_client import CliError
-from services.common import attestation
+from services.common.provenance import attestation
 
 SHA = "a" * 40
 NEWER = "b" * 40

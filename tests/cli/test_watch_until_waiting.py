@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 from gateway.tokens import write_token_file
 from services.cli import tickets as cli
 from services.cli.rpc_client import RpcClient
+from services.common.config.manifests import load_config
 from services.common.layout import Layout
-from services.common.links import LinkSecrets, new_secret
-from services.common.manifests import load_config
-from services.common.redact import Redactor
+from services.common.rpc.links import LinkSecrets, new_secret
+from services.common.secrecy.redact import Redactor
 from services.scheduler.app import build_app
 from services.scheduler.store.base import RUNNING, WAITING_APPROVAL
 from tests.gateway.conftest import start_gateway

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
-from services.common import grpcutil
-from services.common.config import Config, ForgeConfig, Model, Workspace
+from services.common.config.model import Config, ForgeConfig, Model, Workspace
 from services.common.layout import Layout
+from services.common.rpc import grpcutil
 from tests.support.credential_broker import credential_broker
 from tests.support.fakes.git_http import GitHttpServer, make_bare_repo
 from tests.support.fakes.tls import make_cert
@@ -91,7 +91,7 @@ def local_origin(short_tmp) -> Path:
 @contextlib.asynccontextmanager
 async def broker_stub(config: Config, layout: Layout, *, secrets_: dict[str, str] | None = None, ca_file=None):
     """(stub, redactor) talking to the real servicer as the scheduler."""
-    from services.common.redact import Redactor
+    from services.common.secrecy.redact import Redactor
 
     redactor = Redactor()
     async with credential_broker(config, layout, secrets=secrets_, redactor=redactor,

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
-from services.common.config import ForgeConfig, Workspace
-from services.common.redact import Redactor
+from services.common.config.model import ForgeConfig, Workspace
+from services.common.secrecy.redact import Redactor
 from tests.credentials.conftest import TOKEN_ENV, broker_stub, git_plain, local_workspace, make_config
 from tests.support.fakes.github import FakeGitHub
 

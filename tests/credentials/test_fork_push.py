@@ -15,7 +15,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
-from services.common.config import ForgeConfig, Workspace
+from services.common.config.model import ForgeConfig, Workspace
 from tests.credentials.conftest import TOKEN_ENV, broker_stub, git_plain, make_config
 from tests.scheduler.remote_env import LiveBranches
 from tests.support.fakes.git_http import GitHttpServer, make_bare_repo

@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
+from services.common.config.manifests import load_config
 from services.common.layout import Layout
-from services.common.manifests import load_config
 from services.scheduler.sandboxes.brokers import CredentialsClient
 from tests.scheduler.conftest import write_config
 from tests.support.credential_broker import credential_broker

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from services.common.errors import ResourceExhausted
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.credentials import httpclient
 from services.credentials.httpclient import HttpClient, Response, RetryPolicy
 from tests.support.fakes.github import FakeGitHub

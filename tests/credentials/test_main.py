@@ -18,9 +18,9 @@ import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
-from services.common import grpcutil
 from services.common.layout import Layout
-from services.common.links import LinkSecrets, new_secret, pass_via_pipe
+from services.common.rpc import grpcutil
+from services.common.rpc.links import LinkSecrets, new_secret, pass_via_pipe
 
 pytestmark = pytest.mark.timeout(90)
 

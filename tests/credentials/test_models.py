@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
-from services.common.config import Model
+from services.common.config.model import Model
 from tests.credentials.conftest import broker_stub, make_config
 from tests.support.fakes.models import FakeAnthropic, FakeOpenAI
 

@@ -32,13 +32,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.common.layout import Layout
-from services.common.metrics import relay_metrics
-from services.common.redact import Redactor
+from services.common.observability.metrics import relay_metrics
 from services.common.relayenv import RELAY_SOCKET
-from services.common.secrets import SecretValue
-from services.credentials.relay import RelayHub, RelayLimits
-from services.credentials.relayproviders import Refused, check_raw_path, upstream_path
-from services.credentials.relaysecrets import MASK, SecretForms, StreamRedactor
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.relay.providers import Refused, check_raw_path, upstream_path
+from services.credentials.relay.secrets import MASK, SecretForms, StreamRedactor
+from services.credentials.relay.server import RelayHub, RelayLimits
 from tests.support.fakes.base import FakeServer
 from tests.support.fakes.streaming import IN_TOKENS, OUT_TOKENS, FakeModelAPI
 from tests.support.system import REPO_ROOT

@@ -21,9 +21,9 @@ import pytest
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services.common import treewalk
 from services.common.errors import FailedPrecondition
-from services.common.redact import Redactor
-from services.credentials import snapshot
+from services.common.secrecy.redact import Redactor
 from services.credentials.compose import build_core
+from services.credentials.workspaces import snapshot
 from tests.credentials.conftest import broker_stub, git_plain, local_workspace, make_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -136,7 +136,7 @@ def test_r34_snapshot_of_a_deep_workspace_fails_naming_the_limit(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 def test_r34_chown_fallback_is_bounded_and_never_follows_links(tmp_path):
-    from services.credentials.workspaces import _chown_tree
+    from services.credentials.workspaces.host import _chown_tree
     outside = tmp_path / "outside"
     outside.mkdir()
     root = tmp_path / "w"

@@ -13,7 +13,7 @@ import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
-from services.common import grpcutil
+from services.common.rpc import grpcutil
 from services.scheduler.sandboxes.brokers import CredentialsClient
 from services.scheduler.store.base import LeaseLost
 from tests.credentials.conftest import git_plain, local_workspace, make_config

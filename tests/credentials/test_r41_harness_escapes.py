@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
-from services.credentials import harness
+from services.credentials.verification import harness
 from tests.credentials.conftest import broker_stub, git_plain, local_workspace, make_config
 
 pytestmark = pytest.mark.timeout(120)

@@ -3,7 +3,7 @@ after a restart, never in an answer or a log), and what it signs: only an
 in-toto Statement v1 of afe's run record whose subject is a commit of the
 ticket's own branch, holding no secret the broker holds. The real broker
 core and servicer over gRPC on a Unix socket, a real git origin; the
-envelopes are checked with services/common/attestation.py (what `afe verify`
+envelopes are checked with services/common/provenance/attestation.py (what `afe verify`
 uses) and the Statement with the JSON Schema written from the in-toto spec."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
-from services.common import attestation
 from services.common.errors import FailedPrecondition
-from services.common.links import LinkSecrets, new_secret
-from services.common.redact import Redactor
+from services.common.provenance import attestation
+from services.common.rpc.links import LinkSecrets, new_secret
+from services.common.secrecy.redact import Redactor
 from services.credentials.app import build_app
 from tests.credentials.conftest import broker_stub, git_plain, local_workspace, make_config
 

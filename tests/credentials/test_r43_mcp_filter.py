@@ -1,4 +1,4 @@
-"""R43, what the MCP relay lets through (services/credentials/mcpfilter.py):
+"""R43, what the MCP relay lets through (services/credentials/mcptools/filter.py):
 only granted `tools/call`s, whatever their spelling or batching; tool lists
 cut to the grant; a body the server could read otherwise than the relay
 (duplicated keys) refused, and what is sent is the relay's own
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from services.credentials.mcpfilter import (
+from services.credentials.mcptools.filter import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     PLAIN_TOOL,

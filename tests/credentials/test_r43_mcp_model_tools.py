@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import Config
+from services.common.config.manifests import load_config
+from services.common.config.model import Config
 from services.common.demo import make_repo
 from services.common.errors import (
     DeadlineExceeded,
@@ -29,10 +30,9 @@ from services.common.errors import (
     ResourceExhausted,
 )
 from services.common.layout import Layout
-from services.common.manifests import load_config
-from services.credentials.fences import Fences, StaleFence
-from services.credentials.mcpclient import MAX_ARGUMENTS_BYTES, McpClient
-from services.credentials.mcpnodes import ModelNodeMcp
+from services.credentials.fencing.resource import Fences, StaleFence
+from services.credentials.mcptools.client import MAX_ARGUMENTS_BYTES, McpClient
+from services.credentials.mcptools.nodes import ModelNodeMcp
 from services.scheduler.sandboxes.brokers import CredentialsClient
 from tests.support.credential_broker import credential_broker
 from tests.support.mcpserver import INJECTION, mcp_server, redirecting_server

@@ -22,13 +22,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from services.common.config import Config, McpServer
+from services.common.config.model import Config, McpServer
 from services.common.layout import Layout
-from services.common.redact import Redactor
 from services.common.relayenv import RELAY_SOCKET
-from services.common.secrets import SecretValue
-from services.credentials.mcpfilter import canonical_digest
-from services.credentials.relay import RelayHub
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.mcptools.filter import canonical_digest
+from services.credentials.relay.server import RelayHub
 from tests.support.mcptracker import tracker
 
 TOKEN = "canary-mcp-" + secrets.token_hex(16)
@@ -441,8 +441,8 @@ nodes:
 
 
 async def test_r43_an_sse_server_is_not_served_to_agents_and_afe_check_says_so(tmp_path):
+    from services.common.config.manifests import load_config
     from services.common.errors import ConfigError
-    from services.common.manifests import load_config
 
     (tmp_path / "afe.yaml").write_text(SSE_CONFIG)
     with pytest.raises(ConfigError, match="Streamable HTTP"):

@@ -1,6 +1,6 @@
 """R37/R45 across machines: with a PostgreSQL store the credential broker
 checks each side effect's fence against the ticket's row in the database
-(services/credentials/dbfence.py), not in a file of its own machine.
+(services/credentials/fencing/database.py), not in a file of its own machine.
 
 Two "machines": two real credential brokers (servicer over gRPC on their own
 Unix sockets) with separate data folders, one real PostgreSQL (the session's
@@ -19,8 +19,8 @@ import pytest
 
 from services.common.errors import FailedPrecondition, Unavailable
 from services.common.layout import Layout
-from services.credentials.dbfence import DatabaseFences, database_from_url
-from services.credentials.fences import Fences, StaleFence
+from services.credentials.fencing.database import DatabaseFences, database_from_url
+from services.credentials.fencing.resource import Fences, StaleFence
 from services.launcher.environment import child_env
 from services.scheduler.executor import brokercalls
 from services.scheduler.sandboxes.brokers import CredentialsClient

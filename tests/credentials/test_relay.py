@@ -12,12 +12,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from services.common.config import Config, Model
+from services.common.config.model import Config, Model
 from services.common.layout import Layout
-from services.common.redact import Redactor
 from services.common.relayenv import RELAY_SOCKET
-from services.common.secrets import SecretValue
-from services.credentials.relay import RelayHub, UsageMeter, usage_of
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.relay.server import RelayHub, UsageMeter, usage_of
 from tests.support.fakes.streaming import IN_TOKENS, OUT_TOKENS, FakeModelAPI
 
 KEY = "sk-realkey-" + "R" * 32

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.credentials.compose import build_core
 from tests.credentials.conftest import git_plain, local_workspace, make_config
 

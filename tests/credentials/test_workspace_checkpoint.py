@@ -13,7 +13,7 @@ import os
 import pytest
 
 from services.common.errors import FailedPrecondition, InvalidArgument
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.credentials.compose import build_core
 from tests.credentials.conftest import git_plain, local_workspace, make_config
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from services.common.layout import SANDBOX_UID
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.credentials.compose import build_core, private_dir
 from tests.credentials.conftest import git_plain, local_workspace, make_config
 
@@ -102,7 +102,7 @@ async def test_the_ticket_git_dir_is_made_in_few_git_calls_and_a_base_branch_is_
     ticket's branch, both at the base. A baseBranch holding a space is one name
     that names nothing (never read as two), and the error says so."""
     from services.common.errors import NotFound
-    from services.credentials.workspaces import branch_for
+    from services.credentials.workspaces.host import branch_for
 
     config = make_config(layout.data_dir.parent, local_workspace(local_origin),
                          local_workspace(local_origin, name="spaced", base_branch="main HEAD"))

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from services.common import demo
+from services.common.config.manifests import load_config
 from services.common.layout import Layout
-from services.common.manifests import load_config
 from services.launcher.launch import Options, build_specs, make_links
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,11 +1,11 @@
-"""services/common/bytecode.py: which paths a runtime loads in place of source,
+"""services/common/provenance/bytecode.py: which paths a runtime loads in place of source,
 and which entries a Workspace's allowCompiledPaths accepts."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.common.bytecode import allowed_by, check_allow_pattern, loaded_in_place_of_source
+from services.common.provenance.bytecode import allowed_by, check_allow_pattern, loaded_in_place_of_source
 
 COMPILED = [
     "__pycache__/mod.cpython-311.pyc", "pkg/__pycache__/x.cpython-312.opt-1.pyc",

@@ -1,5 +1,5 @@
-"""The one gRPC boundary of the three services (services/common/grpcutil.py
-create_server): the caller table (services/common/callers.py), ticket-id
+"""The one gRPC boundary of the three services (services/common/rpc/grpcutil.py
+create_server): the caller table (services/common/rpc/callers.py), ticket-id
 logging and text decoding, against the REAL scheduler, sandbox broker and
 credential broker servers on temporary Unix sockets (no Docker needed: the
 calls used touch only files and the store).
@@ -21,12 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services._gen.afe.credentials.v1 import credentials_pb2, credentials_pb2_grpc
 from services._gen.afe.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from services._gen.afe.scheduler.v1 import hooks_pb2, hooks_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from services.common import callers, grpcutil
+from services.common.config.manifests import load_config
 from services.common.layout import Layout
-from services.common.links import LinkSecrets, new_secret
-from services.common.logs import ticket_var
-from services.common.manifests import load_config
-from services.common.redact import Redactor
+from services.common.observability.logs import ticket_var
+from services.common.rpc import callers, grpcutil
+from services.common.rpc.links import LinkSecrets, new_secret
+from services.common.secrecy.redact import Redactor
 from services.credentials.app import build_app as build_credentials
 from services.launcher.launch import make_links
 from services.sandbox.app import build_app as build_sandbox

@@ -15,9 +15,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common import channels, grpcutil
-from services.common.redact import Redactor
-from services.common.sockets import OPTIONS
+from services.common.rpc import channels, grpcutil
+from services.common.rpc.sockets import OPTIONS
+from services.common.secrecy.redact import Redactor
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -43,8 +43,8 @@ import pytest
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
 from services.common import demo
-from services.common.childenv import DOCKER_CLI_NAMES, docker_cli_env, proxy_env, tool_env
-from services.common.grpcutil import open_channel
+from services.common.rpc.grpcutil import open_channel
+from services.common.secrecy.childenv import DOCKER_CLI_NAMES, docker_cli_env, proxy_env, tool_env
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 from .launcher_support import ROOT, Afe, base_env, environ_bytes, wait_gone
@@ -123,11 +123,11 @@ def test_r33_every_process_start_in_services_and_gateway_passes_an_explicit_env(
     found = scan_tree()
     # Not vacuous: the known starts are found (docker CLI, image builds, git, the four children).
     files = {f for f, *_ in found}
-    assert {"services/sandbox/images.py", "services/launcher/launch.py", "services/launcher/supervisor.py",
-            "services/credentials/gitcmd.py"} <= files, files
+    assert {"services/sandbox/containers/images.py", "services/launcher/launch.py", "services/launcher/process_supervisor.py",
+            "services/credentials/git/cmd.py"} <= files, files
     bad = [f"{f}:{line} {name}" for f, line, name, ok in found if not ok]
     assert not bad, ("these start a process that inherits this process's environment; pass env= built "
-                     "with services/common/childenv.py (R33):\n" + "\n".join(bad))
+                     "with services/common/secrecy/childenv.py (R33):\n" + "\n".join(bad))
 
 
 SNIPPETS_WITHOUT_ENV = [

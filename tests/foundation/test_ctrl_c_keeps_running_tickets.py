@@ -28,8 +28,8 @@ import pytest
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc
 from services.common import demo
-from services.common.grpcutil import open_channel
-from services.sandbox import diskcap
+from services.common.rpc.grpcutil import open_channel
+from services.sandbox.files import diskcap
 from tests.scheduler.conftest import payload, state_name, wait_for_event, wait_for_state
 from tests.support.temp_roots import disk_caps_left, remove_temp_root, temp_root
 

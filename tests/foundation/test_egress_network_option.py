@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from services.common.config.manifests import load_config
 from services.common.layout import Layout
-from services.common.manifests import load_config
 from services.launcher.launch import Options, build_specs, egress_lines, make_links
 
 from .launcher_support import base_env, make_config

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from services.common.config.manifests import load_config
 from services.common.errors import ConfigError
-from services.common.manifests import load_config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The gRPC boundary (services/common/guard.py) logs an unexpected error by
+"""The gRPC boundary (services/common/rpc/guard.py) logs an unexpected error by
 its type and traceback, never its repr: a UnicodeError's repr carries the
 whole text it failed on (an issue's body, a webhook payload) into the error
 log. Against a real server on a Unix socket.
@@ -14,9 +14,9 @@ import grpc
 import pytest
 
 from services._gen.afe.scheduler.v1 import hooks_pb2, hooks_pb2_grpc
-from services.common import grpcutil
-from services.common.links import new_secret
-from services.common.redact import Redactor
+from services.common.rpc import grpcutil
+from services.common.rpc.links import new_secret
+from services.common.secrecy.redact import Redactor
 
 pytestmark = pytest.mark.timeout(60)
 MARK = "IssueBodyMarkW8"

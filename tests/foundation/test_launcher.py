@@ -16,14 +16,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.errors import ConfigError
-from services.common.grpcutil import open_channel
 from services.common.layout import Layout
-from services.common.links import new_secret
+from services.common.rpc.grpcutil import open_channel
+from services.common.rpc.links import new_secret
 from services.launcher.environment import BASE_NAMES
 from services.launcher.launch import Options, build_specs, ensure_token_file, make_links
-from services.launcher.supervisor import Supervisor
+from services.launcher.process_supervisor import Supervisor
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 from .launcher_support import (
@@ -102,8 +102,8 @@ def test_r30_brokers_and_gateway_scrub_their_secrets_after_start(afe):
 def test_r30_take_secret_env_removes_value_from_os_environ_and_proc(tmp_path):
     script = (
         "import os\n"
-        "from services.common.secrets import take_secret_env\n"
-        "from services.common.redact import Redactor\n"
+        "from services.common.secrecy.env_secrets import take_secret_env\n"
+        "from services.common.secrecy.redact import Redactor\n"
         "def proc(): return open('/proc/self/environ','rb').read()\n"
         "before = (os.environ.get('FND_X') is not None, b'canaryXYZ12345' in proc())\n"
         "r = Redactor(); got = take_secret_env(['FND_X'], r)\n"
@@ -177,7 +177,7 @@ def brokers():
     test knows the scheduler's link secrets."""
     base = temp_root("afe-fnb-")
     cfg = make_config(base)
-    from services.common.manifests import load_config
+    from services.common.config.manifests import load_config
 
     config = load_config(cfg)
     layout = Layout(base / "data", base / "run")
@@ -293,7 +293,7 @@ def test_child_environments_follow_the_design_table(tmp_path):
     from services.launcher.environment import child_env
 
     cfg = make_config(tmp_path)
-    from services.common.manifests import load_config
+    from services.common.config.manifests import load_config
 
     config: Config = load_config(cfg)
     env = base_env(**CANARIES, DOCKER_HOST="unix:///x.sock", AFE_DATABASE_URL="sqlite:///x",

@@ -9,9 +9,9 @@ import threading
 import grpc
 import pytest
 
-from services.common.grpcutil import _LinkAuth, open_channel
-from services.common.links import METADATA_KEY
-from services.common.sockets import OPTIONS, socket_target
+from services.common.rpc.grpcutil import _LinkAuth, open_channel
+from services.common.rpc.links import METADATA_KEY
+from services.common.rpc.sockets import OPTIONS, socket_target
 
 SECRET = bytes(range(32))
 

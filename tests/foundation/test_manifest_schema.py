@@ -15,8 +15,8 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from services.common import demo
+from services.common.config.manifests import load_config
 from services.common.errors import ConfigError
-from services.common.manifests import load_config
 from services.common.schema import KINDS
 from services.common.schema.manifest_schema import MANIFEST_MODELS
 from services.common.schema.text import fields_of

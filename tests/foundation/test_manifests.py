@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from services.common import demo
+from services.common.config.manifests import load_config, missing_env, parse_memory
 from services.common.errors import ConfigError
-from services.common.manifests import load_config, missing_env, parse_memory
 
 WORKSPACE = """\
 kind: Workspace

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import McpGrant
+from services.common.config.manifests import load_config, missing_env
+from services.common.config.model import McpGrant
 from services.common.errors import ConfigError
-from services.common.manifests import load_config, missing_env
 from services.launcher.environment import SERVICES, child_env
 
 SERVERS = """\

@@ -8,9 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from services.common import cost
+from services.common.config.manifests import load_config
 from services.common.errors import ConfigError
-from services.common.manifests import load_config
-from services.common.metrics import UnboundedLabel, usage_metrics
+from services.common.observability.metrics import UnboundedLabel, usage_metrics
 
 DOCS = """\
 kind: Model

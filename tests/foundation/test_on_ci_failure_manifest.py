@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.config.manifests import load_config
 from services.common.errors import AfeError
-from services.common.manifests import load_config
 
 DOC = """kind: Workspace
 name: hello

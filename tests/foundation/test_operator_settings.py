@@ -35,7 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
 from services.common import demo
-from services.common.grpcutil import open_channel
+from services.common.rpc.grpcutil import open_channel
 from tests.support.fakes.git_http import GitHttpServer, make_bare_repo
 from tests.support.fakes.models import FakeOpenAI
 from tests.support.temp_roots import remove_temp_root, temp_root

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.ops import OpsServer
+from services.common.observability.ops import OpsServer
 
 from .procnet import listeners
 

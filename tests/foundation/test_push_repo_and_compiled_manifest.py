@@ -1,6 +1,6 @@
 """The Workspace fields of issue 31 in the manifest: `forge.pushRepo` (a fork
 the ticket's branch is pushed to, docs/GITHUB.md) and `allowCompiledPaths`
-(where a commit may add compiled files, services/common/bytecode.py). Each
+(where a commit may add compiled files, services/common/provenance/bytecode.py). Each
 bad value is refused naming the field and what to write; the JSON Schema of
 `afe check --schema` declares both."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from services.common.config.manifests import load_config
 from services.common.errors import ConfigError
-from services.common.manifests import load_config
 from services.common.schema.workspace import WorkspaceManifest, push_url
 
 

@@ -1,9 +1,9 @@
 """The workspace as a tar stream across hosts (services/common/safefs/archive.py).
 
 Hostile archives are refused on both sides: the sandbox broker unpacking a
-checkout into a ticket's workspace (`services.sandbox.handover.Handover.write`)
+checkout into a ticket's workspace (`services.sandbox.files.handover.Handover.write`)
 and the credential broker unpacking a sandbox's workspace into its private
-copy (`services.credentials.handover.unpacked`). Every case runs on both, and
+copy (`services.credentials.workspaces.handover.unpacked`). Every case runs on both, and
 each attack has a positive control: Python's `tarfile` with the
 `fully_trusted` filter (its default before 3.14) does what the archive asks.
 Reading (`pack`) stores links as links and never follows one.
@@ -23,8 +23,8 @@ from services.common import safefs
 from services.common.errors import AfeError
 from services.common.layout import Layout
 from services.common.safefs import archive
-from services.credentials import handover as cred_handover
-from services.sandbox.handover import Handover, is_git_dir_name
+from services.credentials.workspaces import handover as cred_handover
+from services.sandbox.files.handover import Handover, is_git_dir_name
 
 
 def _ti(name: str, kind: bytes = tarfile.REGTYPE, size: int = 0, link: str = "") -> tarfile.TarInfo:

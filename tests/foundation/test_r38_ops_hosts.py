@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.ops import HostPolicy, OpsServer, check_ops_name
+from services.common.observability.ops import HostPolicy, OpsServer, check_ops_name
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 from .launcher_support import CANARIES, SERVICES, base_env, start_afe

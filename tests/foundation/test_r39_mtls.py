@@ -20,10 +20,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.cli.certs import make_certs
 from services.cli.main import main as afe_main
-from services.common import grpcutil
 from services.common.errors import ConfigError, PeerUnavailable, PermissionDenied
-from services.common.redact import Redactor
-from services.common.tls import TlsFiles, read_secret_file
+from services.common.rpc import grpcutil
+from services.common.rpc.tls import TlsFiles, read_secret_file
+from services.common.secrecy.redact import Redactor
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.manifests import load_config
+from services.common.config.manifests import load_config
 from services.common.schema.manifest_schema import manifest_json_schema
 from tests.foundation.test_manifests import MODEL, WORKSPACE, errors_of, write
 

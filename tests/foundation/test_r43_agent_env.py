@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.common.config.manifests import load_config
+from services.common.config.presets import PRESETS
 from services.common.errors import ConfigError
 from services.common.layout import Layout
-from services.common.manifests import load_config
-from services.common.presets import PRESETS
 from services.common.schema import KINDS, sandboxenv
 from services.launcher.environment import child_env
 from services.scheduler.sandboxes.spec import sandbox_spec

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from services.common.egress_rules import ENTRY_FIELDS, PRESETS, EgressRule, check_rules, preset_rules
+from services.common.config.egress_rules import ENTRY_FIELDS, PRESETS, EgressRule, check_rules, preset_rules
+from services.common.config.manifests import load_config
 from services.common.errors import ConfigError
-from services.common.manifests import load_config
 from services.common.schema.text import fields_of
 from services.common.schema.workspace import EgressRuleManifest
 from services.scheduler.executor.nodes.verification import verify_spec

@@ -7,7 +7,7 @@ import secrets
 
 import pytest
 
-from services.common.redact import MASK, Redactor, looks_high_entropy, secret_kind
+from services.common.secrecy.redact import MASK, Redactor, looks_high_entropy, secret_kind
 
 
 @pytest.mark.parametrize("value", [

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.config.manifests import load_config
 from services.common.errors import ConfigError
-from services.common.manifests import load_config
 from services.common.relayenv import relay_env
 
 BASE = """\

@@ -12,7 +12,7 @@ from gateway import convert
 from gateway.app import STATES_JS
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.cli import tickets as cli
-from services.common import metrics
+from services.common.observability import metrics
 from services.common.states import TERMINAL, NodeState, TicketState
 from services.scheduler.store import base as store
 

@@ -1,4 +1,4 @@
-"""`closed_with_call` (services/common/streamdrop.py): a server stream's
+"""`closed_with_call` (services/common/rpc/streamdrop.py): a server stream's
 generator is closed when its call ends, also when it is suspended at a
 `yield` (grpc.aio's cancellation reaches only a handler awaiting inside),
 so its `finally` — kill the command, remove the private copy — runs then,
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from services.common.streamdrop import closed_with_call
+from services.common.rpc.streamdrop import closed_with_call
 
 
 class Call:

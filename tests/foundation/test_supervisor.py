@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.links import LinkSecrets, new_secret
-from services.launcher.supervisor import ChildSpec, Supervisor
+from services.common.rpc.links import LinkSecrets, new_secret
+from services.launcher.process_supervisor import ChildSpec, Supervisor
 
 from .launcher_support import alive
 
@@ -44,7 +44,7 @@ def spec(*extra: str, links: LinkSecrets | None = None) -> ChildSpec:
 
 
 def test_crash_loop_is_restarted_with_exponential_backoff(caplog):
-    caplog.set_level(logging.INFO, logger="services.launcher.supervisor")
+    caplog.set_level(logging.INFO, logger="services.launcher.process_supervisor")
     crash = ChildSpec("scheduler", [sys.executable, "-c", "import sys; sys.exit(3)"], dict(ENV), LinkSecrets())
     sup = Supervisor([crash], backoff_first=0.05, backoff_max=0.2)
     child = sup.children[0]

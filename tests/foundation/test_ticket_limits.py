@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import Config, Node, Workflow, Workspace
+from services.common.config.model import Config, Node, Workflow, Workspace
 from services.common.errors import InvalidArgument
 from services.common.schema.rpc import TICKET_STATE_NAMES, parse_params
 from services.common.schema.tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_INPUTS, MAX_TITLE_CHARS

@@ -21,7 +21,7 @@ import pytest
 
 from gateway.tokens import write_token_file
 from services.common.layout import Layout
-from services.common.links import LinkSecrets, new_secret, pass_via_pipe
+from services.common.rpc.links import LinkSecrets, new_secret, pass_via_pipe
 
 from .fake_scheduler import FakeScheduler, start_fake_scheduler
 

@@ -10,8 +10,9 @@ import time
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc
-from services.common import errors, grpcutil
-from services.common.redact import Redactor
+from services.common import errors
+from services.common.rpc import grpcutil
+from services.common.secrecy.redact import Redactor
 
 
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):

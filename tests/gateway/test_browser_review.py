@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
-from services.common import attestation
+from services.common.provenance import attestation
 
 from .test_browser import ARGS, CHROMIUM
 

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.common.manifests import load_config
-from services.common.redact import Redactor
+from services.common.config.manifests import load_config
+from services.common.secrecy.redact import Redactor
 from services.scheduler.engine.core import Engine
 from services.scheduler.github import intake as github_intake
 from services.scheduler.github.intake import JOINED_EVENT, GitHubIntake

@@ -12,7 +12,8 @@ import dataclasses
 
 import pytest
 
-from services.credentials import github_events, httpclient
+from services.credentials import httpclient
+from services.credentials.forges import github_events
 from services.scheduler.github import poll as github_poll
 from services.scheduler.github.poll import NOTHING_SEEN, Poller
 from services.scheduler.store.store import Store

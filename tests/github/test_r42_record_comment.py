@@ -14,7 +14,7 @@ import re
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from services.common import attestation
+from services.common.provenance import attestation
 from services.scheduler.executor.nodes.run_record import comment_body
 from services.scheduler.store.run_records import DECISION, REQUEST, RunRecord
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from services.common.config.manifests import load_config
 from services.common.layout import Layout
-from services.common.links import LinkSecrets
-from services.common.manifests import load_config
-from services.common.redact import Redactor
+from services.common.rpc.links import LinkSecrets
+from services.common.secrecy.redact import Redactor
 from services.scheduler.app import build_app
 from services.scheduler.executor.transitions import state_event
 from services.scheduler.store.base import FAILED, N_FAILED, N_SUCCEEDED, RUNNING, SUCCEEDED, PullRequestRecord

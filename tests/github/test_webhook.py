@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from services._gen.afe.scheduler.v1 import hooks_pb2, hooks_pb2_grpc
-from services.common import grpcutil
+from services.common.rpc import grpcutil
 from services.scheduler.github.intake import REFUSAL_COMMENT, GitHubIntake
 from services.scheduler.store.base import CANCELLED
 from services.scheduler.store.store import Store
@@ -141,7 +141,7 @@ async def test_r35_a_replayed_delivery_changes_nothing(stack, examples):
 
 async def test_r35_delivery_ids_survive_a_restart_of_the_store(tmp_path, examples):
     """The once-only record is in the store: a new scheduler on the same store refuses the replay."""
-    from services.common.manifests import load_config
+    from services.common.config.manifests import load_config
 
     from .conftest import write_config
 
@@ -259,8 +259,8 @@ async def test_r36_issue_text_that_tries_to_inject_stays_data(stack, examples, t
 
 
 async def test_trigger_manifest_errors_say_what_to_change(tmp_path):
+    from services.common.config.manifests import load_config
     from services.common.errors import ConfigError
-    from services.common.manifests import load_config
 
     (tmp_path / "a.yaml").write_text(
         "kind: Workspace\nname: loc\nrepo: /tmp/x\n---\n"

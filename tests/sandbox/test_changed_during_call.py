@@ -8,8 +8,8 @@ import os
 import pytest
 
 from services.common.errors import AfeError, NotFound
-from services.sandbox.files import FileTools
-from services.sandbox.paths import Root
+from services.sandbox.files.paths import Root
+from services.sandbox.files.tools import FileTools
 
 
 def _mkdir_in_removed_dir(root_path, dfd_source):

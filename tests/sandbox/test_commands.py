@@ -1,4 +1,4 @@
-"""The Commands stream (services/sandbox/commands.py) on a real broker: many
+"""The Commands stream (services/sandbox/commands/stream.py) on a real broker: many
 commands over one stream run as Exec runs them (output, exit codes, caps,
 timeouts), concurrently and told apart by id; `cancel` and a cancelled
 stream kill the command's process group; an error ends only its own

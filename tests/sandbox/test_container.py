@@ -11,8 +11,8 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.layout import SANDBOX_UID
-from services.sandbox.hardening import GVISOR_PIDS_FACTOR
-from services.sandbox.images import SANDBOX_IMAGE
+from services.sandbox.containers.hardening import GVISOR_PIDS_FACTOR
+from services.sandbox.containers.images import SANDBOX_IMAGE
 from tests.sandbox.conftest import run, spec_runtime
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]

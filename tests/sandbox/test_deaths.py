@@ -1,5 +1,5 @@
 """What the broker says when a sandbox is killed under a command
-(services/sandbox/deaths.py), how a gVisor exec holds back runsc's last
+(services/sandbox/containers/deaths.py), how a gVisor exec holds back runsc's last
 words, and the one engine `wait` shared by a container's commands. Fast: no
 Docker here (tests/sandbox/test_r6_killed_at_a_limit.py runs it for real)."""
 
@@ -10,9 +10,9 @@ import struct
 
 import pytest
 
-from services.sandbox import deaths
-from services.sandbox.dockerapi import STDERR, STDOUT, ExecStream
-from services.sandbox.execs import PID_WORD, RUNSC_LOST, InnerPidExec
+from services.sandbox.commands.execs import PID_WORD, RUNSC_LOST, InnerPidExec
+from services.sandbox.containers import deaths
+from services.sandbox.containers.dockerapi import STDERR, STDOUT, ExecStream
 
 MIB = 1024 * 1024
 # As runsc 20221219 writes it on the exec's stderr when its sandbox is gone.

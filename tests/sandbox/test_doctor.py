@@ -13,8 +13,9 @@ import docker
 import pytest
 
 from services.cli import doctor, doctor_gvisor
-from services.common.manifests import load_config
-from services.sandbox import hardening, sandboxes
+from services.common.config.manifests import load_config
+from services.sandbox import sandboxes
+from services.sandbox.containers import hardening
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 

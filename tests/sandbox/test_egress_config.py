@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.sandbox.egress import check_cidrs, check_egress_names, squid_conf
+from services.sandbox.egress.allowlist import check_cidrs, check_egress_names, squid_conf
 
 
 @pytest.mark.parametrize("name", ["10.0.0.1", "2130706433", "0x7f000001", "[::1]", "::1", "*.example.com",

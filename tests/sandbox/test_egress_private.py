@@ -18,8 +18,8 @@ from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.cli.doctor import TARGET_SERVER
 from services.common.errors import InvalidArgument
 from services.common.layout import Layout
-from services.sandbox.egress import check_private, squid_conf
-from services.sandbox.images import SANDBOX_IMAGE
+from services.sandbox.containers.images import SANDBOX_IMAGE
+from services.sandbox.egress.allowlist import check_private, squid_conf
 from tests.sandbox.conftest import BrokerThread, run, sync_stub
 from tests.sandbox.test_egress import FETCH, in_proxy
 from tests.support.sandbox_broker import new_instance

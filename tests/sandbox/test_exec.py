@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
-from services.common.links import new_secret
+from services.common.rpc.links import new_secret
 from tests.sandbox.conftest import run, sync_stub
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
@@ -185,7 +185,7 @@ def test_exec_timeout_kills_from_inside_when_the_host_may_not(stub, plain_sandbo
     it kills the process group from inside the sandbox instead. (A gVisor
     command is never killed from the host: its processes live in gVisor's
     kernel, so it is always killed from inside, by the pid it said.)"""
-    from services.sandbox import execs
+    from services.sandbox.commands import execs
 
     refused = []
 

@@ -10,8 +10,8 @@ import pytest
 
 from services.common.layout import Layout
 from services.sandbox import sandboxes
-from services.sandbox.images import SANDBOX_IMAGE
-from services.sandbox.sandbox_info import SandboxInfo
+from services.sandbox.containers.images import SANDBOX_IMAGE
+from services.sandbox.containers.info import SandboxInfo
 
 pytestmark = pytest.mark.docker
 

@@ -16,9 +16,9 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.layout import SANDBOX_UID, Layout
-from services.common.links import LinkSecrets, new_secret, pass_via_pipe
-from services.sandbox.diskcap import DiskCaps
-from services.sandbox.files import FileTools
+from services.common.rpc.links import LinkSecrets, new_secret, pass_via_pipe
+from services.sandbox.files.diskcap import DiskCaps
+from services.sandbox.files.tools import FileTools
 from tests.sandbox.conftest import run, spec_runtime, sync_stub
 from tests.support.sandbox_broker import new_instance
 
@@ -201,7 +201,7 @@ def test_host_written_files_are_given_to_the_sandbox_on_create(stub, broker, pla
 def test_proxy_readiness_is_probed_from_inside_when_the_host_cannot_route(monkeypatch, broker_root):
     import asyncio
 
-    from services.sandbox.hardening import SandboxSettings
+    from services.sandbox.containers.hardening import SandboxSettings
     from services.sandbox.sandboxes import SandboxManager
 
     tried = []

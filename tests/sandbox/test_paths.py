@@ -18,7 +18,7 @@ from services.common.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from services.sandbox.files import DEFAULT_READ_CAP, MAX_WRITE, FileTools
+from services.sandbox.files.tools import DEFAULT_READ_CAP, MAX_WRITE, FileTools
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from services.sandbox.egress import allowed_hosts, denied_hosts
+from services.sandbox.egress.allowlist import allowed_hosts, denied_hosts
 
 CLEAN = re.compile(r"^(\[[0-9a-f:.]+\]|[a-z0-9.-]{1,253})$")
 

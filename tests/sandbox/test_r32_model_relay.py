@@ -17,13 +17,13 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
-from services.common.config import Config, Model
-from services.common.grpcutil import open_channel
+from services.common.config.model import Config, Model
 from services.common.layout import Layout
-from services.common.redact import Redactor
 from services.common.relayenv import RELAY_MOUNT, relay_base_url, relay_env
-from services.common.secrets import SecretValue
-from services.credentials.relay import RelayHub
+from services.common.rpc.grpcutil import open_channel
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.relay.server import RelayHub
 from tests.support.fakes.streaming import IN_TOKENS, OUT_TOKENS, FakeModelAPI
 from tests.support.sandbox_broker import sandbox_broker
 

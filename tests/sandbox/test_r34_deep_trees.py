@@ -11,7 +11,7 @@ import pytest
 
 from services.common import treewalk
 from services.common.errors import FailedPrecondition
-from services.sandbox.files import FileTools
+from services.sandbox.files.tools import FileTools
 from services.sandbox.sandboxes import chown_tree
 from tests.credentials.test_r34_tree_walks import make_deep
 

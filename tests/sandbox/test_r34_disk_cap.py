@@ -22,9 +22,9 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.errors import FailedPrecondition
 from services.common.layout import Layout
-from services.sandbox import diskcap
-from services.sandbox.execs import Exit, Runner
-from services.sandbox.hardening import SandboxSettings
+from services.sandbox.commands.execs import Exit, Runner
+from services.sandbox.containers.hardening import SandboxSettings
+from services.sandbox.files import diskcap
 from services.sandbox.sandboxes import SandboxManager
 from tests.sandbox.conftest import run, spec_runtime
 from tests.support.sandbox_broker import new_instance

@@ -11,9 +11,10 @@ import urllib.parse
 
 import pytest
 
-from services.common.egress_rules import preset_rules
-from services.sandbox import egress_bump, egress_judge
-from services.sandbox.egress_judge import Clause, answer, judge, load_rules, normal_path
+from services.common.config.egress_rules import preset_rules
+from services.sandbox.egress import bump as egress_bump
+from services.sandbox.egress import judge as egress_judge
+from services.sandbox.egress.judge import Clause, answer, judge, load_rules, normal_path
 
 READ_ONLY = list(egress_bump.clauses(preset_rules("registry.test", "read-only"))["registry.test"])
 GIT_FETCH = list(egress_bump.clauses(preset_rules("git.test", "git-fetch"))["git.test"])

@@ -5,7 +5,7 @@ out is checked and bounded, and never carries a query."""
 
 from __future__ import annotations
 
-from services.sandbox.egress import (
+from services.sandbox.egress.allowlist import (
     allowed_hosts,
     denied_hosts,
     logged_requests,

@@ -20,7 +20,7 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.layout import Layout
-from services.sandbox import egress_ca
+from services.sandbox.egress import ca as egress_ca
 from tests.sandbox.conftest import BrokerThread, gvisor_missing, run, sync_stub
 from tests.support.egress_hosts import ensure_tools_image, package_host
 from tests.support.npm import needs_npm

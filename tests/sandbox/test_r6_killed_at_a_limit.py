@@ -3,7 +3,7 @@ at once and says which limit, under both runtimes.
 
 Under gVisor the whole sandbox is killed and Docker keeps the exec's stream
 open (runsc's `urpc ... WaitPID failed: EOF`, then nothing), so without the
-broker's death watch (services/sandbox/deaths.py) the command waits for its
+broker's death watch (services/sandbox/containers/deaths.py) the command waits for its
 deadline: the positive control shows that, with a short deadline."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.layout import Layout
-from services.sandbox.deaths import DeathWatch
-from services.sandbox.dockerapi import DockerAPI
-from services.sandbox.execs import Exit, Output, Runner
-from services.sandbox.hardening import SandboxSettings
+from services.sandbox.commands.execs import Exit, Output, Runner
+from services.sandbox.containers.deaths import DeathWatch
+from services.sandbox.containers.dockerapi import DockerAPI
+from services.sandbox.containers.hardening import SandboxSettings
 from services.sandbox.sandboxes import SandboxManager
 from tests.sandbox.conftest import gvisor_missing, run, spec_runtime
 from tests.support.sandbox_broker import new_instance

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from services.common.errors import AfeError
-from services.sandbox.files import FileTools
+from services.sandbox.files.tools import FileTools
 from tests.sandbox.conftest import run
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]

@@ -12,7 +12,7 @@ import docker
 import pytest
 
 from services.common.errors import Unavailable
-from services.sandbox import relayforward
+from services.sandbox.relays import forward as relayforward
 
 pytestmark = pytest.mark.docker
 

@@ -8,7 +8,7 @@ import pytest
 
 from services.common.errors import FailedPrecondition
 from services.common.layout import Layout
-from services.sandbox.hardening import SandboxSettings
+from services.sandbox.containers.hardening import SandboxSettings
 from services.sandbox.sandboxes import SandboxManager
 from tests.sandbox.conftest import gvisor_missing
 from tests.support.sandbox_broker import new_instance

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox import relayforward
-from services.sandbox.socket_relay import CHUNK, Relay
+from services.sandbox.relays import forward as relayforward
+from services.sandbox.relays.socket_relay import CHUNK, Relay
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,7 +175,7 @@ def test_one_thread_relays_hundreds_of_connections(tmp_path):
     up = Upstream("echo")
     path = str(tmp_path / "proxy.sock")
     program = (f"import socket, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-               "from services.sandbox.socket_relay import Relay\n"
+               "from services.sandbox.relays.socket_relay import Relay\n"
                "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(128)\n"
                "Relay(s, ('127.0.0.1', int(sys.argv[2])), 1000).run()\n")
     proc = subprocess.Popen([sys.executable, "-c", program, path, str(up.addr[1])])

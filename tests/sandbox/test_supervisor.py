@@ -1,4 +1,4 @@
-"""The command supervisor (services/sandbox/supervisor.py): commands and
+"""The command supervisor (services/sandbox/commands/command_supervisor.py): commands and
 processes run through one process per sandbox over an attached stream, and
 nothing about them is weaker than with one `docker exec` per command.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
-from services.sandbox import supervisor
-from services.sandbox.dockerapi import DockerAPI
+from services.sandbox.commands import command_supervisor as supervisor
+from services.sandbox.containers.dockerapi import DockerAPI
 from tests.sandbox.conftest import run
 from tests.sandbox.test_exec import Proc
 from tests.support.sandbox_broker import new_instance

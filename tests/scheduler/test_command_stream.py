@@ -159,7 +159,7 @@ def test_a_broker_without_commands_is_served_over_exec(sock):
 def test_the_scheduler_keeps_below_the_brokers_limit_per_stream():
     """A cancelled command's slot is free in the scheduler before the broker has
     read the cancel: the broker's limit must leave room for that."""
-    from services.sandbox import commands
+    from services.sandbox.commands import stream as commands
     from services.scheduler.sandboxes import commandstream
 
     assert commandstream.MAX_LIVE * 2 <= commands.MAX_LIVE

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.metrics import scheduler_metrics
-from services.common.redact import Redactor
+from services.common.observability.metrics import scheduler_metrics
+from services.common.secrecy.redact import Redactor
 from services.scheduler.events import writes as event_writes
 from services.scheduler.events.log import EventLog
 from services.scheduler.store import database

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from services.common.errors import NotFound
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.scheduler.events.log import EventLog
 from services.scheduler.store.store import Store
 from services.scheduler.store.worker import ThreadedStore

@@ -16,8 +16,8 @@ import sqlite3
 
 import pytest
 
-from services.common import redact as R
-from services.common.redact import MASK, Redactor, has_token_run
+from services.common.secrecy import redact as R
+from services.common.secrecy.redact import MASK, Redactor, has_token_run
 from services.scheduler.events.log import FINAL_EVENT, MAX_STRING, EventLog
 from services.scheduler.store.store import Store
 

@@ -121,7 +121,7 @@ def _backend_pid(store) -> int:
 
 
 def _redactor():
-    from services.common.redact import Redactor
+    from services.common.secrecy.redact import Redactor
 
     return Redactor()
 

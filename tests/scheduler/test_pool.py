@@ -13,8 +13,8 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+from services.common.config.manifests import load_config
 from services.common.layout import Layout
-from services.common.manifests import load_config
 from tests.support.system import afe_system
 
 from .conftest import state_name, wait_for_state, write_config

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from services.common.manifests import load_config
-from services.common.metrics import scheduler_metrics
+from services.common.config.manifests import load_config
+from services.common.observability.metrics import scheduler_metrics
 from services.scheduler.sandboxes.pool import SandboxPool
 
 from .conftest import write_config

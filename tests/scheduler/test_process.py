@@ -17,10 +17,10 @@ import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.common import grpcutil
 from services.common.errors import ConfigError
 from services.common.layout import Layout
-from services.common.redact import Redactor
+from services.common.rpc import grpcutil
+from services.common.secrecy.redact import Redactor
 from services.scheduler.store.url import read_database_url, store_path
 from tests.support.system import afe_system
 

@@ -8,7 +8,7 @@ import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
-from services.sandbox import diskcap
+from services.sandbox.files import diskcap
 from tests.support.system import afe_system
 
 from .conftest import state_name, wait_for_state, write_config

@@ -28,9 +28,9 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.cli.certs import make_certs
+from services.common.config.manifests import load_config
 from services.common.errors import AfeError
 from services.common.layout import Layout
-from services.common.manifests import load_config
 from services.scheduler.sandboxes.brokers import CredentialsClient
 from services.scheduler.sandboxes.remoteworkspace import RemoteWorkspaces
 from services.scheduler.store.store import Store

@@ -31,7 +31,7 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.cli.certs import make_certs
 from services.common.errors import PeerUnavailable, ResourceExhausted
-from services.common.tls import TlsFiles, read_secret_file
+from services.common.rpc.tls import TlsFiles, read_secret_file
 from services.scheduler.sandboxes.brokers import SandboxClient
 from services.scheduler.sandboxes.placement import BrokerSet, add_flags, from_flags
 from services.scheduler.store.store import Store

@@ -3,7 +3,7 @@ uses, and only those; the rest of the spec is the workspace's sandbox."""
 
 from __future__ import annotations
 
-from services.common.manifests import load_config
+from services.common.config.manifests import load_config
 from services.scheduler.executor import sandbox_spec
 
 from .conftest import write_config

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.scheduler.events.log import EventLog
 from services.scheduler.store import database
 from services.scheduler.store.base import EventRecord, TicketRecord

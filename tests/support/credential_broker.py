@@ -16,11 +16,11 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.layout import Layout
-from services.common.links import LinkSecrets, new_secret
-from services.common.redact import Redactor
-from services.common.secrets import SecretValue
+from services.common.rpc.links import LinkSecrets, new_secret
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
 from services.credentials.app import build_app
 from services.credentials.httpclient import RetryPolicy
 
@@ -35,8 +35,8 @@ async def credential_broker(config: Config, layout: Layout, *, secrets: dict[str
                             spare_checkouts: bool = False,
                             database_url: str = "") -> AsyncIterator[tuple[str, bytes]]:
     """`database_url`: a postgresql:// AFE_DATABASE_URL makes the broker check the fences there
-    (services/credentials/dbfence.py) instead of its fence file."""
-    from services.credentials.dbfence import database_from_url
+    (services/credentials/fencing/database.py) instead of its fence file."""
+    from services.credentials.fencing.database import database_from_url
 
     redactor = redactor or Redactor()
     held = {}

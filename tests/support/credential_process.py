@@ -25,10 +25,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
-from services.common import grpcutil
+from services.common.config.manifests import load_config
 from services.common.layout import Layout
-from services.common.links import LinkSecrets, new_secret, pass_via_pipe
-from services.common.manifests import load_config
+from services.common.rpc import grpcutil
+from services.common.rpc.links import LinkSecrets, new_secret, pass_via_pipe
 
 from .sandbox_broker import sandbox_broker
 from .system import REPO_ROOT, System, _popen, _read_all

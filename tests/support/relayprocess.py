@@ -1,4 +1,4 @@
-"""The credential broker's model relay (services/credentials/relay.py::RelayHub)
+"""The credential broker's model relay (services/credentials/relay/server.py::RelayHub)
 in a process of its own, with a low descriptor limit, for the tests that
 flood one ticket's relay and watch another ticket's (R32).
 
@@ -22,11 +22,11 @@ import resource
 import sys
 from pathlib import Path
 
-from services.common.config import Config, Model
+from services.common.config.model import Config, Model
 from services.common.layout import Layout
-from services.common.redact import Redactor
-from services.common.secrets import SecretValue
-from services.credentials.relay import RelayHub, RelayLimits
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.relay.server import RelayHub, RelayLimits
 
 LIMITS_ON = RelayLimits(connections=16, idle_s=30.0, head_s=5.0, body_s=30.0, buffered=1024 * 1024)
 

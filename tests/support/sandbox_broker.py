@@ -25,10 +25,10 @@ import secrets
 from collections.abc import AsyncIterator
 
 from services.common.layout import Layout
-from services.common.links import LinkSecrets, new_secret
-from services.common.redact import Redactor
+from services.common.rpc.links import LinkSecrets, new_secret
+from services.common.secrecy.redact import Redactor
 from services.sandbox.app import build_app
-from services.sandbox.images import ensure_images
+from services.sandbox.containers.images import ensure_images
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 

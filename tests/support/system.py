@@ -37,12 +37,12 @@ from pathlib import Path
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc
-from services.common import grpcutil
-from services.common.config import Config
+from services.common.config.manifests import load_config
+from services.common.config.model import Config
 from services.common.layout import Layout
-from services.common.links import LinkSecrets, new_secret, pass_via_pipe
-from services.common.manifests import load_config
-from services.common.redact import Redactor
+from services.common.rpc import grpcutil
+from services.common.rpc.links import LinkSecrets, new_secret, pass_via_pipe
+from services.common.secrecy.redact import Redactor
 
 from .credential_broker import credential_broker
 from .sandbox_broker import sandbox_broker

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from services.common import treewalk
-from services.sandbox import diskcap
+from services.sandbox.files import diskcap
 
 _ROOTS: list[Path] = []
 _TOOLS_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}

@@ -119,7 +119,7 @@ def _mounts(service: dict) -> list[str]:
 
 
 def compose_problems(doc: dict) -> list[str]:
-    from services.common.redact import secret_kind
+    from services.common.secrecy.redact import secret_kind
 
     problems: list[str] = []
     services = doc.get("services", {})

@@ -18,9 +18,9 @@ import sys
 def main() -> int:
     mode = sys.argv[1]
     leaked = os.environ.get("OTEL_EXPORTER_OTLP_HEADERS", "")  # what a careless caller might hold
-    from services.common import telemetry
-    from services.common.logs import setup_logging
-    from services.common.redact import Redactor
+    from services.common.observability import telemetry
+    from services.common.observability.logs import setup_logging
+    from services.common.secrecy.redact import Redactor
 
     if mode == "defended":
         redactor = Redactor()

@@ -49,7 +49,7 @@ import pytest
 from services._gen.afe.credentials.v1 import credentials_pb2, credentials_pb2_grpc
 from services._gen.afe.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import demo
-from services.common.grpcutil import open_channel
+from services.common.rpc.grpcutil import open_channel
 from tests.support.fakes.models import FakeOpenAI
 from tests.support.otlp import OtlpReceiver
 from tests.support.temp_roots import remove_temp_root, temp_root

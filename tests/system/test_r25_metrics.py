@@ -9,9 +9,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common import grpcutil, metered, metrics
-from services.common.links import new_secret
-from services.common.redact import Redactor
+from services.common.observability import metered, metrics
+from services.common.rpc import grpcutil
+from services.common.rpc.links import new_secret
+from services.common.secrecy.redact import Redactor
 
 BAD_VALUES = ["T-20261201-abc123", "fix the login bug", "/work/data/workspaces/T-1", "pypi.org",
               "ghp_abcdefghijklmnopqrstuvwxyz012345", "running\n"]

@@ -104,7 +104,7 @@ def test_no_endpoint_means_no_tracing_and_headers_still_removed():
         [sys.executable, "-c",
          "import os,sys\n"
          "from services.common import telemetry\n"
-         "from services.common.redact import Redactor\n"
+         "from services.common.secrecy.redact import Redactor\n"
          "r=Redactor()\n"
          "p=telemetry.setup_tracing('x', r)\n"
          "print(p is None, 'OTEL_EXPORTER_OTLP_HEADERS' in os.environ, telemetry.grpc_server_interceptors(),"

@@ -22,8 +22,8 @@ import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
-from services.common import attestation
-from services.common.grpcutil import open_channel
+from services.common.provenance import attestation
+from services.common.rpc.grpcutil import open_channel
 from tests.foundation.launcher_support import base_env, start_afe
 from tests.support.egress_hosts import ensure_tools_image, package_host
 from tests.support.fakes.git_http import make_bare_repo

@@ -13,9 +13,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from services._gen.afe.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common import grpcutil, telemetry
-from services.common.links import new_secret
-from services.common.redact import Redactor
+from services.common.observability import telemetry
+from services.common.rpc import grpcutil
+from services.common.rpc.links import new_secret
+from services.common.secrecy.redact import Redactor
 
 
 @pytest.fixture

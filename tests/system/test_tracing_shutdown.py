@@ -7,8 +7,8 @@ import threading
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from services.common import telemetry
-from services.common.redact import Redactor
+from services.common.observability import telemetry
+from services.common.secrecy.redact import Redactor
 
 
 class _Exporter:

@@ -10,7 +10,7 @@
  *
  * It calls the system call itself (no dlsym), so it needs nothing of the C
  * library newer than `syscall` and `errno` (GLIBC_2.2.5) and loads into any
- * glibc image. Built on the host by services/sandbox/images.py:
+ * glibc image. Built on the host by services/sandbox/containers/images.py:
  *     gcc -shared -fPIC -O2 -Wall -Werror -s -o afe-statx.so statx-compat.c
  */
 #define _GNU_SOURCE

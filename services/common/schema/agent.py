@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ..config import Agent
-from ..presets import PRESETS, apply_preset, check_fixed_env
+from services.common.config.model import Agent
+from services.common.config.presets import PRESETS, apply_preset, check_fixed_env
+
 from ..relayenv import template_problem
 from .document import Doc
 from .text import ENV_NAME_RE, NAME_RE, fields_of

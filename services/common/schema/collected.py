@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import Agent, McpServer, Model, Trigger, Workflow, Workspace
+from services.common.config.model import Agent, McpServer, Model, Trigger, Workflow, Workspace
 
 
 @dataclass

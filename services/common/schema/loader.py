@@ -28,12 +28,13 @@ from typing import Any
 
 import yaml
 
-from ..config import Config, Node, Workflow
+from services.common.config.model import Config, Node, Workflow
+from services.common.config.presets import PRESETS
+from services.common.config.templates import check as check_template
+from services.common.secrecy.redact import secret_kind
+
 from ..errors import ConfigError, InvalidArgument
-from ..presets import PRESETS
-from ..redact import secret_kind
 from ..relayenv import DEFAULT_RELAY_ENV, RELAY_PROVIDERS
-from ..templates import check as check_template
 from . import agent, mcp, model, sandboxenv, trigger, workflow, workspace
 from .collected import Collected
 from .document import Doc

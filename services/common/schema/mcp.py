@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ..config import MCP_ALL_TOOLS, MCP_TRANSPORTS, McpServer
+from services.common.config.model import MCP_ALL_TOOLS, MCP_TRANSPORTS, McpServer
+
 from .document import Doc, check_api_url
 from .text import ENV_NAME_RE, NAME_RE, fields_of, show
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ..config import Model
+from services.common.config.model import Model
+
 from .document import Doc, check_api_url
 from .text import ENV_NAME_RE, NAME_RE
 

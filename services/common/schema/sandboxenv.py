@@ -21,8 +21,9 @@ for `afe check` and the `afe up` banner."""
 
 from __future__ import annotations
 
-from ..config import Agent, Config
-from ..presets import PRESETS
+from services.common.config.model import Agent, Config
+from services.common.config.presets import PRESETS
+
 from ..relayenv import DEFAULT_RELAY_ENV
 from .collected import Collected
 from .text import show

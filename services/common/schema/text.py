@@ -9,7 +9,7 @@ import re
 
 from pydantic import BaseModel
 
-from ..redact import secret_kind
+from services.common.secrecy.redact import secret_kind
 
 KINDS = ("Workspace", "Model", "Agent", "McpServer", "Workflow", "Trigger")
 

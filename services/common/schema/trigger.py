@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ..config import TRIGGER_FIELDS, Trigger
+from services.common.config.model import TRIGGER_FIELDS, Trigger
+
 from .document import Doc
 from .text import COMMAND_RE, GITHUB_LOGIN_RE, INPUT_RE, NAME_RE, fields_of, show
 

@@ -20,7 +20,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ..config import Verify
+from services.common.config.model import Verify
+
 from .document import Doc
 from .text import fields_of
 

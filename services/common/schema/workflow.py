@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ..config import BUILTINS, MCP_ALL_TOOLS, NODE_TOOLS, McpGrant, Node, Workflow
+from services.common.config.model import BUILTINS, MCP_ALL_TOOLS, NODE_TOOLS, McpGrant, Node, Workflow
+
 from .document import Doc
 from .text import INPUT_RE, INPUT_WHAT, MCP_NODE_TOOL_RE, MCP_TOOL_RE, NAME_RE, NODE_ID_RE, fields_of, show
 from .verify import VerifyDecl, load_verify

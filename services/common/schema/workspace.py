@@ -17,9 +17,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ..bytecode import check_allow_pattern
-from ..config import DEFAULT_SANDBOX_IMAGE, Author, ForgeConfig, Limits, SandboxConfig, Workspace
-from ..egress_rules import PRESETS, RULES_MAX, EgressRule, overlap_problems, parse_entry
+from services.common.config.egress_rules import PRESETS, RULES_MAX, EgressRule, overlap_problems, parse_entry
+from services.common.config.model import (
+    DEFAULT_SANDBOX_IMAGE,
+    Author,
+    ForgeConfig,
+    Limits,
+    SandboxConfig,
+    Workspace,
+)
+from services.common.provenance.bytecode import check_allow_pattern
+
 from .document import Doc, check_api_url
 from .text import EGRESS_RE, ENV_NAME_RE, GITHUB_REPO_RE, NAME_RE, fields_of, parse_memory, show
 from .verify import harness_pattern_problem
@@ -34,7 +42,7 @@ MIN_DISK = 16 * 1024 * 1024    # smallest workspace disk cap (R34): a filesystem
 MAX_DISK = 16 * 1024 ** 4
 RUNTIMES = ("runc", "gvisor")   # sandbox.runtime
 MAX_POOL = 16                  # warm sandboxes per profile of a workspace (sandbox.pool)
-# Never allowed by sandbox.egressPrivate (mirrors services/sandbox/egress.py NEVER_RANGES).
+# Never allowed by sandbox.egressPrivate (mirrors services/sandbox/egress/allowlist.py NEVER_RANGES).
 _NEVER_NETS = tuple(ipaddress.ip_network(r) for r in (
     "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
     "::/128", "::1/128", "::ffff:0:0/96", "fe80::/10", "ff00::/8"))

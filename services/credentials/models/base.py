@@ -7,9 +7,9 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from services.common.config import Model
+from services.common.config.model import Model
 from services.common.errors import FailedPrecondition
-from services.common.secrets import SecretValue
+from services.common.secrecy.env_secrets import SecretValue
 
 if TYPE_CHECKING:
     from ..httpclient import HttpClient

@@ -3,7 +3,7 @@ The key travels only in the `Authorization` header."""
 
 from __future__ import annotations
 
-from services.common.config import Model
+from services.common.config.model import Model
 from services.common.errors import Unavailable
 
 from .base import Completion, HttpModelProvider, Msg, Tool, ToolCallData, tool_schema

@@ -46,7 +46,7 @@ from acp.schema import (
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2
 from services.common.errors import AfeError, PermissionDenied
-from services.common.grpcutil import rpc_errors
+from services.common.rpc.grpcutil import rpc_errors
 
 from .events import EventLog, block_text, clip, update_event
 from .paths import workspace_relative

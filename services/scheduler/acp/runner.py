@@ -39,7 +39,7 @@ from acp.schema import ClientCapabilities, FileSystemCapabilities, HttpHeader, H
 from pydantic import ValidationError
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2
-from services.common.config import Agent, Node
+from services.common.config.model import Agent, Node
 from services.common.errors import (
     AfeError,
     Cancelled,

@@ -25,7 +25,7 @@ from typing import Any
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2
 from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from services.common.grpcutil import rpc_errors
+from services.common.rpc.grpcutil import rpc_errors
 
 from .paths import workspace_cwd
 

@@ -32,7 +32,7 @@ import grpc
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2
 from services.common.errors import AfeError, FailedPrecondition, ResourceExhausted, Unavailable
-from services.common.grpcutil import error_from_rpc
+from services.common.rpc.grpcutil import error_from_rpc
 
 log = logging.getLogger(__name__)
 

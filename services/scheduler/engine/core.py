@@ -32,11 +32,11 @@ import logging
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
-from services.common import telemetry
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.errors import InvalidArgument, NotFound
-from services.common.metrics import scheduler_metrics, usage_metrics
-from services.common.redact import Redactor
+from services.common.observability import telemetry
+from services.common.observability.metrics import scheduler_metrics, usage_metrics
+from services.common.secrecy.redact import Redactor
 
 from ..events.log import EventLog, EventRecord, now_ms
 from ..executor import Transitions, attempts

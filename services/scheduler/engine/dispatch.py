@@ -24,11 +24,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from services.common import telemetry
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.errors import AfeError
-from services.common.logs import ticket_var
-from services.common.redact import Redactor
+from services.common.observability import telemetry
+from services.common.observability.logs import ticket_var
+from services.common.secrecy.redact import Redactor
 
 from ..events.log import EventLog
 from ..executor import TicketRun, Transitions

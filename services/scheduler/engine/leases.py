@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from services.common.metrics import SchedulerMetrics
+from services.common.observability.metrics import SchedulerMetrics
 
 from ..store.base import RUNNING, WAITING_APPROVAL, Lease, LeaseLost, TicketRecord
 from ..store.store import Store

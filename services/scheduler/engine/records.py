@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.errors import AfeError, FailedPrecondition
-from services.common.metrics import SchedulerMetrics, UsageMetrics
-from services.common.redact import Redactor
+from services.common.observability.metrics import SchedulerMetrics, UsageMetrics
+from services.common.secrecy.redact import Redactor
 
 from ..events.log import EventLog, now_ms
 from ..sandboxes import egress_report

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.errors import FailedPrecondition, InvalidArgument
 
 from ..events.log import EventLog, now_ms

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from services.common.config import Config, Workflow, Workspace
+from services.common.config.model import Config, Workflow, Workspace
 from services.common.errors import InvalidArgument
 from services.common.layout import new_ticket_id
 from services.common.schema.tickets import (

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from services.common.errors import NotFound, Unavailable
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 
 from ..store.base import EventRecord
 from ..store.retry import count_outages

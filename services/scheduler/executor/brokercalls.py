@@ -18,7 +18,7 @@ Emit = Callable[[str, dict[str, Any]], None]
 # for a broker that went away. An engine may set `broker_retry_s` (0: fail at once).
 BROKER_RETRY_S = 60.0
 # The credential broker's refusal when the database holding the fences does not answer it
-# (services/credentials/dbfence.py): nothing was done, so a step is tried again.
+# (services/credentials/fencing/database.py): nothing was done, so a step is tried again.
 FENCE_STORE_AWAY = "(the scheduler's store) does not answer"
 
 

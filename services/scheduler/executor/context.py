@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from services.common import cost
-from services.common.config import Agent, Node
+from services.common.config.model import Agent, Node
 from services.common.errors import AfeError, PeerUnavailable, ResourceExhausted
 from services.common.relayenv import relay_env, relay_mcp_url
 

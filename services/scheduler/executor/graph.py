@@ -24,7 +24,7 @@ import asyncio
 import graphlib
 from collections.abc import Awaitable, Callable, Sequence
 
-from services.common.config import Node
+from services.common.config.model import Node
 from services.common.errors import FailedPrecondition
 
 from ..store.base import N_CANCELLED, N_FAILED, N_PENDING, N_RUNNING, N_SKIPPED, N_SUCCEEDED

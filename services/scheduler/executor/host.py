@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.common.config import Config
-from services.common.redact import Redactor
+from services.common.config.model import Config
+from services.common.secrecy.redact import Redactor
 
 from ..events.log import EventLog
 from ..sandboxes.brokers import CredentialBroker, SandboxBroker

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 
-from services.common.config import Node
+from services.common.config.model import Node
 from services.common.errors import AfeError, DeadlineExceeded, FailedPrecondition, ResourceExhausted
 
 from ..events.log import now_ms

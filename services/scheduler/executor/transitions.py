@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from services.common.metrics import SchedulerMetrics
+from services.common.observability.metrics import SchedulerMetrics
 
 from ..events.log import EventLog, now_ms
 from ..store.base import QUEUED, TERMINAL, NodeRunRecord, TicketRecord

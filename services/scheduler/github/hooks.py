@@ -1,6 +1,6 @@
 """The thin gRPC layer of afe.scheduler.v1.GitHubHooks: the gateway hands
 over a webhook delivery it has authenticated (R35); github_intake.py does
-the rest. Only the gateway's link may call it (services/common/callers.py):
+the rest. Only the gateway's link may call it (services/common/rpc/callers.py):
 the automation key, which the scheduler also serves, gets PERMISSION_DENIED
 (a local script files tickets through the Scheduler API, under its own name,
 not as GitHub)."""

@@ -41,9 +41,9 @@ import time
 import uuid
 from typing import Any
 
-from services.common.config import Config, Trigger, Workspace
+from services.common.config.model import Config, Trigger, Workspace
 from services.common.errors import AfeError, DeadlineExceeded, ResourceExhausted, Unavailable
-from services.common.metrics import github_deliveries
+from services.common.observability.metrics import github_deliveries
 
 from ..engine.followups import SETTLE_S, FollowUpQueue
 from ..engine.tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_TITLE_CHARS

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from services.common.config import Workspace
+from services.common.config.model import Workspace
 from services.common.errors import AfeError
 
 from ..store.base import PollCursor

@@ -17,7 +17,7 @@ in the background, one sync per ticket at a time, and a failed sync (the
 broker away) is tried again with back-off. What was said is recorded per
 ticket and step in the store (`github_reports`: comment id and a digest of
 the text), so an unchanged report is not sent again. The broker marks each
-comment (credentials/reportmarks.py) and edits the marked one, so a crash
+comment (credentials/forges/reportmarks.py) and edits the marked one, so a crash
 between GitHub's answer and the record gives one comment, edited (R37).
 Texts from the sandbox (errors) go in as one clipped line of inline code.
 """
@@ -31,9 +31,9 @@ import re
 import time
 from typing import Any
 
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.errors import AfeError
-from services.common.verification import failure_line
+from services.common.provenance.verification import failure_line
 
 from ..sandboxes import egress_report
 from ..store.base import (

@@ -11,7 +11,7 @@ from typing import Any
 from grpc.aio import EOF as grpc_eof
 
 from services.common.errors import Unavailable
-from services.common.grpcutil import rpc_errors
+from services.common.rpc.grpcutil import rpc_errors
 
 CREDENTIALS = "the credential broker"
 

@@ -21,7 +21,7 @@ from services._gen.afe.credentials.v1 import credentials_pb2_grpc as cgrpc
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc as sgrpc
 from services.common.errors import FailedPrecondition
-from services.common.grpcutil import TlsFiles, open_channel, open_remote_channel, rpc_errors
+from services.common.rpc.grpcutil import TlsFiles, open_channel, open_remote_channel, rpc_errors
 
 from ..store.base import LeaseLost
 from .archive import prepared_then_chunks
@@ -33,7 +33,7 @@ SANDBOX = "the sandbox broker"
 SHORT = 30.0     # seconds for quick calls
 LONG = 900.0     # clone, push, merge
 # The credential broker's refusal of a request whose fence is older than one it saw (R37,
-# services/credentials/fences.py): another scheduler owns the ticket now.
+# services/credentials/fencing/resource.py): another scheduler owns the ticket now.
 LOST_LEASE = "this scheduler lost its lease"
 
 

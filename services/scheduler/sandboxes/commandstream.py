@@ -1,5 +1,5 @@
 """The scheduler's end of the sandbox broker's `Commands` stream
-(services/sandbox/commands.py): every command of every ticket on one broker
+(services/sandbox/commands/stream.py): every command of every ticket on one broker
 goes over one open stream instead of an `Exec` call each.
 
     async for ev in stream.run(exec_request):   # ExecEvents, the last one the exit
@@ -30,11 +30,12 @@ from typing import Any
 import grpc
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common import errors, telemetry
-from services.common.grpcutil import error_from_rpc
+from services.common import errors
+from services.common.observability import telemetry
+from services.common.rpc.grpcutil import error_from_rpc
 
 # Commands running at once on one stream; one past it waits here for a slot. The broker
-# refuses a stream with more than its own MAX_LIVE (services/sandbox/commands.py, larger:
+# refuses a stream with more than its own MAX_LIVE (services/sandbox/commands/stream.py, larger:
 # a cancelled command's slot is free here before the broker has seen the cancel).
 MAX_LIVE = 256
 

@@ -46,7 +46,7 @@ from services.common.errors import (
     ResourceExhausted,
 )
 from services.common.layout import verify_owner
-from services.common.tls import TlsFiles, read_secret_file
+from services.common.rpc.tls import TlsFiles, read_secret_file
 
 from ..store.store import Store
 from .brokers import SandboxClient

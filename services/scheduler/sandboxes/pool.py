@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common.config import Config, Workflow, Workspace
+from services.common.config.model import Config, Workflow, Workspace
 from services.common.errors import AfeError, NotFound
 from services.common.layout import check_ticket_id, new_ticket_id
-from services.common.metrics import SchedulerMetrics
+from services.common.observability.metrics import SchedulerMetrics
 
 from .brokers import CredentialBroker, SandboxBroker
 from .spec import SANDBOX_KINDS, relay_mcp, relay_models, sandbox_spec

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.errors import AfeError, FailedPrecondition
 from services.common.layout import verify_id
 

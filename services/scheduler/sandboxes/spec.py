@@ -8,7 +8,7 @@ make one before the ticket exists."""
 from __future__ import annotations
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common.config import Config, SandboxConfig, Workflow, Workspace
+from services.common.config.model import Config, SandboxConfig, Workflow, Workspace
 
 SANDBOX_KINDS = ("run", "model", "agent")
 

@@ -9,7 +9,7 @@ brokers goes away, even across broker crashes.
 - `watch_broker()`: every `interval` s the sandbox broker is asked who it is
   (every `AWAY_POLL_S` while one does not answer, so a broker that comes back
   is found within a second: its channel reconnects within about 0.6 s,
-  services/common/channels.py); a new boot id (it restarted) means reconcile
+  services/common/rpc/channels.py); a new boot id (it restarted) means reconcile
   now and retry teardowns.
 - `retry_loop()`: failed teardowns again, with back-off, until done.
 - `final()`: a stopping scheduler's one bounded attempt at what is pending.
@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from services.common.config import Config
+from services.common.config.model import Config
 from services.common.errors import AfeError, NotFound
 from services.common.layout import verify_id
 

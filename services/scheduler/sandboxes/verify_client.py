@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
-from services.common.grpcutil import rpc_errors
+from services.common.rpc.grpcutil import rpc_errors
 
 from .archive import prepared_then_chunks
 

@@ -26,8 +26,8 @@ import sqlalchemy
 
 from services.common.errors import ConfigError, FailedPrecondition
 from services.common.layout import Layout
-from services.common.redact import Redactor
-from services.common.secrets import take_secret_env
+from services.common.secrecy.env_secrets import take_secret_env
+from services.common.secrecy.redact import Redactor
 
 from .store import Store
 

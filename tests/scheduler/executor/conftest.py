@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.manifests import load_config
-from services.common.redact import Redactor
+from services.common.config.manifests import load_config
+from services.common.secrecy.redact import Redactor
 from services.scheduler.engine.core import Engine
 from services.scheduler.store.base import TERMINAL, NodeRunRecord, TicketRecord
 from services.scheduler.store.store import Store

@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common import attestation
 from services.common.errors import Aborted, NotFound, PeerUnavailable
+from services.common.provenance import attestation
 from services.scheduler.sandboxes.brokers import CredentialBroker, SandboxBroker
 
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from services.common.config import Node
+from services.common.config.model import Node
 from services.common.errors import FailedPrecondition
 from services.scheduler.executor.graph import ancestors, run_graph
 from services.scheduler.store.base import (

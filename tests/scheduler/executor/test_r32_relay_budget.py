@@ -22,10 +22,10 @@ import pytest
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services.common.layout import Layout
-from services.common.redact import Redactor
 from services.common.relayenv import RELAY_SOCKET
-from services.common.secrets import SecretValue
-from services.credentials.relay import RelayHub
+from services.common.secrecy.env_secrets import SecretValue
+from services.common.secrecy.redact import Redactor
+from services.credentials.relay.server import RelayHub
 from services.scheduler.executor import context as context_mod
 from services.scheduler.executor.nodes import agent as agent_mod
 from services.scheduler.store.base import FAILED, SUCCEEDED

@@ -45,7 +45,7 @@ class RecordingForge(FakeCredentials):
 
 
 def _commit_tree(repo, message: str):
-    """What the credential broker runs for a commit (credentials/workspaces.py)."""
+    """What the credential broker runs for a commit (credentials/workspaces/host.py)."""
     tree = git_plain("--git-dir", str(repo), "write-tree").stdout.decode().strip()
     return git_plain("--git-dir", str(repo), "commit-tree", "-F", "-", tree, check=False,
                      stdin=(message.strip() + "\n").encode())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from services.common import attestation
+from services.common.provenance import attestation
 from services.scheduler.executor.nodes import run_record, run_statement
 from services.scheduler.store.base import SUCCEEDED, WAITING_APPROVAL, ApprovalRecord, EventRecord
 from services.scheduler.store.run_records import DECISION, REQUEST, RunRecord
@@ -179,7 +179,7 @@ def test_r42_the_pr_comment_shows_the_verification_and_the_acknowledgement_escap
 
 def test_r42_the_decision_carries_the_acknowledged_harness_files(tmp_path):
     """statement() puts the ApprovalRecord's `accepted_harness_change` into the decision."""
-    from services.common.manifests import load_config
+    from services.common.config.manifests import load_config
     from services.scheduler.store.base import NodeRunRecord, TicketRecord
     from services.scheduler.store.store import Store
 

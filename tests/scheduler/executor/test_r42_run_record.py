@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jsonschema
 
-from services.common import attestation
+from services.common.provenance import attestation
 from services.scheduler.executor.nodes import run_record
 from services.scheduler.store.base import SUCCEEDED, WAITING_APPROVAL
 from services.scheduler.store.run_records import DECISION, REQUEST

@@ -17,7 +17,7 @@ import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services.common import mcpcall
-from services.common.config import McpGrant, McpServer, Node
+from services.common.config.model import McpGrant, McpServer, Node
 from services.common.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 from services.scheduler.executor import quoting
 from services.scheduler.executor.nodes.mcptools import CALL_EVENT, NodeMcpTools, model_tool_name

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common import attestation
-from services.common.manifests import load_config
+from services.common.config.manifests import load_config
+from services.common.provenance import attestation
 from services.scheduler.sandboxes import egress_report
 from services.scheduler.store.base import WAITING_APPROVAL
 from services.scheduler.store.run_records import REQUEST
@@ -84,7 +84,7 @@ def test_r44_the_pull_request_names_refused_requests_by_rule_never_their_path():
 
 
 def test_r44_a_record_lists_the_refused_first_and_counts_what_it_leaves_out():
-    from services.common.config import Workspace
+    from services.common.config.model import Workspace
     from services.scheduler.executor.nodes.run_statement import EGRESS_REQUESTS_KEPT, _egress
     allowed = [{"method": "GET", "host": "r.test", "path_sha256": f"{i:064x}", "status": 200, "denied": False,
                 "reason": "", "rule": "read-only", "bytes_out": 1, "bytes_in": 2, "count": 2}

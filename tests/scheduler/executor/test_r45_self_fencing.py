@@ -31,9 +31,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
+from services.common.config.manifests import load_config
 from services.common.errors import Unavailable
-from services.common.manifests import load_config
-from services.common.redact import Redactor
+from services.common.secrecy.redact import Redactor
 from services.scheduler.engine.core import Engine
 from services.scheduler.store.base import N_RUNNING, RUNNING, SUCCEEDED, TERMINAL
 from tests.support.postgres import open_store_url

@@ -43,7 +43,7 @@ nodes:
 
 
 class LocalForge(Forge):
-    """Pull requests named the way the local forge names them (credentials/localforge.py)."""
+    """Pull requests named the way the local forge names them (credentials/forges/local.py)."""
 
     async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
                       fence: int = 0) -> cpb.PullRequest:

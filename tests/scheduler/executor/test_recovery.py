@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
+from services.common.config.manifests import load_config
 from services.common.errors import ConfigError, FailedPrecondition, InvalidArgument
-from services.common.manifests import load_config
 from services.scheduler.executor.nodes import NODE_KINDS
 from services.scheduler.store.base import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, WAITING_APPROVAL
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from services.common.config import Node
+from services.common.config.model import Node
 
 from ..context import RunContext
 from .agent import agent_node

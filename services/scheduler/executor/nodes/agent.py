@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.common.config import Node
+from services.common.config.model import Node
 from services.common.errors import FailedPrecondition
 
 from ...sandboxes.spec import relay_mcp

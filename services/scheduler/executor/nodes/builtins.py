@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
-from services.common.config import Node
+from services.common.config.model import Node
 from services.common.errors import Aborted, AfeError, FailedPrecondition
 
 from ...sandboxes import egress_report

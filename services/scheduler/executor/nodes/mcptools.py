@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common import mcpcall
-from services.common.config import McpServer, Node
+from services.common.config.model import McpServer, Node
 from services.common.errors import (
     AfeError,
     DeadlineExceeded,

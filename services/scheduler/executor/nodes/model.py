@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
-from services.common.config import Model, Node
+from services.common.config.model import Model, Node
 from services.common.errors import ResourceExhausted
 
 from ...sandboxes.brokers import CredentialBroker

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.config import Node
+from services.common.config.model import Node
 
 from ...store.base import ApprovalRecord, PullRequestRecord
 from ..context import RunContext

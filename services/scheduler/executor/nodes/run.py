@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.common.config import Node, Workspace
+from services.common.config.model import Node, Workspace
 from services.common.errors import DeadlineExceeded, FailedPrecondition
 
 from ..context import RunContext

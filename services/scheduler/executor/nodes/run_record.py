@@ -22,8 +22,8 @@ import re
 import unicodedata
 from typing import Any
 
-from services.common import attestation
 from services.common.errors import AfeError, FailedPrecondition, PeerUnavailable
+from services.common.provenance import attestation
 
 from ...events.log import now_ms
 from ...sandboxes import egress_report

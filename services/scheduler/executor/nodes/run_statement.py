@@ -27,8 +27,9 @@ import json
 import re
 from typing import Any
 
-from services.common import attestation, presets
-from services.common.config import Config, Workflow, Workspace
+from services.common.config import presets
+from services.common.config.model import Config, Workflow, Workspace
+from services.common.provenance import attestation
 
 from ...store.base import ApprovalRecord, PullRequestRecord, TicketRecord
 from ...store.store import Store

@@ -9,14 +9,14 @@ sandbox or workspace:
   `base_paths` and of the harness (what decides how the tests run: test
   configuration, conftest.py, the scripts the commands name), without
   bytecode or top-level names that shadow a module the commands run
-  (PrepareVerification, services/credentials/verifycheckout.py);
+  (PrepareVerification, services/credentials/verification/checkout.py);
 - the sandbox broker makes a NEW sandbox for the id `<ticket>-verify` (any
   old one removed first): the workspace's image (never an agent's), limits,
   runtime and declared egress, no model relay, no environment variable;
 - the commands run in order, each templated like a `run:` node (values as
   $1.., R36), until the first one that fails; their output streams out as
   `verification.output` events and their test runner's summary gives the
-  counts (services/common/testcounts.py);
+  counts (services/common/provenance/testcounts.py);
 - the sandbox and the checkout are removed, also on an error or a cancel.
 
 The verdict: every command exited 0, no command that runs a test runner
@@ -49,11 +49,11 @@ from typing import Any
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
-from services.common import testcounts
-from services.common.config import Node, Verify, Workspace
+from services.common.config.model import Node, Verify, Workspace
 from services.common.errors import AfeError, Cancelled, FailedPrecondition, NotFound
 from services.common.layout import verify_id
-from services.common.verification import failure_line
+from services.common.provenance import testcounts
+from services.common.provenance.verification import failure_line
 
 from ...events.log import now_ms
 from ...sandboxes.spec import egress_rules_spec

@@ -1,0 +1,1 @@
+"""The broker's signing key and the run records it signs (R42)."""

@@ -1,0 +1,2 @@
+"""Clean-room verification (R41): the harness that decides how the commands run, and the
+checkout of a head for it."""
