@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import grpc
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
@@ -55,14 +58,14 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         self.files = files
         self.default_image = default_image
         self.metrics = metrics
-        self._warming: set[asyncio.Task] = set()
+        self._warming: set[asyncio.Task[None]] = set()
 
     def _live(self, infos: list[SandboxInfo]) -> None:
         if self.metrics:
             self.metrics.sandboxes_live.set(len(infos))
             self.metrics.proxies_live.set(sum(1 for i in infos if i.proxy_container_id))
 
-    async def CreateSandbox(self, request, context):
+    async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: grpc.aio.ServicerContext) -> pb.Sandbox:
         spec = request.spec
         cpus, mem, pids = resolve_limits(spec.limits.cpus, spec.limits.memory_bytes, spec.limits.pids)
         settings = SandboxSettings(ticket_id=request.ticket_id,
@@ -92,21 +95,23 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         self._warm(self.runner.warm(info.ticket_id))   # a sandbox found as it was (a no-op when warm)
         return _sandbox(info)
 
-    def _warm(self, warming) -> None:
+    def _warm(self, warming: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(warming)
         self._warming.add(task)
         task.add_done_callback(self._warming.discard)
 
-    async def DestroySandbox(self, request, context):
+    async def DestroySandbox(self, request: pb.DestroySandboxRequest,
+                             context: grpc.aio.ServicerContext) -> pb.DestroySandboxResponse:
         self.runner.release(request.ticket_id)
         return pb.DestroySandboxResponse(removed=await self.sandboxes.destroy(request.ticket_id))
 
-    async def ListSandboxes(self, request, context):
+    async def ListSandboxes(self, request: pb.ListSandboxesRequest,
+                            context: grpc.aio.ServicerContext) -> pb.ListSandboxesResponse:
         infos = await self.sandboxes.list_all()
         self._live(infos)
         return pb.ListSandboxesResponse(sandboxes=[_sandbox(i) for i in infos])
 
-    async def Reconcile(self, request, context):
+    async def Reconcile(self, request: pb.ReconcileRequest, context: grpc.aio.ServicerContext) -> pb.ReconcileResponse:
         r = await self.sandboxes.reconcile(list(request.live_tickets))
         for t in r.removed_tickets:
             self.runner.release(t)
@@ -114,14 +119,15 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                     removed_containers=r.removed_containers,
                                     removed_networks=r.removed_networks, boot_id=self.boot_id)
 
-    async def Identify(self, request, context):
+    async def Identify(self, request: pb.IdentifyRequest, context: grpc.aio.ServicerContext) -> pb.IdentifyResponse:
         return pb.IdentifyResponse(boot_id=self.boot_id)
 
-    async def Freeze(self, request, context):
+    async def Freeze(self, request: pb.FreezeRequest, context: grpc.aio.ServicerContext) -> pb.FreezeResponse:
         await self.sandboxes.freeze(request.ticket_id, request.frozen)
         return pb.FreezeResponse()
 
-    async def DeniedEgress(self, request, context):
+    async def DeniedEgress(self, request: pb.DeniedEgressRequest,
+                           context: grpc.aio.ServicerContext) -> pb.DeniedEgressResponse:
         got = await denied_egress(self.sandboxes, request.ticket_id)
         (hosts, truncated), (allowed, allowed_truncated) = got.denied, got.allowed
         requests, requests_truncated = got.requests
@@ -137,10 +143,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                       for g in requests],
             requests_truncated=requests_truncated)
 
-    def Exec(self, request, context):
-        return closed_with_call(context, self._exec(request))
+    def Exec(self, request: pb.ExecRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ExecEvent]:
+        stream = self._exec(request)
+        closed_with_call(context, stream)   # closes it when the call ends; it is returned as it is
+        return stream
 
-    async def _exec(self, request):
+    async def _exec(self, request: pb.ExecRequest) -> AsyncGenerator[pb.ExecEvent, None]:
         outcome = "error"
         try:
             async for ev in self.runner.run_exec(request.ticket_id, list(request.argv), cwd=request.cwd,
@@ -159,14 +167,20 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         if self.metrics:
             self.metrics.execs.labels(outcome=outcome).inc()
 
-    def Commands(self, request_iterator, context):
-        return closed_with_call(context, commands.serve(self.runner, request_iterator, self.redact,
-                                                        self._count_exec))
+    def Commands(self, request_iterator: AsyncIterator[pb.CommandInput],
+                 context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CommandEvent]:
+        stream = commands.serve(self.runner, request_iterator, self.redact, self._count_exec)
+        closed_with_call(context, stream)
+        return stream
 
-    def Process(self, request_iterator, context):
-        return closed_with_call(context, self._process(request_iterator))
+    def Process(self, request_iterator: AsyncIterator[pb.ProcessInput],
+                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProcessOutput]:
+        stream = self._process(request_iterator)
+        closed_with_call(context, stream)
+        return stream
 
-    async def _process(self, request_iterator):
+    async def _process(self, request_iterator: AsyncIterator[pb.ProcessInput]
+                       ) -> AsyncGenerator[pb.ProcessOutput, None]:
         it = request_iterator.__aiter__()
         try:
             first = await it.__anext__()
@@ -208,35 +222,39 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                 await pump_task
 
     # -- file tools (the core is synchronous and quick: run inline) ------------
-    async def ReadFile(self, request, context):
+    async def ReadFile(self, request: pb.ReadFileRequest, context: grpc.aio.ServicerContext) -> pb.ReadFileResponse:
         data, size, truncated = self.files.read(request.ticket_id, request.path, request.max_bytes)
         return pb.ReadFileResponse(content=data, size=size, truncated=truncated)
 
-    async def WriteFile(self, request, context):
+    async def WriteFile(self, request: pb.WriteFileRequest, context: grpc.aio.ServicerContext) -> pb.WriteFileResponse:
         n = self.files.write(request.ticket_id, request.path, request.content,
                              create_parents=request.create_parents, mode=request.mode)
         return pb.WriteFileResponse(size=n)
 
-    async def ListDir(self, request, context):
+    async def ListDir(self, request: pb.ListDirRequest, context: grpc.aio.ServicerContext) -> pb.ListDirResponse:
         entries, truncated = self.files.list_dir(request.ticket_id, request.path)
         return pb.ListDirResponse(entries=[_entry(e) for e in entries], truncated=truncated)
 
-    async def Stat(self, request, context):
+    async def Stat(self, request: pb.StatRequest, context: grpc.aio.ServicerContext) -> pb.FileEntry:
         return _entry(self.files.stat(request.ticket_id, request.path))
 
-    async def Remove(self, request, context):
+    async def Remove(self, request: pb.RemoveRequest, context: grpc.aio.ServicerContext) -> pb.RemoveResponse:
         await asyncio.to_thread(self.files.remove, request.ticket_id, request.path, request.recursive)
         return pb.RemoveResponse()
 
-    async def MakeDir(self, request, context):
+    async def MakeDir(self, request: pb.MakeDirRequest, context: grpc.aio.ServicerContext) -> pb.MakeDirResponse:
         self.files.mkdir(request.ticket_id, request.path, request.parents)
         return pb.MakeDirResponse()
 
     # -- the workspace across hosts (handover.py) -------------------------------
-    def ReadWorkspace(self, request, context):
-        return closed_with_call(context, self._read_workspace(request))
+    def ReadWorkspace(self, request: pb.ReadWorkspaceRequest,
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WorkspaceChunk]:
+        stream = self._read_workspace(request)
+        closed_with_call(context, stream)
+        return stream
 
-    async def _read_workspace(self, request):
+    async def _read_workspace(self, request: pb.ReadWorkspaceRequest
+                              ) -> AsyncGenerator[pb.WorkspaceChunk, None]:
         chunks = self.sandboxes.handover.read(request.ticket_id, request.max_bytes)
         try:
             while (data := await asyncio.to_thread(next, chunks, None)) is not None:
@@ -244,7 +262,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         finally:
             chunks.close()
 
-    async def WriteWorkspace(self, request_iterator, context):
+    async def WriteWorkspace(self, request_iterator: AsyncIterator[pb.WriteWorkspaceInput],
+                             context: grpc.aio.ServicerContext) -> pb.WriteWorkspaceResponse:
         it = request_iterator.__aiter__()
         try:
             first = await it.__anext__()
@@ -253,7 +272,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
         if first.WhichOneof("input") != "start":
             raise InvalidArgument("the first WriteWorkspace message must be `start`")
 
-        async def chunks():
+        async def chunks() -> AsyncGenerator[bytes, None]:
             async for msg in it:
                 if msg.WhichOneof("input") != "chunk":
                     raise InvalidArgument("after `start`, WriteWorkspace takes only `chunk` messages")
@@ -263,7 +282,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                                                       first.start.disk_bytes, chunks())
         return pb.WriteWorkspaceResponse(entries=entries, bytes=size, existing=existing)
 
-    async def Search(self, request, context):
+    async def Search(self, request: pb.SearchRequest, context: grpc.aio.ServicerContext) -> pb.SearchResponse:
         matches, truncated = await asyncio.to_thread(
             self.files.search, request.ticket_id, request.pattern, request.path,
             regex=request.regex, max_results=request.max_results)
