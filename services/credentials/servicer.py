@@ -5,7 +5,10 @@ grpcutil.create_server's, the same for every afe service."""
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Literal, Protocol, TypeVar
+
+import grpc
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
@@ -19,6 +22,18 @@ from .models.base import Msg, Tool, ToolCallData
 
 MCP_CALL_FIELDS = frozenset(pb.RelayMcpCall.DESCRIPTOR.fields_by_name)
 
+_Request_co = TypeVar("_Request_co", covariant=True)
+
+
+class _ArchiveInput(Protocol[_Request_co]):
+    """A CommitArchive-like stream's message: `oneof input { request; chunk }`."""
+
+    @property
+    def request(self) -> _Request_co: ...
+    @property
+    def chunk(self) -> bytes: ...
+    def WhichOneof(self, oneof_group: Literal["input"]) -> Literal["request", "chunk"] | None: ...
+
 
 def _pr(info: PullRequestInfo) -> pb.PullRequest:
     return pb.PullRequest(number=info.number, url=info.url, head_branch=info.head_branch,
@@ -30,78 +45,93 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
     def __init__(self, core: CredentialCore) -> None:
         self.core = core
 
-    async def PrepareWorkspace(self, request, context):
+    async def PrepareWorkspace(self, request: pb.PrepareWorkspaceRequest,
+                               context: grpc.aio.ServicerContext) -> pb.PrepareWorkspaceResponse:
         r = await self.core.prepare_workspace(request.ticket_id, request.workspace)
         return pb.PrepareWorkspaceResponse(base_sha=r.base_sha, branch=r.branch)
 
-    async def Commit(self, request, context):
+    async def Commit(self, request: pb.CommitRequest, context: grpc.aio.ServicerContext) -> pb.CommitResponse:
         r = await self.core.commit(request.ticket_id, request.workspace, request.message,
                                    fence=request.fence)
         return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed,
                                  nested_repositories=list(r.nested_repositories))
 
-    async def CheckpointWorkspace(self, request, context):
+    async def CheckpointWorkspace(self, request: pb.CheckpointWorkspaceRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.CheckpointWorkspaceResponse:
         sha = await self.core.checkpoint_workspace(request.ticket_id, request.workspace, request.node,
                                                    fence=request.fence)
         return pb.CheckpointWorkspaceResponse(sha=sha, node=request.node)
 
-    async def RestoreWorkspace(self, request, context):
+    async def RestoreWorkspace(self, request: pb.CheckpointWorkspaceRequest,
+                               context: grpc.aio.ServicerContext) -> pb.CheckpointWorkspaceResponse:
         sha = await self.core.restore_workspace(request.ticket_id, request.workspace, request.node,
                                                 fence=request.fence)
         return pb.CheckpointWorkspaceResponse(sha=sha, node=request.node)
 
-    async def Diff(self, request, context):
+    async def Diff(self, request: pb.DiffRequest, context: grpc.aio.ServicerContext) -> pb.DiffResponse:
         text, truncated = await self.core.diff(request.ticket_id, request.workspace, request.max_bytes)
         return pb.DiffResponse(diff=text, truncated=truncated)
 
-    async def Push(self, request, context):
+    async def Push(self, request: pb.PushRequest, context: grpc.aio.ServicerContext) -> pb.PushResponse:
         branch, sha = await self.core.push(request.ticket_id, request.workspace, fence=request.fence)
         return pb.PushResponse(branch=branch, sha=sha)
 
-    async def ReleaseWorkspace(self, request, context):
+    async def ReleaseWorkspace(self, request: pb.ReleaseWorkspaceRequest,
+                               context: grpc.aio.ServicerContext) -> pb.ReleaseWorkspaceResponse:
         await self.core.release_workspace(request.ticket_id, request.workspace)
         return pb.ReleaseWorkspaceResponse()
 
     # -- the workspace on another host (handover.py) --------------------------
-    def CheckoutArchive(self, request, context):
-        return closed_with_call(context, self._checkout_archive(request))
+    def CheckoutArchive(self, request: pb.PrepareWorkspaceRequest, context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[pb.CheckoutArchiveOutput]:
+        stream = self._checkout_archive(request)
+        closed_with_call(context, stream)   # closes it when the call ends; it is returned as it is
+        return stream
 
-    async def _checkout_archive(self, request):
+    async def _checkout_archive(self, request: pb.PrepareWorkspaceRequest
+                                ) -> AsyncGenerator[pb.CheckoutArchiveOutput, None]:
         async with self.core.checkout_archive(request.ticket_id, request.workspace) as (r, chunks):
             yield pb.CheckoutArchiveOutput(prepared=pb.PrepareWorkspaceResponse(base_sha=r.base_sha, branch=r.branch))
             async for data in chunks:
                 yield pb.CheckoutArchiveOutput(chunk=data)
 
-    async def CommitArchive(self, request_iterator, context):
+    async def CommitArchive(self, request_iterator: AsyncIterator[pb.CommitArchiveInput],
+                            context: grpc.aio.ServicerContext) -> pb.CommitResponse:
         first, chunks = await _archive_input(request_iterator, "CommitArchive")
         r = await self.core.commit_archive(first.ticket_id, first.workspace, first.message, chunks,
                                              fence=first.fence)
         return pb.CommitResponse(sha=r.sha, changed=r.changed, files_changed=r.files_changed,
                                  nested_repositories=list(r.nested_repositories))
 
-    async def DiffArchive(self, request_iterator, context):
+    async def DiffArchive(self, request_iterator: AsyncIterator[pb.DiffArchiveInput],
+                          context: grpc.aio.ServicerContext) -> pb.DiffResponse:
         first, chunks = await _archive_input(request_iterator, "DiffArchive")
         text, truncated = await self.core.diff_archive(first.ticket_id, first.workspace, first.max_bytes, chunks)
         return pb.DiffResponse(diff=text, truncated=truncated)
 
-    async def ReleaseArchive(self, request_iterator, context):
+    async def ReleaseArchive(self, request_iterator: AsyncIterator[pb.ReleaseArchiveInput],
+                             context: grpc.aio.ServicerContext) -> pb.ReleaseWorkspaceResponse:
         first, chunks = await _archive_input(request_iterator, "ReleaseArchive")
         await self.core.release_archive(first.ticket_id, first.workspace, chunks)
         return pb.ReleaseWorkspaceResponse()
 
-    async def UpdateBranch(self, request, context):
+    async def UpdateBranch(self, request: pb.UpdateBranchRequest,
+                           context: grpc.aio.ServicerContext) -> pb.UpdateBranchResponse:
         head, changed, conflicts = await self.core.update_branch(request.ticket_id, request.workspace,
                                                                    fence=request.fence)
         return pb.UpdateBranchResponse(head_sha=head, changed=changed, conflicts=conflicts)
 
-    async def OpenPullRequest(self, request, context):
+    async def OpenPullRequest(self, request: pb.OpenPullRequestRequest,
+                              context: grpc.aio.ServicerContext) -> pb.PullRequest:
         return _pr(await self.core.open_pull_request(request.ticket_id, request.workspace,
                                                      request.title, request.body, fence=request.fence))
 
-    async def GetPullRequest(self, request, context):
+    async def GetPullRequest(self, request: pb.GetPullRequestRequest,
+                             context: grpc.aio.ServicerContext) -> pb.PullRequest:
         return _pr(await self.core.get_pull_request(request.workspace, request.number))
 
-    async def MergePullRequest(self, request, context):
+    async def MergePullRequest(self, request: pb.MergePullRequestRequest,
+                               context: grpc.aio.ServicerContext) -> pb.MergePullRequestResponse:
         approval = None
         if request.HasField("approval"):
             a = request.approval
@@ -112,12 +142,14 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
         return pb.MergePullRequestResponse(merged=r.merged, merge_sha=r.merge_sha,
                                            already_merged=r.already_merged)
 
-    async def CommentPullRequest(self, request, context):
+    async def CommentPullRequest(self, request: pb.CommentPullRequestRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.CommentPullRequestResponse:
         url = await self.core.comment_pull_request(request.workspace, request.number, request.body,
                                              ticket_id=request.ticket_id, fence=request.fence)
         return pb.CommentPullRequestResponse(url=url)
 
-    async def Complete(self, request, context):
+    async def Complete(self, request: pb.CompleteRequest,
+                       context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         messages = [Msg(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
                         tool_calls=tuple(ToolCallData(t.id, t.name, t.arguments_json) for t in m.tool_calls))
                     for m in request.messages]
@@ -131,14 +163,16 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
                                    stop_reason=c.stop_reason)
 
 
-    async def OpenRelay(self, request, context):
+    async def OpenRelay(self, request: pb.OpenRelayRequest,
+                        context: grpc.aio.ServicerContext) -> pb.OpenRelayResponse:
         mcp = {g.server: list(g.tools) for g in request.mcp}
         if len(mcp) != len(request.mcp):
             raise InvalidArgument("OpenRelay: each MCP server is granted once")
         cap = await self.core.open_relay(request.ticket_id, list(request.models), request.budget_tokens, mcp)
         return pb.OpenRelayResponse(capability=cap)
 
-    async def RelayUsage(self, request, context):
+    async def RelayUsage(self, request: pb.RelayUsageRequest,
+                         context: grpc.aio.ServicerContext) -> pb.RelayUsageResponse:
         usage, budget, is_open = self.core.relay_usage(request.ticket_id)
         calls, total = self.core.relay_mcp_calls(request.ticket_id, request.mcp_calls_from)
         return pb.RelayUsageResponse(
@@ -148,17 +182,20 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
             mcp_calls=[pb.RelayMcpCall(**{k: v for k, v in c.items() if k in MCP_CALL_FIELDS}) for c in calls],
             mcp_calls_total=total)
 
-    async def CloseRelay(self, request, context):
+    async def CloseRelay(self, request: pb.CloseRelayRequest,
+                         context: grpc.aio.ServicerContext) -> pb.CloseRelayResponse:
         await self.core.close_relay(request.ticket_id)
         return pb.CloseRelayResponse()
 
 
-    async def GetRepoPermission(self, request, context):
+    async def GetRepoPermission(self, request: pb.GetRepoPermissionRequest,
+                                context: grpc.aio.ServicerContext) -> pb.GetRepoPermissionResponse:
         permission = await self.core.repo_permission(request.workspace, request.username)
         return pb.GetRepoPermissionResponse(permission=permission,
                                             can_write=permission in ("admin", "maintain", "write"))
 
-    async def ListRepoEvents(self, request, context):
+    async def ListRepoEvents(self, request: pb.ListRepoEventsRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ListRepoEventsResponse:
         r = await self.core.repo_events(request.workspace, request.etag, request.after_id)
         return pb.ListRepoEventsResponse(
             not_modified=r.not_modified, etag=r.etag, poll_interval_s=r.poll_interval_s,
@@ -167,48 +204,59 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
             events=[pb.RepoEvent(id=e.id, type=e.type, actor_login=e.actor_login, payload_json=e.payload_json,
                                  repo=e.repo) for e in r.events])
 
-    async def UpsertIssueComment(self, request, context):
+    async def UpsertIssueComment(self, request: pb.UpsertIssueCommentRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.UpsertIssueCommentResponse:
         cid, url, created = await self.core.upsert_issue_comment(request.workspace, request.number,
                                                                  request.ticket_id, request.step, request.body,
                                                                  fence=request.fence)
         return pb.UpsertIssueCommentResponse(comment_id=cid, url=url, created=created)
 
-    async def SetCommitStatus(self, request, context):
+    async def SetCommitStatus(self, request: pb.SetCommitStatusRequest,
+                              context: grpc.aio.ServicerContext) -> pb.SetCommitStatusResponse:
         await self.core.set_commit_status(request.workspace, request.sha, request.state, request.context,
                                           request.description, request.target_url,
                                           ticket_id=request.ticket_id, fence=request.fence)
         return pb.SetCommitStatusResponse()
 
-    async def PrepareVerification(self, request, context):
+    async def PrepareVerification(self, request: pb.PrepareVerificationRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.PrepareVerificationResponse:
         v = await self.core.prepare_verification(request.ticket_id, request.workspace, request.sha,
                                                  list(request.base_paths), list(request.commands))
         return _prepared(v)
 
-    def VerificationArchive(self, request, context):
-        return closed_with_call(context, self._verification_archive(request))
+    def VerificationArchive(self, request: pb.PrepareVerificationRequest, context: grpc.aio.ServicerContext
+                            ) -> AsyncIterator[pb.VerificationArchiveOutput]:
+        stream = self._verification_archive(request)
+        closed_with_call(context, stream)   # closes it when the call ends; it is returned as it is
+        return stream
 
-    async def _verification_archive(self, request):
+    async def _verification_archive(self, request: pb.PrepareVerificationRequest
+                                    ) -> AsyncGenerator[pb.VerificationArchiveOutput, None]:
         async with self.core.verification_archive(request.ticket_id, request.workspace, request.sha,
                                                   list(request.base_paths), list(request.commands)) as (v, chunks):
             yield pb.VerificationArchiveOutput(prepared=_prepared(v))
             async for data in chunks:
                 yield pb.VerificationArchiveOutput(chunk=data)
 
-    async def ReleaseVerification(self, request, context):
+    async def ReleaseVerification(self, request: pb.ReleaseWorkspaceRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.ReleaseWorkspaceResponse:
         await self.core.release_verification(request.ticket_id)
         return pb.ReleaseWorkspaceResponse()
 
     # -- the run record (R42, signing.py) ---------------------------------------
-    async def SigningKey(self, request, context):
+    async def SigningKey(self, request: pb.SigningKeyRequest,
+                         context: grpc.aio.ServicerContext) -> pb.SigningKeyResponse:
         pem, keyid, raw = self.core.signing_key()
         return pb.SigningKeyResponse(public_key_pem=pem, public_key_raw_b64=base64.b64encode(raw).decode(),
                                      keyid=keyid)
 
-    async def SignStatement(self, request, context):
+    async def SignStatement(self, request: pb.SignStatementRequest,
+                            context: grpc.aio.ServicerContext) -> pb.SignStatementResponse:
         return pb.SignStatementResponse(envelope=await self.core.sign_statement(request.ticket_id,
                                                                                 request.statement))
 
-    async def GetCheckDetails(self, request, context):
+    async def GetCheckDetails(self, request: pb.GetCheckDetailsRequest,
+                              context: grpc.aio.ServicerContext) -> pb.GetCheckDetailsResponse:
         r = await self.core.check_details(request.workspace, request.sha, request.with_logs)
         return pb.GetCheckDetailsResponse(
             pending=r.pending, rate_limited=r.rate_limited, rate_limit_reset_ms=r.rate_limit_reset_ms,
@@ -218,20 +266,23 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
                                    target_url=c.target_url, log_tail=c.log_tail, id=c.id) for c in r.checks])
 
     # -- MCP tools of model nodes (R43, mcpnodes.py) -----------------------------
-    async def ListMcpTools(self, request, context):
+    async def ListMcpTools(self, request: pb.ListMcpToolsRequest,
+                           context: grpc.aio.ServicerContext) -> pb.ListMcpToolsResponse:
         r = await self.core.list_mcp_tools(request.ticket_id, request.workflow, request.node)
         return pb.ListMcpToolsResponse(
             tools=[pb.McpToolSpec(server=s, name=t.name, description=t.description,
                                   input_schema_json=t.input_schema_json) for s, t in r.tools],
             missing=[pb.McpToolRef(server=s, tool=t) for s, t in r.missing])
 
-    async def CallMcpTool(self, request, context):
+    async def CallMcpTool(self, request: pb.CallMcpToolRequest,
+                          context: grpc.aio.ServicerContext) -> pb.CallMcpToolResponse:
         r = await self.core.call_mcp_tool(request.ticket_id, request.workflow, request.node, request.server,
                                           request.tool, request.arguments_json, fence=request.fence)
         return pb.CallMcpToolResponse(text=r.text, is_error=r.is_error, bytes=r.bytes, truncated=r.truncated)
 
 
-async def _archive_input(request_iterator, rpc: str):
+async def _archive_input(request_iterator: AsyncIterator[_ArchiveInput[_Request_co]], rpc: str
+                         ) -> tuple[_Request_co, AsyncIterator[bytes]]:
     """(the first message's request, the archive's chunks) of a CommitArchive-like stream."""
     it = request_iterator.__aiter__()
     try:
@@ -250,7 +301,7 @@ async def _archive_input(request_iterator, rpc: str):
     return first.request, chunks()
 
 
-def register(core: CredentialCore):
+def register(core: CredentialCore) -> Callable[[grpc.aio.Server], None]:
     servicer = CredentialBrokerServicer(core)
     return lambda server: pb_grpc.add_CredentialBrokerServicer_to_server(servicer, server)
 
