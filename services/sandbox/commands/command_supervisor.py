@@ -130,7 +130,7 @@ class Link:
         self._buf = bytearray()
         self._stderr = bytearray()
         self._hello: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._reader: asyncio.Task | None = None
+        self._reader: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, api: DockerAPI, container_id: str, source: str = SOURCE) -> Link:

@@ -39,6 +39,12 @@ import subprocess
 import sys
 import time
 
+# Types are written as comments: this source runs unchanged on whatever python3 the
+# sandbox image has (3.6 too), so it neither annotates nor imports typing at run time.
+MYPY = False
+if MYPY:
+    from typing import Any  # noqa: F401 (read by mypy in the type comments)
+
 HDR = struct.Struct(">BII")
 CODE = struct.Struct(">i")
 WINDOW = 256 * 1024
@@ -55,6 +61,7 @@ HOLD_STARTED_S = 0.002
 
 
 def write_all(buf):
+    # type: (bytes) -> None
     view = memoryview(buf)
     while view:
         n = os.write(1, view)
@@ -63,13 +70,14 @@ def write_all(buf):
 
 class Cmd:
     def __init__(self, cid, proc):
+        # type: (int, subprocess.Popen[bytes]) -> None
         self.cid = cid
         self.proc = proc
         self.pid = proc.pid
         self.credit = WINDOW
-        self.code = None
-        self.fds = {}            # fd -> kind (O or R)
-        self.paused = set()      # output fds waiting for credit
+        self.code = None  # type: int | None
+        self.fds = {}  # type: dict[int, str]  # fd -> kind (O or R)
+        self.paused = set()  # type: set[int]  # output fds waiting for credit
         self.stdin_fd = proc.stdin.fileno() if proc.stdin else -1
         self.pending = bytearray()
         self.eof = False
@@ -78,15 +86,17 @@ class Cmd:
 
 class Supervisor:
     def __init__(self):
+        # type: () -> None
         self.sel = selectors.DefaultSelector()
-        self.cmds = {}
+        self.cmds = {}  # type: dict[int, Cmd]
         self.base_env = dict(os.environ)
         self.inbuf = bytearray()
-        self.out = []            # frames of this turn, written together at its end
-        self.hold_until = None   # only "started" frames wait: until then, or until another frame comes
+        self.out = []  # type: list[bytes]  # frames of this turn, written together at its end
+        self.hold_until = None  # type: float | None  # only "started" frames wait: until then, or until another frame comes
         self.urgent = False
 
     def send(self, kind, cid, payload=b""):
+        # type: (int, int, bytes) -> None
         self.out.append(HDR.pack(kind, cid, len(payload)) + payload)
         if kind == P_KIND:
             if self.hold_until is None:
@@ -95,6 +105,7 @@ class Supervisor:
             self.urgent = True
 
     def flush(self):
+        # type: () -> None
         if self.out:
             buf = b"".join(self.out)
             self.out.clear()
@@ -103,6 +114,7 @@ class Supervisor:
         self.urgent = False
 
     def run(self):
+        # type: () -> None
         os.set_blocking(0, False)
         self.sel.register(0, selectors.EVENT_READ, ("ctl", None))
         self.send(ord("H"), 0, b"afe-supervisor 2")
@@ -133,6 +145,7 @@ class Supervisor:
 
     # -- messages from the broker ------------------------------------------
     def control(self):
+        # type: () -> bool
         try:
             data = os.read(0, READ)
         except BlockingIOError:
@@ -153,6 +166,7 @@ class Supervisor:
         return True
 
     def message(self, kind, cid, payload):
+        # type: (str, int, bytes) -> bool
         cmd = self.cmds.get(cid)
         if kind == "S" and cmd is None:
             self.start(cid, json.loads(payload))
@@ -181,6 +195,7 @@ class Supervisor:
         return True
 
     def start(self, cid, spec):
+        # type: (int, dict[str, Any]) -> None
         env = dict(self.base_env)
         for entry in spec.get("env", []):
             k, _, v = entry.partition("=")
@@ -201,6 +216,7 @@ class Supervisor:
         cmd = Cmd(cid, proc)
         self.cmds[cid] = cmd
         for f, kind in ((proc.stdout, "O"), (proc.stderr, "R")):
+            assert f is not None        # both are pipes
             os.set_blocking(f.fileno(), False)
             cmd.fds[f.fileno()] = kind
             self.sel.register(f.fileno(), selectors.EVENT_READ, ("out", cmd))
@@ -214,6 +230,7 @@ class Supervisor:
 
     # -- the children ---------------------------------------------------------
     def feed(self, cmd):
+        # type: (Cmd) -> None
         if cmd.stdin_fd < 0:
             return
         taken = 0
@@ -237,10 +254,12 @@ class Supervisor:
             if registered:
                 self.sel.unregister(cmd.stdin_fd)
             if cmd.eof:
+                assert cmd.proc.stdin is not None      # stdin_fd >= 0: a pipe
                 cmd.proc.stdin.close()
                 cmd.stdin_fd = -1
 
     def output(self, cmd, fd):
+        # type: (Cmd, int) -> None
         if cmd.credit <= 0:
             self.sel.unregister(fd)
             cmd.paused.add(fd)
@@ -260,6 +279,7 @@ class Supervisor:
         self.finish(cmd)
 
     def reap(self, cmd):
+        # type: (Cmd) -> None
         if cmd.code is not None:
             return
         if cmd.pidfd >= 0:
@@ -271,6 +291,7 @@ class Supervisor:
         self.finish(cmd)
 
     def finish(self, cmd):
+        # type: (Cmd) -> None
         """A command is over when its process has exited and its output is
         closed (as a `docker exec` stream is)."""
         if cmd.code is None or cmd.fds or cmd.paused:
@@ -278,20 +299,24 @@ class Supervisor:
         if cmd.stdin_fd >= 0:
             if cmd.stdin_fd in self.sel.get_map():
                 self.sel.unregister(cmd.stdin_fd)
+            assert cmd.proc.stdin is not None          # stdin_fd >= 0: a pipe
             cmd.proc.stdin.close()
             cmd.stdin_fd = -1
         for f in (cmd.proc.stdout, cmd.proc.stderr):
+            assert f is not None                        # both are pipes
             f.close()
         del self.cmds[cmd.cid]
         self.send(ord("X"), cmd.cid, CODE.pack(cmd.code))
 
     def shutdown(self):
+        # type: () -> None
         for cmd in self.cmds.values():
             with contextlib.suppress(OSError):
                 os.killpg(cmd.pid, signal.SIGKILL)
 
 
 def main():
+    # type: () -> None
     with contextlib.suppress(ImportError, OSError, AttributeError):
         import ctypes
         # Not dumpable: another process of the sandbox user can neither
