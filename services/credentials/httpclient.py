@@ -108,7 +108,7 @@ def next_wait(resp: Response | None, attempt: int, policy: RetryPolicy) -> float
 
 
 def _backoff(attempt: int, policy: RetryPolicy) -> float:
-    return policy.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+    return policy.backoff_s * (2.0 ** (attempt - 1)) * (0.5 + random.random() / 2)
 
 
 def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:

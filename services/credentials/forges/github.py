@@ -12,14 +12,18 @@ from __future__ import annotations
 import urllib.parse
 from collections import OrderedDict
 from dataclasses import replace
+from typing import Any
 
 from services.common.config.model import Workspace
-from services.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from services.common.errors import AfeError, FailedPrecondition, InvalidArgument, PermissionDenied
 from services.common.secrecy.env_secrets import SecretValue
 from services.credentials.forges.base import Forge, PullRequestInfo
 from services.credentials.forges.github_events import EventPages, RepoEvents
 from services.credentials.forges.reportmarks import carries, marked
 from services.credentials.httpclient import HttpClient, Response
+
+# A JSON object of GitHub's REST API (a pull request, a comment), as parsed.
+GitHubObject = dict[str, Any]
 
 MAX_COMMENT_PAGES = 30          # 3000 comments: an issue's marked report is looked for no further
 
@@ -62,12 +66,13 @@ class GitHubForge(Forge):
             url += "?" + urllib.parse.urlencode(query)
         return url
 
-    async def _call(self, ws: Workspace, method: str, url: str, what: str, body=None) -> Response:
+    async def _call(self, ws: Workspace, method: str, url: str, what: str,
+                    body: dict[str, str] | None = None) -> Response:
         resp = await self.http.request(method, url, headers=self._headers(ws), json_body=body,
                                        timeout_s=self.timeout_s, what=f"GitHub {what}")
         return resp
 
-    def _fail(self, ws: Workspace, resp: Response, what: str):
+    def _fail(self, ws: Workspace, resp: Response, what: str) -> AfeError:
         return self.http.error(resp, f"GitHub {what} for workspace {ws.name!r}",
                                hint_auth=f"check the token in {ws.token_env} and its permissions "
                                          "(contents and pull requests: read and write"
@@ -75,7 +80,7 @@ class GitHubForge(Forge):
                                             if ws.forge.push_repo else "") + ")")
 
     @staticmethod
-    def _info(pr: dict) -> PullRequestInfo:
+    def _info(pr: GitHubObject) -> PullRequestInfo:
         state = "merged" if pr.get("merged") or pr.get("merged_at") else str(pr.get("state", "open"))
         return PullRequestInfo(
             number=str(pr.get("number", "")),
@@ -94,7 +99,7 @@ class GitHubForge(Forge):
         return self._repo(ws)[0]
 
     @staticmethod
-    def _from(ws: Workspace, pr: dict, head: str) -> bool:
+    def _from(ws: Workspace, pr: GitHubObject, head: str) -> bool:
         """Whether the pull request `pr` (GitHub's JSON) comes from the branch `head` of the
         repository afe pushes to (the fork with pushRepo; never a same-named branch elsewhere)."""
         h = pr.get("head") or {}
@@ -115,7 +120,8 @@ class GitHubForge(Forge):
                     return self._info(pr)
         return None
 
-    async def open_pull_request(self, ws, head, base, title, body):
+    async def open_pull_request(self, ws: Workspace, head: str, base: str, title: str,
+                                body: str) -> PullRequestInfo:
         found = await self._find_open(ws, head, base)
         if found is not None:
             return found
@@ -131,13 +137,14 @@ class GitHubForge(Forge):
             raise self._fail(ws, resp, "pull request creation")
         return self._info(resp.body)
 
-    async def get_pull_request(self, ws, number):
+    async def get_pull_request(self, ws: Workspace, number: str) -> PullRequestInfo:
         resp = await self._call(ws, "GET", self._url(ws, "pulls", number), "pull request lookup")
         if not resp.ok or not isinstance(resp.body, dict):
             raise self._fail(ws, resp, f"pull request {number} lookup")
         return self._info(resp.body)
 
-    async def merge_pull_request(self, ws, number, sha, method, base_sha=""):
+    async def merge_pull_request(self, ws: Workspace, number: str, sha: str, method: str,
+                                 base_sha: str = "") -> str:
         # `sha` makes GitHub itself refuse if the head moved after approval (R16). GitHub's merge
         # takes no base tip: the broker compared it right before (a base moving in between is
         # the one window left, docs/SECURITY.md R41).
@@ -150,7 +157,7 @@ class GitHubForge(Forge):
             raise self._fail(ws, resp, f"merge of pull request {number}")
         return str(resp.body.get("sha", ""))
 
-    async def comment(self, ws, number, body):
+    async def comment(self, ws: Workspace, number: str, body: str) -> str:
         resp = await self._call(ws, "POST", self._url(ws, "issues", number, "comments"), "comment",
                                 {"body": body})
         if not resp.ok or not isinstance(resp.body, dict):
@@ -190,7 +197,7 @@ class GitHubForge(Forge):
 
     # -- reporting back (docs/GITHUB.md, "Reporting back") -------------------------
 
-    async def find_marked_comment(self, ws: Workspace, number: str, the_mark: str) -> dict | None:
+    async def find_marked_comment(self, ws: Workspace, number: str, the_mark: str) -> GitHubObject | None:
         """The earliest comment of the issue whose body ends with `the_mark` (oldest first, as
         GitHub lists them; at most MAX_COMMENT_PAGES pages of 100)."""
         for page in range(1, MAX_COMMENT_PAGES + 1):

@@ -63,10 +63,12 @@ class Limits:
             wait = UNNAMED_LIMIT_WAIT_S
         return cls(_int(h.get("x-poll-interval"), 0), remaining, reset_ms, limited, wait)
 
-    def answer(self, etag: str, events: list[RepoEvent], **kw) -> RepoEvents:
+    def answer(self, etag: str, events: list[RepoEvent], *, not_modified: bool,
+               complete: bool = True) -> RepoEvents:
         return RepoEvents(etag=etag, events=events, poll_interval_s=self.poll_interval_s,
                           rate_limit_reset_ms=self.reset_ms, rate_limit_remaining=self.remaining,
-                          rate_limited=self.limited, retry_after_s=self.retry_after_s, **kw)
+                          rate_limited=self.limited, retry_after_s=self.retry_after_s,
+                          not_modified=not_modified, complete=complete)
 
 
 @dataclass

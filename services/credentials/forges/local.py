@@ -15,11 +15,38 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 from services.common.config.model import Workspace
 from services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from services.credentials.forges.base import Forge, PullRequestInfo
 from services.credentials.git.cmd import GitRunner
+
+
+class _Comment(TypedDict):
+    body: str
+    at_ms: int
+
+
+class _Merging(TypedDict):
+    sha: str            # the approved head being merged
+    merge_sha: str      # its merge commit, written before the base branch moves
+
+
+class _Record(TypedDict):
+    """A pull request's record: the JSON object saved under the forge's folder."""
+    number: int
+    head: str
+    base: str
+    title: str
+    body: str
+    state: str          # "open" or "merged"
+    created_ms: int
+    comments: list[_Comment]
+    merging: NotRequired[_Merging]
+    merge_sha: NotRequired[str]
+    merged_head: NotRequired[str]
+    merged_ms: NotRequired[int]
 
 
 def git_dir(path: Path, workspace: str = "") -> Path:
@@ -68,8 +95,8 @@ class LocalForge(Forge):
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         return d
 
-    def _records(self, ws: Workspace) -> list[dict]:
-        out = []
+    def _records(self, ws: Workspace) -> list[_Record]:
+        out: list[_Record] = []
         for p in sorted(self._dir(ws).glob("*.json")):
             try:
                 out.append(json.loads(p.read_text()))
@@ -77,17 +104,18 @@ class LocalForge(Forge):
                 continue
         return out
 
-    def _save(self, ws: Workspace, rec: dict) -> None:
+    def _save(self, ws: Workspace, rec: _Record) -> None:
         path = self._dir(ws) / f"{rec['number']}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(rec, indent=1, sort_keys=True))
         os.replace(tmp, path)
 
-    def _load(self, ws: Workspace, number: str) -> dict:
+    def _load(self, ws: Workspace, number: str) -> _Record:
         path = self._dir(ws) / f"{number}.json"
         if not path.exists():
             raise NotFound(f"workspace {ws.name!r} has no pull request {number}")
-        return json.loads(path.read_text())
+        rec: _Record = json.loads(path.read_text())
+        return rec
 
     async def _sha(self, repo: Path, ref: str) -> str:
         res = await self.git.run(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
@@ -102,14 +130,15 @@ class LocalForge(Forge):
                                  check=False, what="git merge-base")
         return res.returncode == 0
 
-    async def _info(self, ws: Workspace, rec: dict) -> PullRequestInfo:
+    async def _info(self, ws: Workspace, rec: _Record) -> PullRequestInfo:
         head_sha = rec.get("merged_head", "") if rec["state"] == "merged" else \
             await self._sha(self._repo(ws), f"refs/heads/{rec['head']}")
         return PullRequestInfo(number=str(rec["number"]), url=f"local:{ws.name}/pulls/{rec['number']}",
                                head_branch=rec["head"], base_branch=rec["base"], head_sha=head_sha,
                                state=rec["state"], merge_sha=rec.get("merge_sha", ""))
 
-    async def open_pull_request(self, ws, head, base, title, body):
+    async def open_pull_request(self, ws: Workspace, head: str, base: str, title: str,
+                                body: str) -> PullRequestInfo:
         repo = self._repo(ws)
         async with self._lock:
             for rec in self._records(ws):
@@ -125,22 +154,24 @@ class LocalForge(Forge):
             self._save(ws, rec)
             return await self._info(ws, rec)
 
-    async def get_pull_request(self, ws, number):
+    async def get_pull_request(self, ws: Workspace, number: str) -> PullRequestInfo:
         return await self._info(ws, self._load(ws, number))
 
-    async def merge_pull_request(self, ws, number, sha, method, base_sha=""):
+    async def merge_pull_request(self, ws: Workspace, number: str, sha: str, method: str,
+                                 base_sha: str = "") -> str:
         repo = self._repo(ws)
         async with self._lock:
             rec = self._load(ws, number)
             if rec["state"] == "merged":
                 return rec.get("merge_sha", "")
             base_ref = f"refs/heads/{rec['base']}"
-            pending = rec.get("merging") or {}
-            if pending.get("sha") == sha and await self._contains(repo, base_ref, pending.get("merge_sha", "")):
+            pending = rec.get("merging")
+            if pending is not None and pending["sha"] == sha and \
+                    await self._contains(repo, base_ref, pending["merge_sha"]):
                 # The merge landed but the broker stopped before recording it (R37): record, never merge again.
                 rec.pop("merging", None)
-                rec.update(state="merged", merge_sha=pending["merge_sha"], merged_head=sha,
-                           merged_ms=int(time.time() * 1000))
+                rec.update({"state": "merged", "merge_sha": pending["merge_sha"], "merged_head": sha,
+                            "merged_ms": int(time.time() * 1000)})
                 self._save(ws, rec)
                 return rec["merge_sha"]
             base = await self._sha(repo, base_ref)
@@ -175,7 +206,8 @@ class LocalForge(Forge):
             self._save(ws, rec)
             await self._advance(ws, repo, base_ref, base, merge_sha)
             rec.pop("merging", None)
-            rec.update(state="merged", merge_sha=merge_sha, merged_head=sha, merged_ms=int(time.time() * 1000))
+            rec.update({"state": "merged", "merge_sha": merge_sha, "merged_head": sha,
+                        "merged_ms": int(time.time() * 1000)})
             self._save(ws, rec)
             return merge_sha
 
@@ -210,7 +242,7 @@ class LocalForge(Forge):
             raise FailedPrecondition(f"could not update the checkout {work_tree}: {res.err.strip()[:300]}; "
                                      "commit or stash local changes there, then approve again")
 
-    async def comment(self, ws, number, body):
+    async def comment(self, ws: Workspace, number: str, body: str) -> str:
         async with self._lock:
             rec = self._load(ws, number)
             rec.setdefault("comments", []).append({"body": body, "at_ms": int(time.time() * 1000)})
