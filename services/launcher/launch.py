@@ -408,5 +408,5 @@ def _supervise(opts: Options, config: Config, environ: dict[str, str], out: Call
                 leftover.unlink()
 
 
-def _signature(sup: Supervisor) -> tuple:
+def _signature(sup: Supervisor) -> tuple[tuple[int | None, bool, int], ...]:
     return tuple((c.pid, c.ready is not None, c.restarts) for c in sup.children)

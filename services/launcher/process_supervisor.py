@@ -23,6 +23,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.common.errors import FailedPrecondition
 from services.common.rpc.links import LinkSecrets, pass_via_pipe
@@ -59,9 +60,9 @@ class ChildSpec:
 @dataclass
 class Child:
     spec: ChildSpec
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     status_fd: int | None = None
-    ready: dict | None = None
+    ready: dict[str, Any] | None = None     # the child's ready line (JSON)
     started_at: float = 0.0
     restarts: int = 0
     backoff: float = BACKOFF_FIRST
