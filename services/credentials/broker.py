@@ -31,6 +31,7 @@ from services.credentials.mcptools.client import ToolResult
 from services.credentials.mcptools.nodes import Listed, ModelNodeMcp
 from services.credentials.records.signing import Signer
 from services.credentials.relay.server import RelayHub, Usage
+from services.credentials.relay.state import McpCall
 from services.credentials.verification import checkout as verifycheckout
 from services.credentials.workspaces import handover
 from services.credentials.workspaces.host import Committed, Prepared, WorkspaceGit, branch_for
@@ -378,7 +379,7 @@ class CredentialCore:
     def relay_usage(self, ticket_id: str) -> tuple[dict[str, Usage], int, bool]:
         return self._relay().usage(ticket_id)
 
-    def relay_mcp_calls(self, ticket_id: str, since: int) -> tuple[list[dict], int]:
+    def relay_mcp_calls(self, ticket_id: str, since: int) -> tuple[list[McpCall], int]:
         """The MCP calls the ticket's relay made (R43), numbered `since` and on, and the last number."""
         return self._relay().mcp_calls(ticket_id, since)
 

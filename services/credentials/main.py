@@ -68,7 +68,7 @@ async def amain(argv: list[str] | None = None) -> int:
     async def git_ready() -> bool:
         return shutil.which("git") is not None
 
-    async def start() -> dict:
+    async def start() -> dict[str, str]:
         await app.start()
         return {"socket": app.server.socket_path}
 

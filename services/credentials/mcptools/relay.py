@@ -54,6 +54,7 @@ from services.credentials.mcptools.filter import (
     RELAY_ERROR,
     Call,
     Checked,
+    Event,
     Malformed,
     SseReader,
     TooLarge,
@@ -391,7 +392,7 @@ class McpRelay:
         out: list[bytes] = []          # events not yet written
         done = False                   # every request of the POST has its answer
 
-        def take(events: list) -> None:
+        def take(events: list[Event]) -> None:
             nonlocal dropped, done
             for ev in events:
                 if done or ev.event not in ("", "message"):

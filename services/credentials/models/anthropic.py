@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
+from services.common.config.model import Model
 from services.common.errors import Unavailable
 
-from .base import Completion, HttpModelProvider, Msg, Tool, ToolCallData, tool_schema
+from .base import Completion, HttpModelProvider, JsonObject, Msg, Tool, ToolCallData, tool_schema
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -24,9 +25,9 @@ class AnthropicProvider(HttpModelProvider):
         return {"x-api-key": key}
 
     @staticmethod
-    def body(model, messages: list[Msg], tools: list[Tool], max_tokens: int) -> dict:
+    def body(model: Model, messages: list[Msg], tools: list[Tool], max_tokens: int) -> JsonObject:
         system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
-        out: list[dict] = []
+        out: list[JsonObject] = []
         for m in messages:
             if m.role == "system":
                 continue
@@ -38,7 +39,7 @@ class AnthropicProvider(HttpModelProvider):
                 else:
                     out.append({"role": "user", "content": [block]})
             elif m.role == "assistant":
-                blocks: list[dict] = []
+                blocks: list[JsonObject] = []
                 if m.content:
                     blocks.append({"type": "text", "text": m.content})
                 for c in m.tool_calls:
@@ -50,7 +51,7 @@ class AnthropicProvider(HttpModelProvider):
                 out.append({"role": "assistant", "content": blocks or [{"type": "text", "text": ""}]})
             else:
                 out.append({"role": "user", "content": m.content})
-        body: dict = {"model": model.model, "max_tokens": max_tokens, "messages": out}
+        body: JsonObject = {"model": model.model, "max_tokens": max_tokens, "messages": out}
         if system:
             body["system"] = system
         if tools:
@@ -58,7 +59,8 @@ class AnthropicProvider(HttpModelProvider):
                              for t in tools]
         return body
 
-    async def complete(self, model, messages, tools, max_tokens):
+    async def complete(self, model: Model, messages: list[Msg], tools: list[Tool],
+                       max_tokens: int) -> Completion:
         resp = await self.post(model, self.body(model, messages, tools, max_tokens))
         try:
             text = []

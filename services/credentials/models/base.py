@@ -12,7 +12,10 @@ from services.common.errors import FailedPrecondition
 from services.common.secrecy.env_secrets import SecretValue
 
 if TYPE_CHECKING:
-    from ..httpclient import HttpClient
+    from ..httpclient import HttpClient, Response
+
+# A JSON object as a provider takes or answers it (a request body, a message, a content block).
+JsonObject = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class Completion:
     input_tokens: int
     output_tokens: int
     stop_reason: str                       # end_turn | tool_use | max_tokens | ...
-    extra: dict = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)
 
 
 class ModelProvider(abc.ABC):
@@ -66,7 +69,7 @@ def key_for(model: Model, keys: dict[str, SecretValue]) -> str | None:
     return secret.reveal()
 
 
-def tool_schema(t: Tool) -> dict:
+def tool_schema(t: Tool) -> JsonObject:
     try:
         schema = json.loads(t.parameters_json_schema) if t.parameters_json_schema else {}
     except ValueError:
@@ -91,7 +94,7 @@ class HttpModelProvider(ModelProvider):
     @abc.abstractmethod
     def auth_headers(self, key: str) -> dict[str, str]: ...
 
-    async def post(self, model: Model, body: dict) -> Any:
+    async def post(self, model: Model, body: JsonObject) -> Response:
         headers = self.headers()
         key = key_for(model, self.keys)
         if key:

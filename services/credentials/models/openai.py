@@ -6,7 +6,7 @@ from __future__ import annotations
 from services.common.config.model import Model
 from services.common.errors import Unavailable
 
-from .base import Completion, HttpModelProvider, Msg, Tool, ToolCallData, tool_schema
+from .base import Completion, HttpModelProvider, JsonObject, Msg, Tool, ToolCallData, tool_schema
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _STOP = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use", "length": "max_tokens",
@@ -21,8 +21,8 @@ class OpenAIProvider(HttpModelProvider):
         return {"Authorization": f"Bearer {key}"}
 
     @staticmethod
-    def body(model: Model, messages: list[Msg], tools: list[Tool], max_tokens: int) -> dict:
-        out: list[dict] = []
+    def body(model: Model, messages: list[Msg], tools: list[Tool], max_tokens: int) -> JsonObject:
+        out: list[JsonObject] = []
         for m in messages:
             if m.role == "tool":
                 out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
@@ -33,13 +33,14 @@ class OpenAIProvider(HttpModelProvider):
                                            for c in m.tool_calls]})
             else:
                 out.append({"role": m.role, "content": m.content})
-        body: dict = {"model": model.model, "messages": out, "max_tokens": max_tokens}
+        body: JsonObject = {"model": model.model, "messages": out, "max_tokens": max_tokens}
         if tools:
             body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                                "parameters": tool_schema(t)}} for t in tools]
         return body
 
-    async def complete(self, model, messages, tools, max_tokens):
+    async def complete(self, model: Model, messages: list[Msg], tools: list[Tool],
+                       max_tokens: int) -> Completion:
         resp = await self.post(model, self.body(model, messages, tools, max_tokens))
         try:
             choice = resp.body["choices"][0]

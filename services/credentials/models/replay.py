@@ -18,9 +18,10 @@ from pathlib import Path
 
 import yaml
 
+from services.common.config.model import Model
 from services.common.errors import ConfigError, FailedPrecondition
 
-from .base import Completion, ModelProvider, Msg, ToolCallData
+from .base import Completion, JsonObject, ModelProvider, Msg, Tool, ToolCallData
 
 FINAL = "The scripted conversation is over."
 
@@ -31,9 +32,9 @@ def _estimate(text: str) -> int:
 
 class ReplayProvider(ModelProvider):
     def __init__(self) -> None:
-        self._cache: dict[Path, tuple[float, dict]] = {}
+        self._cache: dict[Path, tuple[float, JsonObject]] = {}
 
-    def _script(self, model) -> dict:
+    def _script(self, model: Model) -> JsonObject:
         if model.script is None:
             raise FailedPrecondition(f"model {model.name!r}: a replay model needs script: <file>")
         path = Path(model.script)
@@ -53,7 +54,8 @@ class ReplayProvider(ModelProvider):
         self._cache[path] = (mtime, doc)
         return doc
 
-    async def complete(self, model, messages, tools, max_tokens):
+    async def complete(self, model: Model, messages: list[Msg], tools: list[Tool],
+                       max_tokens: int) -> Completion:
         doc = self._script(model)
         responses = doc.get("responses") or []
         turn = sum(1 for m in messages if m.role == "assistant")

@@ -29,7 +29,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -43,6 +43,11 @@ from services.common.provenance.attestation import (
     keyid_of,
     pae,
 )
+
+if TYPE_CHECKING:
+    from services.common.config.model import Workspace
+    from services.common.secrecy.redact import Redactor
+    from services.credentials.workspaces.host import WorkspaceGit
 
 PREDICATE_TYPES = (PREDICATE_TYPE,)
 MAX_STATEMENT_BYTES = 1024 * 1024
@@ -166,12 +171,12 @@ def strings_of(obj: object) -> list[str]:
 class Signer:
     """Signs the run records of tickets whose git dir this broker holds."""
 
-    def __init__(self, key: SigningKey, git: Any, redactor: Any) -> None:
+    def __init__(self, key: SigningKey, git: WorkspaceGit, redactor: Redactor) -> None:
         self.key = key
         self.git = git              # workspaces.WorkspaceGit: the tickets' git dirs
         self.redactor = redactor    # the broker's Redactor: every secret it holds
 
-    async def sign(self, ticket_id: str, statement: bytes, ws: Any = None) -> str:
+    async def sign(self, ticket_id: str, statement: bytes, ws: Workspace | None = None) -> str:
         sha, doc = check_statement(statement, ticket_id)
         if any(self.redactor.holds(s) for s in [statement.decode("utf-8"), *strings_of(doc)]):
             raise FailedPrecondition("the statement holds a secret of the credential broker (a token or a model "
@@ -179,7 +184,7 @@ class Signer:
         await self._check_commit(ticket_id, sha, ws)
         return self.key.envelope(statement)
 
-    async def _check_commit(self, ticket_id: str, sha: str, ws: Any = None) -> None:
+    async def _check_commit(self, ticket_id: str, sha: str, ws: Workspace | None = None) -> None:
         """`sha` is on the ticket's branch: the one afe pushed (its git dir), or, when
         a person pushed to that branch since, the branch as the remote has it now
         (the mirror, fetched first, as the verification's checkout does)."""

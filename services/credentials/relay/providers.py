@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -94,7 +95,7 @@ def refusal(provider: str, status: int, kind: str, message: str) -> web.Response
     """An error in the provider's own shape, so the agent shows the message."""
     message = f"afe relay: {message}"
     if provider == "anthropic":
-        body: dict = {"type": "error", "error": {"type": kind, "message": message}}
+        body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
     elif provider == "gemini":
         body = {"error": {"code": status, "message": message, "status": {
             400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",

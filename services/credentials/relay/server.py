@@ -78,7 +78,7 @@ from services.credentials.relay.providers import (
     upstream_root,
 )
 from services.credentials.relay.secrets import SecretForms
-from services.credentials.relay.state import RelayStates, TicketRelay
+from services.credentials.relay.state import McpCall, RelayStates, TicketRelay
 from services.credentials.relay.upstream import Upstream
 from services.credentials.relay.usage import Usage, UsageMeter, usage_of
 
@@ -206,7 +206,7 @@ class RelayHub:
             return {}, 0, False
         return {k: Usage(**vars(u)) for k, u in t.usage.items()}, t.budget, not t.closed and t.runner is not None
 
-    def mcp_calls(self, ticket_id: str, since: int = 0, limit: int = 1000) -> tuple[list[dict], int]:
+    def mcp_calls(self, ticket_id: str, since: int = 0, limit: int = 1000) -> tuple[list[McpCall], int]:
         """(the MCP calls numbered `since` and on, at most `limit`, oldest first; the last number so far)."""
         check_ticket_id(ticket_id)
         t = self.tickets.get(ticket_id) or self.states.load(ticket_id)
@@ -473,7 +473,7 @@ class RelayHub:
         # the answer is on its way
         asyncio.get_running_loop().call_soon(self._save_mcp_call, t, kept)
 
-    def _save_mcp_call(self, t: TicketRelay, call: dict) -> None:
+    def _save_mcp_call(self, t: TicketRelay, call: McpCall) -> None:
         if t.closed:
             return
         try:

@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -22,6 +23,9 @@ from services.credentials.relay.usage import Usage
 log = logging.getLogger(__name__)
 
 MCP_CALLS_KEPT = 1000       # MCP calls a ticket's relay remembers until the scheduler has read them
+
+# One MCP call as the relay records it: RelayMcpCall's fields and its `seq`, a JSON line on disk.
+McpCall = dict[str, Any]
 
 
 @dataclass
@@ -36,20 +40,20 @@ class TicketRelay:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     load: TicketLoad = field(default_factory=TicketLoad)   # connections and body bytes held now
     mcp: dict[str, tuple[str, ...]] = field(default_factory=dict)   # MCP server -> the tools granted (R43)
-    mcp_calls: list[dict] = field(default_factory=list)   # the latest MCP calls (RelayMcpCall fields)
+    mcp_calls: list[McpCall] = field(default_factory=list)   # the latest MCP calls (RelayMcpCall fields)
     mcp_seq: int = 0                                       # MCP calls so far (the last one's seq)
 
     @property
     def used(self) -> int:
         return sum(u.total for u in self.usage.values())
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {"capability": self.capability, "models": list(self.models), "budget": self.budget,
                 "usage": {k: [u.input_tokens, u.output_tokens, u.requests, u.refused]
                           for k, u in self.usage.items()},
                 "mcp": {k: list(v) for k, v in self.mcp.items()}}
 
-    def add_mcp_call(self, call: dict) -> dict:
+    def add_mcp_call(self, call: McpCall) -> McpCall:
         """Number `call` and keep it (the oldest are forgotten past MCP_CALLS_KEPT)."""
         self.mcp_seq += 1
         call = {**call, "seq": self.mcp_seq}
@@ -78,7 +82,7 @@ class RelayStates:
             got = self._calls_paths[ticket_id] = self.state_dir / f"{check_ticket_id(ticket_id)}.mcp.jsonl"
         return got
 
-    def append_call(self, t: TicketRelay, call: dict) -> None:
+    def append_call(self, t: TicketRelay, call: McpCall) -> None:
         path = self.calls_path(t.ticket_id)
         if t.mcp_seq % (2 * MCP_CALLS_KEPT) == 0:        # compact: only the calls still kept
             self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -99,7 +103,7 @@ class RelayStates:
         finally:
             os.close(fd)
 
-    def _calls(self, ticket_id: str) -> list[dict]:
+    def _calls(self, ticket_id: str) -> list[McpCall]:
         try:
             lines = self.calls_path(ticket_id).read_text().splitlines()
         except FileNotFoundError:

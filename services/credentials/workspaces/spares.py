@@ -28,7 +28,7 @@ class Spares:
         self.folder = folder
         self._populate = populate
         self._remove = remove
-        self._tasks: dict[Path, asyncio.Task] = {}
+        self._tasks: dict[Path, asyncio.Task[None]] = {}
 
     def _path(self, mirror: Path, base: str) -> Path | None:
         if self.folder is None:
