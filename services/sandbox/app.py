@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -17,6 +17,7 @@ from services.common.layout import Layout
 from services.common.observability.metrics import sandbox_metrics
 from services.common.rpc import grpcutil
 from services.common.rpc.links import LinkSecrets
+from services.common.secrecy.env_secrets import SecretValue
 from services.common.secrecy.redact import Redactor
 from services.sandbox.commands.execs import Runner
 from services.sandbox.files.tools import FileTools
@@ -43,7 +44,7 @@ class SandboxApp:
 
 def build_app(layout: Layout, links: LinkSecrets, redactor: Redactor, *, socket_path: str | None = None,
               instance: str = "default", egress_network: str = "bridge",
-              allow_private: Iterable[str] = (), env_values: dict | None = None,
+              allow_private: Iterable[str] = (), env_values: Mapping[str, SecretValue | str] | None = None,
               interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
               registry: CollectorRegistry | None = None, disk_mode: str | None = None,
               listen: str = "", tls: grpcutil.TlsFiles | None = None, gvisor_runtime: str = "runsc",

@@ -94,7 +94,7 @@ async def amain(argv: list[str] | None = None) -> int:
         log.error("sandbox broker: %s", ctx.redactor.redact(str(exc)))
         return 2
 
-    async def start() -> dict:
+    async def start() -> dict[str, str]:
         await app.start()
         if app.server.port:
             return {"listen": f"{args.listen.rpartition(':')[0]}:{app.server.port}"}

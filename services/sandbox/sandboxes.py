@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 import docker
@@ -26,6 +26,7 @@ from services.common.config.egress_rules import check_rules
 from services.common.config.model import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
+from services.common.secrecy.env_secrets import SecretValue
 from services.sandbox import checks
 from services.sandbox.containers import cleanup, hardening, provision, restart
 from services.sandbox.containers import info as sandbox_info
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 
 class SandboxManager(SandboxEnv):
     def __init__(self, layout: Layout, *, instance: str = "default", egress_network: str = "bridge",
-                 allow_private: Iterable[str] = (), env_values: dict | None = None,
+                 allow_private: Iterable[str] = (), env_values: Mapping[str, SecretValue | str] | None = None,
                  proxy_image: str = DEFAULT_PROXY_IMAGE, client: docker.DockerClient | None = None,
                  disk_mode: str | None = None, gvisor_runtime: str = GVISOR_RUNTIME,
                  egress_transport: str = "network", upstream_ca: bytes = b"") -> None:
@@ -92,7 +93,7 @@ class SandboxManager(SandboxEnv):
         self.diskcap = diskcap.DiskCaps(layout.workspaces_dir, mode=disk_mode)
         # the workspace across hosts (ReadWorkspace/WriteWorkspace; handover.py)
         self.handover = Handover(layout)
-        self._watches: dict[str, asyncio.Task] = {}
+        self._watches: dict[str, asyncio.Task[None]] = {}
         self._exceeded: dict[str, str] = {}
         self._engine_ok = False
         self.gvisor_runtime = gvisor_runtime
@@ -114,7 +115,7 @@ class SandboxManager(SandboxEnv):
     def network_name(self, ticket_id: str) -> str:
         return f"{self._prefix()}-{ticket_id}"
 
-    def _filters(self, ticket_id: str | None = None, role: str | None = None) -> dict:
+    def _filters(self, ticket_id: str | None = None, role: str | None = None) -> dict[str, list[str]]:
         labels = [f"{LABEL_INSTANCE}={self.instance}", LABEL_TICKET]
         if ticket_id:
             labels[1] = f"{LABEL_TICKET}={ticket_id}"

@@ -12,7 +12,7 @@ import docker.errors
 from services.sandbox.containers.hardening import LABEL_TICKET
 
 
-def remove_objects(client: docker.DockerClient, filters: dict) -> int:
+def remove_objects(client: docker.DockerClient, filters: dict[str, list[str]]) -> int:
     """Remove every container and network matching `filters`; the count removed."""
     removed = 0
     for c in client.api.containers(all=True, filters=filters):
@@ -26,7 +26,8 @@ def remove_objects(client: docker.DockerClient, filters: dict) -> int:
     return removed
 
 
-def remove_dead(client: docker.DockerClient, filters: dict, live: set[str]) -> tuple[set[str], int, int]:
+def remove_dead(client: docker.DockerClient, filters: dict[str, list[str]], live: set[str]
+                ) -> tuple[set[str], int, int]:
     """Remove the objects matching `filters` whose ticket is not in `live`:
     (the tickets they belonged to, containers removed, networks removed)."""
     tickets: set[str] = set()

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from services.common.errors import AfeError, NotFound
 from services.sandbox.containers.dockerapi import DockerAPI, EngineError
@@ -63,7 +64,7 @@ def pids_reason(engine_pids: int) -> str:
             "sandbox.limits.pids")
 
 
-def stopped_reason(state: dict, host_config: dict, gvisor: bool) -> str:
+def stopped_reason(state: dict[str, Any], host_config: dict[str, Any], gvisor: bool) -> str:
     """Why a sandbox that is no longer running stopped, from its container's state."""
     if state.get("OOMKilled"):
         return memory_reason(int(host_config.get("Memory") or 0), whole=True)

@@ -119,8 +119,9 @@ class DockerAPI:
             raise EngineError(status, msg)
         return headers, data
 
-    async def inspect_container(self, container: str) -> dict:
-        return await self.request("GET", f"/containers/{container}/json")
+    async def inspect_container(self, container: str) -> dict[str, Any]:
+        doc: dict[str, Any] = await self.request("GET", f"/containers/{container}/json")
+        return doc
 
     async def wait_stopped(self, container: str) -> int:
         """Wait until the container is no longer running (however long that
@@ -128,7 +129,8 @@ class DockerAPI:
         doc = await self.request("POST", f"/containers/{container}/wait?condition=not-running")
         return int((doc or {}).get("StatusCode", -1))
 
-    async def events(self, *, since: float, until: float, filters: dict[str, list[str]]) -> list[dict]:
+    async def events(self, *, since: float, until: float, filters: dict[str, list[str]]
+                     ) -> list[dict[str, Any]]:
         """The engine's events between two Unix times (`until` at most a moment
         ahead: the engine answers then)."""
         query = urlencode({"since": f"{since:.6f}", "until": f"{until:.6f}", "filters": json.dumps(filters)})
@@ -142,7 +144,8 @@ class DockerAPI:
         if user:
             body["User"] = user
         doc = await self.request("POST", f"/containers/{container}/exec", body)
-        return doc["Id"]
+        exec_id: str = doc["Id"]
+        return exec_id
 
     async def exec_start(self, exec_id: str) -> ExecStream:
         reader, writer = await self._connect()
@@ -156,8 +159,9 @@ class DockerAPI:
             raise EngineError(status, data[:200].decode("utf-8", "replace"))
         return ExecStream(reader, writer)
 
-    async def exec_inspect(self, exec_id: str) -> dict:
-        return await self.request("GET", f"/exec/{exec_id}/json")
+    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        doc: dict[str, Any] = await self.request("GET", f"/exec/{exec_id}/json")
+        return doc
 
     async def exit_code(self, exec_id: str) -> int:
         """Wait (briefly) for the engine to record the exit, then return it."""

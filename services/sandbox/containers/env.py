@@ -8,13 +8,14 @@ import re
 from collections.abc import Iterable
 
 from services.common.errors import FailedPrecondition, InvalidArgument
+from services.common.secrecy.env_secrets import SecretValue
 from services.sandbox.containers.info import SandboxInfo
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 class SandboxEnv:
-    env_values: dict
+    env_values: dict[str, SecretValue | str]     # a plain str in tests
 
     def env_for(self, info: SandboxInfo, names: Iterable[str]) -> list[str]:
         """KEY=value entries for an exec: only declared names, values from the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from docker.types import Mount, Ulimit
 
@@ -57,7 +58,7 @@ class SandboxSettings:
     env_names: tuple[str, ...] = ()
     relay: bool = False                           # mount the ticket's model relay folder (R32)
     runtime: str = "runc"                         # runc | gvisor (the engine's runsc)
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_limits(cpus: float, memory_bytes: int, pids: int) -> tuple[float, int, int]:
@@ -111,7 +112,7 @@ def bridge_name(network: str) -> str:
     return "afe" + hashlib.sha256(network.encode()).hexdigest()[:12]
 
 
-def ticket_network_kwargs(*, name: str, instance: str, ticket_id: str) -> dict:
+def ticket_network_kwargs(*, name: str, instance: str, ticket_id: str) -> dict[str, Any]:
     """Keyword arguments for `networks.create` of a ticket's network (R11,
     R31): internal (Docker adds no route out), and a bridge without a host
     address, so nothing of the host answers on it."""
@@ -128,7 +129,8 @@ def ticket_network_kwargs(*, name: str, instance: str, ticket_id: str) -> dict:
 def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, workspace: str,
                           network: str | None, env: dict[str, str], ipv6: bool = True,
                           relay_dir: str | None = None, egress_dir: str | None = None,
-                          runtime_name: str | None = None, ca_mounts: list[Mount] | None = None) -> dict:
+                          runtime_name: str | None = None, ca_mounts: list[Mount] | None = None
+                          ) -> dict[str, Any]:
     """R5 network none unless egress; R6 caps/no-new-privileges/limits; R7
     non-root; R8 read-only root, /workspace the only writable bind, no
     socket; R9 no environment but what the caller passes (non-secret proxy
@@ -193,7 +195,7 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
 
 def proxy_create_kwargs(*, ticket_id: str, name: str, instance: str, outside_network: str,
                         conf: str, image: str = DEFAULT_PROXY_IMAGE, egress_dir: str | None = None,
-                        bump_dir: str | None = None) -> dict:
+                        bump_dir: str | None = None) -> dict[str, Any]:
     """The squid proxy is hardened too: no capabilities, read-only root, its
     config passed in the environment (it is not secret: only host names) and
     written to a tmpfs by the entrypoint, so no host path is mounted but, for

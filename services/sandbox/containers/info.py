@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import docker
 
@@ -45,7 +46,7 @@ class ReconcileResult:
     removed_networks: int
 
 
-def info_from_summary(c: dict, proxy: dict | None) -> SandboxInfo:
+def info_from_summary(c: dict[str, Any], proxy: dict[str, Any] | None) -> SandboxInfo:
     st = c.get("State", "")
     state = {"running": "running", "paused": "paused"}.get(st, "exited")
     nets = list((c.get("NetworkSettings") or {}).get("Networks", {}) or {})
@@ -63,7 +64,7 @@ def info_from_summary(c: dict, proxy: dict | None) -> SandboxInfo:
                        egress_rules=c["Labels"].get(hardening.LABEL_EGRESS_RULES) == "1")
 
 
-def find_sandbox(client: docker.DockerClient, filters: dict) -> SandboxInfo | None:
+def find_sandbox(client: docker.DockerClient, filters: dict[str, list[str]]) -> SandboxInfo | None:
     """The sandbox among the containers matching one ticket's `filters` (None when there is none)."""
     cs = client.api.containers(all=True, filters=filters)
     sandbox = next((c for c in cs if c["Labels"].get(LABEL_ROLE) == "sandbox"), None)
@@ -73,7 +74,7 @@ def find_sandbox(client: docker.DockerClient, filters: dict) -> SandboxInfo | No
     return info_from_summary(sandbox, proxy)
 
 
-def list_sandboxes(client: docker.DockerClient, filters: dict) -> list[SandboxInfo]:
+def list_sandboxes(client: docker.DockerClient, filters: dict[str, list[str]]) -> list[SandboxInfo]:
     """Every sandbox matching `filters`, by ticket id."""
     cs = client.api.containers(all=True, filters=filters)
     proxies = {c["Labels"][LABEL_TICKET]: c for c in cs if c["Labels"].get(LABEL_ROLE) == "proxy"}

@@ -68,7 +68,7 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
     proxy_id = ""
     proxy_ip = ""
     env: dict[str, str] = {}
-    starting: concurrent.futures.Future | None = None
+    starting: concurrent.futures.Future[tuple[str, str]] | None = None
     network_made = threading.Event()
     try:
         rules = s.egress_rules if s.egress and bump_dir else ()

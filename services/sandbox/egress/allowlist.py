@@ -111,7 +111,7 @@ def check_private(entries: list[str] | tuple[str, ...], egress: list[str] | tupl
         except ValueError:
             net = None
         if net is not None:
-            if any(net.version == n.version and net.overlaps(n) for n in never):  # type: ignore[arg-type]
+            if any(net.version == n.version and net.overlaps(n) for n in never):
                 raise InvalidArgument(f"egress_private entry {text!r} overlaps loopback, link-local, multicast "
                                       "or reserved addresses; list the private subnet of the service only")
             cidrs.append(str(net))
@@ -382,7 +382,7 @@ def logged_requests(log_text: str, limit: int = REQUESTS_MAX) -> tuple[list[Requ
     """Every request the proxy logged, allowed or refused, grouped by (method,
     host, path, status, verdict, rule) with counts and summed bytes, in the
     order first seen; at most `limit` groups (truncated says more were seen)."""
-    groups: dict[tuple, RequestCount] = {}
+    groups: dict[tuple[str, str, str, int, bool, str, str], RequestCount] = {}
     truncated = False
     for line in log_text.splitlines():
         r = parse_log_line(line)

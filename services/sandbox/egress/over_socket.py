@@ -24,6 +24,7 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from services.common import safefs
@@ -129,7 +130,8 @@ def _accepts(path: str) -> bool:
     return True
 
 
-async def wait_socket(layout: Layout, ticket_id: str, proxy_running, timeout: float = 20.0) -> None:
+async def wait_socket(layout: Layout, ticket_id: str, proxy_running: Callable[[], bool],
+                      timeout: float = 20.0) -> None:
     """Wait until the proxy's socket accepts (its squid answers by then);
     `proxy_running()` (blocking) says whether the proxy container still runs."""
     path = str(egress_dir(layout, ticket_id) / EGRESS_SOCKET)

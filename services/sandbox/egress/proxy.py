@@ -31,13 +31,15 @@ async def wait_proxy(client: docker.DockerClient, proxy_id: str, egress_network:
     def addr() -> str:
         attrs = client.api.inspect_container(proxy_id)
         nets = attrs["NetworkSettings"]["Networks"]
-        return (nets.get(egress_network) or {}).get("IPAddress", "")
+        address: str = (nets.get(egress_network) or {}).get("IPAddress", "")
+        return address
 
     def inside() -> bool:
         probe = ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}"]
         e = client.api.exec_create(proxy_id, probe)
         client.api.exec_start(e["Id"])
-        return client.api.exec_inspect(e["Id"])["ExitCode"] == 0
+        code: int = client.api.exec_inspect(e["Id"])["ExitCode"]
+        return code == 0
 
     if ip is None:
         ip = await asyncio.to_thread(addr)

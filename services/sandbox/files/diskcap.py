@@ -36,7 +36,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,7 +146,7 @@ def mounts() -> list[Mount]:
     return found
 
 
-def _run(argv: list[str], what: str) -> subprocess.CompletedProcess:
+def _run(argv: list[str], what: str) -> subprocess.CompletedProcess[bytes]:
     res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=_TOOLS_ENV,
                          timeout=120, check=False)
     if res.returncode != 0:
@@ -301,7 +301,7 @@ class DiskCaps:
         log.info("workspace disk image of %s removed", ticket_id)
         return True
 
-    def reconcile(self, live: Iterable[str], path_of) -> list[str]:
+    def reconcile(self, live: Iterable[str], path_of: Callable[[str], Path]) -> list[str]:
         """Release the images and mounts of tickets not in `live`."""
         live = set(live)
         base = str(self.workspaces_dir) + "/"

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from services.common.errors import AfeError, FailedPrecondition, InvalidArgument, ResourceExhausted
 from services.common.safefs import Limits, RelPath, open_regular, walk
@@ -63,7 +64,7 @@ def _entry(name: str, st: os.stat_result) -> Entry:
 class FileTools:
     """`workspace(ticket_id) -> path` resolves a ticket's workspace root."""
 
-    def __init__(self, workspace: Callable[[str], os.PathLike | str]) -> None:
+    def __init__(self, workspace: Callable[[str], os.PathLike[str] | str]) -> None:
         self.workspace = workspace
 
     def _root(self, ticket_id: str) -> Root:
@@ -129,7 +130,7 @@ class FileTools:
             check_regex_is_linear(pattern)
         rel = RelPath.parse(path, allow_root=True)
         parts = rel.parts
-        state = {"files": 0, "bytes": 0, "truncated": False}
+        state: dict[str, int] = {"files": 0, "bytes": 0, "truncated": False}   # truncated: a bool
         matches: list[Match] = []
         with self._root(ticket_id) as root:
             try:
@@ -157,11 +158,13 @@ def check_regex_is_linear(pattern: str) -> None:
     try:
         import re._parser as sre_parse  # Python >= 3.11
     except ImportError:  # pragma: no cover
-        import sre_parse  # type: ignore[no-redef]
+        import sre_parse
     repeats = {sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, sre_parse.POSSESSIVE_REPEAT} \
         if hasattr(sre_parse, "POSSESSIVE_REPEAT") else {sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT}
 
-    def walk(items, inside_repeat: bool) -> None:
+    # re's parser is untyped here: its items are (opcode, argument) pairs whose argument's shape depends
+    # on the opcode
+    def walk(items: Iterable[tuple[Any, Any]], inside_repeat: bool) -> None:
         for op, av in items:
             if op in (sre_parse.GROUPREF, sre_parse.GROUPREF_EXISTS):
                 raise InvalidArgument("regex backreferences are not supported in search")
@@ -188,8 +191,8 @@ def check_regex_is_linear(pattern: str) -> None:
 SEARCH_LIMITS = Limits("search", "the searched directory", max_depth=MAX_DEPTH)
 
 
-def _search_dir(dfd: int, prefix: str, rx: re.Pattern, matches: list[Match], limit: int,
-                state: dict) -> None:
+def _search_dir(dfd: int, prefix: str, rx: re.Pattern[str], matches: list[Match], limit: int,
+                state: dict[str, int]) -> None:
     """An iterative, bounded walk (R34); `.git` directories are not searched."""
     base = os.fsencode(prefix + "/") if prefix else b""
     for item in walk(dfd, SEARCH_LIMITS, descend=lambda it: it.name != b".git"):
@@ -209,7 +212,8 @@ def _search_dir(dfd: int, prefix: str, rx: re.Pattern, matches: list[Match], lim
         _search_fd(fd, rel, rx, matches, limit, state)
 
 
-def _search_fd(fd: int, rel: str, rx: re.Pattern, matches: list[Match], limit: int, state: dict) -> None:
+def _search_fd(fd: int, rel: str, rx: re.Pattern[str], matches: list[Match], limit: int,
+               state: dict[str, int]) -> None:
     try:
         data = os.read(fd, SEARCH_FILE_CAP)
     finally:
