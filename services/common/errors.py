@@ -4,19 +4,42 @@ The core of every process raises these; `grpcutil` turns them into status
 codes in one place and the gateway turns them into JSON-RPC error codes in
 one place. Messages are for people: they say what to change. They pass
 through the process's redactor before they leave the process.
+
+What a program must recognise in another process's error travels as a
+`Reason` (the `reason` of a google.rpc.ErrorInfo in the status details,
+statuses.py), never as words of the message: a message is for people and
+may change, and text a caller put in a request (a ticket's title, a branch
+name) can end up inside one.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why a call failed, where the caller acts on it (the contract between processes)."""
+
+    # The ticket has a newer owner (R37, R45): the credential broker refused a side effect whose
+    # fence is stale or whose lease ended; the scheduler stops the run without a write (LeaseLost).
+    LEASE_LOST = "LEASE_LOST"
+    # The database that holds the fences does not answer the credential broker: nothing was done,
+    # the scheduler tries the step again.
+    FENCE_STORE_AWAY = "FENCE_STORE_AWAY"
+
 
 class AfeError(Exception):
-    """Root of every error afe raises on purpose."""
+    """Root of every error afe raises on purpose. `reason`: what a caller in
+    another process may act on (None: only the code and the message)."""
 
     code = "INTERNAL"
+    reason: Reason | None = None
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, reason: Reason | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if reason is not None:
+            self.reason = reason
 
     def __str__(self) -> str:
         return self.message
@@ -102,6 +125,6 @@ BY_CODE: dict[str, type[AfeError]] = {
 }
 
 
-def from_code(code: str, message: str) -> AfeError:
+def from_code(code: str, message: str, reason: Reason | None = None) -> AfeError:
     """Rebuild an AfeError from a status code name (used by gRPC clients)."""
-    return BY_CODE.get(code, Internal)(message)
+    return BY_CODE.get(code, Internal)(message, reason=reason)

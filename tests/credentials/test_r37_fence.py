@@ -13,7 +13,9 @@ import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as pb_grpc
+from services.common.errors import Reason
 from services.common.rpc import grpcutil
+from services.common.rpc.statuses import reason_in
 from services.scheduler.sandboxes.brokers import CredentialsClient
 from services.scheduler.store.base import LeaseLost
 from tests.credentials.conftest import git_plain, local_workspace, make_config
@@ -52,6 +54,8 @@ async def test_r37_push_with_an_older_fence_is_refused_and_nothing_is_pushed(loc
             await stub.Push(pb.PushRequest(ticket_id="t1", workspace="local", fence=1))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "a newer owner of ticket t1 exists (fence 1 < 2); this scheduler lost its lease" in err.value.details()
+    # ... and what the scheduler acts on: the reason in the status details, not the words
+    assert reason_in(err.value.trailing_metadata()) is Reason.LEASE_LOST
     assert _branch(local_origin, "t1") is None
 
 

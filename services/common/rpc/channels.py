@@ -15,7 +15,7 @@ from services.common import errors
 from services.common.observability import telemetry
 from services.common.rpc.links import METADATA_KEY
 from services.common.rpc.sockets import OPTIONS, socket_target
-from services.common.rpc.statuses import ORIGIN_KEY
+from services.common.rpc.statuses import ORIGIN_KEY, reason_in
 from services.common.rpc.tls import TlsFiles, channel_credentials
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,12 @@ def _from_peer(exc: grpc.aio.AioRpcError) -> bool:
     return False
 
 
+def _reason(exc: grpc.aio.AioRpcError) -> errors.Reason | None:
+    with contextlib.suppress(Exception):
+        return reason_in(exc.trailing_metadata() or ())
+    return None
+
+
 def error_from_rpc(exc: grpc.aio.AioRpcError, peer: str = "", what: str = "") -> errors.AfeError:
     """The AfeError for a failed call. A status the peer set keeps its code and
     text; one the gRPC library made up (the peer is not running, or its
@@ -143,7 +149,7 @@ def error_from_rpc(exc: grpc.aio.AioRpcError, peer: str = "", what: str = "") ->
     process and the step, never the transport's own words."""
     code = exc.code().name
     if _from_peer(exc):
-        return errors.from_code(code, exc.details() or code.lower())
+        return errors.from_code(code, exc.details() or code.lower(), _reason(exc))
     who = peer or "the afe process at the other end"
     during = f" during {what}" if what else ""
     log.info("%s%s: transport status %s: %s", who, during, code, exc.details())

@@ -18,7 +18,7 @@ from services.common import errors
 from services.common.rpc import callers
 from services.common.rpc.links import METADATA_KEY
 from services.common.rpc.methodhandlers import Continuation, StreamBehaviour, UnaryBehaviour
-from services.common.rpc.statuses import ORIGIN, status_for
+from services.common.rpc.statuses import ORIGIN, status_for, trailers_for
 from services.common.rpc.streamdrop import StreamDropped
 from services.common.secrecy.redact import Redactor
 
@@ -115,7 +115,8 @@ class Guard(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no 
                 # issue's body, a payload). The traceback below ends with str(exc), which names only
                 # the character and its position.
                 log.error("%s failed: %s", method, type(exc).__name__, exc_info=exc)
-            await context.abort(code, redact(msg), ORIGIN)
+            msg = redact(msg)
+            await context.abort(code, msg, trailers_for(exc, code, msg))
 
         def wrap_unary(fn: UnaryBehaviour) -> UnaryBehaviour:
             async def call(request_or_iter: Any, context: grpc.aio.ServicerContext) -> Any:

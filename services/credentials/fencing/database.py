@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import errors as pg_errors
 
-from services.common.errors import ConfigError, FailedPrecondition, Unavailable
+from services.common.errors import ConfigError, FailedPrecondition, Reason, Unavailable
 from services.common.layout import check_ticket_id
 from services.common.secrecy.redact import Redactor
 from services.credentials.fencing.resource import LOST_LEASE, StaleFence
@@ -107,6 +107,10 @@ def database_from_url(url: str, redactor: Redactor | None = None) -> FenceDataba
 
 
 class LeaseEnded(FailedPrecondition):
+    """The ticket is no longer held with the request's fence: the scheduler's LeaseLost."""
+
+    reason = Reason.LEASE_LOST
+
     def __init__(self, ticket_id: str, fence: int, why: str) -> None:
         super().__init__(f"ticket {ticket_id} is no longer held with fence {fence} ({why}); {LOST_LEASE}")
 
@@ -139,7 +143,8 @@ class DatabaseFences:
         log.warning("the fence check could not reach %s (%s)", self.db.where, type(exc).__name__)
         of = f" of ticket {ticket_id}" if ticket_id else ""
         return Unavailable(f"the fence{of} cannot be checked: {self.db.where} (the scheduler's store) does not "
-                           "answer; nothing was done, try again once the database is back")
+                           "answer; nothing was done, try again once the database is back",
+                           reason=Reason.FENCE_STORE_AWAY)
 
     @contextlib.asynccontextmanager
     async def _transaction(self, ticket_id: str) -> AsyncIterator[psycopg.AsyncConnection]:

@@ -30,15 +30,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Protocol
 
-from services.common.errors import FailedPrecondition
+from services.common.errors import FailedPrecondition, Reason
 from services.common.layout import check_ticket_id
 
 log = logging.getLogger(__name__)
 
-LOST_LEASE = "this scheduler lost its lease"   # the refusal's wording; the scheduler maps it to LeaseLost
+LOST_LEASE = "this scheduler lost its lease"   # the words for people; programs read the reason
 
 
 class StaleFence(FailedPrecondition):
+    """A request with a fence older than one seen: the scheduler's LeaseLost (Reason.LEASE_LOST)."""
+
+    reason = Reason.LEASE_LOST
+
     def __init__(self, ticket_id: str, fence: int, highest: int) -> None:
         super().__init__(f"a newer owner of ticket {ticket_id} exists (fence {fence} < {highest}); {LOST_LEASE}")
 

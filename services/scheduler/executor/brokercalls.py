@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from services.common.errors import PeerUnavailable, Unavailable
+from services.common.errors import PeerUnavailable, Reason, Unavailable
 
 T = TypeVar("T")
 Emit = Callable[[str, dict[str, Any]], None]
@@ -17,9 +17,6 @@ Emit = Callable[[str, dict[str, Any]], None]
 # How long preparation and a builtin step (commit, push, open_pr, merge) wait
 # for a broker that went away. An engine may set `broker_retry_s` (0: fail at once).
 BROKER_RETRY_S = 60.0
-# The credential broker's refusal when the database holding the fences does not answer it
-# (services/credentials/fencing/database.py): nothing was done, so a step is tried again.
-FENCE_STORE_AWAY = "(the scheduler's store) does not answer"
 
 
 async def retry_unavailable(limit_s: float, what: str, fn: Callable[[], Awaitable[T]],
@@ -46,7 +43,7 @@ async def step(limit_s: float, emit: Emit, node_id: str, name: str, fn: Callable
     ticket and step: the branch `afe/<ticket>`, its one PR, the approved
     head), so a call that landed before the crash is not repeated. The
     same for the broker's UNAVAILABLE when the database holding the fences
-    does not answer it (FENCE_STORE_AWAY)."""
+    does not answer it (Reason.FENCE_STORE_AWAY)."""
     delay, started = 0.5, time.monotonic()
     away = False
     while True:
@@ -57,7 +54,7 @@ async def step(limit_s: float, emit: Emit, node_id: str, name: str, fn: Callable
             # answering it: nothing was done either way, so the step is tried again (the lease is
             # checked again before each try). Any other UNAVAILABLE is the step's own answer.
             fence_db = not isinstance(exc, PeerUnavailable)
-            if fence_db and FENCE_STORE_AWAY not in exc.message:
+            if fence_db and exc.reason is not Reason.FENCE_STORE_AWAY:
                 raise
             waited = time.monotonic() - started
             if waited + delay > limit_s:

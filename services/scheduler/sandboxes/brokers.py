@@ -20,7 +20,7 @@ from services._gen.afe.credentials.v1 import credentials_pb2 as cpb
 from services._gen.afe.credentials.v1 import credentials_pb2_grpc as cgrpc
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc as sgrpc
-from services.common.errors import FailedPrecondition
+from services.common.errors import FailedPrecondition, Reason
 from services.common.rpc.grpcutil import TlsFiles, open_channel, open_remote_channel, rpc_errors
 
 from ..store.base import LeaseLost
@@ -32,9 +32,6 @@ CREDENTIALS = "the credential broker"
 SANDBOX = "the sandbox broker"
 SHORT = 30.0     # seconds for quick calls
 LONG = 900.0     # clone, push, merge
-# The credential broker's refusal of a request whose fence is older than one it saw (R37,
-# services/credentials/fencing/resource.py): another scheduler owns the ticket now.
-LOST_LEASE = "this scheduler lost its lease"
 
 
 @contextlib.asynccontextmanager
@@ -45,7 +42,9 @@ async def fenced_errors(ticket_id: str, fence: int, what: str) -> AsyncIterator[
         async with rpc_errors(CREDENTIALS, what):
             yield
     except FailedPrecondition as exc:
-        if fence and LOST_LEASE in exc.message:
+        # The credential broker's refusal of a stale fence or an ended lease (R37, R45) carries
+        # Reason.LEASE_LOST in its status details: another scheduler owns the ticket now.
+        if fence and exc.reason is Reason.LEASE_LOST:
             raise LeaseLost(ticket_id) from None
         raise
 
