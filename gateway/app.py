@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from services.common.secrecy.redact import Redactor
 from services.common.states import TicketState
@@ -35,7 +37,7 @@ SECURITY_HEADERS = {
 
 AUTH_KEY: web.AppKey[Authenticator] = web.AppKey("auth", Authenticator)
 BACKEND_KEY: web.AppKey[SchedulerBackend] = web.AppKey("backend", SchedulerBackend)
-CONNS_KEY: web.AppKey[set] = web.AppKey("conns", set)
+CONNS_KEY: web.AppKey[set[RpcConnection]] = web.AppKey("conns", set)
 
 
 def _plain(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -43,7 +45,7 @@ def _plain(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 
 @web.middleware
-async def _guard(request: web.Request, handler):
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     auth: Authenticator = request.app[AUTH_KEY]
     if not auth.site.host_allowed(request.headers.get("Host")):
         # DNS rebinding: a foreign name resolving to us. Answer nothing of afe's, only where it is.
@@ -134,7 +136,7 @@ def build_app(auth: Authenticator, backend: SchedulerBackend, redactor: Redactor
     app.router.add_get("/states.js", _states)
     app.router.add_static("/static/", STATIC_DIR, show_index=False, follow_symlinks=False)
 
-    async def _sweep(app: web.Application):
+    async def _sweep(app: web.Application) -> AsyncIterator[None]:
         """Close cookie sessions whose cookie expired while the socket stayed open."""
         async def loop() -> None:
             while True:

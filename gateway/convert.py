@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common import states
@@ -21,6 +22,9 @@ NODE_STATES = {s.proto: s.value for s in NodeState}
 # The local forge's pull-request reference (services/credentials/forges/local.py): local:<workspace>/pulls/<n>.
 LOCAL_PR = re.compile(r"local:([A-Za-z0-9][A-Za-z0-9_.-]{0,99})/pulls/([0-9]{1,20})")
 
+# A JSON object of the shapes /rpc speaks (a ticket, a node, an event, a reply).
+JsonObject = dict[str, Any]
+
 
 def pr_url(ref: str, origin: str) -> str:
     """The URL people open for a pull request: the local forge's `local:demo/pulls/2`
@@ -31,7 +35,7 @@ def pr_url(ref: str, origin: str) -> str:
     return ref
 
 
-def node(n: pb.NodeRun) -> dict:
+def node(n: pb.NodeRun) -> JsonObject:
     return {
         "id": n.id,
         "kind": n.kind,
@@ -45,7 +49,7 @@ def node(n: pb.NodeRun) -> dict:
     }
 
 
-def pull_request(p: pb.PullRequest, origin: str = "") -> dict | None:
+def pull_request(p: pb.PullRequest, origin: str = "") -> JsonObject | None:
     """`url` is what to open (pr_url); `ref` the forge's own reference."""
     if not (p.number or p.url):
         return None
@@ -55,14 +59,14 @@ def pull_request(p: pb.PullRequest, origin: str = "") -> dict | None:
     }
 
 
-def approval(a: pb.Approval) -> dict | None:
+def approval(a: pb.Approval) -> JsonObject | None:
     if not a.principal:
         return None
     return {"principal": a.principal, "sha": a.sha, "granted": a.granted, "at_ms": a.at_ms,
             "reason": a.reason}
 
 
-def ticket(t: pb.Ticket, origin: str = "") -> dict:
+def ticket(t: pb.Ticket, origin: str = "") -> JsonObject:
     """`origin`: the gateway's public origin, for the local forge's pull-request page."""
     return {
         "id": t.id,
@@ -86,14 +90,14 @@ def ticket(t: pb.Ticket, origin: str = "") -> dict:
     }
 
 
-def _origin(o: pb.TicketOrigin) -> dict:
+def _origin(o: pb.TicketOrigin) -> JsonObject:
     """Where a ticket came from and which of its texts are untrusted (R36), for the UI."""
     return {"source": o.source, "event": o.event, "url": o.url, "author": o.author, "trigger": o.trigger,
             "title_untrusted": o.title_untrusted, "body_untrusted": o.body_untrusted,
             "inputs": [{"name": i.name, "source": i.source, "untrusted": i.untrusted} for i in o.inputs]}
 
 
-def event(e: pb.Event) -> dict:
+def event(e: pb.Event) -> JsonObject:
     try:
         payload = json.loads(e.payload_json) if e.payload_json else {}
     except ValueError:
@@ -101,12 +105,12 @@ def event(e: pb.Event) -> dict:
     return {"ticket_id": e.ticket_id, "seq": e.seq, "type": e.type, "payload": payload, "at_ms": e.at_ms}
 
 
-def workflow(w: pb.Workflow) -> dict:
+def workflow(w: pb.Workflow) -> JsonObject:
     return {"name": w.name, "workspace": w.workspace,
             "nodes": [{"id": n.id, "kind": n.kind, "needs": list(n.needs)} for n in w.nodes],
             "inputs": [{"name": i.name, "required": i.required, "default": i.default_value} for i in w.inputs]}
 
 
-def workspace(w: pb.Workspace) -> dict:
+def workspace(w: pb.Workspace) -> JsonObject:
     return {"name": w.name, "repo": w.repo, "base_branch": w.base_branch, "forge": w.forge,
             "egress": list(w.egress), "forge_repo": w.forge_repo}

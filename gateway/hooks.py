@@ -28,8 +28,10 @@ import hashlib
 import hmac
 import logging
 import re
+from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from services.common.errors import AfeError, Unavailable
 from services.common.observability.metrics import github_deliveries
@@ -56,14 +58,14 @@ def sign(secret: bytes, body: bytes) -> str:
 
 class GitHubWebhook:
     def __init__(self, secret: SecretValue, backend: SchedulerBackend, limiter: FailureLimiter,
-                 registry=None) -> None:
+                 registry: CollectorRegistry | None = None) -> None:
         self._secret = secret
         self.backend = backend
         self.limiter = limiter
         self.metrics = github_deliveries(registry, "gateway") if registry is not None else None
 
     def _answer(self, status: int, outcome: str, reason: str, message: str,
-                extra: dict | None = None, headers: dict | None = None) -> web.Response:
+                extra: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> web.Response:
         if self.metrics is not None:
             self.metrics.labels(outcome=outcome, reason=reason).inc()
         return web.json_response({"outcome": outcome, "reason": reason, "message": message, **(extra or {})},

@@ -98,7 +98,7 @@ async def _main(argv: list[str] | None) -> None:
     app.middlewares.insert(0, telemetry.aiohttp_middleware())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
-    async def start() -> dict:
+    async def start() -> dict[str, int | str]:
         tokens.start()
         await runner.setup()
         await web.SockSite(runner, sock).start()

@@ -3,7 +3,8 @@
 Each text frame is one request object (batches are refused). Every request
 is validated: envelope, method name, params against the method's pydantic
 model (`services/common/schema/rpc.py`, shared with the CLI; the ticket
-limits are those the scheduler applies).
+limits are those the scheduler applies). The method's handler takes that
+model (`_handler`), so its signature says which params it reads.
 Failures become stable error codes (`error.code` number and
 `error.data.code` name) with a redacted message; tracebacks stay in the log.
 
@@ -20,17 +21,33 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import WSMsgType, web
+from pydantic import BaseModel
 
 from services.common import errors
 from services.common.observability import telemetry
-from services.common.schema.rpc import METHODS, parse_params
+from services.common.schema.rpc import (
+    METHODS,
+    ApproveParams,
+    CreateParams,
+    FollowUpParams,
+    ListParams,
+    NoParams,
+    PullParams,
+    RejectParams,
+    RetryParams,
+    TicketParams,
+    UnwatchParams,
+    WatchParams,
+    validate_params,
+)
 from services.common.secrecy.redact import Redactor
 
 from .auth import Authenticator, Principal
 from .backend import SchedulerBackend
+from .convert import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +78,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
 }
 
 
-def error_body(exc: BaseException, redactor: Redactor) -> dict:
+def error_body(exc: BaseException, redactor: Redactor) -> JsonObject:
     if isinstance(exc, errors.AfeError):
         code, name = ERROR_CODES.get(exc.code, INTERNAL)
         message = exc.message
@@ -82,6 +99,28 @@ class _Request:
     params: Any
 
 
+# A refused request: (its error code, the message).
+_Problem = tuple[tuple[int, str], str]
+
+_P = TypeVar("_P", bound=BaseModel)
+# A method's handler: its validated params (validate_params) -> the reply's `result`.
+_Handler = Callable[[BaseModel], Awaitable[JsonObject]]
+
+
+def _as(model: type[_P], params: BaseModel) -> _P:
+    """`params` as the model a handler takes: the one METHODS names for its method."""
+    if not isinstance(params, model):
+        raise TypeError(f"params validated as {type(params).__name__}; the handler takes {model.__name__}")
+    return params
+
+
+def _handler(model: type[_P], call: Callable[[_P], Awaitable[JsonObject]]) -> _Handler:
+    """The handler of a method whose params are `model` (type-checked against `call`)."""
+    async def run(params: BaseModel) -> JsonObject:
+        return await call(_as(model, params))
+    return run
+
+
 class RpcConnection:
     def __init__(self, ws: web.WebSocketResponse, principal: Principal, backend: SchedulerBackend,
                  auth: Authenticator, redactor: Redactor) -> None:
@@ -91,35 +130,40 @@ class RpcConnection:
         self.auth = auth
         self.redactor = redactor
         self._send_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task] = set()
-        self._watches: dict[str, asyncio.Task] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watches: dict[str, asyncio.Task[None]] = {}
         self._next_watch = 0
-        self._closer: asyncio.Future | None = None
+        self._closer: asyncio.Future[bool] | None = None
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
-        self._handlers: dict[str, Callable[[dict], Awaitable[Any]]] = {
-            "tickets.create": self._create,
-            "tickets.list": self._list,
-            "tickets.get": lambda p: self.backend.get_ticket(p["id"]),
-            "tickets.diff": lambda p: self.backend.ticket_diff(p["id"]),
-            "tickets.records": lambda p: self.backend.run_records(p["id"]),
-            "keys.get": lambda p: self.backend.signing_key(),
-            "tickets.cancel": lambda p: self.backend.cancel_ticket(p["id"], self.principal.name),
-            "tickets.approve": lambda p: self.backend.approve_ticket(p["id"], self.principal.name, p["sha"],
-                                                                      p["accept_harness_change"]),
-            "tickets.reject": lambda p: self.backend.reject_ticket(p["id"], self.principal.name, p["reason"]),
-            "tickets.followup": lambda p: self.backend.followup_ticket(p["id"], self.principal.name,
-                                                                       p["instruction"]),
-            "tickets.retry": lambda p: self.backend.retry_ticket(p["id"], self.principal.name, p["from_node"]),
-            "tickets.updateBranch": lambda p: self.backend.update_ticket_branch(p["id"], self.principal.name),
-            "tickets.unwatch": self._unwatch,
-            "pulls.get": lambda p: self.backend.get_pull(p["workspace"], p["number"]),
-            "workflows.list": lambda p: self.backend.list_workflows(),
-            "workspaces.list": lambda p: self.backend.list_workspaces(),
-            "session.info": self._session_info,
+        # Every method of METHODS but tickets.watch (`_watch`), with the model METHODS names for it.
+        self._handlers: dict[str, _Handler] = {
+            "tickets.create": _handler(CreateParams, self._create),
+            "tickets.list": _handler(ListParams, self._list),
+            "tickets.get": _handler(TicketParams, lambda p: self.backend.get_ticket(p.id)),
+            "tickets.diff": _handler(TicketParams, lambda p: self.backend.ticket_diff(p.id)),
+            "tickets.records": _handler(TicketParams, lambda p: self.backend.run_records(p.id)),
+            "keys.get": _handler(NoParams, lambda p: self.backend.signing_key()),
+            "tickets.cancel": _handler(TicketParams, lambda p: self.backend.cancel_ticket(
+                p.id, self.principal.name)),
+            "tickets.approve": _handler(ApproveParams, lambda p: self.backend.approve_ticket(
+                p.id, self.principal.name, p.sha, p.accept_harness_change)),
+            "tickets.reject": _handler(RejectParams, lambda p: self.backend.reject_ticket(
+                p.id, self.principal.name, p.reason)),
+            "tickets.followup": _handler(FollowUpParams, lambda p: self.backend.followup_ticket(
+                p.id, self.principal.name, p.instruction)),
+            "tickets.retry": _handler(RetryParams, lambda p: self.backend.retry_ticket(
+                p.id, self.principal.name, p.from_node)),
+            "tickets.updateBranch": _handler(TicketParams, lambda p: self.backend.update_ticket_branch(
+                p.id, self.principal.name)),
+            "tickets.unwatch": _handler(UnwatchParams, self._unwatch),
+            "pulls.get": _handler(PullParams, lambda p: self.backend.get_pull(p.workspace, p.number)),
+            "workflows.list": _handler(NoParams, lambda p: self.backend.list_workflows()),
+            "workspaces.list": _handler(NoParams, lambda p: self.backend.list_workspaces()),
+            "session.info": _handler(NoParams, self._session_info),
         }
 
     # -- sending -----------------------------------------------------------
-    async def _send(self, doc: dict) -> None:
+    async def _send(self, doc: JsonObject) -> None:
         if self.ws.closed:
             return
         async with self._send_lock:
@@ -157,14 +201,14 @@ class RpcConnection:
                 with contextlib.suppress(Exception):
                     await self._closer
 
-    def close_for_auth(self) -> asyncio.Future:
+    def close_for_auth(self) -> asyncio.Future[bool]:
         """Close with 4401 (the session ended); safe to call from any task."""
         if self._closer is None:
             self._closer = asyncio.ensure_future(
                 self.ws.close(code=CLOSE_AUTH, message=b"session ended; log in again"))
         return self._closer
 
-    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task:
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -176,13 +220,14 @@ class RpcConnection:
         except ValueError:
             await self._error(None, PARSE_ERROR, "the message is not valid JSON")
             return
-        req, problem = self._envelope(doc)
-        if req is None:
-            self.auth.metrics.requests.labels("invalid", problem[0][1]).inc()
+        req = self._envelope(doc)
+        if not isinstance(req, _Request):
+            code, message = req
+            self.auth.metrics.requests.labels("invalid", code[1]).inc()
             rid = doc.get("id") if isinstance(doc, dict) else None
             if isinstance(rid, bool) or not isinstance(rid, (str, int)) or (isinstance(rid, str) and len(rid) > 64):
                 rid = None
-            await self._error(rid, *problem)
+            await self._error(rid, code, message)
             return
         if self._slots.locked():
             await self._error(req.id, ERROR_CODES["RESOURCE_EXHAUSTED"],
@@ -192,27 +237,26 @@ class RpcConnection:
         self._spawn(self._run(req))
 
     @staticmethod
-    def _envelope(doc: Any) -> tuple[_Request | None, tuple]:
+    def _envelope(doc: Any) -> _Request | _Problem:
         if isinstance(doc, list):
-            return None, (INVALID_REQUEST, "batches are not supported; send one request per message")
+            return INVALID_REQUEST, "batches are not supported; send one request per message"
         if not isinstance(doc, dict):
-            return None, (INVALID_REQUEST, "a request must be a JSON object")
+            return INVALID_REQUEST, "a request must be a JSON object"
         if doc.get("jsonrpc") != "2.0":
-            return None, (INVALID_REQUEST, "'jsonrpc' must be \"2.0\"")
+            return INVALID_REQUEST, "'jsonrpc' must be \"2.0\""
         extra = set(doc) - {"jsonrpc", "id", "method", "params"}
         if extra:
-            return None, (INVALID_REQUEST, f"unknown member(s): {', '.join(sorted(map(repr, extra)))}")
+            return INVALID_REQUEST, f"unknown member(s): {', '.join(sorted(map(repr, extra)))}"
         rid = doc.get("id")
         if "id" not in doc or isinstance(rid, bool) or not isinstance(rid, (str, int)) \
                 or (isinstance(rid, str) and len(rid) > 64):
-            return None, (INVALID_REQUEST, "'id' must be a string (at most 64 characters) or an integer")
+            return INVALID_REQUEST, "'id' must be a string (at most 64 characters) or an integer"
         method = doc.get("method")
         if not isinstance(method, str):
-            return None, (INVALID_REQUEST, "'method' must be a string")
+            return INVALID_REQUEST, "'method' must be a string"
         if method not in METHODS:
-            return None, (METHOD_NOT_FOUND, f"unknown method {method[:64]!r}; known: "
-                          + ", ".join(sorted(METHODS)))
-        return _Request(rid, method, doc.get("params")), ()
+            return METHOD_NOT_FOUND, f"unknown method {method[:64]!r}; known: " + ", ".join(sorted(METHODS))
+        return _Request(rid, method, doc.get("params"))
 
     async def _run(self, req: _Request) -> None:
         # Each JSON-RPC call starts its own trace (tickets.create -> scheduler -> brokers).
@@ -224,9 +268,9 @@ class RpcConnection:
         outcome = "ok"
         try:
             try:
-                params = parse_params(req.method, req.params)
+                params = validate_params(req.method, req.params)
                 if req.method == "tickets.watch":
-                    await self._watch(req.id, params)
+                    await self._watch(req.id, _as(WatchParams, params))
                     return
                 result = await self._handlers[req.method](params)
             except asyncio.CancelledError:
@@ -247,46 +291,46 @@ class RpcConnection:
             self.auth.metrics.requests.labels(req.method, outcome).inc()
 
     # -- methods -----------------------------------------------------------
-    async def _create(self, p: dict) -> dict:
-        return await self.backend.create_ticket(workspace=p["workspace"], workflow=p["workflow"],
-                                                title=p["title"], body=p["body"], inputs=p["inputs"],
+    async def _create(self, p: CreateParams) -> JsonObject:
+        return await self.backend.create_ticket(workspace=p.workspace, workflow=p.workflow,
+                                                title=p.title, body=p.body, inputs=p.inputs,
                                                 principal=self.principal.name)
 
-    async def _list(self, p: dict) -> dict:
-        return await self.backend.list_tickets(states=p["states"], workspace=p["workspace"],
-                                               page_size=p["page_size"], page_token=p["page_token"])
+    async def _list(self, p: ListParams) -> JsonObject:
+        return await self.backend.list_tickets(states=p.states, workspace=p.workspace,
+                                               page_size=p.page_size, page_token=p.page_token)
 
-    async def _session_info(self, p: dict) -> dict:
+    async def _session_info(self, p: NoParams) -> JsonObject:
         return {"principal": self.principal.name,
                 "expires_at": self.principal.session.expires_at if self.principal.session else None}
 
-    async def _unwatch(self, p: dict) -> dict:
-        task = self._watches.pop(p["subscription"], None)
+    async def _unwatch(self, p: UnwatchParams) -> JsonObject:
+        task = self._watches.pop(p.subscription, None)
         if task is None:
-            raise errors.NotFound(f"no subscription {p['subscription']!r} on this connection")
+            raise errors.NotFound(f"no subscription {p.subscription!r} on this connection")
         task.cancel()
         return {"ok": True}
 
-    async def _watch(self, req_id: Any, p: dict) -> None:
+    async def _watch(self, req_id: Any, p: WatchParams) -> None:
         if len(self._watches) >= MAX_WATCHES:
             raise errors.ResourceExhausted(f"at most {MAX_WATCHES} watches may be open on one connection")
-        await self.backend.get_ticket(p["id"])  # NotFound answers the request itself
+        await self.backend.get_ticket(p.id)  # NotFound answers the request itself
         self._next_watch += 1
         sub = f"w{self._next_watch}"
         await self._reply(req_id, {"subscription": sub})
         self._watches[sub] = self._spawn(self._pump(sub, p))
 
-    async def _pump(self, sub: str, p: dict) -> None:
+    async def _pump(self, sub: str, p: WatchParams) -> None:
         error = None
         try:
-            async for event in self.backend.watch_ticket(p["id"], p["from_seq"], p["follow"]):
+            async for event in self.backend.watch_ticket(p.id, p.from_seq, p.follow):
                 await self._send({"jsonrpc": "2.0", "method": "tickets.event",
                                   "params": {"subscription": sub, "event": event}})
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if not isinstance(exc, errors.AfeError):
-                log.exception("watch of %s failed", p["id"])
+                log.exception("watch of %s failed", p.id)
             error = error_body(exc, self.redactor)
         finally:
             self._watches.pop(sub, None)

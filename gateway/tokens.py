@@ -68,7 +68,7 @@ class TokenSource:
         self._generation = 0
         self._listeners: list[Callable[[], None]] = []
         self._poll_interval = poll_interval
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         if fixed is not None:
             self._set(_check(fixed, "AFE_UI_TOKEN"))
         else:

@@ -4,9 +4,11 @@ its title, body and inputs with the types of `tickets.TicketText`, the limits th
 scheduler applies too; the CLI checks its request with the same model
 before it sends it.
 
-`parse_params(method, params)` returns the checked params with defaults
-filled in, or raises `InvalidArgument` with a message that names the field
-(the gateway maps it to JSON-RPC -32602 invalid_params)."""
+`validate_params(method, params)` returns the checked params with defaults
+filled in, as the method's model (the gateway hands it to the method's
+handler), or raises `InvalidArgument` with a message that names the field
+(the gateway maps it to JSON-RPC -32602 invalid_params); `parse_params` is
+the same as a plain dict."""
 
 from __future__ import annotations
 
@@ -20,7 +22,11 @@ from ..errors import InvalidArgument
 from ..layout import TICKET_ID_RE
 from .tickets import Body, Inputs, Title, problem
 
-__all__ = ["METHODS", "TICKET_STATE_NAMES", "parse_params"]
+__all__ = [
+    "METHODS", "TICKET_STATE_NAMES", "ApproveParams", "CreateParams", "FollowUpParams", "ListParams",
+    "NoParams", "PullParams", "RejectParams", "RetryParams", "TicketParams", "UnwatchParams", "WatchParams",
+    "parse_params", "validate_params",
+]
 
 # The ticket states /rpc speaks (gateway/convert.py maps them to the scheduler's enum).
 TICKET_STATE_NAMES = ("queued", "running", "waiting_approval", "succeeded", "failed", "cancelled")
@@ -125,6 +131,12 @@ METHODS: dict[str, type[_Params]] = {
 
 def parse_params(method: str, params: Any) -> dict[str, Any]:
     """Checked params of `method` with defaults filled in; a null field counts as absent."""
+    return validate_params(method, params).model_dump()
+
+
+def validate_params(method: str, params: Any) -> BaseModel:
+    """Checked params of `method` as its model, `METHODS[method]`, with defaults filled in;
+    a null field counts as absent."""
     model = METHODS[method]
     if params is None:
         params = {}
@@ -138,7 +150,7 @@ def parse_params(method: str, params: Any) -> dict[str, Any]:
         raise InvalidArgument(f"unknown field(s) {', '.join(repr(u) for u in unknown)}; allowed: {allowed}")
     given = {k: v for k, v in params.items() if v is not None}
     try:
-        return model.model_validate(given).model_dump()
+        return model.model_validate(given)
     except ValidationError as exc:
         raise InvalidArgument(problem(exc)) from None
 
