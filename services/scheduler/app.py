@@ -5,9 +5,11 @@ that wires them together.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 from prometheus_client import CollectorRegistry
 
 from services.common.config.model import Config
@@ -75,7 +77,8 @@ class SchedulerApp:
 
 def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Redactor, *,
               store_path: Path | None = None, max_running: int = 4,
-              registry: CollectorRegistry | None = None, interceptors=(),
+              registry: CollectorRegistry | None = None,
+              interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
               recovery_interval: float = 2.0,
               watch_send_timeout: float = WATCH_SEND_TIMEOUT_S, store: Store | None = None,
               pool_cap: int = DEFAULT_POOL_CAP, public_url: str = "",
@@ -83,7 +86,7 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
               lease_s: float = LEASE_S, github_settle_s: float = SETTLE_S) -> SchedulerApp:
     """`store` (already open, e.g. PostgreSQL from AFE_DATABASE_URL) wins over
     `store_path` (a SQLite file, default `<data>/afe.db`). `public_url`: the UI's
-    address, for the ticket links afe writes on GitHub (github_report.py). `owner`, `lease_s`:
+    address, for the ticket links afe writes on GitHub (github/report.py). `owner`, `lease_s`:
     this scheduler's id and its tickets' lease on a shared store (docs/SCALE.md). The store's
     statements run on its own thread, never on the event loop (store/worker.py)."""
     store = threaded(store if store is not None else Store.sqlite(store_path or layout.store_file))

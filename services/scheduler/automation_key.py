@@ -37,7 +37,7 @@ class AutomationKeyFile:
         self.accepted = accepted
         self.poll_s = poll_s
         self._seen: tuple[int, int, int] | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def _signature(self) -> tuple[int, int, int] | None:
         try:

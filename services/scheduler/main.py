@@ -7,7 +7,7 @@ sandbox broker and the credential broker over their sockets.
 
 Serves the callers "gateway" and "automation"; calls "sandbox" and
 "credentials". `AFE_DATABASE_URL` (optional: a SQLite file or a PostgreSQL
-database, see database_url.py) is read once and removed from the environment
+database, see store/url.py) is read once and removed from the environment
 (R29); the default store is `<data>/afe.db`. A store that cannot be opened
 (unreachable, refused login, newer schema) ends the process with one log
 line that says what to change, before it reports ready.
@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from typing import Any
 
 from services.common.config.manifests import load_config
 from services.common.errors import AfeError
@@ -89,7 +90,7 @@ async def amain(argv: list[str] | None = None) -> int:
                     github_settle_s=max(0.0, args.github_settle_seconds))
 
     async def store_ready() -> bool:
-        # Not ready while events wait in memory for the store (event_writes.py), even if it answers a ping;
+        # Not ready while events wait in memory for the store (events/writes.py), even if it answers a ping;
         # at once not ready while its thread sees it failing, else a ping on that thread within 1.5 s.
         return app.engine.events.unavailable_since is None and await store_answers(app.store)
 
@@ -106,7 +107,7 @@ async def amain(argv: list[str] | None = None) -> int:
         return await grpcutil.check_health(str(ctx.layout.socket("credentials")),
                                            ctx.links.call.get("credentials"))
 
-    async def start() -> dict:
+    async def start() -> dict[str, Any]:
         await app.start()
         return {"socket": app.server.socket_path}
 

@@ -6,6 +6,10 @@ statuses) is grpcutil.create_server's, the same for every afe service.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -85,12 +89,14 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         ws = self.engine.config.workspaces.get(v.ticket.workspace)
         return ticket_pb(v, ws.sandbox.runtime if ws is not None else "")
 
-    async def CreateTicket(self, request: pb.CreateTicketRequest, context) -> pb.Ticket:
+    async def CreateTicket(self, request: pb.CreateTicketRequest,
+                           context: grpc.aio.ServicerContext) -> pb.Ticket:
         v = self.engine.create_ticket(request.workspace, request.workflow, request.title, request.body,
                                       dict(request.inputs), request.principal)
         return self._pb(v)
 
-    async def ListTickets(self, request: pb.ListTicketsRequest, context) -> pb.ListTicketsResponse:
+    async def ListTickets(self, request: pb.ListTicketsRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ListTicketsResponse:
         states = []
         for s in request.states:
             state = TicketState.from_proto(s)
@@ -101,23 +107,28 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         views, token = self.engine.list_tickets(states, request.workspace, request.page_size, request.page_token)
         return pb.ListTicketsResponse(tickets=[self._pb(v) for v in views], next_page_token=token)
 
-    async def GetTicket(self, request: pb.GetTicketRequest, context) -> pb.Ticket:
+    async def GetTicket(self, request: pb.GetTicketRequest, context: grpc.aio.ServicerContext) -> pb.Ticket:
         return self._pb(self.engine.view(request.id))
 
-    async def GetPullRequest(self, request: pb.GetPullRequestRequest, context) -> pb.Ticket:
+    async def GetPullRequest(self, request: pb.GetPullRequestRequest,
+                             context: grpc.aio.ServicerContext) -> pb.Ticket:
         return self._pb(self.engine.pull_request(request.workspace, request.number))
 
-    async def CancelTicket(self, request: pb.CancelTicketRequest, context) -> pb.Ticket:
+    async def CancelTicket(self, request: pb.CancelTicketRequest,
+                           context: grpc.aio.ServicerContext) -> pb.Ticket:
         return self._pb(await self.engine.cancel(request.id, request.principal))
 
-    async def ApproveTicket(self, request: pb.ApproveTicketRequest, context) -> pb.Ticket:
+    async def ApproveTicket(self, request: pb.ApproveTicketRequest,
+                            context: grpc.aio.ServicerContext) -> pb.Ticket:
         return self._pb(await self.engine.approve(request.id, request.principal, request.sha,
                                                       accept_harness_change=request.accept_harness_change))
 
-    async def RejectTicket(self, request: pb.RejectTicketRequest, context) -> pb.Ticket:
+    async def RejectTicket(self, request: pb.RejectTicketRequest,
+                           context: grpc.aio.ServicerContext) -> pb.Ticket:
         return self._pb(await self.engine.reject(request.id, request.principal, request.reason))
 
-    async def WatchTicket(self, request: pb.WatchTicketRequest, context):
+    async def WatchTicket(self, request: pb.WatchTicketRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Event]:
         # aclosing: a dropped watch (send_within raises) leaves the engine's watcher set at once.
         async with contextlib.aclosing(self.engine.watch(request.id, request.from_seq, request.follow)) as events:
             async for ev in events:
@@ -125,11 +136,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         if False:  # an async generator (what the interceptors wrap); events go out through send_within
             yield
 
-    async def GetSigningKey(self, request: pb.GetSigningKeyRequest, context) -> pb.SigningKey:
+    async def GetSigningKey(self, request: pb.GetSigningKeyRequest,
+                            context: grpc.aio.ServicerContext) -> pb.SigningKey:
         k = await self.engine.credentials.signing_key()
         return pb.SigningKey(public_key_pem=k.public_key_pem, keyid=k.keyid)
 
-    async def GetRunRecords(self, request: pb.GetTicketRequest, context) -> pb.RunRecords:
+    async def GetRunRecords(self, request: pb.GetTicketRequest,
+                            context: grpc.aio.ServicerContext) -> pb.RunRecords:
         t = self.engine.view(request.id).ticket           # NotFound for an unknown ticket
         pr = self.engine.store.prs.get_pr(t.id)
         forge_head, forge_error = await self.engine.forge_head(t.id)
@@ -138,21 +151,26 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                                  pb.RunRecord(sha=r.sha, kind=r.kind, envelope=r.envelope, at_ms=r.at_ms)
                                  for r in self.engine.store.run_records.run_records(t.id)])
 
-    async def GetTicketDiff(self, request: pb.GetTicketRequest, context) -> pb.TicketDiff:
+    async def GetTicketDiff(self, request: pb.GetTicketRequest,
+                            context: grpc.aio.ServicerContext) -> pb.TicketDiff:
         diff, truncated, recorded = await self.engine.diff(request.id)
         return pb.TicketDiff(diff=diff, truncated=truncated, recorded=recorded)
 
-    async def FollowUpTicket(self, request: pb.FollowUpTicketRequest, context) -> pb.Ticket:
+    async def FollowUpTicket(self, request: pb.FollowUpTicketRequest,
+                             context: grpc.aio.ServicerContext) -> pb.Ticket:
         view = await follow_up(self.engine, request.id, request.instruction, principal=request.principal)
         return self._pb(view)
 
-    async def RetryTicket(self, request: pb.RetryTicketRequest, context) -> pb.Ticket:
+    async def RetryTicket(self, request: pb.RetryTicketRequest,
+                          context: grpc.aio.ServicerContext) -> pb.Ticket:
         return self._pb(await self.engine.retry(request.id, request.from_node, request.principal))
 
-    async def UpdateTicketBranch(self, request: pb.UpdateTicketBranchRequest, context) -> pb.Ticket:
+    async def UpdateTicketBranch(self, request: pb.UpdateTicketBranchRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.Ticket:
         return self._pb(await self.engine.update_branch(request.id, request.principal))
 
-    async def ListWorkflows(self, request, context) -> pb.ListWorkflowsResponse:
+    async def ListWorkflows(self, request: pb.ListWorkflowsRequest,
+                            context: grpc.aio.ServicerContext) -> pb.ListWorkflowsResponse:
         out = []
         for wf in sorted(self.engine.config.workflows.values(), key=lambda w: w.name):
             defaults = dict(wf.input_defaults)
@@ -162,7 +180,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                         for i in wf.inputs]))
         return pb.ListWorkflowsResponse(workflows=out)
 
-    async def ListWorkspaces(self, request, context) -> pb.ListWorkspacesResponse:
+    async def ListWorkspaces(self, request: pb.ListWorkspacesRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ListWorkspacesResponse:
         out = []
         for ws in sorted(self.engine.config.workspaces.values(), key=lambda w: w.name):
             out.append(pb.Workspace(name=ws.name, repo=ws.repo, base_branch=ws.base_branch, forge=ws.forge.type,
@@ -171,6 +190,6 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return pb.ListWorkspacesResponse(workspaces=out)
 
 
-def register(servicer: SchedulerServicer):
+def register(servicer: SchedulerServicer) -> Callable[[Any], None]:
     """A `register` callable for grpcutil.create_server."""
     return lambda server: pb_grpc.add_SchedulerServicer_to_server(servicer, server)

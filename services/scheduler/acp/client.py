@@ -50,7 +50,7 @@ from services.common.rpc.grpcutil import rpc_errors
 
 from .events import EventLog, block_text, clip, update_event
 from .paths import workspace_relative
-from .terminals import Terminals
+from .terminals import Terminal, Terminals
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class SandboxClient:
                                                "env": [clip(v.name, 64) for v in (env or [])]})
         return CreateTerminalResponse(terminal_id=term.id)
 
-    def _term(self, session_id: str, terminal_id: str):
+    def _term(self, session_id: str, terminal_id: str) -> Terminal:
         self._check_session(session_id)
         try:
             return self._terminals.get(terminal_id)
@@ -240,7 +240,7 @@ class SandboxClient:
             raise _refusal(exc) from None
 
     @staticmethod
-    def _status(term) -> TerminalExitStatus | None:
+    def _status(term: Terminal) -> TerminalExitStatus | None:
         st = term.exit_status()
         return TerminalExitStatus(**st) if st is not None else None
 

@@ -23,7 +23,7 @@ from .stderr import StderrLog
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[str, dict], Awaitable[None]]
+Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 MAX_EVENTS = 1000
 MAX_TEXT = 4000            # characters per event text
@@ -50,7 +50,7 @@ class EventLog:
         self._max = max_events
         self._count = 0
         self._dropped = 0
-        self._queue: asyncio.Queue[tuple[str, dict] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._chunk_kind: str | None = None       # "agent.message" | "agent.thought"
         self._chunk_parts: list[str] = []
@@ -72,13 +72,13 @@ class EventLog:
         if self._worker is None:
             self._worker = asyncio.create_task(self._run(), name="acp.events")
 
-    def record(self, event_type: str, payload: dict) -> None:
+    def record(self, event_type: str, payload: dict[str, Any]) -> None:
         """Queue an event (synchronous, so callers keep the agent's order)."""
         if event_type not in ("agent.message", "agent.thought"):
             self._flush_chunks()
         self._put(event_type, payload)
 
-    def _put(self, event_type: str, payload: dict) -> None:
+    def _put(self, event_type: str, payload: dict[str, Any]) -> None:
         if self._count >= self._max:
             self._dropped += 1
             if self._dropped == 1:
@@ -88,7 +88,7 @@ class EventLog:
         self._count += 1
         self._queue.put_nowait((event_type, payload))
 
-    def _put_stderr(self, event_type: str, payload: dict) -> None:
+    def _put_stderr(self, event_type: str, payload: dict[str, Any]) -> None:
         self._queue.put_nowait((event_type, payload))     # bounded by StderrLog, not by the count
 
     # -- message / thought chunks -----------------------------------------
@@ -160,7 +160,7 @@ class EventLog:
             raise
 
 
-def update_event(update: Any) -> tuple[str, dict] | None:
+def update_event(update: Any) -> tuple[str, dict[str, Any]] | None:
     """Map a non-chunk session update to (event type, payload), or None to skip."""
     kind = getattr(update, "session_update", None)
     if kind == "tool_call":

@@ -35,7 +35,14 @@ from typing import Any
 from acp import PROTOCOL_VERSION, RequestError, text_block
 from acp.client.connection import ClientSideConnection
 from acp.meta import CLIENT_METHODS
-from acp.schema import ClientCapabilities, FileSystemCapabilities, HttpHeader, HttpMcpServer, Implementation
+from acp.schema import (
+    ClientCapabilities,
+    FileSystemCapabilities,
+    HttpHeader,
+    HttpMcpServer,
+    Implementation,
+    PromptResponse,
+)
 from pydantic import ValidationError
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2
@@ -58,7 +65,7 @@ from .transport import ProcessTransport
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[str, dict], Awaitable[None]]
+Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 SERVED_METHODS = frozenset(CLIENT_METHODS[k] for k in (
     "session_request_permission", "session_update", "fs_write_text_file", "fs_read_text_file",
@@ -98,7 +105,7 @@ class _Run:
                                           known_methods=SERVED_METHODS, on_stderr=self.events.stderr.feed)
         self.conn: ClientSideConnection | None = None
         self.session_id: str | None = None
-        self.prompt_task: asyncio.Task | None = None
+        self.prompt_task: asyncio.Task[PromptResponse] | None = None
         self.step = "start"
 
     async def protocol_error(self, reason: str) -> None:

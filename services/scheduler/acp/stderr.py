@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 MAX_STDERR = 64 * 1024      # bytes of stderr recorded per node (head + tail)
 TAIL = 16 * 1024            # of which: the last bytes, recorded at the end
@@ -32,7 +33,7 @@ MAX_HEAD_EVENTS = 64        # live events before the rest waits for the tail
 FLUSH_AFTER_S = 1.0         # complete lines waiting this long are recorded on the next chunk
 RECENT = 1024               # bytes kept for `last_line`
 
-Record = Callable[[str, dict], None]
+Record = Callable[[str, dict[str, Any]], None]
 
 
 class StderrLog:
@@ -91,7 +92,7 @@ class StderrLog:
                     if 0 <= nl < len(text) - 1:      # start at a line: no half line, no half secret
                         omitted += nl + 1
                         text = text[nl + 1:]
-                payload: dict = {"text": text.decode("utf-8", "replace")}
+                payload: dict[str, Any] = {"text": text.decode("utf-8", "replace")}
                 if omitted > 0:
                     payload["omitted_bytes"] = omitted
                 self._record("agent.stderr", payload)

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,9 +58,9 @@ class Terminal:
     exit: sandbox_pb2.ExecExit | None = None
     killed: bool = False
     error: str = ""
-    inputs: asyncio.Queue = field(default_factory=asyncio.Queue)
+    inputs: asyncio.Queue[sandbox_pb2.ProcessInput | None] = field(default_factory=asyncio.Queue)
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     call: Any = None
 
     def append(self, data: bytes) -> None:
@@ -72,7 +73,7 @@ class Terminal:
         # Dropping the oldest bytes may split a character: decode leniently.
         return self.output.decode("utf-8", "replace")
 
-    def exit_status(self) -> dict | None:
+    def exit_status(self) -> dict[str, Any] | None:
         if not self.done.is_set():
             return None
         code = self.exit.code if self.exit is not None else -1
@@ -88,7 +89,7 @@ class Terminals:
         self._max = max_terminals
         self._terms: dict[str, Terminal] = {}
         self._ids = itertools.count(1)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def get(self, terminal_id: str) -> Terminal:
         term = self._terms.get(terminal_id)
@@ -131,7 +132,7 @@ class Terminals:
             raise
         return term
 
-    async def _requests(self, term: Terminal):
+    async def _requests(self, term: Terminal) -> AsyncIterator[sandbox_pb2.ProcessInput]:
         while True:
             item = await term.inputs.get()
             if item is None:

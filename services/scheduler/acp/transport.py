@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -189,7 +189,7 @@ class ProcessTransport:
 
     # -- internals ---------------------------------------------------------
 
-    async def _requests(self):
+    async def _requests(self) -> AsyncIterator[sandbox_pb2.ProcessInput]:
         while True:
             item = await self._inputs.get()
             if item is None:

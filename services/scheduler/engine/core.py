@@ -29,8 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from services.common.config.model import Config
 from services.common.errors import InvalidArgument, NotFound
@@ -38,7 +41,7 @@ from services.common.observability import telemetry
 from services.common.observability.metrics import scheduler_metrics, usage_metrics
 from services.common.secrecy.redact import Redactor
 
-from ..events.log import EventLog, EventRecord, now_ms
+from ..events.log import EventLog, now_ms
 from ..executor import Transitions, attempts
 from ..executor.brokercalls import BROKER_RETRY_S
 from ..sandboxes.brokers import CredentialBroker, SandboxBroker
@@ -53,6 +56,7 @@ from ..store.base import (
     RUNNING,
     TERMINAL,
     ApprovalRecord,
+    EventRecord,
     Lease,
     NodeRunRecord,
     TicketRecord,
@@ -78,7 +82,7 @@ class Engine:
     calls of the servicer, the GitHub intake and the runs (`executor.Host`), each handed to its part."""
 
     def __init__(self, config: Config, store: Store, sandbox: SandboxBroker, credentials: CredentialBroker,
-                 redactor: Redactor, *, max_running: int = 4, registry=None,
+                 redactor: Redactor, *, max_running: int = 4, registry: CollectorRegistry | None = None,
                  recovery_interval: float = 2.0, pool_dir: Path | None = None,
                  pool_cap: int = DEFAULT_CAP, owner: str = "", lease_s: float = LEASE_S) -> None:
         self.config = config
@@ -92,7 +96,7 @@ class Engine:
         self.transitions = Transitions(store, self.events, self.metrics)
         self.broker_retry_s = BROKER_RETRY_S   # how long runs wait for a broker that went away (R37)
         self.keep_checkpoints = True
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[object]] = set()
         # Leases (docs/SCALE.md): who this scheduler is, how long its tickets' leases last, and what it
         # does when it loses one (stop the run, count the events it can no longer store).
         self.leases = Leases(store, owner=owner or scheduler_id(), lease_s=lease_s, metrics=self.metrics,
@@ -197,7 +201,7 @@ class Engine:
     def _stopping(self) -> bool:
         return self.dispatch.stopping
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -247,7 +251,8 @@ class Engine:
     # ---- API ---------------------------------------------------------------
 
     def create_ticket(self, workspace: str, workflow: str, title: str, body: str,
-                      inputs: dict[str, str], principal: str, *, origin: dict | None = None) -> TicketView:
+                      inputs: dict[str, str], principal: str, *,
+                      origin: dict[str, Any] | None = None) -> TicketView:
         """`origin` (github_intake.py) says where the ticket came from and which of its
         texts are untrusted (R36); it changes nothing of the workflow that runs."""
         nt = validate(self.config, workspace, workflow, title, body, inputs, principal)
@@ -369,7 +374,8 @@ class Engine:
     async def reject(self, ticket_id: str, principal: str, reason: str) -> TicketView:
         return await self.approvals.reject(ticket_id, principal, reason)
 
-    async def reopen(self, ticket_id: str, principal: str, reason: str, *, payload: dict | None = None,
+    async def reopen(self, ticket_id: str, principal: str, reason: str, *,
+                     payload: dict[str, Any] | None = None,
                      on_reopen: Callable[[TicketRecord, int], None] | None = None,
                      nodes: set[str] | None = None) -> TicketView:
         return await self.reopens.reopen(ticket_id, principal, reason, payload=payload, on_reopen=on_reopen,

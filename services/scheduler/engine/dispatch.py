@@ -60,7 +60,7 @@ class Dispatcher:
         self.redactor = redactor
         self.max_running = max(1, max_running)
         self.host: Host | None = None          # what runs use of the engine (set by Engine)
-        self.tasks: dict[str, asyncio.Task] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
         self.traceparents: dict[str, str | None] = {}   # ticket -> trace of its CreateTicket call
         self.running: set[str] = set()         # tickets counted against capacity
         self.cancelling: dict[str, str] = {}   # ticket -> principal who cancelled
@@ -144,7 +144,7 @@ class Dispatcher:
             task = asyncio.create_task(self._run(run), name=f"ticket-{t.id}")
         self.tasks[t.id] = task
 
-        def forget(done: asyncio.Task, tid: str = t.id) -> None:
+        def forget(done: asyncio.Task[None], tid: str = t.id) -> None:
             if self.tasks.get(tid) is done:
                 del self.tasks[tid]
                 for ended in self.on_ended:

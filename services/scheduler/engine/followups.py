@@ -83,7 +83,7 @@ def _record(engine: Any, ticket_id: str, text: str, *, principal: str, author: s
                              url=url[:500])
 
 
-def _brief(f: FollowUpRecord) -> dict:
+def _brief(f: FollowUpRecord) -> dict[str, Any]:
     return {"source": f.source, "author": f.author, "path": f.path, "line": f.line, "url": f.url}
 
 
@@ -125,7 +125,7 @@ class FollowUpQueue:
         self.settle_s = max(0.0, settle_s)
         self.reply = reply          # (ticket id, text): a comment on the ticket's pull request
         self.stale_ci = stale_ci    # (ticket id, failed head, new head): a CI round was dropped as stale
-        self._drivers: dict[str, asyncio.Task] = {}
+        self._drivers: dict[str, asyncio.Task[None]] = {}
         self._first: dict[str, float] = {}    # ticket -> first arrival of the open window (monotonic)
         self._last: dict[str, float] = {}     # and the latest
         self._wake: dict[str, asyncio.Event] = {}
@@ -301,7 +301,7 @@ class FollowUpQueue:
                     log.warning("ticket %s: the comment of the dropped CI round could not be corrected", ticket_id)
         return bool(dropped)
 
-    def _event(self, ticket_id: str, type_: str, payload: dict) -> None:
+    def _event(self, ticket_id: str, type_: str, payload: dict[str, Any]) -> None:
         if self.store.tickets.get(ticket_id) is None:
             return
         self.engine.events.append(ticket_id, type_, payload)

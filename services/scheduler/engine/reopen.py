@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from services.common.config.model import Config
 from services.common.errors import FailedPrecondition, InvalidArgument
@@ -57,7 +58,8 @@ class Reopen:
         self.view = view
         self.reopening: set[str] = set()   # tickets in `reopen` now
 
-    async def reopen(self, ticket_id: str, principal: str, reason: str, *, payload: dict | None = None,
+    async def reopen(self, ticket_id: str, principal: str, reason: str, *,
+                     payload: dict[str, Any] | None = None,
                      on_reopen: Callable[[TicketRecord, int], None] | None = None,
                      nodes: set[str] | None = None) -> TicketView:
         """Run a ticket that waits for approval or has ended again, on its own

@@ -63,7 +63,7 @@ _payload = itemgetter(3)
 _type = itemgetter(2)
 
 
-class _Inbox(asyncio.Queue):
+class _Inbox(asyncio.Queue[list[EventRecord]]):
     """A watcher's queue of delivered batches; `behind` is set when a batch was
     dropped because the queue was full (the store has it)."""
 
@@ -92,7 +92,7 @@ def _prepare(obj: object, strings: list[str]) -> object:
     if isinstance(obj, str):
         if len(obj) > MAX_STRING:
             obj = _cut(obj)
-        strings.append(obj)  # type: ignore[arg-type]
+        strings.append(obj)
         return obj
     if isinstance(obj, dict):
         out: dict[str, object] = {}
@@ -110,13 +110,13 @@ def _prepare(obj: object, strings: list[str]) -> object:
 def _strings_of(obj: object, strings: list[str]) -> None:
     """Every string of a decoded JSON value, keys included."""
     if obj.__class__ is str:
-        strings.append(obj)  # type: ignore[arg-type]
+        strings.append(obj)
     elif obj.__class__ is dict:
-        for k, v in obj.items():  # type: ignore[attr-defined]
+        for k, v in obj.items():
             strings.append(k)
             _strings_of(v, strings)
     elif obj.__class__ is list:
-        for v in obj:  # type: ignore[attr-defined]
+        for v in obj:
             _strings_of(v, strings)
 
 
@@ -176,12 +176,12 @@ class EventLog(EventWrites):
             return text
         return _to_json(self.redactor.redact_obj(data))
 
-    def make(self, ticket_id: str, type_: str, payload: dict | None = None) -> EventRecord:
+    def make(self, ticket_id: str, type_: str, payload: dict[str, Any] | None = None) -> EventRecord:
         """A redacted event, not buffered (for events stored together with other rows)."""
         text = self._redacted(_encode_payload(payload or {}, []))
         return EventRecord(ticket_id, self.next_seq(ticket_id), type_, text, now_ms())
 
-    def append(self, ticket_id: str, type_: str, payload: dict | None = None) -> int:
+    def append(self, ticket_id: str, type_: str, payload: dict[str, Any] | None = None) -> int:
         """Buffer an event; returns its seq (0: the ticket was lost here, the event is only counted)."""
         if self._fenced and ticket_id in self._fenced:
             self._dropped[ticket_id] = self._dropped.get(ticket_id, 0) + 1

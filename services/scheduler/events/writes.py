@@ -2,7 +2,7 @@
 event is lost and no loss is hidden.
 
 - A batch the store does not take now (`Unavailable`: the database did not
-  answer within store_retry.py's budget) is kept in memory, in order with
+  answer within store/retry.py's budget) is kept in memory, in order with
   its seqs, and written again after a growing delay; later events join it.
 - A batch whose commit was cut by a lost connection may be stored already:
   before anything is numbered again, the store's events at the batch's seqs
@@ -47,7 +47,7 @@ from ..store.worker import Chain, StoreJob, ThreadedStore, store_failing, submit
 log = logging.getLogger(__name__)
 
 STORE_TRIES = 5          # batches re-numbered after another scheduler wrote the same ticket
-# A store that does not answer (after its own retries, store_retry.py): the
+# A store that does not answer (after its own retries, store/retry.py): the
 # events wait in memory, written again after these delays, in order with
 # their seqs. Past MAX_UNSTORED events, streamed output (DROPPABLE) is no
 # longer kept but counted, and the ticket's `events.lost` event says how much
@@ -97,7 +97,7 @@ class EventWrites:
     unavailable_since: int | None
     unavailable_reason: str
     lost_metric: Any
-    _watchers: dict
+    _watchers: dict[str, set[Any]]   # the watch queues of EventLog (log.py)
     _fenced: set[str]
     _dropped: dict[str, int]
 

@@ -1,6 +1,6 @@
 """What a ticket's run may use of the engine that started it: `Host`.
 
-The engine (engine.py) implements it; a run sees nothing else of the engine
+The engine (engine/core.py) implements it; a run sees nothing else of the engine
 (not its capacity bookkeeping, not its other tickets).
 """
 

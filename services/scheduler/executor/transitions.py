@@ -31,7 +31,7 @@ class Transitions:
         self.store = store
         self.events = events
         self.metrics = metrics
-        # Called with (ticket id, state) after every stored change (github_report.py); never raise.
+        # Called with (ticket id, state) after every stored change (github/report.py); never raise.
         self.listeners: list[Callable[[str, str], None]] = []
 
     def notify(self, ticket_id: str, state: str) -> None:

@@ -39,11 +39,14 @@ import uuid
 from typing import Any
 
 from services.common.ci import FAILING_RUN, FAILING_STATUS, FAILING_SUITE
+from services.common.config.model import Config
 from services.common.errors import AfeError
 
-from ..engine.followups import QUEUED_NEXT
+from ..engine.followups import QUEUED_NEXT, FollowUpQueue
+from ..sandboxes.brokers import CredentialsClient
 from ..store.base import TERMINAL, WAITING_APPROVAL
 from ..store.ci_records import CI_SOURCE, GATHERING, OVER, QUIET, ROUND
+from ..store.store import Store
 from .outcome import Outcome, _text
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,7 @@ PAST_MAX = "past_max"           # the ticket had its on_ci_failure.max rounds: a
 
 
 def own_check(name: str) -> bool:
-    """afe's own statuses and check runs: `afe` and `afe/...` (github_report.py, the verification)."""
+    """afe's own statuses and check runs: `afe` and `afe/...` (report.py, the verification)."""
     n = (name or "").strip().lower()
     return n == "afe" or n.startswith("afe/")
 
@@ -69,7 +72,7 @@ def _code(text: str, limit: int = 80) -> str:
     return "`" + (line[:limit] + "…" if len(line) > limit else line) + "`"
 
 
-def ci_failure(event: str, data: dict) -> tuple[str, dict] | str:
+def ci_failure(event: str, data: dict[str, Any]) -> tuple[str, dict[str, Any]] | str:
     """(head SHA, the failing check) of a delivery, or why it is ignored."""
     action = _text(data.get("action"))
     if event == "check_run":
@@ -98,7 +101,7 @@ def ci_failure(event: str, data: dict) -> tuple[str, dict] | str:
                                     "target_url": _text(data.get("target_url"))}
 
 
-def followup_text(sha: str, checks: list[dict]) -> str:
+def followup_text(sha: str, checks: list[dict[str, Any]]) -> str:
     """What the agent gets (quoted as data by quoting.followup_section): the failing checks, each with
     its summary or description, links and its log's tail, within TEXT_BUDGET."""
     head = [f"CI failed on commit {sha}: {len(checks)} failing check(s). Make them pass."]   # FAILED_HEAD
@@ -124,20 +127,20 @@ def followup_text(sha: str, checks: list[dict]) -> str:
 
 
 class CiIteration:
-    config: Any
-    store: Any
+    config: Config
+    store: Store
     engine: Any
-    credentials: Any
-    followups: Any
+    credentials: CredentialsClient
+    followups: FollowUpQueue | None
     ci_settle_s: float = CI_SETTLE_S
 
-    def _ci_tasks(self) -> dict[tuple[str, str], asyncio.Task]:
+    def _ci_tasks(self) -> dict[tuple[str, str], asyncio.Task[None]]:
         if not hasattr(self, "_ci_running"):
-            self._ci_running: dict[tuple[str, str], asyncio.Task] = {}
-            self._ci_seen: dict[tuple[str, str], list[dict]] = {}
+            self._ci_running: dict[tuple[str, str], asyncio.Task[None]] = {}
+            self._ci_seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
         return self._ci_running
 
-    async def _ci(self, event: str, data: dict, delivery: str) -> Outcome:
+    async def _ci(self, event: str, data: dict[str, Any], delivery: str) -> Outcome:
         """A check_run, check_suite or status delivery (or a polled failure)."""
         found = ci_failure(event, data)
         if isinstance(found, str):
@@ -156,7 +159,7 @@ class CiIteration:
             return Outcome("ignored", "stale_head")
         return Outcome("ignored", "not_afe_pull_request")
 
-    def _older_head(self, data: dict, spaces: set[str]) -> bool:
+    def _older_head(self, data: dict[str, Any], spaces: set[str]) -> bool:
         """Is the failing commit of afe's pull request, but not its head? A check run or suite names its
         pull requests; a status names the branches that contain the commit (GitHub lists up to 10),
         and afe's pull request's branch is `afe/<ticket>`."""
@@ -185,7 +188,7 @@ class CiIteration:
             return NO_ROUNDS
         return PAST_MAX if sum(1 for r in self.store.ci.ci_failures(tid) if r.state == ROUND) >= bound else ""
 
-    def _ci_failed(self, tid: str, sha: str, checks: list[dict], what: str) -> Outcome:
+    def _ci_failed(self, tid: str, sha: str, checks: list[dict[str, Any]], what: str) -> Outcome:
         """Claim (ticket, head) for one round, or join the round that has it."""
         self._ci_tasks()
         pr = self.store.prs.get_pr(tid)
@@ -238,7 +241,7 @@ class CiIteration:
             self._ci_running.pop((tid, sha), None)
             self._ci_seen.pop((tid, sha), None)
 
-    async def _ci_checks(self, t: Any, sha: str) -> list[dict]:
+    async def _ci_checks(self, t: Any, sha: str) -> list[dict[str, Any]]:
         """The head's failing checks as the broker reads them (with log tails), or those the deliveries named."""
         seen = [c for c in self._ci_seen.get((t.id, sha), []) if c.get("kind") != "check_suite"]
         try:
@@ -253,7 +256,7 @@ class CiIteration:
         checks = [c for c in listed + [c for c in seen if c["name"] not in names] if not own_check(c["name"])]
         if not checks:     # only a suite failed, or listing failed: say what the deliveries said
             checks = [c for c in self._ci_seen.get((t.id, sha), []) if not own_check(c["name"])]
-        unique: dict[str, dict] = {}
+        unique: dict[str, dict[str, Any]] = {}
         for c in checks:
             unique.setdefault(c["name"], c)
         return list(unique.values())[:5]
@@ -290,6 +293,7 @@ class CiIteration:
         k = rounds + 1
         self.store.ci.put_ci_failure(tid, sha, {**doc, "state": ROUND, "round": k})
         first = checks[0] if checks else {"name": "CI", "details_url": ""}
+        assert self.followups is not None, "GitHubIntake has a follow-up queue whenever it has an engine"
         try:
             how = self.followups.submit(tid, followup_text(sha, checks), principal=f"github:{first['name']}",
                                         author=first["name"], source=CI_SOURCE,
@@ -352,13 +356,13 @@ class CiIteration:
             log.warning("ticket %s: the CI comment on pull request %s could not be posted: %s", t.id, pr.number,
                         exc.message)
 
-    def _note(self, tid: str, type_: str, payload: dict) -> None:
+    def _note(self, tid: str, type_: str, payload: dict[str, Any]) -> None:
         if self.engine is None or self.store.tickets.get(tid) is None:
             return
         self.engine.events.append(tid, type_, payload)
         self.engine.events.flush()
 
-    # -- polling (github_poll.py) ------------------------------------------------
+    # -- polling (poll.py) ------------------------------------------------
 
     async def poll_ci(self, ws: Any) -> bool:
         """The heads of afe's pull requests in `ws` that wait for approval or ended unmerged, for a
@@ -379,5 +383,5 @@ class CiIteration:
         return True
 
 
-def _brief(c: dict) -> dict:
+def _brief(c: dict[str, Any]) -> dict[str, Any]:
     return {k: str(c.get(k) or "")[:200] for k in ("kind", "name", "app", "conclusion")}

@@ -41,14 +41,18 @@ import time
 import uuid
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from services.common.config.model import Config, Trigger, Workspace
 from services.common.errors import AfeError, DeadlineExceeded, ResourceExhausted, Unavailable
 from services.common.observability.metrics import github_deliveries
 
 from ..engine.followups import SETTLE_S, FollowUpQueue
 from ..engine.tickets import MAX_BODY_BYTES, MAX_INPUT_BYTES, MAX_TITLE_CHARS
+from ..engine.view import TicketView
 from ..sandboxes.brokers import CredentialsClient
-from ..store.base import TERMINAL, WorkClaim
+from ..store.base import TERMINAL
+from ..store.github_records import WorkClaim
 from ..store.store import Store
 from .ci import CI_EVENTS, CI_SETTLE_S, CiIteration
 from .delivery import decode_payload, unclaimed_on_failure
@@ -91,7 +95,7 @@ def _label_matches(label: str, labels: tuple[str, ...]) -> bool:
 
 class GitHubIntake(ReviewIteration, CiIteration):
     def __init__(self, config: Config, store: Store, engine: Any, credentials: CredentialsClient,
-                 registry=None, *, settle_s: float = SETTLE_S) -> None:
+                 registry: CollectorRegistry | None = None, *, settle_s: float = SETTLE_S) -> None:
         self.config = config
         self.store = store
         self.engine = engine            # Engine.create_ticket (kept loose: the engine imports nothing of us)
@@ -100,7 +104,7 @@ class GitHubIntake(ReviewIteration, CiIteration):
         # Review iteration: follow-ups gathered for `settle_s`, queued while their ticket runs.
         self.followups = (FollowUpQueue(engine, settle_s=settle_s, reply=self._reply_on_pr,
                                         stale_ci=self.ci_dropped) if engine is not None else None)
-        self.ci_settle_s = max(settle_s, CI_SETTLE_S)   # failing CI: github_ci.py
+        self.ci_settle_s = max(settle_s, CI_SETTLE_S)   # failing CI: ci.py
 
     def start(self) -> None:
         """Owed re-opens of a scheduler that stopped with follow-ups pending."""
@@ -156,7 +160,7 @@ class GitHubIntake(ReviewIteration, CiIteration):
 
     # -- matching ---------------------------------------------------------------
 
-    def _matches(self, event: str, data: dict) -> list[tuple[Trigger, Workspace]]:
+    def _matches(self, event: str, data: dict[str, Any]) -> list[tuple[Trigger, Workspace]]:
         repo = _text((data.get("repository") or {}).get("full_name")).lower()
         action = data.get("action")
         out: list[tuple[Trigger, Workspace]] = []
@@ -181,14 +185,14 @@ class GitHubIntake(ReviewIteration, CiIteration):
         return out
 
     @staticmethod
-    def _actor(event: str, data: dict) -> tuple[str, bool]:
+    def _actor(event: str, data: dict[str, Any]) -> tuple[str, bool]:
         """(the login whose action this was, is it a bot)."""
         sender = data.get("sender") or {}
         user = ((data.get("comment") or {}).get("user") or sender) if event == "issue_comment" else sender
         login = _text(user.get("login"))
         return login, user.get("type") == "Bot" or login.endswith("[bot]")
 
-    async def _handle(self, event: str, data: dict, delivery: str) -> Outcome:
+    async def _handle(self, event: str, data: dict[str, Any], delivery: str) -> Outcome:
         action = _text(data.get("action"))
         if event in CI_EVENTS:
             return await self._ci(event, data, delivery)
@@ -227,8 +231,8 @@ class GitHubIntake(ReviewIteration, CiIteration):
 
     # -- one ticket per piece of work --------------------------------------------
 
-    async def _start_or_join(self, tr: Trigger, ws: Workspace, event: str, action: str, data: dict, issue: dict,
-                             login: str, delivery: str) -> tuple[bool, str | None]:
+    async def _start_or_join(self, tr: Trigger, ws: Workspace, event: str, action: str, data: dict[str, Any],
+                             issue: dict[str, Any], login: str, delivery: str) -> tuple[bool, str | None]:
         """(True, the new ticket) when this event starts the Trigger's work on the
         issue, (False, its live ticket) when it joins it, (True, None) when the
         ticket could not be created. The claim is taken before the ticket is
@@ -266,7 +270,7 @@ class GitHubIntake(ReviewIteration, CiIteration):
                                   "scheduler; deliver the event again later")
             await asyncio.sleep(0.05)
 
-    def _joined(self, ticket_id: str, tr: Trigger, event: str, action: str, data: dict, login: str,
+    def _joined(self, ticket_id: str, tr: Trigger, event: str, action: str, data: dict[str, Any], login: str,
                 delivery: str) -> None:
         url = _text((data.get("comment") or {}).get("html_url")) or _text((data.get("issue") or {}).get("html_url"))
         self.engine.events.append(ticket_id, JOINED_EVENT, {
@@ -328,8 +332,8 @@ class GitHubIntake(ReviewIteration, CiIteration):
         except AfeError as exc:
             log.warning("github: the refusal comment on issue #%s could not be posted: %s", number, exc)
 
-    def _create(self, tr: Trigger, ws: Workspace, event: str, action: str, data: dict, issue: dict,
-                login: str, delivery: str) -> str | None:
+    def _create(self, tr: Trigger, ws: Workspace, event: str, action: str, data: dict[str, Any],
+                issue: dict[str, Any], login: str, delivery: str) -> str | None:
         comment = data.get("comment") or {}
         command_text = ""
         if event == "issue_comment":
@@ -356,8 +360,8 @@ class GitHubIntake(ReviewIteration, CiIteration):
         title = f"#{fields['number']} {fields['title']}".strip()[:MAX_TITLE_CHARS]
         body = _clip_utf8(fields["body"], MAX_BODY_BYTES)
         try:
-            view = self.engine.create_ticket(ws.name, tr.workflow, title, body, inputs, f"github:{login}",
-                                             origin=origin)
+            view: TicketView = self.engine.create_ticket(ws.name, tr.workflow, title, body, inputs,
+                                                         f"github:{login}", origin=origin)
         except AfeError as exc:
             log.warning("github %s.%s (delivery %s): Trigger %s could not create a ticket: %s",
                         event, action, delivery, tr.name, exc)

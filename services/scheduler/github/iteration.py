@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.common.config.model import Config
+
+from ..store.store import Store
 from .outcome import Outcome, _text
 
 
 class ReviewIteration:
-    config: Any
-    store: Any
+    config: Config
+    store: Store
 
     async def _unless_writer(self, ws: Any, login: str, where: str, who: str,
                              consequence: str) -> Outcome | None:
@@ -22,7 +25,8 @@ class ReviewIteration:
                          delivery: str, review_id: int, what: str) -> Outcome:
         raise NotImplementedError
 
-    def _iteration_request(self, event: str, action: str, data: dict) -> tuple[dict, str, str, str, int] | None:
+    def _iteration_request(self, event: str, action: str,
+                           data: dict[str, Any]) -> tuple[dict[str, Any], str, str, str, int] | None:
         """(the acting user, text, source, path, line) when the event asks afe's PR for changes."""
         if event == "pull_request_review":
             review = data.get("review") or {}
@@ -44,7 +48,7 @@ class ReviewIteration:
             return None
         return comment.get("user") or {}, words[1] if len(words) > 1 else "", "github:comment", "", 0
 
-    async def _iterate(self, event: str, action: str, data: dict, delivery: str) -> Outcome:
+    async def _iterate(self, event: str, action: str, data: dict[str, Any], delivery: str) -> Outcome:
         """A review asking for changes, a review comment or a `/afe ...` comment on a
         pull request afe opened: a follow-up of its ticket (followups.py), from a
         person with write access only (R36); its text reaches the model quoted."""

@@ -15,8 +15,9 @@ from typing import Any
 from services.common.config.model import Workspace
 from services.common.errors import AfeError
 
-from ..store.base import PollCursor
-from .intake import POLL_ERROR_BACKOFF_S, POLL_INTERVAL_S, GitHubIntake, Outcome
+from ..store.github_records import PollCursor
+from .intake import POLL_ERROR_BACKOFF_S, POLL_INTERVAL_S, GitHubIntake
+from .outcome import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class Poller:
         self.intake = intake
         self.interval_s = interval_s
         self.clock = clock
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def workspaces(self) -> list[Workspace]:
         cfg = self.intake.config
@@ -84,7 +85,7 @@ class Poller:
         return outcomes, wait
 
     async def _poll_ci(self, ws: Workspace, next_ms: int) -> None:
-        """The Events API carries no check runs: the heads of afe's pull requests are asked (github_ci.py),
+        """The Events API carries no check runs: the heads of afe's pull requests are asked (ci.py),
         as often as the events; a rate limit pushes the next poll back by POLL_ERROR_BACKOFF_S at least."""
         if not await self.intake.poll_ci(ws):
             cur = self.cursor(ws.name)

@@ -115,7 +115,7 @@ class GitHubReporter:
         self.public_url = public_url.rstrip("/")
         self.retry_s = retry_s
         self._dirty: set[str] = set()
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopped = False
 
     # -- when ------------------------------------------------------------------

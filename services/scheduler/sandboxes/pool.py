@@ -101,8 +101,8 @@ class SandboxPool:
         self._ready: dict[Key, list[_Entry]] = {k: [] for k in self.profiles}
         self._making: dict[str, Key] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._teardowns: set[asyncio.Task] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._teardowns: set[asyncio.Task[None]] = set()
         self.filled = asyncio.Event()       # every profile is at its size (tests, the bench)
 
     @property

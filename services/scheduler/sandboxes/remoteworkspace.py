@@ -133,17 +133,20 @@ class RemoteWorkspaces:
         holder = self._holder(ticket_id)
         if holder is None:
             return await self.credentials.commit(ticket_id, workspace, message, fence)
-        return await self._from_broker(holder, ticket_id, "CommitArchive", "commit",
-                                       cpb.CommitRequest(ticket_id=ticket_id, workspace=workspace, message=message,
-                                                         fence=fence), fence)
+        # CommitArchive answers what Commit does (the generated stub says so; archive_call is untyped)
+        reply: cpb.CommitResponse = await self._from_broker(
+            holder, ticket_id, "CommitArchive", "commit",
+            cpb.CommitRequest(ticket_id=ticket_id, workspace=workspace, message=message, fence=fence), fence)
+        return reply
 
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse:
         holder = self._holder(ticket_id)
         if holder is None:
             return await self.credentials.diff(ticket_id, workspace, max_bytes)
-        return await self._from_broker(holder, ticket_id, "DiffArchive", "the diff",
-                                       cpb.DiffRequest(ticket_id=ticket_id, workspace=workspace,
-                                                       max_bytes=max_bytes))
+        reply: cpb.DiffResponse = await self._from_broker(
+            holder, ticket_id, "DiffArchive", "the diff",
+            cpb.DiffRequest(ticket_id=ticket_id, workspace=workspace, max_bytes=max_bytes))
+        return reply
 
     async def checkpoint(self, ticket_id: str, workspace: str, node: str,
                          fence: int = 0) -> cpb.CheckpointWorkspaceResponse:

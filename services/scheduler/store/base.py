@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from services.common import states
 from services.common.errors import FailedPrecondition
@@ -56,7 +56,7 @@ class TicketRecord:
     rowid: int = 0
     # Where the ticket came from ({} = a person through the UI, CLI or API); for a GitHub
     # trigger: source, event, url, author, trigger, and which texts are untrusted (R36).
-    origin: dict = field(default_factory=dict)
+    origin: dict[str, Any] = field(default_factory=dict)
     # When the ticket was last re-opened (Engine.reopen): approvals before it do not count (R16).
     reopened_at_ms: int = 0
 
@@ -118,7 +118,7 @@ class PullRequestRecord:
     head_sha: str = ""
     state: str = "open"
     merge_sha: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

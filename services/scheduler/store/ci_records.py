@@ -53,13 +53,13 @@ def failed_head(source: str, text: str) -> str:
     return m.group(1) if m else ""
 
 
-def drop_stale_ci(store: Any, ticket_id: str, pending: list[Any]) -> list[dict]:
+def drop_stale_ci(store: Any, ticket_id: str, pending: list[Any]) -> list[dict[str, Any]]:
     """A CI round's follow-up queued while the ticket ran is stale once the pull request's head is no
     longer the failed one (the run pushed a newer head, whose own CI says whether it still fails):
     dropped, and its round no longer counts against on_ci_failure. Returns what was dropped, per head."""
     pr = store.prs.get_pr(ticket_id)
     head = (pr.head_sha if pr is not None else "").lower()
-    out = []
+    out: list[dict[str, Any]] = []
     for sha in sorted({s for f in pending if (s := failed_head(f.source, f.text)) and s != head}):
         count = store.followups.drop_ci_followups(ticket_id, sha)
         if not count:

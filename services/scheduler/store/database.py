@@ -45,7 +45,7 @@ T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5000   # SQLite's own wait for another connection's lock, before retry.py's
 
 
-class db_now_ms(FunctionElement):
+class db_now_ms(FunctionElement[int]):
     """The database's clock in ms (an expression). PostgreSQL: the server's clock, so the hosts' clocks
     do not matter to leases; SQLite: the one machine's clock."""
 
@@ -170,7 +170,7 @@ class Database:
         self.retry = Retrier(self.dialect, where, _unwrap(classify), self._reset, self._broken)
 
     @classmethod
-    def sqlite(cls, path: str | os.PathLike) -> Database:
+    def sqlite(cls, path: str | os.PathLike[str]) -> Database:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         engine = sa.create_engine(
@@ -186,7 +186,7 @@ class Database:
         return db
 
     @classmethod
-    def sqlite_read_only(cls, path: str | os.PathLike) -> Database:
+    def sqlite_read_only(cls, path: str | os.PathLike[str]) -> Database:
         """An existing SQLite store opened read-only (`afe check`: nothing is changed)."""
         p = Path(path)
         engine = sa.create_engine(

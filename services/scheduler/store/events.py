@@ -75,7 +75,7 @@ def spans(batch: Sequence[Sequence[object]]) -> dict[str, tuple[int, int]]:
         if span is None:
             out[tid] = [seq, seq]  # type: ignore[index,list-item]
         elif seq == span[1] + 1:
-            span[1] = seq  # type: ignore[assignment]
+            span[1] = seq
         else:
             raise ValueError(f"events of ticket {tid} are not consecutive: seq {seq} after {span[1]}")
     return {tid: (s[0], s[1]) for tid, s in out.items()}
@@ -109,7 +109,7 @@ def insert_events(conn: Connection, batch: Sequence[Sequence[object]],
         return
     # EventRecord is a tuple in column order; the drivers bind exact tuples fastest
     rows = batch if type(batch[0]) is tuple else [tuple(ev) for ev in batch]
-    conn.exec_driver_sql(_insert_sql(conn), rows)  # type: ignore[arg-type]
+    conn.exec_driver_sql(_insert_sql(conn), rows)
 
 
 def _insert_sqlite(conn: Connection, batch: Sequence[Sequence[object]]) -> None:

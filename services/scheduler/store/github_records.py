@@ -1,6 +1,6 @@
 """Records of the GitHub intake kept in the store (store.py re-exports them):
 the claim of a piece of work on its one live ticket (github_intake.py) and
-where a workspace's polling stands (github_poll.py)."""
+where a workspace's polling stands (github/poll.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class WorkClaim:
 
 @dataclass(frozen=True)
 class PollCursor:
-    """Where the polling of a workspace's GitHub events stands (github_poll.py)."""
+    """Where the polling of a workspace's GitHub events stands (github/poll.py)."""
 
     etag: str = ""              # of the last listing: the next request is conditional
     last_event_id: str = ""     # newest event handled; "" = never listed (the first listing only sets it),

@@ -16,6 +16,8 @@ statement that names fewer columns (or by an older afe) gets it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -37,19 +39,19 @@ Ms = BigInteger().with_variant(Integer(), "sqlite")
 Flag = Boolean().with_variant(Integer(), "sqlite")
 
 
-def _text(name: str, default: str | None = None, **kw: object) -> Column:
+def _text(name: str, default: str | None = None, **kw: object) -> Column[Any]:
     if default is None:
         return Column(name, Text, nullable=False, **kw)  # type: ignore[arg-type]
     return Column(name, Text, nullable=False, server_default=text(f"'{default}'"), **kw)  # type: ignore[arg-type]
 
 
-def _int(name: str, type_: object = Integer, default: int | None = None) -> Column:
+def _int(name: str, type_: object = Integer, default: int | None = None) -> Column[Any]:
     if default is None:
         return Column(name, type_, nullable=False)  # type: ignore[arg-type]
     return Column(name, type_, nullable=False, server_default=text(str(default)))  # type: ignore[arg-type]
 
 
-def _flag(name: str, default: bool | None = None) -> Column:
+def _flag(name: str, default: bool | None = None) -> Column[Any]:
     if default is None:
         return Column(name, Flag, nullable=False)
     # FALSE/TRUE on PostgreSQL, 0/1 on SQLite: one literal both accept as the column's type

@@ -97,7 +97,7 @@ class Store:
             setattr(self, name, retry_methods(repo, db.retry))
 
     @classmethod
-    def sqlite(cls, path: str | os.PathLike, owner: str = "") -> Store:
+    def sqlite(cls, path: str | os.PathLike[str], owner: str = "") -> Store:
         """The embedded store in `path`, migrated to this afe's schema."""
         db = Database.sqlite(path)
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -39,7 +40,7 @@ TicketList = list[TicketRecord]    # (inside `Tickets`, `list` is its method)
 NodeRunList = list[NodeRunRecord]
 
 
-def _ticket(row: Sequence) -> TicketRecord:
+def _ticket(row: Sequence[Any]) -> TicketRecord:
     return TicketRecord(
         rowid=row[0], id=row[1], workspace=row[2], workflow=row[3], title=row[4], body=row[5],
         inputs=json.loads(row[6]), state=row[7], created_at_ms=row[8], updated_at_ms=row[9],
@@ -48,7 +49,7 @@ def _ticket(row: Sequence) -> TicketRecord:
     )
 
 
-def _node(r: Sequence) -> NodeRunRecord:
+def _node(r: Sequence[Any]) -> NodeRunRecord:
     return NodeRunRecord(ticket_id=r[0], node_id=r[1], kind=r[2], state=r[3], needs=tuple(json.loads(r[4])),
                          attempt=r[5], started_at_ms=r[6], finished_at_ms=r[7], output=r[8], error=r[9],
                          rounds=r[10], feedback=r[11])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +48,8 @@ class DatabaseTarget:
     conninfo: str = field(default="", repr=False)   # postgresql
 
 
-def read_database_url(layout: Layout, redactor: Redactor, environ: dict | None = None) -> DatabaseTarget:
+def read_database_url(layout: Layout, redactor: Redactor,
+                      environ: Mapping[str, str] | None = None) -> DatabaseTarget:
     """Parse AFE_DATABASE_URL; removes the variable from the environment when
     `environ` is None (the process's own, read once at start)."""
     if environ is None:
@@ -80,7 +82,7 @@ def read_database_url(layout: Layout, redactor: Redactor, environ: dict | None =
                       "postgresql://user:password@host:port/database)")
 
 
-def store_path(layout: Layout, redactor: Redactor, environ: dict | None = None) -> Path:
+def store_path(layout: Layout, redactor: Redactor, environ: Mapping[str, str] | None = None) -> Path:
     """Where the SQLite store lives (for callers that only know SQLite)."""
     target = read_database_url(layout, redactor, environ)
     if target.path is None:

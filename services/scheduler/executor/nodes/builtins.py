@@ -132,7 +132,7 @@ async def open_pr(ctx: RunContext, node: Node) -> str:
     ctx.emit("pr.opened", {"node": node.id, "number": pr.number, "url": pr.url,
                            "head_branch": pr.head_branch, "base_branch": pr.base_branch,
                            "head_sha": pr.head_sha, "existing": known is not None})
-    ctx.host.transitions.notify(tid, ctx.ticket.state)     # the PR head gets its pending status (github_report.py)
+    ctx.host.transitions.notify(tid, ctx.ticket.state)     # the PR head gets its pending status (github/report.py)
     return pr.url or pr.number
 
 

@@ -27,7 +27,7 @@ _CI, _T, _P = schema.ci_failures, schema.tickets, schema.pull_requests
 _COLS = (_CI.c.ticket_id, _CI.c.sha, _CI.c.at_ms, _CI.c.checks)
 
 
-def _record(row: Row) -> CiFailureRecord:
+def _record(row: Row[Any]) -> CiFailureRecord:
     try:
         doc = json.loads(row[3] or "{}")
     except ValueError:

@@ -25,7 +25,7 @@ _V = schema.verification_runs
 _COLS = (_V.c.ticket_id, _V.c.sha, _V.c.passed, _V.c.result, _V.c.at_ms, _V.c.base_sha, _V.c.config, _V.c.kind)
 
 
-def _record(row: Row) -> VerificationRecord:
+def _record(row: Row[Any]) -> VerificationRecord:
     try:
         result = json.loads(row[3] or "{}")
     except ValueError:
