@@ -1,4 +1,4 @@
-"""What every process's composition root (`main.py`) shares: argument
+"""What every process's composition root (its `main` module) shares: argument
 parsing, logging with the redactor, link secrets from the inherited fd, the
 ops server, the readiness report to the launcher, and signal handling.
 

@@ -68,9 +68,9 @@ class CredentialCore:
                  report_key_file: Path | None = None, fences: FenceGuard | None = None,
                  signer: Signer | None = None, mcp: ModelNodeMcp | None = None) -> None:
         self.config = config
-        self.mcp = mcp                                # mcpnodes.py: model nodes' MCP tools (R43)
+        self.mcp = mcp                                # mcptools/nodes.py: model nodes' MCP tools (R43)
         self.signer = signer                          # signing.py: the run records' key (R42)
-        # R37: the fence of each side effect; the highest per ticket in a file, or the database's (dbfence.py)
+        # R37: the fence of each side effect; the highest per ticket in a file, or the database's (fencing/database.py)
         self.fences: FenceGuard = fences if fences is not None else Fences(None)
         self.relay = relay
         self.git = git
@@ -151,7 +151,7 @@ class CredentialCore:
 
     async def prepare_verification(self, ticket_id: str, workspace: str, sha: str, base_paths: list[str],
                                    commands: list[str] | None = None) -> verifycheckout.Verification:
-        """The clean-room checkout of `sha` at <data>/workspaces/<ticket>-verify (R41, verifycheckout.py)."""
+        """The clean-room checkout of `sha` at <data>/workspaces/<ticket>-verify (R41, verification/checkout.py)."""
         check_ticket_id(ticket_id)
         return await verifycheckout.prepare(self.git, self.workspace(workspace), ticket_id, sha, base_paths,
                                             commands=commands)
@@ -387,7 +387,7 @@ class CredentialCore:
         if self.relay is not None:
             await self.relay.close(ticket_id)
 
-    # -- MCP tools of model nodes (R43, mcpnodes.py) ---------------------------
+    # -- MCP tools of model nodes (R43, mcptools/nodes.py) ---------------------------
     def _mcp(self) -> ModelNodeMcp:
         if self.mcp is None:
             raise FailedPrecondition("this credential broker serves no MCP tools")

@@ -41,8 +41,8 @@ def build_core(config: Config, layout: Layout, secrets: dict[str, SecretValue], 
                retry: RetryPolicy | None = None,
                git_timeout_s: float = 600.0, spare_checkouts: bool = True,
                fence_db: FenceDatabase | None = None) -> CredentialCore:
-    """`fence_db`: the PostgreSQL store's database, where the fences are checked (dbfence.py);
-    None: the fence file of this machine (fences.py, a SQLite store)."""
+    """`fence_db`: the PostgreSQL store's database, where the fences are checked (fencing/database.py);
+    None: the fence file of this machine (fencing/resource.py, a SQLite store)."""
     layout.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     own = private_dir(layout)
     helper = write_helper(own / "bin")

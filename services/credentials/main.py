@@ -12,7 +12,7 @@ APIs trust (GitHub Enterprise or a proxy with a private CA); `https_proxy`,
 the operator's proxy. `AFE_DATABASE_URL` (only when the store is PostgreSQL:
 several schedulers, maybe on several machines) is read once and removed from
 the environment (R29): every fenced side effect is then checked against the
-ticket's row in that database (dbfence.py) instead of this machine's fence
+ticket's row in that database (fencing/database.py) instead of this machine's fence
 file. `afe up` passes exactly these (services/launcher/environment.py).
 """
 

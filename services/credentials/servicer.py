@@ -265,7 +265,7 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
                                    summary=c.summary, description=c.description, details_url=c.details_url,
                                    target_url=c.target_url, log_tail=c.log_tail, id=c.id) for c in r.checks])
 
-    # -- MCP tools of model nodes (R43, mcpnodes.py) -----------------------------
+    # -- MCP tools of model nodes (R43, mcptools/nodes.py) -----------------------------
     async def ListMcpTools(self, request: pb.ListMcpToolsRequest,
                            context: grpc.aio.ServicerContext) -> pb.ListMcpToolsResponse:
         r = await self.core.list_mcp_tools(request.ticket_id, request.workflow, request.node)

@@ -1,4 +1,4 @@
-"""Which environment variables each process receives (DESIGN §1, R33).
+"""Which environment variables each process receives (R33; docs/OPERATIONS.md).
 
 Every child starts from an EMPTY environment: `PATH HOME LANG TZ` plus only
 the names its role needs. The credential broker gets exactly the `tokenEnv` /

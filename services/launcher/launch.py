@@ -274,7 +274,7 @@ def build_specs(opts: Options, config: Config, environ: Mapping[str, str],
                 if path is not None:
                     argv += [flag, str(path)]
         if service == "scheduler":
-            # Ticket links on GitHub (github_report.py): the UI's address as users open it.
+            # Ticket links on GitHub (services/scheduler/github/report.py): the UI's address as users open it.
             argv += ["--public-url", (opts.public_url or f"http://{opts.listen}").rstrip("/")]
         if service == "gateway":
             argv += ["--token-file", str(opts.layout.token_file), "--listen", opts.listen]

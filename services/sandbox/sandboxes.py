@@ -6,7 +6,7 @@ Only objects labelled with this broker's `afe.instance` are ever touched.
 The Docker SDK is synchronous; its calls run in worker threads. Making the
 containers is in provision.py, starting existing ones again in restart.py,
 removing them in cleanup.py, the proxy wait and the bridge address in
-egress_proxy.py, what is reported in sandbox_info.py.
+egress/proxy.py, what is reported in containers/info.py.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class SandboxManager(SandboxEnv):
         """`gvisor_runtime`: the engine's name of the runtime a `gvisor`
         sandbox runs on; `egress_transport`: how a runc sandbox reaches its
         proxy (`network`: the ticket's internal network, or `socket`:
-        egress_socket.py; a gVisor sandbox always uses the socket);
+        egress/over_socket.py; a gVisor sandbox always uses the socket);
         `upstream_ca`: the operator's CA certificates (AFE_CA_FILE), which a
         proxy that decrypts (R44) trusts besides the system store when it
         connects to the upstream."""
@@ -238,7 +238,7 @@ class SandboxManager(SandboxEnv):
 
     async def _start_ways_out(self, info: SandboxInfo, proxy_ip: str) -> None:
         """Wait for the egress proxy, then start the sandbox's forwarders: the
-        proxy socket's (egress_socket.py) and the model relay's (R32)."""
+        proxy socket's (egress/over_socket.py) and the model relay's (R32)."""
         if info.egress_socket:
             def running() -> bool:
                 return bool(self.client.api.inspect_container(info.proxy_container_id)["State"].get("Running"))

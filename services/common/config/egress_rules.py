@@ -19,7 +19,7 @@ one segment, a `**` segment any number of segments (none too), and a
 `?name=value&...` part requires each named query parameter exactly once
 with that value. The proxy matches them against the request's path with
 escapes decoded and `//` collapsed; a path with dot segments or an
-ambiguous escape is refused outright (egress_judge.py).
+ambiguous escape is refused outright (services/sandbox/egress/judge.py).
 
 This module is the config side, shared by `afe check` (the manifest), the
 scheduler (the SandboxSpec) and the sandbox broker (which checks again what

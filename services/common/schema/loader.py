@@ -1,4 +1,4 @@
-"""Loading and validating the manifests of a config folder (DESIGN §2).
+"""Loading and validating the manifests of a config folder (docs/GUIDE.md).
 
 `load_config(dir)` reads every `*.yaml`/`*.yml` file in the folder (several
 documents per file), validates every document and returns a `Config`. All

@@ -2,7 +2,7 @@
 
 With a PostgreSQL store, schedulers on several machines share the tickets,
 and each machine runs its own credential broker: a fence file per machine
-(fences.py) would not see a claim made through another machine. So, when the
+(resource.py) would not see a claim made through another machine. So, when the
 broker is given the store's URL (AFE_DATABASE_URL, postgresql://...), every
 side effect of a ticket that carries a fence (commit, push, update of the
 branch, pull request, merge, comment, commit status, an MCP call) is checked
@@ -28,7 +28,7 @@ I/O (psycopg's AsyncConnection), so the broker's event loop never blocks on
 the database. A database that does not answer refuses the side effect with
 `Unavailable` naming the store (nothing done; the scheduler may try again);
 it never lets a call through unchecked. Fence 0 (an unfenced call, e.g. the
-store of one scheduler) is not checked, as in fences.py.
+store of one scheduler) is not checked, as in resource.py.
 """
 
 from __future__ import annotations

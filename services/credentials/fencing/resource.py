@@ -16,7 +16,7 @@ at start), one entry per live ticket; ReleaseWorkspace removes the entry.
 
 This file is one machine's: it is the fence of a SQLite store (one
 scheduler). With a PostgreSQL store the broker checks the fence in the
-database instead (dbfence.py), so it spans machines.
+database instead (database.py), so it spans machines.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class StaleFence(FailedPrecondition):
 
 
 class FenceGuard(Protocol):
-    """What the broker asks of a fence: this file's, or the database's (dbfence.py)."""
+    """What the broker asks of a fence: this file's, or the database's (database.py)."""
 
     def hold(self, ticket_id: str, fence: int) -> contextlib.AbstractAsyncContextManager[None]: ...
     def forget(self, ticket_id: str) -> None: ...

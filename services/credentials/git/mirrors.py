@@ -108,7 +108,7 @@ class Mirrors:
         """Run a git command that talks to the remote. A definitive failure (auth,
         not found, DNS, TLS, a corrupt object, a rejected ref) fails at once with
         what to change; a transient one (5xx, time-out, reset) is tried again
-        `remote_attempts` times in all, with back-off (see gitfailures.py)."""
+        `remote_attempts` times in all, with back-off (see failures.py)."""
         attempts = max(1, self.remote_attempts)
         for attempt in range(1, attempts + 1):
             try:

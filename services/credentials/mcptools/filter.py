@@ -1,5 +1,5 @@
 """What the MCP relay lets through (R43), as functions over JSON-RPC
-messages, with no I/O (relaymcp.py does the HTTP).
+messages, with no I/O (relay.py does the HTTP).
 
 From the sandbox to the server (`check_request`): a POST body is one
 JSON-RPC message or a batch of them, parsed strictly (a duplicated key, a
@@ -20,7 +20,7 @@ From the server to the sandbox (`filter_message`): a result that lists
 tools keeps only the granted ones (whatever request it answers, so a
 replayed stream cannot carry others); an `initialize` result offers tools
 only. Everything the server sends is re-serialized by the relay, which
-masks secrets in those bytes (relaysecrets.py).
+masks secrets in those bytes (relay/secrets.py).
 
 Each `tools/call` is noted (`Call`): the tool's name when it is a plain
 tool name (else only its digest), the SHA-256 of its arguments as canonical

@@ -6,11 +6,11 @@ mcp:tracker/get_issue]`). It runs on the host, in the scheduler, which holds
 no secret: the scheduler names the ticket, the workflow and the node, and the
 broker reads the node's grant from its OWN manifests (the scheduler never
 sends a URL, a token or a tool list), asks the server with the token only it
-holds (mcpclient.py) and answers the granted tools. A call of a tool outside
+holds (client.py) and answers the granted tools. A call of a tool outside
 the grant is refused before any server is contacted.
 
 Per ticket: the ticket id is checked, each call is fenced like every side
-effect of a ticket (R37, fences.py; a tool may write: create an issue, post
+effect of a ticket (R37, fencing/resource.py; a tool may write: create an issue, post
 a message), and at most MAX_CALLS_PER_TICKET calls of one ticket run at once.
 """
 

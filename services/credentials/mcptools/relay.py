@@ -11,7 +11,7 @@ by relay.py) the relay
    not name; nothing else of the path or query is used: the upstream URL is
    the manifest's `url`, as written;
 2. speaks MCP Streamable HTTP: a POST carries JSON-RPC (checked by
-   mcpfilter.py: only granted `tools/call`s, whatever their spelling or
+   filter.py: only granted `tools/call`s, whatever their spelling or
    batching; the relay's own serialization is sent), a GET opens the
    server's stream, a DELETE ends the session; `Mcp-Session-Id`,
    `Mcp-Protocol-Version` and `Last-Event-ID` pass, no other client header;
@@ -20,7 +20,7 @@ by relay.py) the relay
    (a 3xx is refused: the server is the manifest's URL and nothing else);
 4. reads the answer, JSON or an event stream, within the server's
    `timeout` and the relay's size limits, keeps only the granted tools in
-   any tool list, masks every secret the broker holds (relaysecrets.py),
+   any tool list, masks every secret the broker holds (relay/secrets.py),
    and sends its own serialization back;
 5. notes every `tools/call` (server, tool, a digest of the arguments,
    outcome, sizes, time: `record`), never the arguments or the result: the

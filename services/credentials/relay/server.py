@@ -15,16 +15,16 @@ runtime folder is private). On every request the relay
    one of the provider's inference endpoints (`ROUTES`); the upstream path
    is rebuilt from the endpoint's fixed text and a model id, nothing else,
 4. refuses it once the ticket's token budget is spent,
-5. reads the body within the ticket's limits (relaylimits.py), drops every
+5. reads the body within the ticket's limits (limits.py), drops every
    credential the client sent (auth headers, cookies, `key=`), pins the
    Model's model id in the request, adds the real key the way the provider
    expects, and sends it to the Model's baseUrl from this host,
 6. streams the answer back chunk by chunk (SSE or not) with every secret of
-   the broker masked (relaysecrets.py), in headers and bodies, while reading
+   the broker masked (secrets.py), in headers and bodies, while reading
    the token usage from it, and counts that usage against the ticket,
    whichever node of the ticket (an agent, a `run:` command) made the call.
 
-Refusals use the provider's own error shape (relayproviders.py::refusal): 401 for a
+Refusals use the provider's own error shape (providers.py::refusal): 401 for a
 missing, wrong or ended capability, 403 for an undeclared Model, 404 for a
 path that is not an inference endpoint, 400 for a path that tries to leave
 its endpoint, 413 for a body over the limit, 408 for a body that did not
@@ -36,7 +36,7 @@ State (capability, declared models, budget, usage) is kept in the broker's
 private folder so a restarted broker serves the same capability and budget.
 
 The same socket and capability serve the ticket's MCP servers (R43) at
-`/mcp/<server>`: relaymcp.py.
+`/mcp/<server>`: mcptools/relay.py.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ from services.credentials.relay.state import McpCall, RelayStates, TicketRelay
 from services.credentials.relay.upstream import Upstream
 from services.credentials.relay.usage import Usage, UsageMeter, usage_of
 
-# Older imports name these here; they live in relayproviders.py, relaystate.py and relayusage.py.
+# Older imports name these here; they live in providers.py, state.py and usage.py.
 __all__ = ["MAX_BODY", "ROUTES", "RelayHub", "RelayLimits", "TicketRelay", "Usage", "UsageMeter", "auth_headers",
            "presented_capability", "rewrite", "upstream_path", "upstream_root", "usage_of"]
 

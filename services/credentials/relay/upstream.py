@@ -2,8 +2,8 @@
 client's credentials dropped and the real key added, the upstream URL built
 from the Model's baseUrl and the endpoint's fixed path only (never
 re-normalised, so no dot segment can move it), and the answer streamed back
-with every secret of the broker masked (relaysecrets.py) while its token
-usage is read (relayusage.py)."""
+with every secret of the broker masked (secrets.py) while its token
+usage is read (usage.py)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class Upstream:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
-            # No pool-wide connection limit: each ticket's connections are bounded (relaylimits.py),
+            # No pool-wide connection limit: each ticket's connections are bounded (limits.py),
             # so one ticket's requests cannot hold the pool the other tickets need.
             # No cookie jar: one session serves every ticket, and a cookie one upstream answer set
             # must not ride along on another ticket's requests (nor be looked up on each request).

@@ -40,7 +40,7 @@ The harness of a checkout is, by path:
 - what the Workspace's `verifyHarness` patterns add.
 
 The functions here are pure (paths and bytes in, decisions out); the git
-side is verifycheckout.py.
+side is checkout.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 only time host git has the workspace as its work tree, before any sandbox
 exists), with, optionally, a scratch `.git` of the workspace's own for the
 sandbox's `git status`/`git diff`. Handing the folder to the sandbox user is
-workspaces.py's (`WorkspaceGit._chown`).
+host.py's (`WorkspaceGit._chown`).
 
 The one other time: `fill`, a workspace restored for a new attempt
 (RestoreWorkspace), emptied first without following a link, while the

@@ -6,7 +6,7 @@ pushed branch, else the state kept at release), `keep` stores a released
 workspace's last state in the mirror for that, and `update_branch` merges the
 base branch into the pushed branch on the host (R37: `--force-with-lease`,
 nothing pushed on a conflict). They work on a `WorkspaceGit`'s git runner,
-mirrors and locks; workspaces.py holds the rest of a workspace's life.
+mirrors and locks; host.py holds the rest of a workspace's life.
 """
 
 from __future__ import annotations

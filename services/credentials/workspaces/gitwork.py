@@ -1,7 +1,7 @@
-"""What the helpers of a ticket's git work (continuation.py, verifycheckout.py)
-use of `WorkspaceGit` (workspaces.py): its git runner, mirrors and layout,
+"""What the helpers of a ticket's git work (continuation.py, verification/checkout.py)
+use of `WorkspaceGit` (host.py): its git runner, mirrors and layout,
 the per-key locks, ref lookups and the workspace snapshot. Typed here as a
-Protocol, so they need not import workspaces.py, which imports them."""
+Protocol, so they need not import host.py, which imports them."""
 
 from __future__ import annotations
 

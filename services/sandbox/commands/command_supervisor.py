@@ -3,7 +3,7 @@ stream, instead of one `docker exec` per command.
 
 A `docker exec` costs tens of milliseconds (the engine, containerd and runc
 set up a process in the container's namespaces every time). The broker pays
-that once per sandbox: it starts `supervise_main.py` in the sandbox with one
+that once per sandbox: it starts `command_supervisor_main.py` in the sandbox with one
 exec (as the sandbox user, no extra environment, stdin attached) and sends it
 commands over that exec's hijacked stream; a command then costs a fork in the
 sandbox and a few frames.

@@ -1,5 +1,5 @@
 # afe-supervisor: runs INSIDE a sandbox, as the sandbox user (never on the host).
-"""The command supervisor that runs inside a sandbox (see supervisor.py).
+"""The command supervisor that runs inside a sandbox (see command_supervisor.py).
 
 The sandbox broker starts this file's source once per sandbox with one
 `docker exec` (as the sandbox user, no extra environment, stdin attached) and
@@ -56,7 +56,7 @@ P_KIND = ord("P")
 # follow it, so a short command's start, output and exit reach the broker in
 # one write (one trip through the engine instead of two). The broker does not
 # depend on it: a supervisor killed before it sent a command's pid has that
-# command's session swept from inside (supervisor.py, SWEEP).
+# command's session swept from inside (command_supervisor.py, SWEEP).
 HOLD_STARTED_S = 0.002
 
 

@@ -2,7 +2,7 @@
 exit code, timeout that kills, output cap with a marker) and `Process`
 (an interactive byte stream with stdin, clean EOF and kill).
 
-Both go through the sandbox's command supervisor (supervisor.py: one
+Both go through the sandbox's command supervisor (command_supervisor.py: one
 process per sandbox fed over an attached stream) or, when a sandbox has
 none, one Docker exec each over a hijacked engine connection; argv is passed
 as-is (no shell). The working directory is confined to /workspace.
@@ -190,7 +190,7 @@ Handle = _Exec | SupervisedCommand
 
 class Runner:
     """Commands and processes in a ticket's sandbox: through the sandbox's
-    command supervisor (supervisor.py) when it has one, else one `docker
+    command supervisor (command_supervisor.py) when it has one, else one `docker
     exec` each; the caller sees no difference but the speed."""
 
     def __init__(self, sandboxes: SandboxManager, api: DockerAPI | None = None, *, supervise: bool = True,

@@ -1,4 +1,4 @@
-"""One command run by a sandbox's command supervisor (supervisor.py), seen
+"""One command run by a sandbox's command supervisor (command_supervisor.py), seen
 from the broker: the same face as an exec stream, with the output credit and
 the stdin window that bound what either side buffers for it."""
 
@@ -9,8 +9,8 @@ from typing import Protocol
 
 from services.sandbox.containers.dockerapi import STDERR
 
-WINDOW = 256 * 1024            # as in supervise_main.py: output credit per command
-IN_WINDOW = 256 * 1024         # as in supervise_main.py: stdin sent but not yet taken, per command
+WINDOW = 256 * 1024            # as in command_supervisor_main.py: output credit per command
+IN_WINDOW = 256 * 1024         # as in command_supervisor_main.py: stdin sent but not yet taken, per command
 MAX_SEND = 64 * 1024
 STOPPED = "[afe: the sandbox's command supervisor stopped ({why}); the command was killed]\n"
 

@@ -39,7 +39,7 @@ LABEL_ENV = "afe.env"          # comma-separated NAMES (never values) a Process 
 LABEL_DISK = "afe.disk"        # the workspace's disk cap in bytes (R34), for a restarted broker
 LABEL_RELAY = "afe.relay"      # "1": the ticket's model relay folder is mounted (R32)
 LABEL_RUNTIME = "afe.runtime"  # runc | gvisor
-LABEL_EGRESS = "afe.egress"    # "socket": egress through the ticket's proxy socket, no interface (egress_socket.py)
+LABEL_EGRESS = "afe.egress"    # "socket": egress through the ticket's proxy socket, no interface (egress/over_socket.py)
 LABEL_EGRESS_RULES = "afe.egress.rules"   # "1": hosts with rules, judged decrypted; the sandbox trusts its CA (R44)
 RUNTIMES = ("runc", "gvisor")
 
@@ -54,7 +54,7 @@ class SandboxSettings:
     disk_bytes: int = DEFAULT_LIMITS.disk_bytes   # the workspace's disk cap (R34, diskcap.py)
     egress: tuple[str, ...] = ()
     egress_private: tuple[str, ...] = ()   # operator-allowed private names/CIDRs (egress.check_private)
-    egress_rules: tuple[EgressRule, ...] = ()   # methods and paths on hosts with rules (R44, egress_bump.py)
+    egress_rules: tuple[EgressRule, ...] = ()   # methods and paths on hosts with rules (R44, egress/bump.py)
     env_names: tuple[str, ...] = ()
     relay: bool = False                           # mount the ticket's model relay folder (R32)
     runtime: str = "runc"                         # runc | gvisor (the engine's runsc)
@@ -141,7 +141,7 @@ def sandbox_create_kwargs(s: SandboxSettings, *, name: str, instance: str, works
     proxy socket folder) is mounted read-only at /run/afe-egress, and the
     sandbox stays on no network. `runtime_name`: the engine's runtime for
     gVisor (runc when None). `ca_mounts`: the ticket's CA folder and bundle
-    (egress_ca.py) when its egress has rules (R44)."""
+    (egress/ca.py) when its egress has rules (R44)."""
     lab = labels(instance, s.ticket_id, "sandbox")
     lab[LABEL_ENV] = ",".join(s.env_names)
     lab[LABEL_DISK] = str(s.disk_bytes)
@@ -200,9 +200,9 @@ def proxy_create_kwargs(*, ticket_id: str, name: str, instance: str, outside_net
     config passed in the environment (it is not secret: only host names) and
     written to a tmpfs by the entrypoint, so no host path is mounted but, for
     egress without an interface, the ticket's socket folder (`egress_dir`,
-    egress_socket.py), where its main process serves squid's socket, and,
+    egress/over_socket.py), where its main process serves squid's socket, and,
     for egress with rules (R44), the judge's folder (`bump_dir`,
-    egress_bump.py) read-only: the command then first makes the ticket's CA
+    egress/bump.py) read-only: the command then first makes the ticket's CA
     in the proxy's tmpfs."""
     command = proxy_command() if egress_dir else [
         "sh", "-c", 'printf "%s" "$AFE_SQUID_CONF" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf']

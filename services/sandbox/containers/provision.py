@@ -55,13 +55,13 @@ def create_containers(client: docker.DockerClient, s: SandboxSettings, workspace
     create and its start (the workspace folder must exist at create, its
     content and disk image only at start, when the engine binds it);
     `started(container id)` as soon as the sandbox runs, while its proxy may
-    still be starting. With `egress_dir` (egress_socket.py) no ticket network
+    still be starting. With `egress_dir` (egress/over_socket.py) no ticket network
     is made: the proxy sits on its outside network alone and serves the
     socket folder, which the sandbox (on no network) has mounted. With egress
     rules (R44), `bump_dir` is the judge's folder for the proxy
-    (egress_bump.py) and `prepare_ca()`, called while the proxy starts,
+    (egress/bump.py) and `prepare_ca()`, called while the proxy starts,
     makes the sandbox's CA folder and says where the image keeps its CA
-    store ((folder, path or None), egress_ca.py); `upstream_ca`: the
+    store ((folder, path or None), egress/ca.py); `upstream_ca`: the
     operator's CA file is in `bump_dir`."""
     ticket_id = s.ticket_id
     network = ""

@@ -2,8 +2,8 @@
 Docker engine or the host restarted: the egress proxy first (the sandbox's
 only way out must be up before the sandbox runs again; with egress rules its
 new CA goes into the sandbox's bundle, R44), then the sandbox
-container, then its forwarders (relayforward.py): the egress socket's
-(egress_socket.py) and the model relay's.
+container, then its forwarders (relays/forward.py): the egress socket's
+(egress/over_socket.py) and the model relay's.
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def proxy_env(host: str, port: int = PROXY_PORT) -> dict[str, str]:
 # against the system store read through its hashed folder (the same certificates as the bundle,
 # one file each, read when a chain asks for it), not squid's default, which parses the whole
 # bundle (some 140 certificates) before squid listens: 40-70 ms of the proxy's half CPU that
-# every egress sandbox's first command waited for (make bench: bench_egress_rules.py).
+# every egress sandbox's first command waited for (make bench: bench/bench_egress_rules.py).
 SYSTEM_CA_DIR = "/etc/ssl/certs"
 TLS_OUTGOING = f"tls_outgoing_options default-ca=off capath={SYSTEM_CA_DIR}"
 # squid's table of file types and their icons, for listings of ftp:// and gopher:// URLs: without
@@ -149,7 +149,7 @@ TLS_OUTGOING = f"tls_outgoing_options default-ca=off capath={SYSTEM_CA_DIR}"
 MIME_TABLE = "mime_table /dev/null"
 
 # squid's native access log format, then the request's bytes, the SslBump
-# decision, the TLS SNI and the judge's annotation (egress_judge.py): the first
+# decision, the TLS SNI and the judge's annotation (judge.py): the first
 # ten fields read as before, the rest is what R44's record needs.
 LOG_FORMAT = ("%ts.%03tu %6tr %>a %Ss/%03>Hs %<st %rm %ru %[un %Sh/%<a %mt "
               "%>st %ssl::bump_mode %ssl::>sni %ea")
@@ -161,9 +161,9 @@ def squid_conf(names: list[str], allow_private: list[str] | tuple[str, ...] = ()
     """The proxy's configuration. `allow_private` is the broker's exemption
     (tests, doctor); `private` the ticket's operator-allowed private entries
     (host names and subnets, see `check_private`); `loopback_only`: squid
-    listens on its container's loopback alone (egress_socket.py: the socket
+    listens on its container's loopback alone (over_socket.py: the socket
     is the only way in); `rules`: the methods and paths allowed on hosts that
-    have rules (R44: squid decrypts those, egress_bump.py), `upstream_ca`:
+    have rules (R44: squid decrypts those, bump.py), `upstream_ca`:
     the operator's CA file is there for verifying upstreams."""
     private_names, private_cidrs = check_private(list(private), names)
     names = check_egress_names(names)

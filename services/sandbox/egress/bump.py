@@ -1,6 +1,6 @@
 """The proxy side of egress rules (R44): squid terminates TLS for the hosts
 that have rules (ssl-bump, docs/adr/0007-egress-rules-squid-ssl-bump.md),
-judges each decrypted request with egress_judge.py and re-encrypts to the
+judges each decrypted request with judge.py and re-encrypts to the
 upstream, verifying its certificate against the system store and the
 operator's `AFE_CA_FILE`. Hosts without rules keep CONNECT pass-through.
 

@@ -3,12 +3,12 @@ broker: the ticket's CA folder, the trust bundle the sandbox gets, and the
 CA certificate read back from the proxy.
 
 The proxy makes the CA itself when it starts (`PREPARE` in
-egress_proxy.py's command): its private key is made and kept in the proxy
+proxy.py's command): its private key is made and kept in the proxy
 container's tmpfs and never leaves it, so it is gone with the container
 (R12 removes it with the ticket). The proxy prints only the certificate, on
 stderr; the broker reads it from the container's log and writes, in
 `<run>/egress-ca/<ticket>/sandbox/` (mounted read-only in the sandbox at
-`/run/afe-ca`; `<ticket>/proxy/` is the proxy's, egress_bump.py):
+`/run/afe-ca`; `<ticket>/proxy/` is the proxy's, bump.py):
 
 - `ticket-ca.pem`: the CA certificate alone (NODE_EXTRA_CA_CERTS adds it to
   Node's own roots);

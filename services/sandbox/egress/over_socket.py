@@ -7,7 +7,7 @@ the one afe is tested on) and, when the broker is started with
 
     sandbox (no interface)              host folder <run>/egress/<ticket>       proxy container
     HTTP(S)_PROXY=127.0.0.1:3128  ->  forwarder  ->  proxy.sock  ->  forwarder -> squid on 127.0.0.1:3128
-                                  (relayforward.py)                 (PROXY_MAIN)          -> the outside network
+                                  (relays/forward.py)                 (PROXY_MAIN)          -> the outside network
 
 The proxy's rules, its access log (the denial report, R11) and its outside
 network are the ones of the network transport; only the way in changes.

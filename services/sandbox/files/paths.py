@@ -1,7 +1,7 @@
 """Path rules for the host-side file tools (R17-R19).
 
-The rules and the opening live in `services.common.safefs` (open.py,
-root.py), shared with the credential broker; this module gives them the
+The rules and the opening live in `services.common.safefs` (safefs/open.py,
+safefs/root.py), shared with the credential broker; this module gives them the
 sandbox broker's names. A tool path is relative to the workspace root:
 `split_relative` refuses absolute paths, `..`, `.`, NUL bytes and empty
 components, and `Root` opens every component from the workspace's directory

@@ -1,6 +1,6 @@
 """Forwarders inside a sandbox from its own loopback to a Unix socket the
 broker mounted: the model relay's (R32) and, for a sandbox without a network
-interface, the egress proxy's (egress_socket.py).
+interface, the egress proxy's (egress/over_socket.py).
 
 The credential broker serves the ticket's relay on a Unix socket; the
 sandbox broker mounts that socket's folder read-only at `RELAY_MOUNT`. Agents

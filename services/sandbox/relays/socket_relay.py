@@ -6,8 +6,8 @@ socket's path).
 
 Two programs are this file's source plus a few lines that call `Relay`:
 the proxy container's main process for egress without an interface
-(egress_socket.py: the ticket's Unix socket to squid on the container's
-loopback) and the forwarders in a sandbox (relayforward.py: the sandbox's
+(egress/over_socket.py: the ticket's Unix socket to squid on the container's
+loopback) and the forwarders in a sandbox (forward.py: the sandbox's
 loopback to the egress proxy's socket or to the model relay's). So it uses
 the standard library only and does nothing when imported.
 

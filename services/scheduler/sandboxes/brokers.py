@@ -378,7 +378,7 @@ class CredentialsClient(VerificationCalls):
                 cpb.CommentPullRequestRequest(workspace=workspace, number=number, body=body), timeout=SHORT)
         return r.url
 
-    # Reporting back (github_report.py): comments and commit statuses, through the credential broker.
+    # Reporting back (github/report.py): comments and commit statuses, through the credential broker.
     async def upsert_comment(self, workspace: str, number: str, ticket_id: str, step: str,
                              body: str, fence: int = 0) -> cpb.UpsertIssueCommentResponse:
         async with fenced_errors(ticket_id, fence, "a GitHub report comment"):

@@ -38,7 +38,7 @@ class CiFailureRecord:
 
 @dataclass(frozen=True)
 class CiWatch:
-    """A pull request afe opened whose head's CI polling looks at (github_ci_poll.py)."""
+    """A pull request afe opened whose head's CI polling looks at (github/ci.py)."""
 
     ticket_id: str
     workspace: str
