@@ -39,7 +39,7 @@ CA_DAYS = 3650
 LEAF_DAYS = 397
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("certs", help="make the deployment CA and link certificates (mutual TLS between hosts)",
                        description="Make the deployment's own CA (once) and, per --name, a certificate, key "
                        "and link secret for a process on another host (R39). Files are mode 0600.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from services.common.config import egress_rules
@@ -28,7 +29,7 @@ def default_config_dir() -> Path | None:
     return here if here.is_dir() else None
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("check", help="validate the manifests in a config folder",
                        description="Validate every *.yaml manifest in the config folder and list every "
                        "problem with its file, document number and field.")
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     return _check_database(args, os.environ)
 
 
-def _check_database(args: argparse.Namespace, environ) -> int:
+def _check_database(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """With AFE_DATABASE_URL set: can the store be reached, and is its schema
     one this afe can use? (Nothing is created or migrated.)"""
     from services.common.errors import AfeError

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.common.layout import SANDBOX_UID, Layout
 
@@ -33,12 +34,19 @@ from .hostprobe import HostListener, host_addresses, reached
 from .isolation import isolation_checks, run_py
 from .probescripts import CONNECT, DIRECT, FETCH, FORK, LISTENER, PROBE, TARGET_SERVER
 
+if TYPE_CHECKING:
+    from docker import DockerClient
+
+    from services.common.config.model import Config
+    from services.sandbox.commands.execs import Runner
+    from services.sandbox.containers.info import SandboxInfo
+
 # Older imports name these here; they live in probescripts.py and hostprobe.py.
 __all__ = ["CONNECT", "DIRECT", "FETCH", "FORK", "LISTENER", "PROBE", "TARGET_SERVER", "HostListener",
            "Report", "add_parser", "doctor", "host_addresses", "reached", "run"]
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="prove the sandbox isolation rules live on this machine",
                        description="Check the Docker engine and images, then start probe containers and prove "
                        "R5-R12 and R31 (one PASS/FAIL line per rule), on gVisor too when the engine has it, and "
@@ -60,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                               gvisor_runtime=args.gvisor_runtime))
 
 
-def _egress_settings(report: Report, client, network: str, config_dir: str | None):
+def _egress_settings(report: Report, client: DockerClient, network: str, config_dir: str | None) -> Config | None:
     """The egress network exists, and which private destinations the manifests
     allow. Returns the manifests' Config (None when there is none to read)."""
     from services.common.config.manifests import load_config
@@ -87,7 +95,7 @@ def _egress_settings(report: Report, client, network: str, config_dir: str | Non
     return config
 
 
-async def _mcp_servers(report: Report, config) -> None:
+async def _mcp_servers(report: Report, config: Config | None) -> None:
     """Each remote MCP server's reachable tools (R43: asked from the host, never a sandbox); a server
     whose tokenEnv is not set in this shell is not contacted."""
     from .mcpcheck import list_servers, tools_line
@@ -178,7 +186,7 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
     return 1 if report.failed else 0
 
 
-async def _probe(report: Report, client, tmp: Path, instance: str, network: str, subnet: str,
+async def _probe(report: Report, client: DockerClient, tmp: Path, instance: str, network: str, subnet: str,
                  tname: str, tip: str, gvisor_runtime: str | None) -> None:
     """`gvisor_runtime`: the engine's gVisor runtime, or None to check runc only."""
     from services.sandbox.checks import GVISOR_RUNTIME
@@ -234,7 +242,8 @@ async def _probe(report: Report, client, tmp: Path, instance: str, network: str,
     print(f"(probes took {time.monotonic() - t0:.1f}s)")
 
 
-async def _probe_r31(report: Report, client, runner, eg, instance: str, network: str, tip: str) -> None:
+async def _probe_r31(report: Report, client: DockerClient, runner: Runner, eg: SandboxInfo, instance: str,
+                     network: str, tip: str) -> None:
     """R31 live: from the egress sandbox, TCP, UDP and ICMP to every address
     of this host, to the ticket network's gateway and to the other probe
     containers; a host listener records what arrives. The same probe from a

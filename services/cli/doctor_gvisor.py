@@ -20,7 +20,11 @@ from .egresschecks import egress_checks
 from .isolation import Seen, isolation_checks
 
 if TYPE_CHECKING:
+    from docker import DockerClient
+
     from services.common.config.model import Config
+    from services.sandbox.commands.execs import Runner
+    from services.sandbox.sandboxes import SandboxManager
 
     from .doctor_report import Report
 
@@ -44,7 +48,7 @@ def install_steps(runtime: str) -> list[str]:
     ]
 
 
-def engine_runtimes(report: Report, client, runtime: str, config: Config | None) -> bool:
+def engine_runtimes(report: Report, client: DockerClient, runtime: str, config: Config | None) -> bool:
     """List the engine's runtimes; True when gVisor's (`runtime`) is among
     them. Its absence is a FAIL only when a Workspace asks for gVisor:
     otherwise gVisor is an option not taken, and the steps are shown."""
@@ -68,7 +72,8 @@ def engine_runtimes(report: Report, client, runtime: str, config: Config | None)
     return False
 
 
-async def gvisor_checks(report: Report, client, runner, mgr, probe_value: str, runc: Seen) -> None:
+async def gvisor_checks(report: Report, client: DockerClient, runner: Runner, mgr: SandboxManager,
+                        probe_value: str, runc: Seen) -> None:
     """R4-R9 and R34 on a gVisor sandbox, then its kernel against the
     engine's and against what the runc sandbox saw."""
     from services.sandbox.containers.hardening import SandboxSettings
@@ -89,8 +94,8 @@ async def gvisor_checks(report: Report, client, runner, mgr, probe_value: str, r
         await mgr.destroy(GVISOR_TICKET)
 
 
-async def gvisor_egress_checks(report: Report, client, runner, mgr, instance: str, tname: str, tip: str,
-                               plain_mode: str) -> None:
+async def gvisor_egress_checks(report: Report, client: DockerClient, runner: Runner, mgr: SandboxManager,
+                               instance: str, tname: str, tip: str, plain_mode: str) -> None:
     """R10 and R11 on a gVisor egress sandbox: no interface, its ticket's
     proxy through the socket, the same allowlist and refusals as on runc."""
     from services.sandbox.containers.hardening import SandboxSettings

@@ -13,11 +13,16 @@ from .isolation import run_exec, run_py
 from .probescripts import CONNECT, DIRECT, FETCH
 
 if TYPE_CHECKING:
+    from docker import DockerClient
+
+    from services.sandbox.commands.execs import Runner
+    from services.sandbox.containers.info import SandboxInfo
+
     from .doctor_report import Report
 
 
-async def egress_checks(report: Report, client, runner, eg, instance: str, tname: str, tip: str,
-                        plain_mode: str, tag: str = "") -> None:
+async def egress_checks(report: Report, client: DockerClient, runner: Runner, eg: SandboxInfo, instance: str,
+                        tname: str, tip: str, plain_mode: str, tag: str = "") -> None:
     """`eg`: the egress sandbox (SandboxInfo), allowed `tname` and localhost;
     `tip`: the target's address; `plain_mode`: the NetworkMode of the
     sandbox without egress (R10: it has none)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.common import cost
 from services.common.provenance.verification import code, counts_text, detail_lines, failure_line, shown
 
@@ -11,7 +13,7 @@ def _fmt_secs(ms: int) -> str:
     return f"{s:.1f}s" if s < 60 else f"{int(s // 60)}m{int(s % 60):02d}s"
 
 
-def _describe(e: dict, started: dict[str, int], t0: int, verbose: bool) -> str | None:
+def _describe(e: dict[str, Any], started: dict[str, int], t0: int, verbose: bool) -> str | None:
     p = e.get("payload") or {}
     node = p.get("node", "")
     at = f"[{_fmt_secs(e['at_ms'] - t0):>7}]"
@@ -75,7 +77,7 @@ def _indented(text: object) -> str:
     return "" if not text else "\n" + "\n".join(f"{'':>10} {ln}" for ln in lines)
 
 
-def _describe_more(typ: str, p: dict, at: str, node: str) -> str | None:
+def _describe_more(typ: str, p: dict[str, Any], at: str, node: str) -> str | None:
     """A readable line for the events above do not cover (never raw JSON)."""
     if typ == "workspace.ready":
         return f"{at} workspace ready: branch {p.get('branch', '')} from {str(p.get('base_sha', ''))[:12]}"

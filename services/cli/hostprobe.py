@@ -9,7 +9,7 @@ import ipaddress
 import itertools
 import shutil
 import sys
-from typing import Self
+from typing import Any, Self
 
 from .probescripts import LISTENER
 
@@ -98,7 +98,7 @@ class HostListener:
         self.close()
 
 
-def reached(result: dict, listener_lines: list[str]) -> list[str]:
+def reached(result: dict[str, Any], listener_lines: list[str]) -> list[str]:
     """What a probe got through: 'tcp A', 'udp A' (the host received it) and
     'icmp A' (an echo reply came back)."""
     got = {f"tcp {a}" for a, r in result.items() if r["tcp"] == "CONNECTED"}

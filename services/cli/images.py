@@ -12,7 +12,7 @@ import sys
 from services.common.errors import AfeError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("images", help="build the sandbox and proxy images",
                        description="Manage the local container images afe runs.")
     isub = p.add_subparsers(dest="images_cmd", metavar="CMD")
@@ -29,7 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also build the project images in DIR/images/NAME/Dockerfile as afe/project-NAME:latest "
                    "(default: ./afe.d when it exists)")
     b.set_defaults(func=run)
-    p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
+
+    def usage(args: argparse.Namespace) -> int:
+        p.print_help(sys.stderr)
+        return 2
+    p.set_defaults(func=usage)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -140,7 +140,7 @@ def files(repo: Path, provider: str) -> dict[str, str]:
     }
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("init", help="write a starter afe.d/ for a git repository",
                        description="Write PATH/afe.d/ (Workspace, Model stub, fix -> test -> PR -> merge "
                        "workflow, project sandbox Dockerfile) for the git repository at PATH.")

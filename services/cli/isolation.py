@@ -21,6 +21,11 @@ from services.common.layout import SANDBOX_UID
 from .probescripts import FORK, INTERFACES, NO_NEW_PRIVS
 
 if TYPE_CHECKING:
+    from docker import DockerClient
+
+    from services.sandbox.commands.execs import Runner
+    from services.sandbox.sandboxes import SandboxManager
+
     from .doctor_report import Report
 
 
@@ -31,7 +36,7 @@ class Seen:
     container_id: str
 
 
-async def run_exec(runner, ticket: str, argv: list[str], timeout_ms: int = 30000) -> tuple[int, str]:
+async def run_exec(runner: Runner, ticket: str, argv: list[str], timeout_ms: int = 30000) -> tuple[int, str]:
     from services.sandbox.commands.execs import Exit
     out: list[bytes] = []
     code = -1
@@ -43,12 +48,13 @@ async def run_exec(runner, ticket: str, argv: list[str], timeout_ms: int = 30000
     return code, b"".join(out).decode("utf-8", "replace").strip()
 
 
-async def run_py(runner, ticket: str, script: str, *args: str) -> str:
+async def run_py(runner: Runner, ticket: str, script: str, *args: str) -> str:
     return (await run_exec(runner, ticket, ["python3", "-c", script, *args]))[1]
 
 
-async def isolation_checks(report: Report, client, runner, mgr, ticket: str, container_id: str,
-                           probe_value: str, tag: str = "", live_limits: bool = True) -> Seen:
+async def isolation_checks(report: Report, client: DockerClient, runner: Runner, mgr: SandboxManager,
+                           ticket: str, container_id: str, probe_value: str, tag: str = "",
+                           live_limits: bool = True) -> Seen:
     """R4-R9 and R34 on the sandbox of `ticket` (made with the probe's
     settings: pids 64, memory 64 MiB and disk 32 MiB for `live_limits`,
     `AFE_DOCTOR_PROBE` declared). `tag` marks each line's rule, e.g. " [gVisor]"."""

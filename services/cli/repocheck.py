@@ -33,7 +33,7 @@ def local_path(config: Config, ws: Workspace) -> Path | None:
     return path if path.is_absolute() else config.directory / path
 
 
-async def _local(config: Config, ws: Workspace, runner) -> str | None:
+async def _local(config: Config, ws: Workspace, runner: GitRunner) -> str | None:
     from services.credentials.forges.local import git_dir
 
     path = local_path(config, ws)
@@ -58,7 +58,7 @@ async def _local(config: Config, ws: Workspace, runner) -> str | None:
     return None
 
 
-async def _base_paths(config: Config, ws: Workspace, runner) -> list[str]:
+async def _base_paths(config: Config, ws: Workspace, runner: GitRunner) -> list[str]:
     """Every `verify.base_paths` entry of the Workspace's workflows is on its base branch:
     the clean room takes each from there, so one the branch lacks fails every verification
     to run, found only once a ticket's change waits for its approval."""
@@ -83,7 +83,7 @@ async def _base_paths(config: Config, ws: Workspace, runner) -> list[str]:
     return problems
 
 
-async def _remote(ws: Workspace, runner, helper: Path, environ: Mapping[str, str]) -> str | None:
+async def _remote(ws: Workspace, runner: GitRunner, helper: Path, environ: Mapping[str, str]) -> str | None:
     from services.credentials.git.askpass import askpass_env
 
     env: dict[str, str] = {}

@@ -38,7 +38,7 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._session: Any = None
         self._ws: Any = None
-        self._backlog: list[dict] = []
+        self._backlog: list[dict[str, Any]] = []
 
     def __repr__(self) -> str:
         return f"RpcClient({self.url})"
@@ -66,13 +66,13 @@ class RpcClient:
                            "is `afe up` running? (set --url or AFE_URL)", EXIT_CONNECT) from None
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._ws is not None:
             await self._ws.close()
         if self._session is not None:
             await self._session.close()
 
-    async def _next(self) -> dict:
+    async def _next(self) -> dict[str, Any]:
         import aiohttp
 
         msg = await self._ws.receive()
@@ -80,9 +80,10 @@ class RpcClient:
             if msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 4401:
                 raise CliError("the session ended: the token was rotated", EXIT_CONNECT)
             raise CliError("the gateway closed the connection", EXIT_CONNECT)
-        return json.loads(msg.data)
+        doc: dict[str, Any] = json.loads(msg.data)   # a JSON-RPC message is an object
+        return doc
 
-    async def call(self, method: str, params: dict | None = None) -> dict:
+    async def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         rid = next(self._ids)
         await self._ws.send_str(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method,
                                             "params": params or {}}))
@@ -96,9 +97,11 @@ class RpcClient:
             err = doc["error"]
             name = (err.get("data") or {}).get("code", "internal_error")
             raise CliError(f"{err.get('message', 'error')} ({name})", _BY_ERROR.get(name, EXIT_FAILED))
-        return doc["result"]
+        result: dict[str, Any] = doc["result"]   # every /rpc method answers an object
+        return result
 
-    async def watch(self, ticket_id: str, from_seq: int = 1, follow: bool = True) -> AsyncIterator[dict]:
+    async def watch(self, ticket_id: str, from_seq: int = 1,
+                    follow: bool = True) -> AsyncIterator[dict[str, Any]]:
         sub = (await self.call("tickets.watch", {"id": ticket_id, "from_seq": from_seq,
                                                  "follow": follow}))["subscription"]
         while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from services.common import cost
 from services.common.provenance.verification import code, counts_text, detail_lines, failure_line
@@ -13,7 +14,7 @@ from .event_lines import _fmt_secs
 WAITING = TicketState.WAITING_APPROVAL.value
 
 
-def _node_line(n: dict, now_ms: int) -> str:
+def _node_line(n: dict[str, Any], now_ms: int) -> str:
     took = ""
     if n.get("started_at_ms"):
         took = _fmt_secs((n.get("finished_at_ms") or now_ms) - n["started_at_ms"])
@@ -23,7 +24,7 @@ def _node_line(n: dict, now_ms: int) -> str:
     return line.rstrip()
 
 
-def _print_ticket(t: dict) -> None:
+def _print_ticket(t: dict[str, Any]) -> None:
     now = int(time.time() * 1000)
     print(f"{t['id']}  {t['state']}  {t['title']}")
     runtime = f", sandbox runtime {t['sandbox_runtime']}" if t.get("sandbox_runtime") else ""
@@ -47,7 +48,7 @@ def _print_ticket(t: dict) -> None:
         print(f"usage: {t['usage'].get('tokens', 0)} model tokens")
 
 
-def _spent(u: dict) -> str:
+def _spent(u: dict[str, Any]) -> str:
     money = cost.fmt_usd(u["cost_usd"]) + (" (some models have no price)" if u["unpriced"] and
                                            u["cost_usd"] is not None else "")
     if u["cost_usd"] is None:
@@ -55,7 +56,7 @@ def _spent(u: dict) -> str:
     return f"{u['input_tokens']} in / {u['output_tokens']} out tokens, {money}"
 
 
-def _print_usage(spent: dict) -> None:
+def _print_usage(spent: dict[str, Any]) -> None:
     """Tokens and the estimated cost (services/common/cost.py), per node and for the ticket."""
     if not spent["nodes"]:
         return
@@ -65,7 +66,7 @@ def _print_usage(spent: dict) -> None:
     print(f"  {'total':<16} {_spent(spent['ticket'])}")
 
 
-def _print_prompts(events: list[dict]) -> None:
+def _print_prompts(events: list[dict[str, Any]]) -> None:
     prompts = [e.get("payload") or {} for e in events if e.get("type") == "node.prompt"]
     if not prompts:
         print("prompts: (no model node has started)")
@@ -81,7 +82,7 @@ def _print_prompts(events: list[dict]) -> None:
             print("    (cut short in the event)")
 
 
-def _print_test_output(t: dict) -> None:
+def _print_test_output(t: dict[str, Any]) -> None:
     """The output of the ticket's `run:` nodes (its tests), kept with the ticket after it ended."""
     runs = [n for n in t["nodes"] if n.get("kind") == "run" and (n.get("output") or n.get("error"))]
     for n in runs:
@@ -92,7 +93,7 @@ def _print_test_output(t: dict) -> None:
         print("test output: (none)")
 
 
-def _print_verification(events: list[dict]) -> None:
+def _print_verification(events: list[dict[str, Any]]) -> None:
     """The clean-room verification (R41) of each head, newest last (from the ticket's events)."""
     for e in events:
         if e.get("type") != "verification.finished":

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +78,13 @@ def _common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
-def _parser(sub, name: str, **kw) -> argparse.ArgumentParser:
+def _parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+            **kw: Any) -> argparse.ArgumentParser:
     return sub.add_parser(name, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                           **kw)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t = _parser(sub, "ticket", help="create, list, show, watch and cancel tickets",
                 description="Work with tickets through the gateway's /rpc.")
     tsub = t.add_subparsers(dest="ticket_verb", metavar="ACTION", required=True)
@@ -189,7 +191,11 @@ def _token(args: argparse.Namespace) -> str:
                        f"({path} is not readable)", EXIT_CONNECT) from None
 
 
-def _run(fn):
+# A verb of `afe ticket`: its work over the connected client; returns the exit code.
+Verb = Callable[[RpcClient, argparse.Namespace], Awaitable[int]]
+
+
+def _run(fn: Verb) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
             return asyncio.run(_with_client(fn, args))
@@ -199,7 +205,7 @@ def _run(fn):
     return run
 
 
-async def _with_client(fn, args: argparse.Namespace) -> int:
+async def _with_client(fn: Verb, args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("AFE_URL") or DEFAULT_URL
     if not url.startswith(("http://", "https://")):
         raise CliError(f"--url must start with http:// or https://, not {url!r}", EXIT_USAGE)
@@ -335,7 +341,8 @@ async def _watch(client: RpcClient, args: argparse.Namespace) -> int:
     return await _follow(client, args.id, args)
 
 
-async def _simple(client: RpcClient, args: argparse.Namespace, method: str, params: dict, verb: str) -> int:
+async def _simple(client: RpcClient, args: argparse.Namespace, method: str, params: dict[str, Any],
+                  verb: str) -> int:
     t = await client.call(method, params)
     if args.json:
         _emit_json(t)
@@ -378,7 +385,7 @@ async def _update_branch(client: RpcClient, args: argparse.Namespace) -> int:
     return await _reopened(client, args, t, "branch updated")
 
 
-async def _reopened(client: RpcClient, args: argparse.Namespace, t: dict, what: str) -> int:
+async def _reopened(client: RpcClient, args: argparse.Namespace, t: dict[str, Any], what: str) -> int:
     if args.json:
         _emit_json(t)
     else:

@@ -25,7 +25,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("token", help="manage the UI token",
                        description="Manage the UI token the gateway accepts (web login and the CLI's bearer).")
     tsub = p.add_subparsers(dest="token_verb", metavar="ACTION", required=True)

@@ -16,7 +16,7 @@ from services.common.secrecy.redact import Redactor
 SERVICES = ("sandbox", "credentials", "scheduler", "gateway")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("up", help="start afe (all four processes) and supervise them",
                        description="Start the scheduler, sandbox broker, credential broker and gateway as "
                        "separate processes; restart crashed ones; stop them all on Ctrl-C.")

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ _GITHUB_PR = re.compile(r"^https?://[^/]+/([^/]+/[^/]+)/pull/(\d+)")
 _LOCAL_PR = re.compile(r"^(?:local:|https?://[^/]+/pulls/)([A-Za-z0-9._-]+)/(?:pulls/)?(\d+)/?$")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     k = _parser(sub, "keys", help="print the public key afe signs run records with",
                 description="Print the credential broker's Ed25519 public key (PEM) and its keyid "
                             "(hex SHA-256 of the raw public key).")
@@ -80,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.set_defaults(func=_run(_verify))
 
 
-def _run(fn):
+def _run(fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
             return asyncio.run(fn(args))
