@@ -42,20 +42,38 @@ class SandboxApp:
         await self.server.stop(grace)
 
 
-def build_app(layout: Layout, links: LinkSecrets, redactor: Redactor, *, socket_path: str | None = None,
-              instance: str = "default", egress_network: str = "bridge",
-              allow_private: Iterable[str] = (), env_values: Mapping[str, SecretValue | str] | None = None,
+@dataclass(frozen=True)
+class SandboxBrokerOptions:
+    """How one sandbox broker is set up (the flags of `services/sandbox/main.py`);
+    every default is the broker's default."""
+
+    socket_path: str | None = None        # None: the layout's `sandbox` socket
+    instance: str = "default"             # the afe.instance label on every object it creates
+    egress_network: str = "bridge"        # the egress proxies' outside network
+    allow_private: tuple[str, ...] = ()   # private subnets proxies may reach (tests, doctor)
+    disk_mode: str | None = None          # the workspace disk cap's mode (diskcap.py); None: detect
+    # With `listen` (`HOST:PORT`) and `tls`, the broker serves a scheduler on another
+    # host over TCP with mutual TLS instead of the socket (R39, docs/SCALE.md).
+    listen: str = ""
+    tls: grpcutil.TlsFiles | None = None
+    gvisor_runtime: str = "runsc"         # the engine's runtime a `gvisor` sandbox runs on
+    egress_transport: str = "network"     # how a runc sandbox reaches its proxy: network or socket
+    upstream_ca: bytes = b""              # AFE_CA_FILE's certificates, for proxies that decrypt (R44)
+
+
+def build_app(layout: Layout, links: LinkSecrets, redactor: Redactor,
+              options: SandboxBrokerOptions = SandboxBrokerOptions(), *,
+              env_values: Mapping[str, SecretValue | str] | None = None,
               interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
-              registry: CollectorRegistry | None = None, disk_mode: str | None = None,
-              listen: str = "", tls: grpcutil.TlsFiles | None = None, gvisor_runtime: str = "runsc",
-              egress_transport: str = "network", upstream_ca: bytes = b"") -> SandboxApp:
-    """`socket_path` defaults to the layout's `sandbox` socket. With `listen`
-    (`HOST:PORT`) and `tls`, the broker serves a scheduler on another host
-    over TCP with mutual TLS instead (R39, docs/SCALE.md)."""
-    sandboxes = SandboxManager(layout, instance=instance, egress_network=egress_network,
-                               allow_private=allow_private, env_values=env_values, disk_mode=disk_mode,
-                               gvisor_runtime=gvisor_runtime, egress_transport=egress_transport,
-                               upstream_ca=upstream_ca)
+              registry: CollectorRegistry | None = None) -> SandboxApp:
+    """The broker `options` describe; `env_values` are the values of the
+    environment names agents declare (R9), kept out of the options so no
+    repr of them shows one."""
+    o = options
+    sandboxes = SandboxManager(layout, instance=o.instance, egress_network=o.egress_network,
+                               allow_private=o.allow_private, env_values=env_values, disk_mode=o.disk_mode,
+                               gvisor_runtime=o.gvisor_runtime, egress_transport=o.egress_transport,
+                               upstream_ca=o.upstream_ca)
     # R34: say which disk cap holds (a loop-mounted image, or the coarser watchdog) and why
     log.info("workspace disk cap: %s mode (%s)", sandboxes.diskcap.mode, sandboxes.diskcap.why)
     runner = Runner(sandboxes)
@@ -66,7 +84,7 @@ def build_app(layout: Layout, links: LinkSecrets, redactor: Redactor, *, socket_
     servicer = SandboxServicer(sandboxes, runner, files, metrics=metrics, boot_id=boot_id,
                                redact=redactor.redact)
     server = grpcutil.create_server(
-        socket_path or str(layout.socket("sandbox")), links.serve, redactor,
+        o.socket_path or str(layout.socket("sandbox")), links.serve, redactor,
         [lambda s: sandbox_pb2_grpc.add_SandboxBrokerServicer_to_server(servicer, s)],
-        interceptors=interceptors, registry=registry, listen=listen, tls=tls)
+        interceptors=interceptors, registry=registry, listen=o.listen, tls=o.tls)
     return SandboxApp(sandboxes, runner, files, server, boot_id)

@@ -20,7 +20,7 @@ from services.common.rpc.links import LinkSecrets
 from services.common.rpc.tls import TlsFiles, read_secret_file
 from services.common.secrecy.env_secrets import take_secret_env
 
-from .app import build_app
+from .app import SandboxBrokerOptions, build_app
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +85,14 @@ async def amain(argv: list[str] | None = None) -> int:
             secret = read_secret_file(args.link_secret_file, "the link secret file")
             ctx.redactor.register(secret.hex())
             links = LinkSecrets(serve={"scheduler": secret}, call=dict(ctx.links.call))
-        app = build_app(ctx.layout, links, ctx.redactor, instance=args.instance, listen=args.listen, tls=tls,
-                        egress_network=args.egress_network, allow_private=args.allow_private,
-                        gvisor_runtime=args.gvisor_runtime, egress_transport=args.egress_transport,
-                        env_values=env_values, interceptors=grpc_server_interceptors(), registry=ctx.registry,
-                        upstream_ca=_upstream_ca(os.environ.get("AFE_CA_FILE")))
+        options = SandboxBrokerOptions(instance=args.instance, listen=args.listen, tls=tls,
+                                       egress_network=args.egress_network,
+                                       allow_private=tuple(args.allow_private),
+                                       gvisor_runtime=args.gvisor_runtime,
+                                       egress_transport=args.egress_transport,
+                                       upstream_ca=_upstream_ca(os.environ.get("AFE_CA_FILE")))
+        app = build_app(ctx.layout, links, ctx.redactor, options, env_values=env_values,
+                        interceptors=grpc_server_interceptors(), registry=ctx.registry)
     except AfeError as exc:
         log.error("sandbox broker: %s", ctx.redactor.redact(str(exc)))
         return 2

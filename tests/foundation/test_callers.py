@@ -29,6 +29,7 @@ from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.redact import Redactor
 from services.credentials.app import build_app as build_credentials
 from services.launcher.launch import make_links
+from services.sandbox.app import SandboxBrokerOptions
 from services.sandbox.app import build_app as build_sandbox
 from services.scheduler.app import build_app as build_scheduler
 from tests.scheduler.conftest import write_config
@@ -62,7 +63,7 @@ async def three_servers(root):
     links = LinkSecrets(serve=dict(keys))
     apps = {
         "scheduler": build_scheduler(config, layout, links, Redactor(), recovery_interval=0),
-        "sandbox": build_sandbox(layout, links, Redactor(), instance="callers-test"),
+        "sandbox": build_sandbox(layout, links, Redactor(), SandboxBrokerOptions(instance="callers-test")),
         "credentials": build_credentials(config, layout, links, {}, Redactor(), spare_checkouts=False),
     }
     started = []

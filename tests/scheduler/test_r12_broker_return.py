@@ -20,7 +20,7 @@ from services.common.rpc import channels
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.rpc.sockets import OPTIONS
 from services.common.secrecy.redact import Redactor
-from services.sandbox.app import build_app
+from services.sandbox.app import SandboxBrokerOptions, build_app
 from services.sandbox.containers.images import ensure_images
 from services.scheduler.sandboxes import teardown
 from services.scheduler.sandboxes.brokers import SandboxClient
@@ -40,8 +40,8 @@ async def _seconds_to_reconcile(root) -> float:
     instance, secret, sock = new_instance(), new_secret(), str(layout.socket("sandbox"))
 
     def broker():
-        return build_app(layout, LinkSecrets(serve={"scheduler": secret}), Redactor(), socket_path=sock,
-                         instance=instance)
+        return build_app(layout, LinkSecrets(serve={"scheduler": secret}), Redactor(),
+                         SandboxBrokerOptions(socket_path=sock, instance=instance))
     first = broker()
     await first.start()
     client = SandboxClient(sock, secret)

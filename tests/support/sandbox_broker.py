@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from services.common.layout import Layout
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.redact import Redactor
-from services.sandbox.app import build_app
+from services.sandbox.app import SandboxBrokerOptions, build_app
 from services.sandbox.containers.images import ensure_images
 from tests.support.temp_roots import remove_temp_root, temp_root
 
@@ -50,9 +50,10 @@ async def sandbox_broker(layout: Layout | None = None, *, env_values: dict | Non
     instance = instance or new_instance()
     socket_path = socket_path or str(layout.socket("sandbox"))
     secret = new_secret()
-    broker = build_app(layout, LinkSecrets(serve={"scheduler": secret}), Redactor(), socket_path=socket_path,
-                       instance=instance, egress_network=egress_network, allow_private=allow_private,
-                       env_values=env_values, upstream_ca=upstream_ca)
+    options = SandboxBrokerOptions(socket_path=socket_path, instance=instance, egress_network=egress_network,
+                                   allow_private=allow_private, upstream_ca=upstream_ca)
+    broker = build_app(layout, LinkSecrets(serve={"scheduler": secret}), Redactor(), options,
+                       env_values=env_values)
     await broker.start()
     try:
         yield socket_path, secret, instance
