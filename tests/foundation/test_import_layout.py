@@ -196,3 +196,50 @@ def test_each_scheduler_package_says_what_it_owns_and_may_import(package):
     doc = ast.get_docstring(ast.parse((ROOT / "services" / "scheduler" / package / "__init__.py").read_text()))
     assert doc, f"services/scheduler/{package}/__init__.py needs a docstring: what it owns, what it may import"
     assert "may import" in doc.lower() or "imports" in doc.lower(), doc
+
+
+# The processes' rooms (issue 36): each sub-package of these says in its docstring what it holds.
+ROOMED = ["services/credentials", "services/sandbox", "services/common"]
+
+
+def rooms(base: Path) -> list[Path]:
+    return sorted(p.parent for top in ROOMED for p in (base / top).glob("*/__init__.py")
+                  if "__pycache__" not in p.parts)
+
+
+def rooms_that_do_not_say_what_they_hold(base: Path) -> list[str]:
+    """Rooms without a docstring of at least a sentence (a name alone says nothing new)."""
+    bad = []
+    for room in rooms(base):
+        doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text(encoding="utf-8"))) or ""
+        if len(doc.split()) < 6:
+            bad.append(room.relative_to(base).as_posix())
+    return bad
+
+
+def test_each_room_of_the_brokers_and_common_says_what_it_holds():
+    found = rooms(ROOT)
+    assert len(found) >= 15, found      # git, workspaces, forges, relay, ... (a move that lost them)
+    bad = rooms_that_do_not_say_what_they_hold(ROOT)
+    assert not bad, "rooms whose __init__.py does not say what they hold:\n" + "\n".join(bad)
+
+
+def test_a_room_that_does_not_say_what_it_holds_is_named(tmp_path):
+    """Positive control: a room with no docstring and one with only its name are named; a room
+    with a sentence is not."""
+    _plant(tmp_path, {
+        "services/sandbox/__init__.py": '"""The sandbox broker."""\n',
+        "services/sandbox/bare/__init__.py": "",
+        "services/sandbox/named/__init__.py": '"""Named."""\n',
+        "services/sandbox/good/__init__.py": '"""Commands in a sandbox: the stream and the supervisor."""\n',
+    })
+    assert rooms_that_do_not_say_what_they_hold(tmp_path) == ["services/sandbox/bare", "services/sandbox/named"]
+
+
+def test_the_two_supervisors_are_named_for_what_they_supervise():
+    """The sandbox's command supervisor and the launcher's process supervisor: no module
+    is just `supervisor.py`."""
+    plain = [p.relative_to(ROOT).as_posix() for p in (ROOT / "services").rglob("supervisor.py")]
+    assert not plain, plain
+    assert (ROOT / "services/sandbox/commands/command_supervisor.py").is_file()
+    assert (ROOT / "services/launcher/process_supervisor.py").is_file()
