@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.rows import TupleRow
 
 from services.common.errors import ConfigError, FailedPrecondition, Reason, Unavailable
 from services.common.layout import check_ticket_id
@@ -205,7 +206,7 @@ class DatabaseFences:
             self._judge(ticket_id, fence, row)
             yield
 
-    def _judge(self, ticket_id: str, fence: int, row: tuple | None) -> None:
+    def _judge(self, ticket_id: str, fence: int, row: TupleRow | None) -> None:
         if row is None:
             raise LeaseEnded(ticket_id, fence, f"it is not in {self.db.where}")
         owner, held, until_ms, now_ms = str(row[0]), int(row[1]), int(row[2]), int(row[3])
