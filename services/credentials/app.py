@@ -31,6 +31,18 @@ from .servicer import register
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class CredentialBrokerOptions:
+    """How one credential broker is set up (its settings from `services/credentials/main.py`);
+    every default is the broker's default."""
+
+    socket_path: str | None = None                  # None: the layout's `credentials` socket
+    ca_file: Path | None = None                     # AFE_CA_FILE: the CA bundle git and HTTPS calls trust
+    proxies: Mapping[str, str] | None = None        # the operator's http(s)_proxy / no_proxy; None: none
+    retry: RetryPolicy | None = None                # None: the HTTP client's own policy
+    spare_checkouts: bool = True                    # checkouts made ahead of the next ticket (spares.py)
+
+
 @dataclass
 class CredentialsApp:
     core: CredentialCore
@@ -49,19 +61,20 @@ class CredentialsApp:
 
 
 def build_app(config: Config, layout: Layout, links: LinkSecrets, secrets: dict[str, SecretValue],
-              redactor: Redactor, *, socket_path: str | None = None, ca_file: Path | None = None,
-              proxies: Mapping[str, str] | None = None, retry: RetryPolicy | None = None,
-              spare_checkouts: bool = True, registry: CollectorRegistry | None = None,
+              redactor: Redactor, options: CredentialBrokerOptions = CredentialBrokerOptions(), *,
+              registry: CollectorRegistry | None = None,
               interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
               fence_db: FenceDatabase | None = None) -> CredentialsApp:
-    """`socket_path` defaults to the layout's `credentials` socket; `fence_db`: compose.build_core."""
-    core = build_core(config, layout, secrets, redactor, ca_file=ca_file, proxies=proxies, retry=retry,
-                      spare_checkouts=spare_checkouts, fence_db=fence_db)
+    """The broker `options` describe; the parts it is given (the metrics registry, the
+    server's interceptors, the fence database: compose.build_core) stay keywords."""
+    o = options
+    core = build_core(config, layout, secrets, redactor, ca_file=o.ca_file, proxies=o.proxies, retry=o.retry,
+                      spare_checkouts=o.spare_checkouts, fence_db=fence_db)
     served: CredentialCore = core
     if registry is not None:
         if core.relay is not None:
             core.relay.metrics = relay_metrics(registry, config.models)
         served = cast(CredentialCore, MeteredCredentials(core, registry))
-    server = grpcutil.create_server(socket_path or str(layout.socket("credentials")), links.serve, redactor,
+    server = grpcutil.create_server(o.socket_path or str(layout.socket("credentials")), links.serve, redactor,
                                     [register(served)], interceptors=interceptors, registry=registry)
     return CredentialsApp(core, server)

@@ -35,7 +35,7 @@ from services.common.secrecy.env_secrets import take_secret_env
 from services.credentials.fencing.database import ENV as DATABASE_ENV
 from services.credentials.fencing.database import database_from_url
 
-from .app import build_app
+from .app import CredentialBrokerOptions, build_app
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,9 @@ async def amain(argv: list[str] | None = None) -> int:
     if fence_db is not None:
         log.info("fences are checked in %s (R37)", fence_db.where)
     ctx.layout.ensure()
-    app = build_app(config, ctx.layout, ctx.links, secrets, ctx.redactor, ca_file=Path(ca) if ca else None,
-                    proxies=proxy_env(), registry=ctx.registry, interceptors=grpc_server_interceptors(),
-                    fence_db=fence_db)
+    options = CredentialBrokerOptions(ca_file=Path(ca) if ca else None, proxies=proxy_env())
+    app = build_app(config, ctx.layout, ctx.links, secrets, ctx.redactor, options, registry=ctx.registry,
+                    interceptors=grpc_server_interceptors(), fence_db=fence_db)
 
     async def git_ready() -> bool:
         return shutil.which("git") is not None

@@ -25,7 +25,7 @@ from services.common.errors import FailedPrecondition
 from services.common.provenance import attestation
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.redact import Redactor
-from services.credentials.app import build_app
+from services.credentials.app import CredentialBrokerOptions, build_app
 from tests.credentials.conftest import broker_stub, git_plain, local_workspace, make_config
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "support" / "intoto_statement_v1.schema.json").read_text())
@@ -79,12 +79,12 @@ async def test_r42_key_is_made_0600_and_the_same_after_a_restart_and_never_answe
 async def test_r42_an_unusable_key_file_stops_the_broker_with_a_clear_error(local_origin, layout, damage):
     config = make_config(layout.data_dir.parent, local_workspace(local_origin))
     links = LinkSecrets(serve={"scheduler": new_secret()})
-    sock = str(layout.run_dir / "cb.sock")
-    build_app(config, layout, links, {}, Redactor(), socket_path=sock, spare_checkouts=False)   # made here
+    options = CredentialBrokerOptions(socket_path=str(layout.run_dir / "cb.sock"), spare_checkouts=False)
+    build_app(config, layout, links, {}, Redactor(), options)   # made here
     path = layout.data_dir / "credentials" / "signing" / "ed25519.pem"
     good = path.read_bytes()
     # Positive control: the intact key loads again.
-    build_app(config, layout, links, {}, Redactor(), socket_path=sock, spare_checkouts=False)
+    build_app(config, layout, links, {}, Redactor(), options)
     if damage == "group_readable":
         os.chmod(path, 0o640)
         why = "may be read by group or others"
@@ -99,7 +99,7 @@ async def test_r42_an_unusable_key_file_stops_the_broker_with_a_clear_error(loca
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
         why = "is not an Ed25519 key"
     with pytest.raises(FailedPrecondition) as err:
-        build_app(config, layout, links, {}, Redactor(), socket_path=sock, spare_checkouts=False)
+        build_app(config, layout, links, {}, Redactor(), options)
     assert why in err.value.message and str(path) in err.value.message
     assert path.exists()          # never replaced silently: earlier records would stop verifying
 

@@ -27,6 +27,7 @@ from services.common.observability.logs import ticket_var
 from services.common.rpc import callers, grpcutil
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.redact import Redactor
+from services.credentials.app import CredentialBrokerOptions
 from services.credentials.app import build_app as build_credentials
 from services.launcher.launch import make_links
 from services.sandbox.app import SandboxBrokerOptions
@@ -64,7 +65,8 @@ async def three_servers(root):
     apps = {
         "scheduler": build_scheduler(config, layout, links, Redactor(), recovery_interval=0),
         "sandbox": build_sandbox(layout, links, Redactor(), SandboxBrokerOptions(instance="callers-test")),
-        "credentials": build_credentials(config, layout, links, {}, Redactor(), spare_checkouts=False),
+        "credentials": build_credentials(config, layout, links, {}, Redactor(),
+                                         CredentialBrokerOptions(spare_checkouts=False)),
     }
     started = []
     try:

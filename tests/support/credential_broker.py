@@ -21,7 +21,7 @@ from services.common.layout import Layout
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.env_secrets import SecretValue
 from services.common.secrecy.redact import Redactor
-from services.credentials.app import build_app
+from services.credentials.app import CredentialBrokerOptions, build_app
 from services.credentials.httpclient import RetryPolicy
 
 FAST_RETRY = RetryPolicy(attempts=4, backoff_s=0.05, max_wait_s=2.0)
@@ -48,8 +48,9 @@ async def credential_broker(config: Config, layout: Layout, *, secrets: dict[str
         tmp = tempfile.mkdtemp(prefix="afe-cb-", dir="/tmp")
         socket_path = Path(tmp) / "credentials.sock"
     link_secret = new_secret()
-    app = build_app(config, layout, LinkSecrets(serve={"scheduler": link_secret}), held, redactor,
-                    socket_path=str(socket_path), ca_file=ca_file, retry=retry, spare_checkouts=spare_checkouts,
+    options = CredentialBrokerOptions(socket_path=str(socket_path), ca_file=ca_file, retry=retry,
+                                      spare_checkouts=spare_checkouts)
+    app = build_app(config, layout, LinkSecrets(serve={"scheduler": link_secret}), held, redactor, options,
                     fence_db=database_from_url(database_url, redactor))
     await app.start()
     try:
