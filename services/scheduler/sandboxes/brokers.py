@@ -7,6 +7,9 @@ deadline. The raw sandbox stub is exposed as `stub` for the ACP runner.
 `SandboxBroker` and `CredentialBroker` are the typed faces the engine and
 the executor use; the two classes here implement them over gRPC, and the
 fast tests (tests/scheduler/executor/fakes.py) implement them in process.
+
+Each reply is bound to the type its generated stub (services/_gen) declares:
+grpc has no type stubs here, so a call's result is untyped to mypy.
 """
 
 from __future__ import annotations
@@ -146,22 +149,27 @@ class SandboxClient:
     async def create(self, ticket_id: str, spec: spb.SandboxSpec) -> spb.Sandbox:
         await self._creates_open.wait()
         async with rpc_errors(self.peer, "creating the sandbox"):
-            return await self.stub.CreateSandbox(spb.CreateSandboxRequest(ticket_id=ticket_id, spec=spec),
-                                                 timeout=LONG)
+            reply: spb.Sandbox = await self.stub.CreateSandbox(
+                spb.CreateSandboxRequest(ticket_id=ticket_id, spec=spec), timeout=LONG)
+            return reply
 
     async def destroy(self, ticket_id: str) -> int:
         async with rpc_errors(self.peer, "removing the sandbox"):
-            r = await self.stub.DestroySandbox(spb.DestroySandboxRequest(ticket_id=ticket_id), timeout=LONG)
+            r: spb.DestroySandboxResponse = await self.stub.DestroySandbox(
+                spb.DestroySandboxRequest(ticket_id=ticket_id), timeout=LONG)
             return r.removed
 
     async def reconcile(self, live: list[str]) -> spb.ReconcileResponse:
         async with rpc_errors(self.peer):
-            return await self.stub.Reconcile(spb.ReconcileRequest(live_tickets=live), timeout=LONG)
+            reply: spb.ReconcileResponse = await self.stub.Reconcile(
+                spb.ReconcileRequest(live_tickets=live), timeout=LONG)
+            return reply
 
     async def identify(self) -> str:
         """The broker process's boot id (new on each start)."""
         async with rpc_errors(self.peer, "asking which broker answers"):
-            return (await self.stub.Identify(spb.IdentifyRequest(), timeout=SHORT)).boot_id
+            r: spb.IdentifyResponse = await self.stub.Identify(spb.IdentifyRequest(), timeout=SHORT)
+            return r.boot_id
 
     async def freeze(self, ticket_id: str, frozen: bool) -> None:
         async with rpc_errors(self.peer):
@@ -170,7 +178,9 @@ class SandboxClient:
     async def denied_egress(self, ticket_id: str) -> spb.DeniedEgressResponse:
         """The host names the ticket's egress proxy refused (syntax-checked by the broker)."""
         async with rpc_errors(self.peer, "listing refused egress"):
-            return await self.stub.DeniedEgress(spb.DeniedEgressRequest(ticket_id=ticket_id), timeout=SHORT)
+            reply: spb.DeniedEgressResponse = await self.stub.DeniedEgress(
+                spb.DeniedEgressRequest(ticket_id=ticket_id), timeout=SHORT)
+            return reply
 
     async def exec(self, ticket_id: str, argv: list[str], timeout_ms: int = 0,
                    output_cap_bytes: int = 0, cwd: str = "") -> AsyncIterator[spb.ExecEvent]:
@@ -193,26 +203,31 @@ class SandboxClient:
 
     async def read_file(self, ticket_id: str, path: str, max_bytes: int = 0) -> spb.ReadFileResponse:
         async with rpc_errors(self.peer):
-            return await self.stub.ReadFile(
+            reply: spb.ReadFileResponse = await self.stub.ReadFile(
                 spb.ReadFileRequest(ticket_id=ticket_id, path=path, max_bytes=max_bytes), timeout=SHORT)
+            return reply
 
     async def write_file(self, ticket_id: str, path: str, content: bytes) -> int:
         async with rpc_errors(self.peer):
-            r = await self.stub.WriteFile(spb.WriteFileRequest(ticket_id=ticket_id, path=path,
-                                                               content=content, create_parents=True),
-                                          timeout=SHORT)
+            r: spb.WriteFileResponse = await self.stub.WriteFile(
+                spb.WriteFileRequest(ticket_id=ticket_id, path=path, content=content, create_parents=True),
+                timeout=SHORT)
             return r.size
 
     async def list_dir(self, ticket_id: str, path: str) -> spb.ListDirResponse:
         async with rpc_errors(self.peer):
-            return await self.stub.ListDir(spb.ListDirRequest(ticket_id=ticket_id, path=path), timeout=SHORT)
+            reply: spb.ListDirResponse = await self.stub.ListDir(
+                spb.ListDirRequest(ticket_id=ticket_id, path=path), timeout=SHORT)
+            return reply
 
     async def search(self, ticket_id: str, pattern: str, path: str = "", regex: bool = False,
                      max_results: int = 0) -> spb.SearchResponse:
         async with rpc_errors(self.peer):
-            return await self.stub.Search(spb.SearchRequest(ticket_id=ticket_id, pattern=pattern, path=path,
-                                                            regex=regex, max_results=max_results),
-                                          timeout=SHORT)
+            reply: spb.SearchResponse = await self.stub.Search(
+                spb.SearchRequest(ticket_id=ticket_id, pattern=pattern, path=path, regex=regex,
+                                  max_results=max_results),
+                timeout=SHORT)
+            return reply
 
     async def list(self) -> list[spb.Sandbox]:
         async with rpc_errors(self.peer):
@@ -239,7 +254,8 @@ class SandboxClient:
                 yield spb.WriteWorkspaceInput(chunk=c)
 
         async with rpc_errors(self.peer, "writing the workspace"):
-            return await self.stub.WriteWorkspace(inputs(), timeout=LONG)
+            reply: spb.WriteWorkspaceResponse = await self.stub.WriteWorkspace(inputs(), timeout=LONG)
+            return reply
 
 
 class CredentialsClient(VerificationCalls):
@@ -252,23 +268,28 @@ class CredentialsClient(VerificationCalls):
 
     async def prepare(self, ticket_id: str, workspace: str) -> cpb.PrepareWorkspaceResponse:
         async with rpc_errors(CREDENTIALS, "preparing the workspace"):
-            return await self.stub.PrepareWorkspace(
+            reply: cpb.PrepareWorkspaceResponse = await self.stub.PrepareWorkspace(
                 cpb.PrepareWorkspaceRequest(ticket_id=ticket_id, workspace=workspace), timeout=LONG)
+            return reply
 
     async def commit(self, ticket_id: str, workspace: str, message: str, fence: int = 0) -> cpb.CommitResponse:
         async with fenced_errors(ticket_id, fence, "commit"):
-            return await self.stub.Commit(cpb.CommitRequest(ticket_id=ticket_id, workspace=workspace,
-                                                            message=message, fence=fence), timeout=LONG)
+            reply: cpb.CommitResponse = await self.stub.Commit(
+                cpb.CommitRequest(ticket_id=ticket_id, workspace=workspace, message=message, fence=fence),
+                timeout=LONG)
+            return reply
 
     async def diff(self, ticket_id: str, workspace: str, max_bytes: int) -> cpb.DiffResponse:
         async with rpc_errors(CREDENTIALS, "the diff"):
-            return await self.stub.Diff(cpb.DiffRequest(ticket_id=ticket_id, workspace=workspace,
-                                                        max_bytes=max_bytes), timeout=SHORT)
+            reply: cpb.DiffResponse = await self.stub.Diff(
+                cpb.DiffRequest(ticket_id=ticket_id, workspace=workspace, max_bytes=max_bytes), timeout=SHORT)
+            return reply
 
     async def push(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.PushResponse:
         async with fenced_errors(ticket_id, fence, "push"):
-            return await self.stub.Push(cpb.PushRequest(ticket_id=ticket_id, workspace=workspace, fence=fence),
-                                        timeout=LONG)
+            reply: cpb.PushResponse = await self.stub.Push(
+                cpb.PushRequest(ticket_id=ticket_id, workspace=workspace, fence=fence), timeout=LONG)
+            return reply
 
     async def release(self, ticket_id: str, workspace: str) -> None:
         async with rpc_errors(CREDENTIALS, "releasing the workspace"):
@@ -278,14 +299,20 @@ class CredentialsClient(VerificationCalls):
     async def checkpoint(self, ticket_id: str, workspace: str, node: str,
                          fence: int = 0) -> cpb.CheckpointWorkspaceResponse:
         async with fenced_errors(ticket_id, fence, "keeping the workspace's checkpoint"):
-            return await self.stub.CheckpointWorkspace(cpb.CheckpointWorkspaceRequest(
-                ticket_id=ticket_id, workspace=workspace, node=node, fence=fence), timeout=LONG)
+            reply: cpb.CheckpointWorkspaceResponse = await self.stub.CheckpointWorkspace(
+                cpb.CheckpointWorkspaceRequest(ticket_id=ticket_id, workspace=workspace, node=node,
+                                               fence=fence),
+                timeout=LONG)
+            return reply
 
     async def restore(self, ticket_id: str, workspace: str, node: str,
                       fence: int = 0) -> cpb.CheckpointWorkspaceResponse:
         async with fenced_errors(ticket_id, fence, "restoring the workspace"):
-            return await self.stub.RestoreWorkspace(cpb.CheckpointWorkspaceRequest(
-                ticket_id=ticket_id, workspace=workspace, node=node, fence=fence), timeout=LONG)
+            reply: cpb.CheckpointWorkspaceResponse = await self.stub.RestoreWorkspace(
+                cpb.CheckpointWorkspaceRequest(ticket_id=ticket_id, workspace=workspace, node=node,
+                                               fence=fence),
+                timeout=LONG)
+            return reply
 
     # -- the workspace on another host (remoteworkspace.py) ---------------------------
     @contextlib.asynccontextmanager
@@ -312,43 +339,54 @@ class CredentialsClient(VerificationCalls):
 
     async def update_branch(self, ticket_id: str, workspace: str, fence: int = 0) -> cpb.UpdateBranchResponse:
         async with fenced_errors(ticket_id, fence, "updating the branch"):
-            return await self.stub.UpdateBranch(cpb.UpdateBranchRequest(ticket_id=ticket_id, workspace=workspace,
-                                                                        fence=fence), timeout=LONG)
+            reply: cpb.UpdateBranchResponse = await self.stub.UpdateBranch(
+                cpb.UpdateBranchRequest(ticket_id=ticket_id, workspace=workspace, fence=fence), timeout=LONG)
+            return reply
 
     async def open_pr(self, ticket_id: str, workspace: str, title: str, body: str,
                       fence: int = 0) -> cpb.PullRequest:
         async with fenced_errors(ticket_id, fence, "open_pr"):
-            return await self.stub.OpenPullRequest(cpb.OpenPullRequestRequest(
-                ticket_id=ticket_id, workspace=workspace, title=title, body=body, fence=fence), timeout=LONG)
+            reply: cpb.PullRequest = await self.stub.OpenPullRequest(
+                cpb.OpenPullRequestRequest(ticket_id=ticket_id, workspace=workspace, title=title, body=body,
+                                           fence=fence),
+                timeout=LONG)
+            return reply
 
     async def get_pr(self, workspace: str, number: str) -> cpb.PullRequest:
         async with rpc_errors(CREDENTIALS, "the pull request lookup"):
-            return await self.stub.GetPullRequest(cpb.GetPullRequestRequest(workspace=workspace, number=number),
-                                                  timeout=SHORT)
+            reply: cpb.PullRequest = await self.stub.GetPullRequest(
+                cpb.GetPullRequestRequest(workspace=workspace, number=number), timeout=SHORT)
+            return reply
 
     async def merge(self, ticket_id: str, workspace: str, number: str, principal: str, sha: str,
                     at_ms: int, method: str = "", fence: int = 0,
                     accepted_harness_change: Sequence[str] = (),
                     expected_base_sha: str = "") -> cpb.MergePullRequestResponse:
         async with fenced_errors(ticket_id, fence, "merge"):
-            return await self.stub.MergePullRequest(cpb.MergePullRequestRequest(
-                ticket_id=ticket_id, workspace=workspace, number=number, method=method, fence=fence,
-                expected_base_sha=expected_base_sha,
-                approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms,
-                                            accepted_harness_change=list(accepted_harness_change))), timeout=LONG)
+            reply: cpb.MergePullRequestResponse = await self.stub.MergePullRequest(
+                cpb.MergePullRequestRequest(
+                    ticket_id=ticket_id, workspace=workspace, number=number, method=method, fence=fence,
+                    expected_base_sha=expected_base_sha,
+                    approval=cpb.ApprovalRecord(principal=principal, sha=sha, at_ms=at_ms,
+                                                accepted_harness_change=list(accepted_harness_change))),
+                timeout=LONG)
+            return reply
 
     async def open_relay(self, ticket_id: str, models: list[str], budget_tokens: int,
                          mcp: Mapping[str, Sequence[str]] | None = None) -> cpb.OpenRelayResponse:
         grants = [cpb.RelayMcpGrant(server=k, tools=list(v)) for k, v in sorted((mcp or {}).items())]
         async with rpc_errors(CREDENTIALS, "opening the model relay"):
-            return await self.stub.OpenRelay(cpb.OpenRelayRequest(ticket_id=ticket_id, models=models,
-                                                                  budget_tokens=budget_tokens, mcp=grants),
-                                             timeout=SHORT)
+            reply: cpb.OpenRelayResponse = await self.stub.OpenRelay(
+                cpb.OpenRelayRequest(ticket_id=ticket_id, models=models, budget_tokens=budget_tokens,
+                                     mcp=grants),
+                timeout=SHORT)
+            return reply
 
     async def relay_usage(self, ticket_id: str, mcp_calls_from: int = 0) -> cpb.RelayUsageResponse:
         async with rpc_errors(CREDENTIALS, "reading the model relay's usage"):
-            return await self.stub.RelayUsage(cpb.RelayUsageRequest(ticket_id=ticket_id,
-                                                                    mcp_calls_from=mcp_calls_from), timeout=SHORT)
+            reply: cpb.RelayUsageResponse = await self.stub.RelayUsage(
+                cpb.RelayUsageRequest(ticket_id=ticket_id, mcp_calls_from=mcp_calls_from), timeout=SHORT)
+            return reply
 
     async def close_relay(self, ticket_id: str) -> None:
         async with rpc_errors(CREDENTIALS, "closing the model relay"):
@@ -357,24 +395,28 @@ class CredentialsClient(VerificationCalls):
     async def complete(self, model: str, messages: list[cpb.Message], tools: list[cpb.ToolSpec],
                        max_tokens: int, ticket_id: str, timeout: float) -> cpb.CompleteResponse:
         async with rpc_errors(CREDENTIALS, "a model call"):
-            return await self.stub.Complete(cpb.CompleteRequest(model=model, messages=messages, tools=tools,
-                                                                max_tokens=max_tokens, ticket_id=ticket_id),
-                                            timeout=timeout)
+            reply: cpb.CompleteResponse = await self.stub.Complete(
+                cpb.CompleteRequest(model=model, messages=messages, tools=tools, max_tokens=max_tokens,
+                                    ticket_id=ticket_id),
+                timeout=timeout)
+            return reply
 
     # GitHub intake (github_intake.py): every GitHub call goes through the credential broker.
     async def repo_permission(self, workspace: str, username: str) -> cpb.GetRepoPermissionResponse:
         async with rpc_errors(CREDENTIALS, "a GitHub permission lookup"):
-            return await self.stub.GetRepoPermission(
+            reply: cpb.GetRepoPermissionResponse = await self.stub.GetRepoPermission(
                 cpb.GetRepoPermissionRequest(workspace=workspace, username=username), timeout=SHORT)
+            return reply
 
     async def repo_events(self, workspace: str, etag: str, after_id: str = "") -> cpb.ListRepoEventsResponse:
         async with rpc_errors(CREDENTIALS, "polling GitHub events"):
-            return await self.stub.ListRepoEvents(
+            reply: cpb.ListRepoEventsResponse = await self.stub.ListRepoEvents(
                 cpb.ListRepoEventsRequest(workspace=workspace, etag=etag, after_id=after_id), timeout=LONG)
+            return reply
 
     async def comment(self, workspace: str, number: str, body: str) -> str:
         async with rpc_errors(CREDENTIALS, "a GitHub comment"):
-            r = await self.stub.CommentPullRequest(
+            r: cpb.CommentPullRequestResponse = await self.stub.CommentPullRequest(
                 cpb.CommentPullRequestRequest(workspace=workspace, number=number, body=body), timeout=SHORT)
         return r.url
 
@@ -382,9 +424,11 @@ class CredentialsClient(VerificationCalls):
     async def upsert_comment(self, workspace: str, number: str, ticket_id: str, step: str,
                              body: str, fence: int = 0) -> cpb.UpsertIssueCommentResponse:
         async with fenced_errors(ticket_id, fence, "a GitHub report comment"):
-            return await self.stub.UpsertIssueComment(cpb.UpsertIssueCommentRequest(
-                workspace=workspace, number=number, ticket_id=ticket_id, step=step, body=body, fence=fence),
+            reply: cpb.UpsertIssueCommentResponse = await self.stub.UpsertIssueComment(
+                cpb.UpsertIssueCommentRequest(workspace=workspace, number=number, ticket_id=ticket_id,
+                                              step=step, body=body, fence=fence),
                 timeout=LONG)
+            return reply
 
     async def set_status(self, workspace: str, sha: str, state: str, context: str, description: str,
                          target_url: str, ticket_id: str = "", fence: int = 0) -> None:
@@ -396,29 +440,34 @@ class CredentialsClient(VerificationCalls):
     async def check_details(self, workspace: str, sha: str, with_logs: bool) -> cpb.GetCheckDetailsResponse:
         """Failing CI of a commit (docs/GITHUB.md, "Failing CI"), read by the broker."""
         async with rpc_errors(CREDENTIALS, "reading a commit's GitHub checks"):
-            return await self.stub.GetCheckDetails(
+            reply: cpb.GetCheckDetailsResponse = await self.stub.GetCheckDetails(
                 cpb.GetCheckDetailsRequest(workspace=workspace, sha=sha, with_logs=with_logs), timeout=LONG)
+            return reply
 
     # The run record (R42, executor/nodes/run_record.py): signed by the broker's key.
     async def sign_statement(self, ticket_id: str, statement: bytes) -> str:
         async with rpc_errors(CREDENTIALS, "signing the run record"):
-            r = await self.stub.SignStatement(cpb.SignStatementRequest(ticket_id=ticket_id, statement=statement),
-                                              timeout=SHORT)
+            r: cpb.SignStatementResponse = await self.stub.SignStatement(
+                cpb.SignStatementRequest(ticket_id=ticket_id, statement=statement), timeout=SHORT)
         return r.envelope
 
     async def signing_key(self) -> cpb.SigningKeyResponse:
         async with rpc_errors(CREDENTIALS, "reading the signing key"):
-            return await self.stub.SigningKey(cpb.SigningKeyRequest(), timeout=SHORT)
+            reply: cpb.SigningKeyResponse = await self.stub.SigningKey(cpb.SigningKeyRequest(), timeout=SHORT)
+            return reply
 
     # MCP tools of model nodes (executor/nodes/mcptools.py, R43): asked and called by the broker.
     async def list_mcp_tools(self, ticket_id: str, workflow: str, node: str) -> cpb.ListMcpToolsResponse:
         async with rpc_errors(CREDENTIALS, "listing the node's MCP tools"):
-            return await self.stub.ListMcpTools(cpb.ListMcpToolsRequest(ticket_id=ticket_id, workflow=workflow,
-                                                                        node=node), timeout=LONG)
+            reply: cpb.ListMcpToolsResponse = await self.stub.ListMcpTools(
+                cpb.ListMcpToolsRequest(ticket_id=ticket_id, workflow=workflow, node=node), timeout=LONG)
+            return reply
 
     async def call_mcp_tool(self, ticket_id: str, workflow: str, node: str, server: str, tool: str,
                             arguments_json: str, fence: int, timeout: float) -> cpb.CallMcpToolResponse:
         async with fenced_errors(ticket_id, fence, "an MCP tool call"):
-            return await self.stub.CallMcpTool(cpb.CallMcpToolRequest(
-                ticket_id=ticket_id, workflow=workflow, node=node, server=server, tool=tool,
-                arguments_json=arguments_json, fence=fence), timeout=timeout)
+            reply: cpb.CallMcpToolResponse = await self.stub.CallMcpTool(
+                cpb.CallMcpToolRequest(ticket_id=ticket_id, workflow=workflow, node=node, server=server,
+                                       tool=tool, arguments_json=arguments_json, fence=fence),
+                timeout=timeout)
+            return reply
