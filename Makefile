@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # for `make test`, `make lint` and the rest. The dev install counts as both.
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
-ENSURE_IMAGES := $(BIN)/python -c "from services.sandbox.containers.images import ensure_images; ensure_images()"
+ENSURE_IMAGES := $(BIN)/python -c "from services.common.host.images import ensure_images; ensure_images()"
 PREFIX ?= $(HOME)/.local
 
 .PHONY: run test proto proto-check lint bench images images-ready check install install-cli clean
@@ -50,7 +50,7 @@ images-ready: $(RUN_STAMP)
 
 # Rebuild the sandbox and proxy images.
 images: $(RUN_STAMP)
-	$(BIN)/python -c "from services.sandbox.containers.images import ensure_images; ensure_images(force=True)"
+	$(BIN)/python -c "from services.common.host.images import ensure_images; ensure_images(force=True)"
 
 # Start afe (all four processes) on ./afe.d, or on the bundled demo when absent;
 # more options of `afe up` in AFE_ARGS, e.g. make run AFE_ARGS="--config ./afe.d --listen 127.0.0.1:8421".

@@ -38,7 +38,7 @@ from bench import proxy_before
 from bench.bench_sandbox import _exec, bench_broker
 from bench.common import Result, Section
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
-from services.sandbox.containers.images import PROXY_IMAGE, SANDBOX_IMAGE
+from services.common.host.images import PROXY_IMAGE, SANDBOX_IMAGE
 from tests.support.egress_hosts import package_host
 from tests.support.fakes.tls import make_ca_and_server_cert
 from tests.support.temp_roots import remove_temp_root, temp_root

@@ -27,7 +27,7 @@ from bench.bench_sandbox import bench_broker
 from bench.common import Result
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.cli.doctor import TARGET_SERVER
-from services.sandbox.containers.images import SANDBOX_IMAGE
+from services.common.host.images import SANDBOX_IMAGE
 
 ISSUE = 34
 ROUNDS = 5

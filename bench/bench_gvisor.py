@@ -28,7 +28,7 @@ import docker
 from bench.bench_sandbox import _exec, bench_broker
 from bench.common import Result, median_time
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
-from services.sandbox.containers.images import SANDBOX_IMAGE, ensure_images
+from services.common.host.images import SANDBOX_IMAGE, ensure_images
 
 ISSUE = 23
 ROUNDS = 7

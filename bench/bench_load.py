@@ -418,7 +418,7 @@ async def _load(afe: AfeUp, pids: dict[str, int], out_dir: Path) -> tuple[list[R
 
 def run(out_dir: Path) -> list[Result | Section]:
     from services.common.demo import make_repo
-    from services.sandbox.containers.images import ensure_images
+    from services.common.host.images import ensure_images
     from tests.support.temp_roots import remove_temp_root, temp_root
 
     out_dir = Path(out_dir)

@@ -28,10 +28,10 @@ import grpc
 from bench.common import Result, median_time
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
+from services.common.host.images import SANDBOX_IMAGE, ensure_images
 from services.common.layout import Layout
 from services.common.rpc.grpcutil import _LinkAuth, socket_target
 from services.common.rpc.links import LinkSecrets, new_secret, pass_via_pipe
-from services.sandbox.containers.images import SANDBOX_IMAGE, ensure_images
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 ISSUE = 3

@@ -43,9 +43,9 @@ from pathlib import Path
 from bench.bench_sandbox import _exec, bench_broker
 from bench.common import Result
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
+from services.common.host.images import SANDBOX_IMAGE
 from services.sandbox.commands import command_supervisor as supervisor
 from services.sandbox.containers.dockerapi import DockerAPI
-from services.sandbox.containers.images import SANDBOX_IMAGE
 
 ISSUE = 16     # the speed issue ("a warm sandbox ready in a fraction of a `docker run`...")
 SAMPLES = 7    # tickets per figure (p50 and p95 of these)

@@ -190,7 +190,7 @@ def run(out_dir: Path) -> list[Result | Section]:
 
     from bench.bench_sandbox import _Broker, _exec
     from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
-    from services.sandbox.containers.images import SANDBOX_IMAGE, ensure_images
+    from services.common.host.images import SANDBOX_IMAGE, ensure_images
     from tests.support.temp_roots import remove_temp_root, temp_root
 
     out_dir = Path(out_dir)

@@ -20,8 +20,8 @@ import threading
 from typing import Any
 
 from services.common.errors import FailedPrecondition, InvalidArgument
+from services.common.host.images import BASE_IMAGE, IMAGE_DIGEST_LABEL
 from services.common.secrecy.childenv import docker_cli_env
-from services.sandbox.containers.images import BASE_IMAGE, IMAGE_DIGEST_LABEL
 
 IMAGE = "afe/bench-proxy-before:latest"
 TICKET_PREFIX = "before-"

@@ -105,18 +105,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_database(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """With AFE_DATABASE_URL set: can the store be reached, and is its schema
-    one this afe can use? (Nothing is created or migrated.)"""
+    one this afe can use? (Nothing is created or migrated: the scheduler's
+    check, run as a child by services/launcher/storecheck.py.)"""
+    from services.common.config.database_url import ENV
     from services.common.errors import AfeError
     from services.common.layout import Layout
     from services.common.secrecy.redact import Redactor
-    from services.scheduler.store.url import ENV, check_database, read_database_url
+    from services.launcher.storecheck import check_store
 
     if not environ.get(ENV):
         return 0
     data = Path(getattr(args, "data", None) or ".afe/data").absolute()
     redactor = Redactor([environ[ENV]])
     try:
-        line = check_database(read_database_url(Layout(data, data.parent / "run"), redactor, dict(environ)))
+        line = check_store(Layout(data, data.parent / "run"), environ)
     except AfeError as exc:
         print(f"afe check: {redactor.redact(str(exc))}", file=sys.stderr)
         return 1
@@ -128,7 +130,7 @@ def _preset_image_notes(config: Config) -> list[str]:
     """A note per agent whose preset image is missing or built from other inputs."""
     from services.common.config.presets import PRESETS
     from services.common.errors import AfeError
-    from services.sandbox.containers.images import agent_image_state
+    from services.common.host.images import agent_image_state
 
     notes = []
     for agent in sorted(config.agents.values(), key=lambda a: a.name):

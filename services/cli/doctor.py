@@ -116,7 +116,7 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
     import docker
 
     from services.common.errors import AfeError
-    from services.sandbox.containers import images
+    from services.common.host import images
 
     report = Report()
     try:
@@ -250,8 +250,8 @@ async def _probe_r31(report: Report, client: DockerClient, runner: Runner, eg: S
     plain container on the probe network shows the host does answer."""
     import json
 
+    from services.common.host import images
     from services.common.layout import SANDBOX_GID
-    from services.sandbox.containers import images
 
     gw = (client.api.inspect_network(eg.network)["IPAM"]["Config"] or [{}])[0].get("Gateway", "")
     proxy_nets = client.api.inspect_container(eg.proxy_container_id)["NetworkSettings"]["Networks"]

@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.sandbox.containers.images import build_agent_image, ensure_images
+    from services.common.host.images import build_agent_image, ensure_images
 
     def progress(m: str) -> None:
         print(m, flush=True)
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from pathlib import Path
 
-    from services.sandbox.containers.images import build_project_images
+    from services.common.host.images import build_project_images
 
     config = Path(args.config) if getattr(args, "config", None) else (Path("afe.d") if Path("afe.d").is_dir()
                                                                      else None)

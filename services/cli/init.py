@@ -10,7 +10,7 @@ for the git repository at PATH (default: here):
   waits for your approval);
 - `images/NAME/Dockerfile`: FROM afe/sandbox with the project's test
   runner, built by `afe images build` as `afe/project-NAME:latest`
-  (services/sandbox/containers/images.py::build_project_images).
+  (services/common/host/images.py::build_project_images).
 
 Nothing is overwritten: an existing `afe.d/` is refused.
 """
@@ -152,7 +152,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from services.common.errors import AfeError
-    from services.credentials.forges.local import git_dir
+    from services.common.host.gitrepo import git_dir
 
     repo = Path(args.path).expanduser().absolute()
     try:

@@ -1,6 +1,6 @@
 """`afe check --online` and `afe doctor`: which tools each remote McpServer
 offers, asked from this host (never from a sandbox) with the same client the
-credential broker uses (services/credentials/mcptools/client.py) and the token from
+credential broker uses (services/common/mcpclient.py) and the token from
 this shell's environment, as `afe check --online` reads a repository with
 the Workspace's tokenEnv. `AFE_CA_FILE` and the proxy variables count as for
 the broker, so what this lists, `afe up` can reach.
@@ -40,7 +40,7 @@ class ServerReport:
 
 async def list_servers(config: Config, environ: Mapping[str, str]) -> list[ServerReport]:
     """Each remote McpServer's tools, or why they could not be listed."""
-    from services.credentials.mcptools.client import McpClient
+    from services.common.mcpclient import McpClient
 
     ca = environ.get("AFE_CA_FILE")
     client = McpClient(lambda name: environ.get(name) or None, ca_file=Path(ca) if ca else None,

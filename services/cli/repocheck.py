@@ -22,7 +22,7 @@ from services.common.secrecy.childenv import proxy_env
 from services.common.secrecy.redact import Redactor
 
 if TYPE_CHECKING:
-    from services.credentials.git.cmd import GitRunner
+    from services.common.host.gitcmd import GitRunner
 
 
 def local_path(config: Config, ws: Workspace) -> Path | None:
@@ -34,7 +34,7 @@ def local_path(config: Config, ws: Workspace) -> Path | None:
 
 
 async def _local(config: Config, ws: Workspace, runner: GitRunner) -> str | None:
-    from services.credentials.forges.local import git_dir
+    from services.common.host.gitrepo import git_dir
 
     path = local_path(config, ws)
     assert path is not None
@@ -62,7 +62,7 @@ async def _base_paths(config: Config, ws: Workspace, runner: GitRunner) -> list[
     """Every `verify.base_paths` entry of the Workspace's workflows is on its base branch:
     the clean room takes each from there, so one the branch lacks fails every verification
     to run, found only once a ticket's change waits for its approval."""
-    from services.credentials.forges.local import git_dir
+    from services.common.host.gitrepo import git_dir
 
     path = local_path(config, ws)
     assert path is not None
@@ -84,7 +84,7 @@ async def _base_paths(config: Config, ws: Workspace, runner: GitRunner) -> list[
 
 
 async def _remote(ws: Workspace, runner: GitRunner, helper: Path, environ: Mapping[str, str]) -> str | None:
-    from services.credentials.git.askpass import askpass_env
+    from services.common.host.askpass import askpass_env
 
     env: dict[str, str] = {}
     if ws.token_env:
@@ -110,7 +110,7 @@ async def _remote(ws: Workspace, runner: GitRunner, helper: Path, environ: Mappi
 def git_runner(home: Path, environ: Mapping[str, str]) -> GitRunner:
     """A GitRunner set up as the credential broker's (services/credentials/main.py):
     AFE_CA_FILE as git's CA bundle, the operator's proxy variables."""
-    from services.credentials.git.cmd import GitRunner
+    from services.common.host.gitcmd import GitRunner
 
     ca = environ.get("AFE_CA_FILE")
     return GitRunner(home, Redactor(), ca_file=Path(ca) if ca else None, proxies=proxy_env(environ), timeout_s=60)
@@ -126,7 +126,7 @@ def _ca_problem(environ: Mapping[str, str]) -> str | None:
 
 def check_repositories(config: Config, *, online: bool, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """(problems, notes) for every Workspace's repository."""
-    from services.credentials.git.askpass import write_helper
+    from services.common.host.askpass import write_helper
 
     async def go() -> tuple[list[str], list[str]]:
         problems: list[str] = []

@@ -30,6 +30,17 @@ def check_ticket_id(ticket_id: str) -> str:
     return ticket_id
 
 
+# An instance id (`afe up --instance`, `<data>/instance`) labels every container and network
+# of one deployment (afe.instance): the sandbox broker's and the launcher's.
+INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
+
+
+def check_instance(instance: str) -> str:
+    if not INSTANCE_RE.match(instance or ""):
+        raise InvalidArgument("--instance must be 1-40 characters of a-z, 0-9, '_', '.', '-'")
+    return instance
+
+
 @dataclass(frozen=True)
 class Layout:
     data_dir: Path

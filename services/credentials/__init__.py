@@ -10,7 +10,8 @@ Modules at the top (the process itself):
   httpclient.py  retries, Retry-After, redacted errors for the HTTP APIs
 
 Rooms (each package's docstring says what it holds):
-  git/           every host git process (git/cmd.py), the askpass helper, mirrors
+  git/           what a failed fetch or push means, and the mirrors (host git itself, its
+                 runner and askpass helper, is services/common/host/)
   workspaces/    a ticket's workspace: prepare, snapshot, commit, continuation
   forges/        the forge interface (forges/base.py), GitHub's REST, a local bare repo
   relay/         the key-free model relay (R32)

@@ -20,6 +20,7 @@ from pathlib import Path
 from services.common.config.model import Config, Model, Workspace
 from services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from services.common.layout import check_ticket_id
+from services.common.mcpclient import ToolResult
 from services.common.secrecy.redact import Redactor
 from services.credentials.fencing.resource import FenceGuard, Fences
 from services.credentials.forges.base import MERGE_METHODS, Forge, PullRequestInfo
@@ -27,7 +28,6 @@ from services.credentials.forges.github import GitHubForge
 from services.credentials.forges.github_checks import CheckDetails, ChecksReader
 from services.credentials.forges.github_events import RepoEvents
 from services.credentials.forges.reportmarks import STEP, load_key, mark
-from services.credentials.mcptools.client import ToolResult
 from services.credentials.mcptools.nodes import Listed, ModelNodeMcp
 from services.credentials.records.signing import Signer
 from services.credentials.relay.server import RelayHub, Usage

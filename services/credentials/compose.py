@@ -7,16 +7,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from services.common.config.model import Config
+from services.common.host.askpass import write_helper
+from services.common.host.gitcmd import GitRunner
 from services.common.layout import Layout
+from services.common.mcpclient import McpClient
 from services.common.secrecy.env_secrets import SecretValue
 from services.common.secrecy.redact import Redactor
 from services.credentials.fencing.database import DatabaseFences, FenceDatabase
 from services.credentials.fencing.resource import FenceGuard, Fences
 from services.credentials.forges.github import GitHubForge
 from services.credentials.forges.local import LocalForge
-from services.credentials.git.askpass import write_helper
-from services.credentials.git.cmd import GitRunner
-from services.credentials.mcptools.client import McpClient
 from services.credentials.mcptools.nodes import ModelNodeMcp
 from services.credentials.records.signing import Signer, SigningKey
 from services.credentials.relay.server import RelayHub

@@ -19,7 +19,6 @@ import logging
 import random
 import ssl
 import time
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from services.common.errors import (
     Unauthenticated,
     Unavailable,
 )
+from services.common.host.proxies import proxy_for
 from services.common.secrecy.redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -109,37 +109,6 @@ def next_wait(resp: Response | None, attempt: int, policy: RetryPolicy) -> float
 
 def _backoff(attempt: int, policy: RetryPolicy) -> float:
     return policy.backoff_s * (2.0 ** (attempt - 1)) * (0.5 + random.random() / 2)
-
-
-def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:
-    """The proxy for `url` from the operator's `http(s)_proxy` / `no_proxy`
-    (lower case wins, as in curl), or None for a direct connection."""
-    table: dict[str, str] = {}
-    for name in sorted(proxies, key=lambda n: n.islower()):   # upper case first, lower case overrides
-        if proxies[name] and name.lower().endswith("_proxy"):
-            table[name.lower()[:-len("_proxy")]] = proxies[name]
-    parts = urllib.parse.urlsplit(url)
-    chosen = table.get(parts.scheme)
-    if not chosen:
-        return None
-    if _bypassed(parts.hostname or "", table.get("no", "")):
-        return None
-    return chosen
-
-
-def _bypassed(host: str, no_proxy: str) -> bool:
-    """`no_proxy` as curl reads it: `*`, or names matching the host or a
-    parent domain (a leading dot is optional), or exact addresses."""
-    host = host.lower().rstrip(".")
-    for entry in no_proxy.replace(" ", ",").split(","):
-        entry = entry.strip().lower().lstrip(".").rstrip(".")
-        if entry.startswith("[") and "]" in entry:
-            entry = entry[1:entry.index("]")]
-        elif entry.count(":") == 1:
-            entry = entry.split(":")[0]            # host:port -> host
-        if entry == "*" or (entry and (host == entry or host.endswith("." + entry))):
-            return True
-    return False
 
 
 class HttpClient:

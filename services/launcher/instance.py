@@ -55,7 +55,7 @@ def resolve(layout: Layout, given: str | None) -> str:
     Call before the data folder is first used (its store and token are what
     tells an older data folder apart). Raises ConfigError for a file that
     does not hold an id."""
-    from services.sandbox.containers.info import INSTANCE_RE
+    from services.common.layout import INSTANCE_RE
 
     path = instance_file(layout)
     try:

@@ -47,7 +47,7 @@ def _docker_lines(argv: list[str], environ: Mapping[str, str]) -> list[list[str]
 
 
 def _mount_points(under: Path) -> list[Path]:
-    from services.sandbox.files.diskcap import mounts
+    from services.common.host.mountinfo import mounts
 
     prefix = str(under) + "/"
     return [Path(m.target) for m in mounts() if m.target.startswith(prefix)]

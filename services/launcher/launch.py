@@ -125,7 +125,7 @@ def preflight(opts: Options, environ: Mapping[str, str],
 
 
 def _check_engine(environ: Mapping[str, str]) -> None:
-    from services.sandbox.containers.images import check_engine
+    from services.common.host.images import check_engine
 
     check_engine(environ)
 
@@ -133,16 +133,14 @@ def _check_engine(environ: Mapping[str, str]) -> None:
 def _check_database(opts: Options, environ: Mapping[str, str]) -> None:
     """With AFE_DATABASE_URL set: the store is reachable and its schema is not
     newer than this afe's, or `afe up` stops here with what to change (the
-    scheduler, which alone keeps the URL, checks again when it opens it)."""
-    from services.common.secrecy.redact import Redactor
-    from services.scheduler.store.url import ENV, check_database, read_database_url
+    scheduler, which alone keeps the URL, checks again when it opens it). The check is the
+    scheduler's, run as a child (storecheck.py); its errors come back redacted."""
+    from services.common.config.database_url import ENV
+
+    from .storecheck import check_store
 
     if environ.get(ENV):
-        redactor = Redactor([environ[ENV]])
-        try:
-            check_database(read_database_url(opts.layout, redactor, dict(environ)))
-        except AfeError as exc:
-            raise type(exc)(redactor.redact(str(exc))) from None
+        check_store(opts.layout, environ, opts.python)
 
 
 def _shared_database(opts: Options, environ: dict[str, str]) -> str:
@@ -172,7 +170,7 @@ def _plain_database_link(environ: Mapping[str, str]) -> str:
 
 def _check_other_images(config: Config) -> None:
     """Images a manifest names besides the bundled ones must already exist locally."""
-    from services.sandbox.containers.images import PROXY_IMAGE, SANDBOX_IMAGE
+    from services.common.host.images import PROXY_IMAGE, SANDBOX_IMAGE
 
     wanted: dict[str, str] = {}
     for w in config.workspaces.values():
@@ -197,7 +195,7 @@ def _check_other_images(config: Config) -> None:
 
 def _ensure_images(progress: Callable[[str], None]) -> None:
     try:
-        from services.sandbox.containers.images import ensure_images
+        from services.common.host.images import ensure_images
     except ImportError as exc:  # the sandbox package is part of afe; this is a broken install
         raise FailedPrecondition("cannot check the Docker images: the sandbox package is missing "
                                  "(reinstall afe)") from exc

@@ -10,5 +10,5 @@
 - `dockerapi`  the few streaming Docker Engine API calls (hijacked exec)
 - `paths`      R17-R19 path rules and the dir-fd walk
 - `files`      host-side file tools on a ticket's workspace
-- `images`     building the local images (debootstrap base, sandbox, proxy)
+- the local images (debootstrap base, sandbox, proxy) are built by services/common/host/images.py
 """

@@ -25,7 +25,14 @@ import docker.errors
 from services.common.config.egress_rules import check_rules
 from services.common.config.model import DEFAULT_PROXY_IMAGE
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from services.common.layout import SANDBOX_GID, SANDBOX_UID, Layout, check_ticket_id
+from services.common.layout import (
+    INSTANCE_RE,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    Layout,
+    check_instance,
+    check_ticket_id,
+)
 from services.common.secrecy.env_secrets import SecretValue
 from services.sandbox import checks
 from services.sandbox.containers import cleanup, hardening, provision, restart
@@ -38,7 +45,7 @@ from services.sandbox.containers.hardening import (
     RUNTIMES,
     SandboxSettings,
 )
-from services.sandbox.containers.info import INSTANCE_RE, ReconcileResult, SandboxInfo, check_instance
+from services.sandbox.containers.info import ReconcileResult, SandboxInfo
 from services.sandbox.egress import (
     bump as egress_bump,
 )

@@ -21,6 +21,7 @@ import logging
 import sys
 from typing import Any
 
+from services.common.config.database_url import read_database_url
 from services.common.config.manifests import load_config
 from services.common.errors import AfeError
 from services.common.layout import DEFAULT_PORTS
@@ -34,7 +35,7 @@ from .engine.followups import SETTLE_S
 from .sandboxes.placement import add_flags as add_placement_flags
 from .sandboxes.placement import from_flags as brokers_from_flags
 from .sandboxes.pool import DEFAULT_CAP
-from .store.url import open_store, read_database_url
+from .store.url import open_store
 from .store.worker import store_answers, threaded
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from services.common.config.presets import PRESETS
+from services.common.host.images import agent_image_digest, agent_image_state, build_agent_image
 from services.common.layout import Layout
 from services.common.rpc.grpcutil import open_channel
-from services.sandbox.containers.images import agent_image_digest, agent_image_state, build_agent_image
 from tests.support.sandbox_broker import sandbox_broker
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]

@@ -41,10 +41,10 @@ import pytest
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as rpc
 from services.common.demo import make_repo
+from services.common.host.images import build_agent_image
 from services.common.layout import Layout
 from services.common.rpc.grpcutil import open_channel
 from services.common.states import TicketState
-from services.sandbox.containers.images import build_agent_image
 from tests.agents.scripted_models import BUGGY_SOURCE, FINAL_TEXT, FIXED_SOURCE, ScriptedAnthropic
 from tests.agents.test_real_agents import (
     GVISOR_SANDBOX,

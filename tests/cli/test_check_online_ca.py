@@ -14,8 +14,8 @@ import pytest
 
 from services.cli import repocheck
 from services.cli.main import main
+from services.common.host.gitcmd import GitRunner
 from services.common.secrecy.redact import Redactor
-from services.credentials.git.cmd import GitRunner
 from tests.support.fakes.git_http import GitHttpServer, make_bare_repo
 from tests.support.fakes.tls import make_cert
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import Unavailable
-from services.sandbox.containers.images import check_engine
+from services.common.host.images import check_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from services.credentials.git.askpass import askpass_env, write_helper
+from services.common.host.askpass import askpass_env, write_helper
 
 
 def _ask(helper, env, prompt: str) -> subprocess.CompletedProcess:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from services.common.host.gitcmd import HARDENING, GitRunner
 from services.common.secrecy.redact import Redactor
-from services.credentials.git.cmd import HARDENING, GitRunner
 
 
 async def test_r1_git_never_inherits_the_broker_environment(short_tmp, monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services.common.errors import InvalidArgument
-from services.credentials.forges.local import git_dir
+from services.common.host.gitrepo import git_dir
 from tests.credentials.conftest import FILES, broker_stub, git_plain, local_workspace, make_config
 
 pytestmark = pytest.mark.timeout(120)

@@ -30,8 +30,8 @@ from services.common.errors import (
     ResourceExhausted,
 )
 from services.common.layout import Layout
+from services.common.mcpclient import MAX_ARGUMENTS_BYTES, McpClient
 from services.credentials.fencing.resource import Fences, StaleFence
-from services.credentials.mcptools.client import MAX_ARGUMENTS_BYTES, McpClient
 from services.credentials.mcptools.nodes import ModelNodeMcp
 from services.scheduler.sandboxes.brokers import CredentialsClient
 from tests.support.credential_broker import credential_broker

@@ -123,8 +123,8 @@ def test_r33_every_process_start_in_services_and_gateway_passes_an_explicit_env(
     found = scan_tree()
     # Not vacuous: the known starts are found (docker CLI, image builds, git, the four children).
     files = {f for f, *_ in found}
-    assert {"services/sandbox/containers/images.py", "services/launcher/launch.py", "services/launcher/process_supervisor.py",
-            "services/credentials/git/cmd.py"} <= files, files
+    assert {"services/common/host/images.py", "services/launcher/launch.py", "services/launcher/process_supervisor.py",
+            "services/common/host/gitcmd.py"} <= files, files
     bad = [f"{f}:{line} {name}" for f, line, name, ok in found if not ok]
     assert not bad, ("these start a process that inherits this process's environment; pass env= built "
                      "with services/common/secrecy/childenv.py (R33):\n" + "\n".join(bad))

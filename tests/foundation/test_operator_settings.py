@@ -300,7 +300,7 @@ def test_afe_up_refuses_an_ca_file_that_does_not_exist(short_tmp):
 
 
 def test_proxy_choice_follows_the_curl_conventions():
-    from services.credentials.httpclient import proxy_for
+    from services.common.host.proxies import proxy_for
 
     both = {"HTTPS_PROXY": "http://upper:1", "https_proxy": "http://lower:2"}
     assert proxy_for("https://api.example.com/v1", both) == "http://lower:2"       # lower case wins

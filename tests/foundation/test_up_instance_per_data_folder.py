@@ -23,10 +23,9 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc
 from services.common import demo
 from services.common.errors import ConfigError
-from services.common.layout import Layout
+from services.common.layout import INSTANCE_RE, Layout
 from services.common.rpc.grpcutil import open_channel
 from services.launcher import instance
-from services.sandbox.containers.info import INSTANCE_RE
 from tests.scheduler.conftest import payload, state_name, wait_for_event, wait_for_state
 from tests.support.temp_roots import remove_temp_root, temp_root
 

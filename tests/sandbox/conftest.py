@@ -17,9 +17,9 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services._gen.afe.sandbox.v1 import sandbox_pb2_grpc
 from services.cli.doctor import TARGET_SERVER
+from services.common.host.images import SANDBOX_IMAGE, ensure_images
 from services.common.layout import Layout
 from services.common.rpc.grpcutil import _LinkAuth, socket_target
-from services.sandbox.containers.images import SANDBOX_IMAGE, ensure_images
 from tests.support.sandbox_broker import new_instance, sandbox_broker
 from tests.support.temp_roots import remove_temp_root, temp_root
 

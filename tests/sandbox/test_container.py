@@ -10,9 +10,9 @@ import time
 import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
+from services.common.host.images import SANDBOX_IMAGE
 from services.common.layout import SANDBOX_UID
 from services.sandbox.containers.hardening import GVISOR_PIDS_FACTOR
-from services.sandbox.containers.images import SANDBOX_IMAGE
 from tests.sandbox.conftest import run, spec_runtime
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]

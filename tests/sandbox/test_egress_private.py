@@ -17,8 +17,8 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.cli.doctor import TARGET_SERVER
 from services.common.errors import InvalidArgument
+from services.common.host.images import SANDBOX_IMAGE
 from services.common.layout import Layout
-from services.sandbox.containers.images import SANDBOX_IMAGE
 from services.sandbox.egress.allowlist import check_private, squid_conf
 from tests.sandbox.conftest import BrokerThread, run, sync_stub
 from tests.sandbox.test_egress import FETCH, in_proxy

@@ -8,9 +8,9 @@ from __future__ import annotations
 import docker
 import pytest
 
+from services.common.host.images import SANDBOX_IMAGE
 from services.common.layout import Layout
 from services.sandbox import sandboxes
-from services.sandbox.containers.images import SANDBOX_IMAGE
 from services.sandbox.containers.info import SandboxInfo
 
 pytestmark = pytest.mark.docker

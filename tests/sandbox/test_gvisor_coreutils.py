@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox.containers.images import IMAGES_DIR, SANDBOX_IMAGE
+from services.common.host.images import IMAGES_DIR, SANDBOX_IMAGE
 from tests.sandbox.conftest import gvisor_missing, run
 from tests.support.sandbox_broker import new_instance
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from services.sandbox.containers.images import (
+from services.common.host.images import (
     IMAGE_DIGEST_LABEL,
     IMAGES_DIR,
     STATX_LIBRARY,

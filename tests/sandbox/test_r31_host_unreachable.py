@@ -20,9 +20,9 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.cli.doctor import LISTENER, PROBE, HostListener, host_addresses, reached
 from services.common.errors import FailedPrecondition
+from services.common.host.images import SANDBOX_IMAGE
 from services.common.layout import SANDBOX_GID, SANDBOX_UID
 from services.sandbox.containers import hardening
-from services.sandbox.containers.images import SANDBOX_IMAGE
 from services.sandbox.sandboxes import bridge_ipv4, check_bridge_has_no_address
 from tests.sandbox.conftest import gvisor_missing, run
 from tests.support.sandbox_broker import new_instance

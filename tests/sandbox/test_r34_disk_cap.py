@@ -21,6 +21,7 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.errors import FailedPrecondition
+from services.common.host import mountinfo
 from services.common.layout import Layout
 from services.sandbox.commands.execs import Exit, Runner
 from services.sandbox.containers.hardening import SandboxSettings
@@ -39,7 +40,7 @@ needs_mount = pytest.mark.skipif(diskcap.detect_mode()[0] != diskcap.MODE_MOUNT,
 
 
 def _mounted(path) -> bool:
-    return any(m.target == str(path) for m in diskcap.mounts())
+    return any(m.target == str(path) for m in mountinfo.mounts())
 
 
 def _losetup() -> str:

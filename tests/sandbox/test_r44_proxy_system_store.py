@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from docker.types import Mount
 
+from services.common.host.images import PROXY_IMAGE
 from services.sandbox.containers import hardening
-from services.sandbox.containers.images import PROXY_IMAGE
 from services.sandbox.egress.allowlist import PROXY_PORT, SYSTEM_CA_DIR, squid_conf
 from tests.support.egress_hosts import package_host
 from tests.support.fakes.tls import make_ca_and_server_cert

@@ -17,11 +17,11 @@ import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services._gen.afe.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common.config.database_url import read_database_url, store_path
 from services.common.errors import ConfigError
 from services.common.layout import Layout
 from services.common.rpc import grpcutil
 from services.common.secrecy.redact import Redactor
-from services.scheduler.store.url import read_database_url, store_path
 from tests.support.system import afe_system
 
 from .conftest import write_config

@@ -15,13 +15,13 @@ import time
 import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as spb
+from services.common.host.images import ensure_images
 from services.common.layout import Layout
 from services.common.rpc import channels
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.rpc.sockets import OPTIONS
 from services.common.secrecy.redact import Redactor
 from services.sandbox.app import SandboxBrokerOptions, build_app
-from services.sandbox.containers.images import ensure_images
 from services.scheduler.sandboxes import teardown
 from services.scheduler.sandboxes.brokers import SandboxClient
 from services.scheduler.sandboxes.teardown import Teardowns

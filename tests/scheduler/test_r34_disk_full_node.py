@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
+from services.common.host import mountinfo
 from services.common.layout import Layout
 from services.sandbox.files import diskcap
 from tests.support.system import afe_system
@@ -52,6 +53,6 @@ async def test_r34_a_node_that_fills_the_workspace_fails_naming_the_disk_limit(s
         assert state_name(ok) == "succeeded", ok.error
         for t in (full.id, ok.id):
             ws = layout.workspace(t)
-            assert not any(m.target == str(ws) for m in diskcap.mounts())
+            assert not any(m.target == str(ws) for m in mountinfo.mounts())
             assert not (layout.workspaces_dir / f".{t}.img").exists()
             assert not ws.exists()          # the credential broker removed it after the unmount

@@ -26,7 +26,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from services.sandbox.containers.images import SANDBOX_IMAGE
+from services.common.host.images import SANDBOX_IMAGE
 from tests.support.fakes.tls import TestCA, make_ca_and_server_cert
 from tests.support.npm import node_modules
 

@@ -213,9 +213,10 @@ def stop_server(server: PgServer) -> None:
 
 def open_store_url(url: str, data_dir: Path | None = None):
     """The scheduler's store for an AFE_DATABASE_URL, opened as the scheduler opens it."""
+    from services.common.config.database_url import read_database_url
     from services.common.layout import Layout
     from services.common.secrecy.redact import Redactor
-    from services.scheduler.store.url import open_store, read_database_url
+    from services.scheduler.store.url import open_store
 
     data = data_dir or Path(tempfile.gettempdir())
     return open_store(read_database_url(Layout(data, data / "run"), Redactor(), {"AFE_DATABASE_URL": url}))

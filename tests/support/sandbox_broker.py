@@ -24,11 +24,11 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator
 
+from services.common.host.images import ensure_images
 from services.common.layout import Layout
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.redact import Redactor
 from services.sandbox.app import SandboxBrokerOptions, build_app
-from services.sandbox.containers.images import ensure_images
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 

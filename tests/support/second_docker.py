@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.sandbox.containers.images import SANDBOX_IMAGE
+from services.common.host.images import SANDBOX_IMAGE
 
 PROXY_IMAGE = "afe/proxy:latest"
 START_S = 60

@@ -85,8 +85,9 @@ class System:
         if self.subprocess_mode:
             await self._start_subprocess()
         else:
+            from services.common.config.database_url import read_database_url
             from services.scheduler.app import build_app
-            from services.scheduler.store.url import open_store, read_database_url
+            from services.scheduler.store.url import open_store
 
             store = None
             if self.database_url:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from services.common import treewalk
-from services.sandbox.files import diskcap
+from services.common.host import mountinfo
 
 _ROOTS: list[Path] = []
 _TOOLS_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
@@ -78,7 +78,7 @@ def loops_under(roots: list[Path]) -> dict[str, str]:
 def disk_caps_left(roots: list[Path]) -> list[str]:
     """A line per mount and loop device whose backing image lives under `roots`."""
     loops = loops_under(roots)
-    lines = [f"mount {m.target} (image {loops[m.source]})" for m in diskcap.mounts() if m.source in loops]
+    lines = [f"mount {m.target} (image {loops[m.source]})" for m in mountinfo.mounts() if m.source in loops]
     return lines + [f"loop device {dev} (image {img})" for dev, img in loops.items()]
 
 
@@ -90,7 +90,7 @@ def release_disk_caps(roots: list[Path]) -> list[str]:
         return []
     for _ in range(8):      # mounts may be stacked on one directory
         loops = loops_under(roots)
-        targets = sorted({m.target for m in diskcap.mounts() if m.source in loops}, key=len, reverse=True)
+        targets = sorted({m.target for m in mountinfo.mounts() if m.source in loops}, key=len, reverse=True)
         if not targets:
             break
         for target in targets:

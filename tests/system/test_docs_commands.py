@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.common.host.images import SANDBOX_IMAGE
 from services.common.secrecy.childenv import docker_cli_env
-from services.sandbox.containers.images import SANDBOX_IMAGE
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
 

@@ -22,8 +22,8 @@ import aiohttp
 
 from services.common.ci import FAILING_RUN, FAILING_STATUS
 from services.common.config.model import Workspace
+from services.common.host.proxies import proxy_for
 from services.credentials.forges.github_events import Limits
-from services.credentials.httpclient import proxy_for
 
 MAX_CHECKS = 5
 LOG_LINES = 200

@@ -19,8 +19,9 @@ from typing import NotRequired, TypedDict
 
 from services.common.config.model import Workspace
 from services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from services.common.host.gitcmd import GitRunner
+from services.common.host.gitrepo import git_dir
 from services.credentials.forges.base import Forge, PullRequestInfo
-from services.credentials.git.cmd import GitRunner
 
 
 class _Comment(TypedDict):
@@ -47,22 +48,6 @@ class _Record(TypedDict):
     merge_sha: NotRequired[str]
     merged_head: NotRequired[str]
     merged_ms: NotRequired[int]
-
-
-def git_dir(path: Path, workspace: str = "") -> Path:
-    """The folder holding a repository's refs: `path` itself when bare, `path/.git`
-    for a working repository. A linked worktree or submodule (`.git` is a file)
-    is refused with what to name instead."""
-    dot = path / ".git"
-    if dot.is_dir():
-        return dot
-    if dot.exists():
-        raise InvalidArgument(f"workspace {workspace!r}: {path} is a linked worktree or submodule (its .git is a "
-                              "file); name the main repository's folder as repo")
-    if (path / "HEAD").is_file() and (path / "objects").is_dir() and (path / "refs").is_dir():
-        return path
-    raise InvalidArgument(f"workspace {workspace!r}: {path} is not a git repository; run `git init` there "
-                          "and commit the base branch, or name another folder as repo")
 
 
 class LocalForge(Forge):

@@ -24,12 +24,12 @@ from pathlib import Path
 from services.common import safefs
 from services.common.config.model import Workspace
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.common.host.askpass import askpass_env, origin_of
+from services.common.host.gitcmd import GitFailed, GitRunner
 from services.common.layout import Layout
 from services.common.schema.workspace import push_url
 from services.common.secrecy.env_secrets import SecretValue
 from services.credentials.git import failures as gitfailures
-from services.credentials.git.askpass import askpass_env, origin_of
-from services.credentials.git.cmd import GitFailed, GitRunner
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ mcp:tracker/get_issue]`). It runs on the host, in the scheduler, which holds
 no secret: the scheduler names the ticket, the workflow and the node, and the
 broker reads the node's grant from its OWN manifests (the scheduler never
 sends a URL, a token or a tool list), asks the server with the token only it
-holds (client.py) and answers the granted tools. A call of a tool outside
+holds (services/common/mcpclient.py) and answers the granted tools. A call of a tool outside
 the grant is refused before any server is contacted.
 
 Per ticket: the ticket id is checked, each call is fenced like every side
@@ -28,8 +28,8 @@ from services.common.errors import (
     ResourceExhausted,
 )
 from services.common.layout import check_ticket_id
+from services.common.mcpclient import MAX_ARGUMENTS_BYTES, McpClient, ToolInfo, ToolResult
 from services.credentials.fencing.resource import FenceGuard
-from services.credentials.mcptools.client import MAX_ARGUMENTS_BYTES, McpClient, ToolInfo, ToolResult
 
 MAX_CALLS_PER_TICKET = 4     # MCP calls of one ticket in flight at once
 

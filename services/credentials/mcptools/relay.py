@@ -48,7 +48,7 @@ from aiohttp import web
 from yarl import URL
 
 from services.common.config.model import McpServer
-from services.credentials.httpclient import proxy_for
+from services.common.host.proxies import proxy_for
 from services.credentials.mcptools.filter import (
     INVALID_REQUEST,
     RELAY_ERROR,

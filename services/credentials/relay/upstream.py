@@ -18,9 +18,9 @@ from aiohttp import web
 from yarl import URL
 
 from services.common.config.model import Model
+from services.common.host.proxies import proxy_for
 from services.common.secrecy.env_secrets import SecretValue
 from services.common.secrecy.redact import Redactor
-from services.credentials.httpclient import proxy_for
 from services.credentials.relay.limits import Throttle
 from services.credentials.relay.providers import (
     DROP_REQUEST,

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING
 
 from services.common.config.model import Workspace
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.common.host.gitcmd import GitResult
 from services.common.layout import verify_id
 from services.common.provenance.bytecode import allowed_by, loaded_in_place_of_source
 from services.common.schema.verify import MAX_BASE_PATHS, base_path_problem
-from services.credentials.git.cmd import GitResult
 from services.credentials.verification import harness
 from services.credentials.workspaces.continuation import author_env
 from services.credentials.workspaces.host import _remove_workspace

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common import safefs
-from services.credentials.git.cmd import GitFailed, GitRunner
+from services.common.host.gitcmd import GitFailed, GitRunner
 from services.credentials.workspaces import snapshot
 
 

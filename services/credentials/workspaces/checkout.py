@@ -19,8 +19,8 @@ import shutil
 from pathlib import Path
 
 from services.common.errors import FailedPrecondition
+from services.common.host.gitcmd import GitRunner
 from services.common.safefs import remove_tree
-from services.credentials.git.cmd import GitRunner
 
 
 async def populate(git: GitRunner, git_dir: Path, target: Path, sha: str, index: Path, *,

@@ -9,8 +9,8 @@ import asyncio
 from pathlib import Path
 from typing import Protocol
 
+from services.common.host.gitcmd import GitRunner
 from services.common.layout import Layout
-from services.credentials.git.cmd import GitRunner
 from services.credentials.git.mirrors import Mirrors
 from services.credentials.workspaces import capture
 

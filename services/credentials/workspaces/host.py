@@ -34,7 +34,7 @@ from services.credentials.workspaces import capture, checkout, compiled, continu
 from services.credentials.workspaces.continuation import KEPT_REF, author_env, branch_for
 
 CHECKPOINT_REF = "refs/afe/checkpoints/"   # + node, in the ticket's git dir: its state after that node
-from services.credentials.git.cmd import GitFailed, GitRunner
+from services.common.host.gitcmd import GitFailed, GitRunner
 from services.credentials.git.mirrors import Mirrors
 from services.credentials.workspaces.spares import Spares
 

@@ -1,2 +1,2 @@
 """Docker objects of a ticket: the hardened settings, making, restarting and removing
-containers, the local images, and what a sandbox is and was."""
+containers, and what a sandbox is and was (the local images are services/common/host/images.py)."""

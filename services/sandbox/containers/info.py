@@ -3,23 +3,13 @@ back from Docker's container summaries and labels, and what a reconcile removed.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import docker
 
-from services.common.errors import InvalidArgument
 from services.sandbox.containers import hardening
 from services.sandbox.containers.hardening import LABEL_ENV, LABEL_RELAY, LABEL_ROLE, LABEL_TICKET
-
-INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
-
-
-def check_instance(instance: str) -> str:
-    if not INSTANCE_RE.match(instance or ""):
-        raise InvalidArgument("--instance must be 1-40 characters of a-z, 0-9, '_', '.', '-'")
-    return instance
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,11 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from services.common import safefs
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.common.host.mountinfo import Mount, mounts
 
 log = logging.getLogger(__name__)
 
@@ -111,39 +111,6 @@ def _docker_pid() -> int:
     with contextlib.suppress(OSError, ValueError):
         return int(Path("/var/run/docker.pid").read_text().strip())
     return 1
-
-
-# -- mounts --------------------------------------------------------------------
-
-def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit() and len(field[i + 1:i + 4]) == 3:
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-@dataclass(frozen=True)
-class Mount:
-    target: str
-    fstype: str
-    source: str
-
-
-def mounts() -> list[Mount]:
-    found = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            lf, rf = left.split(), right.split()
-            if len(lf) >= 5 and len(rf) >= 2:
-                found.append(Mount(_unescape(lf[4]), rf[0], _unescape(rf[1])))
-    return found
 
 
 def _run(argv: list[str], what: str) -> subprocess.CompletedProcess[bytes]:

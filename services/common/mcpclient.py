@@ -2,8 +2,8 @@
 remote `kind: McpServer` listed and called with the official `mcp` SDK's
 client (Streamable HTTP, or HTTP+SSE where the manifest says `transport: sse`).
 
-It serves afe's own model nodes (the broker's ListMcpTools / CallMcpTool,
-broker.py) and `afe check --online` / `afe doctor` (services/cli/mcpcheck.py,
+It serves afe's own model nodes (the credential broker's ListMcpTools / CallMcpTool,
+services/credentials/broker.py) and `afe check --online` / `afe doctor` (services/cli/mcpcheck.py,
 with the token from the operator's shell). The token is added here, as
 `Authorization: Bearer <token>` or the manifest's `header:`; nobody else
 sees it. Each operation is one MCP session:
@@ -46,7 +46,7 @@ from services.common.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from services.credentials.httpclient import proxy_for
+from services.common.host.proxies import proxy_for
 
 log = logging.getLogger(__name__)
 
