@@ -3,7 +3,9 @@
 Checks the Docker engine and the images, then starts a probe sandbox (no
 network), a probe egress sandbox with its squid proxy, and a local target
 HTTP server container on a probe network of its own (never a public host),
-and proves each of R5-R12 and R31 live. It lists the engine's OCI runtimes
+and proves each of R5-R12 and R31 live. The probe sandboxes are made by a
+real sandbox broker process, started as `afe up` starts it and driven over
+its gRPC contract (probebroker.py). It lists the engine's OCI runtimes
 and, when gVisor's is one, runs the checks of a sandbox without egress again
 on gVisor (doctor_gvisor.py). With manifests (--config or ./afe.d), it lists
 each remote MCP server's reachable tools, asked from this host with the
@@ -32,14 +34,14 @@ from .doctor_report import Report
 from .egresschecks import egress_checks
 from .hostprobe import HostListener, host_addresses, reached
 from .isolation import isolation_checks, run_py
+from .probebroker import PROBE_ENV, ProbeBroker
 from .probescripts import CONNECT, DIRECT, FETCH, FORK, LISTENER, PROBE, TARGET_SERVER
 
 if TYPE_CHECKING:
     from docker import DockerClient
 
+    from services._gen.afe.sandbox.v1.sandbox_pb2 import Sandbox
     from services.common.config.model import Config
-    from services.sandbox.commands.execs import Runner
-    from services.sandbox.containers.info import SandboxInfo
 
 # Older imports name these here; they live in probescripts.py and hostprobe.py.
 __all__ = ["CONNECT", "DIRECT", "FETCH", "FORK", "LISTENER", "PROBE", "TARGET_SERVER", "HostListener",
@@ -112,7 +114,9 @@ async def _mcp_servers(report: Report, config: Config | None) -> None:
 
 
 async def doctor(build: bool = True, egress_network: str = "bridge", config_dir: str | None = None,
-                 gvisor_runtime: str = "runsc") -> int:
+                 gvisor_runtime: str = "runsc", broker_command: list[str] | None = None) -> int:
+    """`broker_command`: how to start the sandbox broker the probes drive (default: as `afe up`
+    starts it, probebroker.broker_argv); the doctor's own controls start a weakened one."""
     import docker
 
     from services.common.errors import AfeError
@@ -145,7 +149,7 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
     instance = "doctor-" + secrets.token_hex(4)
     tmp = Path(tempfile.mkdtemp(prefix="afe-doctor-", dir="/tmp"))
     net = target = None
-    mgr = None
+    broker: ProbeBroker | None = None
     try:
         net = client.networks.create(f"afe-{instance}-probe", labels={"afe.instance": instance})
         net.reload()
@@ -160,15 +164,17 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
             await asyncio.sleep(0.1)
         target.reload()
         tip = target.attrs["NetworkSettings"]["Networks"][net.name]["IPAddress"]
-        await _probe(report, client, tmp, instance, net.name, subnet, tname, tip,
-                     gvisor_runtime if gvisor else None)
+        probe_value = "doctor-probe-" + secrets.token_hex(8)
+        broker = _start_broker(tmp, instance, net.name, subnet, gvisor_runtime, probe_value, broker_command)
+        await _probe(report, client, broker, instance, net.name, tname, tip, bool(gvisor), probe_value)
     except Exception as exc:  # noqa: BLE001 - the probe itself broke: a FAIL, with what broke
         report.add("probe", False, f"could not run the probes: {type(exc).__name__}: {str(exc)[:300]}")
     finally:
-        from services.sandbox.sandboxes import SandboxManager
-        with contextlib.suppress(Exception):
-            mgr = SandboxManager(Layout(tmp / "data", tmp / "run"), instance=instance, client=client)
-            await mgr.reconcile([])
+        if broker is not None:
+            with contextlib.suppress(Exception):
+                await broker.reconcile()        # everything of this instance: no ticket is live
+            with contextlib.suppress(Exception):
+                await broker.stop()
         for obj in (target, net):
             with contextlib.suppress(Exception):
                 if obj is target and obj is not None:
@@ -186,15 +192,9 @@ async def doctor(build: bool = True, egress_network: str = "bridge", config_dir:
     return 1 if report.failed else 0
 
 
-async def _probe(report: Report, client: DockerClient, tmp: Path, instance: str, network: str, subnet: str,
-                 tname: str, tip: str, gvisor_runtime: str | None) -> None:
-    """`gvisor_runtime`: the engine's gVisor runtime, or None to check runc only."""
-    from services.sandbox.checks import GVISOR_RUNTIME
-    from services.sandbox.commands.execs import Runner
-    from services.sandbox.containers.hardening import SandboxSettings
-    from services.sandbox.sandboxes import SandboxManager
-
-    probe_value = "doctor-probe-" + secrets.token_hex(8)
+def _start_broker(tmp: Path, instance: str, network: str, subnet: str, gvisor_runtime: str, probe_value: str,
+                  command: list[str] | None) -> ProbeBroker:
+    """A real sandbox broker for the probes (probebroker.py), on `tmp`'s data and runtime folders."""
     layout = Layout(tmp / "data", tmp / "run")
     layout.ensure()
     if os.geteuid() != 0:
@@ -203,46 +203,53 @@ async def _probe(report: Report, client: DockerClient, tmp: Path, instance: str,
         for t in ("doctor-plain", "doctor-egress", "doctor-gvisor", "doctor-gvisor-egress"):
             layout.workspace(t).mkdir(parents=True, exist_ok=True)
             os.chmod(layout.workspace(t), 0o777)
-    mgr = SandboxManager(layout, instance=instance, egress_network=network, allow_private=[subnet],
-                         env_values={"AFE_DOCTOR_PROBE": probe_value}, client=client,
-                         gvisor_runtime=gvisor_runtime or GVISOR_RUNTIME)
-    runner = Runner(mgr)
+    broker = ProbeBroker(layout, instance, egress_network=network, allow_private=[subnet],
+                         gvisor_runtime=gvisor_runtime, probe_value=probe_value, command=command)
+    broker.start()
+    return broker
+
+
+async def _probe(report: Report, client: DockerClient, broker: ProbeBroker, instance: str, network: str,
+                 tname: str, tip: str, gvisor: bool, probe_value: str) -> None:
+    """`gvisor`: the engine has gVisor's runtime (else runc is checked only)."""
     t0 = time.monotonic()
-    plain_settings = SandboxSettings(ticket_id="doctor-plain", pids=64, memory_bytes=64 * 1024 ** 2,
-                                     disk_bytes=32 * 1024 ** 2, env_names=("AFE_DOCTOR_PROBE",))
+
+    async def create_plain() -> Sandbox:
+        return await broker.create("doctor-plain", pids=64, memory_bytes=64 * 1024 ** 2,
+                                   disk_bytes=32 * 1024 ** 2, env_names=(PROBE_ENV,))
     # A warm sandbox (services/scheduler/sandboxes/pool.py): made ahead for a reserved id, as the pool fills;
     # claimed by the ticket given that id, whose own create finds it. Every probe below runs on it.
-    pooled = await mgr.create(plain_settings)
-    plain = await mgr.create(plain_settings)
+    pooled = await create_plain()
+    plain = await create_plain()
     label = client.api.inspect_container(plain.container_id)["Config"]["Labels"].get("afe.ticket")
     report.add("pool: the probes below run on a claimed warm sandbox",
                plain.container_id == pooled.container_id and label == "doctor-plain",
                f"made ahead as container {pooled.container_id[:12]}, claimed {plain.container_id[:12]}; "
                f"afe.ticket={label} (R12: the label of the ticket it serves, from birth)")
 
-    runc = await isolation_checks(report, client, runner, mgr, "doctor-plain", plain.container_id, probe_value)
-    if gvisor_runtime:
-        await gvisor_checks(report, client, runner, mgr, probe_value, runc)
+    runc = await isolation_checks(report, client, broker, "doctor-plain", plain.container_id, probe_value)
+    if gvisor:
+        await gvisor_checks(report, client, broker, probe_value, runc)
 
-    eg = await mgr.create(SandboxSettings(ticket_id="doctor-egress", egress=(tname, "localhost")))
+    eg = await broker.create("doctor-egress", egress=(tname, "localhost"))
     plain_mode = client.api.inspect_container(plain.container_id)["HostConfig"]["NetworkMode"]
-    await egress_checks(report, client, runner, eg, instance, tname, tip, plain_mode)
-    if gvisor_runtime:
-        await gvisor_egress_checks(report, client, runner, mgr, instance, tname, tip, plain_mode)
+    await egress_checks(report, client, broker, eg, instance, tname, tip, plain_mode)
+    if gvisor:
+        await gvisor_egress_checks(report, client, broker, instance, tname, tip, plain_mode)
 
-    await _probe_r31(report, client, runner, eg, instance, network, tip)
+    await _probe_r31(report, client, broker, eg, instance, network, tip)
 
     flt = {"label": ["afe.ticket=doctor-egress", f"afe.instance={instance}"]}
     before = (len(client.containers.list(all=True, filters=flt)), len(client.networks.list(filters=flt)))
-    removed = await mgr.destroy("doctor-egress")
+    removed = await broker.destroy("doctor-egress")
     after = (len(client.containers.list(all=True, filters=flt)), len(client.networks.list(filters=flt)))
     report.add("R12 labelled with afe.ticket, gone with the ticket", before == (2, 1) and after == (0, 0),
                f"labelled (containers, networks) before destroy={before}, after={after}, removed={removed}")
-    await mgr.destroy("doctor-plain")
+    await broker.destroy("doctor-plain")
     print(f"(probes took {time.monotonic() - t0:.1f}s)")
 
 
-async def _probe_r31(report: Report, client: DockerClient, runner: Runner, eg: SandboxInfo, instance: str,
+async def _probe_r31(report: Report, client: DockerClient, broker: ProbeBroker, eg: Sandbox, instance: str,
                      network: str, tip: str) -> None:
     """R31 live: from the egress sandbox, TCP, UDP and ICMP to every address
     of this host, to the ticket network's gateway and to the other probe
@@ -261,7 +268,7 @@ async def _probe_r31(report: Report, client: DockerClient, runner: Runner, eg: S
         hosts = host_addresses()
         targets = list(dict.fromkeys([*hosts, *([gw] if gw else []), *others]))
         port = str(listener.port)
-        raw = await run_py(runner, eg.ticket_id, PROBE, sbx, port, *targets)
+        raw = await run_py(broker, eg.ticket_id, PROBE, sbx, port, *targets)
         out = await asyncio.to_thread(
             client.containers.run, images.SANDBOX_IMAGE, ["python3", "-c", PROBE, ctl, port, *targets],
             network=network, user=f"{SANDBOX_UID}:{SANDBOX_GID}", cap_drop=["ALL"], remove=True,

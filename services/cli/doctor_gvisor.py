@@ -3,8 +3,8 @@
 it is, the isolation checks of isolation.py and egresschecks.py again on
 gVisor sandboxes.
 
-The gVisor sandbox is made by the sandbox broker's own code, with the
-settings a `sandbox.runtime: gvisor` Workspace gives, so the doctor checks
+The gVisor sandbox is made by a real sandbox broker (probebroker.py), with
+the settings a `sandbox.runtime: gvisor` Workspace gives, so the doctor checks
 what a ticket would get. It has no network (this runsc runs only so; a
 gVisor ticket's egress goes through a Unix socket). What proves it runs on
 gVisor is the kernel it sees: gVisor's own release (4.4.0 for the releases
@@ -23,10 +23,9 @@ if TYPE_CHECKING:
     from docker import DockerClient
 
     from services.common.config.model import Config
-    from services.sandbox.commands.execs import Runner
-    from services.sandbox.sandboxes import SandboxManager
 
     from .doctor_report import Report
+    from .probebroker import ProbeBroker
 
 RUNSC = "/usr/bin/runsc"
 RUNTIME_ARGS = ("--network=none", "--host-uds=open")
@@ -72,16 +71,14 @@ def engine_runtimes(report: Report, client: DockerClient, runtime: str, config: 
     return False
 
 
-async def gvisor_checks(report: Report, client: DockerClient, runner: Runner, mgr: SandboxManager,
+async def gvisor_checks(report: Report, client: DockerClient, broker: ProbeBroker,
                         probe_value: str, runc: Seen) -> None:
     """R4-R9 and R34 on a gVisor sandbox, then its kernel against the
     engine's and against what the runc sandbox saw."""
-    from services.sandbox.containers.hardening import SandboxSettings
-
-    info = await mgr.create(SandboxSettings(ticket_id=GVISOR_TICKET, runtime="gvisor", memory_bytes=512 * 1024 ** 2,
-                                            disk_bytes=32 * 1024 ** 2, env_names=("AFE_DOCTOR_PROBE",)))
+    info = await broker.create(GVISOR_TICKET, runtime="gvisor", memory_bytes=512 * 1024 ** 2,
+                               disk_bytes=32 * 1024 ** 2, env_names=("AFE_DOCTOR_PROBE",))
     try:
-        seen = await isolation_checks(report, client, runner, mgr, GVISOR_TICKET, info.container_id, probe_value,
+        seen = await isolation_checks(report, client, broker, GVISOR_TICKET, info.container_id, probe_value,
                                       tag=" [gVisor]", live_limits=False)
         host = str(client.info().get("KernelVersion", ""))
         ok = bool(seen.kernel) and seen.kernel != host and runc.kernel == host
@@ -91,18 +88,15 @@ async def gvisor_checks(report: Report, client: DockerClient, runner: Runner, mg
                    + (" (the host's, as runc shares it)" if runc.kernel == host else
                       " (not the host's: the control did not hold)"))
     finally:
-        await mgr.destroy(GVISOR_TICKET)
+        await broker.destroy(GVISOR_TICKET)
 
 
-async def gvisor_egress_checks(report: Report, client: DockerClient, runner: Runner, mgr: SandboxManager,
+async def gvisor_egress_checks(report: Report, client: DockerClient, broker: ProbeBroker,
                                instance: str, tname: str, tip: str, plain_mode: str) -> None:
     """R10 and R11 on a gVisor egress sandbox: no interface, its ticket's
     proxy through the socket, the same allowlist and refusals as on runc."""
-    from services.sandbox.containers.hardening import SandboxSettings
-
-    eg = await mgr.create(SandboxSettings(ticket_id=GVISOR_EGRESS_TICKET, runtime="gvisor",
-                                          egress=(tname, "localhost")))
+    eg = await broker.create(GVISOR_EGRESS_TICKET, runtime="gvisor", egress=(tname, "localhost"))
     try:
-        await egress_checks(report, client, runner, eg, instance, tname, tip, plain_mode, tag=" [gVisor]")
+        await egress_checks(report, client, broker, eg, instance, tname, tip, plain_mode, tag=" [gVisor]")
     finally:
-        await mgr.destroy(GVISOR_EGRESS_TICKET)
+        await broker.destroy(GVISOR_EGRESS_TICKET)

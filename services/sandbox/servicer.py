@@ -120,7 +120,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
                                     removed_networks=r.removed_networks, boot_id=self.boot_id)
 
     async def Identify(self, request: pb.IdentifyRequest, context: grpc.aio.ServicerContext) -> pb.IdentifyResponse:
-        return pb.IdentifyResponse(boot_id=self.boot_id)
+        return pb.IdentifyResponse(boot_id=self.boot_id, disk_cap_mode=self.sandboxes.diskcap.mode,
+                                   disk_cap_why=self.sandboxes.diskcap.why)
 
     async def Freeze(self, request: pb.FreezeRequest, context: grpc.aio.ServicerContext) -> pb.FreezeResponse:
         await self.sandboxes.freeze(request.ticket_id, request.frozen)

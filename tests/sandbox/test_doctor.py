@@ -14,8 +14,7 @@ import pytest
 
 from services.cli import doctor, doctor_gvisor
 from services.common.config.manifests import load_config
-from services.sandbox import sandboxes
-from services.sandbox.containers import hardening
+from tests.support import planted_sandbox_broker as planted
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
@@ -54,70 +53,42 @@ def test_doctor_prints_pass_for_every_rule():
         assert "info gVisor: the engine has no runtime runsc" in p.stdout and "apt-get install runsc" in p.stdout
 
 
-def test_r12_doctor_fails_when_a_claim_does_not_find_the_warm_sandbox(monkeypatch, capsys):
+def test_r12_doctor_fails_when_a_claim_does_not_find_the_warm_sandbox(capsys):
     """Positive control for the pool line: a claim that makes a second sandbox
-    instead of finding the one made ahead (its own id) is a FAIL."""
-    original = sandboxes.SandboxManager.create
-    made: set[str] = set()
-
-    async def fresh_each_time(self, settings):
-        if settings.ticket_id in made:
-            await self.destroy(settings.ticket_id)
-        made.add(settings.ticket_id)
-        return await original(self, settings)
-    monkeypatch.setattr(sandboxes.SandboxManager, "create", fresh_each_time)
-    assert asyncio.run(doctor.doctor(build=False, gvisor_runtime=RUNC_ONLY)) == 1
+    instead of finding the one made ahead (its own id) is a FAIL (planted in the
+    broker process the doctor drives)."""
+    assert asyncio.run(doctor.doctor(build=False, gvisor_runtime=RUNC_ONLY,
+                                     broker_command=planted.command("fresh_claims"))) == 1
     out = capsys.readouterr().out
     assert "FAIL pool: " in out and "PASS R5 " in out
 
 
-def test_doctor_fails_when_a_defence_is_missing(monkeypatch, capsys):
+def test_doctor_fails_when_a_defence_is_missing(capsys):
     """Positive control: a sandbox that keeps its capabilities and runs as root is caught."""
-    original = hardening.sandbox_create_kwargs
-
-    def weakened(*a, **kw):
-        out = original(*a, **kw)
-        out.pop("cap_drop")
-        out["user"] = "0:0"
-        return out
-    monkeypatch.setattr(hardening, "sandbox_create_kwargs", weakened)
-    assert asyncio.run(doctor.doctor(build=False, gvisor_runtime=RUNC_ONLY)) == 1
+    assert asyncio.run(doctor.doctor(build=False, gvisor_runtime=RUNC_ONLY,
+                                     broker_command=planted.command("caps_and_root"))) == 1
     out = capsys.readouterr().out
     assert "FAIL R6 " in out and "FAIL R7 " in out and "PASS R5 " in out
 
 
-def test_r31_doctor_fails_when_the_ticket_bridge_has_a_host_address(monkeypatch, capsys):
+def test_r31_doctor_fails_when_the_ticket_bridge_has_a_host_address(capsys):
     """Positive control: a ticket network made as before R31 (its bridge holds
     the host's gateway address), with the broker's own check switched off, is
     caught by the live probe."""
-    original = hardening.ticket_network_kwargs
-
-    def weakened(**kw):
-        out = original(**kw)
-        out["options"] = {"com.docker.network.bridge.enable_icc": "true"}
-        return out
-    monkeypatch.setattr(hardening, "ticket_network_kwargs", weakened)
-    monkeypatch.setattr(sandboxes, "check_bridge_has_no_address", lambda name: None)
-    assert asyncio.run(doctor.doctor(build=False, gvisor_runtime=RUNC_ONLY)) == 1
+    assert asyncio.run(doctor.doctor(build=False, gvisor_runtime=RUNC_ONLY,
+                                     broker_command=planted.command("bridge_with_host_address"))) == 1
     out = capsys.readouterr().out
     fail = [line for line in out.splitlines() if line.startswith("FAIL R31 ")]
     assert fail and "-> reached icmp " in fail[0] and ", tcp " in fail[0] and "PASS R11 " in out
 
 
-def test_gvisor_doctor_fails_when_the_gvisor_sandbox_runs_on_runc(monkeypatch, capsys):
+def test_gvisor_doctor_fails_when_the_gvisor_sandbox_runs_on_runc(capsys):
     """Positive control for the gVisor lines: a sandbox that asks for gVisor
     but is created without the engine's runtime (so on runc, the host's
     kernel) is caught by the kernel it sees, though every other check passes."""
     if not _has_runsc():
         pytest.skip("the Docker engine has no runsc runtime (scripts/ensure_runsc.sh installs and registers it)")
-    original = hardening.sandbox_create_kwargs
-
-    def on_runc(*a, **kw):
-        out = original(*a, **kw)
-        out.pop("runtime", None)
-        return out
-    monkeypatch.setattr(hardening, "sandbox_create_kwargs", on_runc)
-    assert asyncio.run(doctor.doctor(build=False)) == 1
+    assert asyncio.run(doctor.doctor(build=False, broker_command=planted.command("gvisor_on_runc"))) == 1
     out = capsys.readouterr().out
     assert "FAIL gVisor kernel: " in out and "PASS R5 no network by default [gVisor]" in out
     assert "runtime=runc, kernel=" in next(line for line in out.splitlines()

@@ -521,15 +521,27 @@ class IdentifyResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     BOOT_ID_FIELD_NUMBER: _builtins.int
+    DISK_CAP_MODE_FIELD_NUMBER: _builtins.int
+    DISK_CAP_WHY_FIELD_NUMBER: _builtins.int
     boot_id: _builtins.str
+    """random per broker process start"""
+    disk_cap_mode: _builtins.str
+    """how this broker caps a workspace's disk (R34): "mount" (a loop-mounted"""
+    disk_cap_why: _builtins.str
+    """image: writing past the cap fails with ENOSPC) or "watchdog" (usage
+    measured every second, the sandbox stopped past the cap)
+    why that mode, in words (e.g. "no loop devices")
+    """
     def __init__(
         self,
         *,
         boot_id: _builtins.str = ...,
+        disk_cap_mode: _builtins.str = ...,
+        disk_cap_why: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot_id", b"boot_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot_id", b"boot_id", "disk_cap_mode", b"disk_cap_mode", "disk_cap_why", b"disk_cap_why"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
