@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,26 +22,6 @@ from services.common.secrecy.redact import Redactor
 log = logging.getLogger(__name__)
 
 MIN_TOKEN_LENGTH = 16
-
-
-def new_token() -> str:
-    """A fresh random UI token (256 bits, URL-safe)."""
-    return secrets.token_urlsafe(32)
-
-
-def write_token_file(path: Path, token: str | None = None) -> str:
-    """Atomically replace `path` with a new 0600 token file; return the token."""
-    token = token or new_token()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, (token + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return token
 
 
 def _check(token: str, where: str) -> str:

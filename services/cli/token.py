@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run_rotate(args: argparse.Namespace) -> int:
     if getattr(args, "automation", False):
         return _rotate_automation(args)
-    from gateway.tokens import write_token_file
+    from services.common.secrecy.tokenfile import write_token_file
 
     path = Layout.from_args(args.data).token_file
     try:

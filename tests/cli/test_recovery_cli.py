@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.tokens import write_token_file
 from services.cli import tickets as cli
 from services.common import demo
 from services.common.layout import Layout
+from services.common.secrecy.tokenfile import write_token_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.tokens import write_token_file
 from services.cli import tickets as cli
 from services.cli.rpc_client import RpcClient
 from services.common.config.manifests import load_config
 from services.common.layout import Layout
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.redact import Redactor
+from services.common.secrecy.tokenfile import write_token_file
 from services.scheduler.app import build_app
 from services.scheduler.store.base import RUNNING, WAITING_APPROVAL
 from tests.gateway.conftest import start_gateway

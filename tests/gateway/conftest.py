@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.tokens import write_token_file
 from services.common.layout import Layout
 from services.common.rpc.links import LinkSecrets, new_secret, pass_via_pipe
+from services.common.secrecy.tokenfile import write_token_file
 
 from .fake_scheduler import FakeScheduler, start_fake_scheduler
 

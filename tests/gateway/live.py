@@ -22,9 +22,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.tokens import write_token_file
 from services.common import demo
 from services.common.layout import Layout
+from services.common.secrecy.tokenfile import write_token_file
 
 from .conftest import GatewayProc, start_gateway
 

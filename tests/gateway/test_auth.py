@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from gateway import cookies
-from gateway.tokens import write_token_file
+from services.common.secrecy.tokenfile import write_token_file
 
 from .conftest import start_gateway
 from .rpcutil import cookie_of, login, open_rpc, result

@@ -108,7 +108,7 @@ async def test_ui_login_demo_live_graph_approve_merged(live_afe, artifacts_dir):
 
             # Rotating the token ends this browser session at once: the open socket
             # is closed (4401) and the page asks for a login again.
-            from gateway.tokens import write_token_file
+            from services.common.secrecy.tokenfile import write_token_file
 
             write_token_file(gw.token_file)
             await page.wait_for_selector("#login-form", timeout=30_000)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.tokens import write_token_file
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
+from services.common.secrecy.tokenfile import write_token_file
 from tests.scheduler.conftest import state_name, wait_for_state
 from tests.scheduler.test_r41_clean_room_verification import CONFIG, UNITTEST, setup
 from tests.support.system import afe_system

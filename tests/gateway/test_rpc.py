@@ -137,8 +137,8 @@ async def test_watch_streams_history_then_live_events_then_ends(scheduler, ws):
 
 
 async def test_scheduler_down_is_unavailable_not_a_traceback(http, tmp_path):
-    from gateway.tokens import write_token_file
     from services.common.layout import Layout
+    from services.common.secrecy.tokenfile import write_token_file
 
     lay = Layout(tmp_path / "data", tmp_path / "run")
     lay.ensure()

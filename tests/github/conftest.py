@@ -20,11 +20,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.hooks import sign
-from gateway.tokens import write_token_file
 from services.common.config.manifests import load_config
 from services.common.layout import Layout
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.redact import Redactor
+from services.common.secrecy.tokenfile import write_token_file
 from services.scheduler.app import SchedulerApp, build_app
 from tests.gateway.conftest import GatewayProc, start_gateway
 from tests.support.credential_broker import credential_broker

@@ -1,2 +1,2 @@
 """Secrets in and out (R27, R28, R30, R33): reading them once, redacting them from text,
-and the environment every child process gets."""
+the environment every child process gets, and the UI token file (tokenfile.py)."""
