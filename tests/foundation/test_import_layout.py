@@ -5,7 +5,10 @@
   reader has to follow), checked on the module graph read from the source;
 - each scheduler sub-package says in its docstring what it owns and what it
   may import, and the imports between them go the one way the scheduler's
-  docstring gives.
+  docstring gives;
+- the entry points (services/cli, services/launcher) import only common,
+  the gRPC contracts and the launcher, never a broker, the scheduler or the
+  gateway (a planted entry point importing a broker is named).
 
 Positive controls: a planted circle (directly and through a package's
 __init__) is found, and a planted upward import between the scheduler's
@@ -243,3 +246,79 @@ def test_the_two_supervisors_are_named_for_what_they_supervise():
     assert not plain, plain
     assert (ROOT / "services/sandbox/commands/command_supervisor.py").is_file()
     assert (ROOT / "services/launcher/process_supervisor.py").is_file()
+
+
+# The entry points (issue 36): the CLI and the launcher use only common, the gRPC contracts and the
+# launcher (the CLI runs `afe up` through it); a broker or the scheduler is started as a process
+# (services/launcher/launch.py MODULES, services/launcher/storecheck.py) or called over its contract
+# (services/cli/probebroker.py), never imported. The gateway is not allowed either: nothing in them
+# needs it (the CLI speaks to it over HTTP, services/cli/rpc_client.py; the UI token file the CLI writes
+# and the gateway reads is common's, services/common/secrecy/tokenfile.py).
+ENTRY_POINTS = ["cli", "launcher"]
+ENTRY_MAY_IMPORT = ("services.common", "services._gen", "services.launcher", "services.cli")
+
+
+def _absolute_imports(name: str, path: Path, is_pkg: bool) -> set[str]:
+    """Every module name `name` imports (lazy and TYPE_CHECKING ones too), made absolute;
+    `from pkg import x` gives pkg.x."""
+    found: set[str] = set()
+    for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(n, ast.Import):
+            found.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            frm = n.module or ""
+            if n.level:
+                here = name.split(".") if is_pkg else name.split(".")[:-1]
+                here = here[:len(here) - (n.level - 1)]
+                frm = ".".join(here + ([n.module] if n.module else []))
+            found.update(f"{frm}.{a.name}" for a in n.names)
+    return found
+
+
+def entry_point_imports_outside(base: Path) -> list[str]:
+    """'module imports name' for each import of a product module (services.*, gateway) that an
+    entry point may not use."""
+    bad = []
+    for top in ENTRY_POINTS:
+        for m, (p, pkg) in sorted(modules(base, f"services/{top}").items()):
+            for dep in sorted(_absolute_imports(m, p, pkg)):
+                product = dep.split(".")[0] == "gateway" or dep.startswith("services.")
+                if product and not dep.startswith(tuple(f"{ok}." for ok in ENTRY_MAY_IMPORT)):
+                    bad.append(f"{m} imports {dep}")
+    return bad
+
+
+def test_entry_points_use_only_common_the_contracts_and_the_launcher():
+    found = modules(ROOT, "services/cli")
+    assert "services.cli.doctor" in found and "services.launcher.launch" in modules(ROOT, "services/launcher")
+    bad = entry_point_imports_outside(ROOT)
+    assert not bad, ("the CLI and the launcher use only services.common, the gRPC contracts (services._gen) "
+                     "and the launcher; start a broker as a process or call its contract, and move what "
+                     "several processes share into services/common:\n" + "\n".join(bad))
+
+
+def test_an_entry_point_importing_a_broker_is_named(tmp_path):
+    """Positive control: a lazy import of the sandbox broker's core, a TYPE_CHECKING one of the
+    scheduler's store, a relative reach into the credential broker and an import of the gateway
+    are named; common, the contracts, the launcher and a broker's module name as a string are not."""
+    _plant(tmp_path, {
+        "services/__init__.py": "",
+        "services/cli/__init__.py": "",
+        "services/cli/bad.py": ("from typing import TYPE_CHECKING\n"
+                                "if TYPE_CHECKING:\n    from services.scheduler.store import url\n"
+                                "def probe():\n    from services.sandbox.sandboxes import SandboxManager\n"
+                                "from ..credentials import git\nimport gateway.app\n"),
+        "services/cli/good.py": ("from services.common.layout import Layout\n"
+                                 "from services._gen.afe.sandbox.v1 import sandbox_pb2\n"
+                                 "from services.launcher.launch import MODULES\nfrom . import bad\n"
+                                 "BROKER = 'services.sandbox.main'\n"),
+        "services/launcher/__init__.py": "",
+        "services/launcher/run.py": "from services import sandbox\n",
+    })
+    assert entry_point_imports_outside(tmp_path) == [
+        "services.cli.bad imports gateway.app",
+        "services.cli.bad imports services.credentials.git",
+        "services.cli.bad imports services.sandbox.sandboxes.SandboxManager",
+        "services.cli.bad imports services.scheduler.store.url",
+        "services.launcher.run imports services.sandbox",
+    ]
