@@ -75,33 +75,47 @@ class SchedulerApp:
         self.store.close()
 
 
-def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Redactor, *,
-              store_path: Path | None = None, max_running: int = 4,
-              registry: CollectorRegistry | None = None,
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """How one scheduler is set up (the flags of `services/scheduler/main.py`);
+    every default is the scheduler's default."""
+
+    store_path: Path | None = None        # the SQLite store; None: `<data>/afe.db` (unless a store is given)
+    max_running: int = 4                  # tickets run at once
+    # s between checks for a restarted sandbox broker and retries of failed teardowns (0: never, tests)
+    recovery_interval: float = 2.0
+    watch_send_timeout: float = WATCH_SEND_TIMEOUT_S   # a watch whose caller takes nothing this long is dropped
+    pool_cap: int = DEFAULT_POOL_CAP      # warm sandboxes kept ready in all workspaces (sandboxes/pool.py)
+    public_url: str = ""                  # the UI's address, for the ticket links afe writes on GitHub
+    # This scheduler's id and its tickets' lease on a shared store (docs/SCALE.md); "": a new id.
+    owner: str = ""
+    lease_s: float = LEASE_S
+    github_settle_s: float = SETTLE_S     # how long a GitHub follow-up waits for more of the same review
+
+
+def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Redactor,
+              options: SchedulerOptions = SchedulerOptions(), *,
+              store: Store | None = None, sandboxes: BrokerSet | None = None,
               interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
-              recovery_interval: float = 2.0,
-              watch_send_timeout: float = WATCH_SEND_TIMEOUT_S, store: Store | None = None,
-              pool_cap: int = DEFAULT_POOL_CAP, public_url: str = "",
-              sandboxes: BrokerSet | None = None, owner: str = "",
-              lease_s: float = LEASE_S, github_settle_s: float = SETTLE_S) -> SchedulerApp:
-    """`store` (already open, e.g. PostgreSQL from AFE_DATABASE_URL) wins over
-    `store_path` (a SQLite file, default `<data>/afe.db`). `public_url`: the UI's
-    address, for the ticket links afe writes on GitHub (github/report.py). `owner`, `lease_s`:
-    this scheduler's id and its tickets' lease on a shared store (docs/SCALE.md). The store's
-    statements run on its own thread, never on the event loop (store/worker.py)."""
-    store = threaded(store if store is not None else Store.sqlite(store_path or layout.store_file))
+              registry: CollectorRegistry | None = None) -> SchedulerApp:
+    """The scheduler `options` describe. `store` (already open, e.g. PostgreSQL from
+    AFE_DATABASE_URL) wins over `options.store_path`; `sandboxes`: brokers on other
+    hosts (placement.py), else the local one. The store's statements run on its own
+    thread, never on the event loop (store/worker.py)."""
+    o = options
+    store = threaded(store if store is not None else Store.sqlite(o.store_path or layout.store_file))
     # `sandbox`: brokers on other hosts (placement.py, --sandbox-broker); else the local one
     sandbox = sandboxes or SandboxClient(str(layout.socket("sandbox")), links.call.get("sandbox"))
     credentials = CredentialsClient(str(layout.socket("credentials")), links.call.get("credentials"))
     engine_registry = registry if registry is not None else CollectorRegistry()
     # brokers on other hosts: the workspace crosses the network through the contracts (remoteworkspace.py)
     workspaces = RemoteWorkspaces(credentials, sandboxes, config) if sandboxes is not None else credentials
-    engine = Engine(config, store, sandbox, workspaces, redactor, max_running=max_running,
+    engine = Engine(config, store, sandbox, workspaces, redactor, max_running=o.max_running,
                     registry=engine_registry,
-                    recovery_interval=recovery_interval, pool_dir=layout.data_dir / "pool", pool_cap=pool_cap,
-                    owner=owner, lease_s=lease_s)
-    intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry, settle_s=github_settle_s)
-    reporter = GitHubReporter(config, store, credentials, public_url)
+                    recovery_interval=o.recovery_interval, pool_dir=layout.data_dir / "pool", pool_cap=o.pool_cap,
+                    owner=o.owner, lease_s=o.lease_s)
+    intake = GitHubIntake(config, store, engine, credentials, registry=engine_registry, settle_s=o.github_settle_s)
+    reporter = GitHubReporter(config, store, credentials, o.public_url)
     engine.transitions.listeners.append(reporter.changed)
     # The keys of the scheduler's callers; services/common/rpc/callers.py says which service each may call.
     accepted = grpcutil.CallerSecrets({k: v for k, v in links.serve.items()
@@ -109,7 +123,7 @@ def build_app(config: Config, layout: Layout, links: LinkSecrets, redactor: Reda
     # Automation callers get server reflection too (behind the same key check) so generic tools work
     # without the .proto files; see docs/AUTOMATION.md.
     server = grpcutil.create_server(str(layout.socket("scheduler")), accepted, redactor,
-                                    [register(SchedulerServicer(engine, watch_send_timeout)),
+                                    [register(SchedulerServicer(engine, o.watch_send_timeout)),
                                      register_hooks(intake)],
                                     interceptors=interceptors, registry=registry, reflection=True)
     key_file = AutomationKeyFile(layout.automation_key, accepted) if "automation" in links.serve else None

@@ -29,7 +29,7 @@ from services.common.observability.telemetry import grpc_server_interceptors, se
 from services.common.process import make_context, parse_args, run_until_signalled
 from services.common.rpc import grpcutil
 
-from .app import build_app
+from .app import SchedulerOptions, build_app
 from .engine.core import LEASE_S
 from .engine.followups import SETTLE_S
 from .sandboxes.placement import add_flags as add_placement_flags
@@ -83,12 +83,12 @@ async def amain(argv: list[str] | None = None) -> int:
     except AfeError as exc:
         log.error("scheduler: %s", ctx.redactor.redact(str(exc)))
         return 2
-    app = build_app(config, ctx.layout, ctx.links, ctx.redactor, store=store,
-                    max_running=args.max_running, registry=ctx.registry,
-                    interceptors=grpc_server_interceptors(), recovery_interval=args.broker_recovery,
-                    pool_cap=max(0, args.sandbox_pool_max), public_url=args.public_url, sandboxes=brokers,
-                    owner=args.scheduler_id, lease_s=max(1.0, args.lease_seconds),
-                    github_settle_s=max(0.0, args.github_settle_seconds))
+    options = SchedulerOptions(max_running=args.max_running, recovery_interval=args.broker_recovery,
+                               pool_cap=max(0, args.sandbox_pool_max), public_url=args.public_url,
+                               owner=args.scheduler_id, lease_s=max(1.0, args.lease_seconds),
+                               github_settle_s=max(0.0, args.github_settle_seconds))
+    app = build_app(config, ctx.layout, ctx.links, ctx.redactor, options, store=store, sandboxes=brokers,
+                    interceptors=grpc_server_interceptors(), registry=ctx.registry)
 
     async def store_ready() -> bool:
         # Not ready while events wait in memory for the store (events/writes.py), even if it answers a ping;

@@ -31,7 +31,7 @@ from services.common.observability import metrics
 from services.common.rpc import grpcutil
 from services.common.rpc.links import METADATA_KEY, new_secret
 from services.common.secrecy.redact import Redactor
-from services.scheduler.app import build_app
+from services.scheduler.app import SchedulerOptions, build_app
 from tests.scheduler.conftest import wait_for_state, write_config
 from tests.support.system import REPO_ROOT, afe_system
 
@@ -96,8 +96,8 @@ async def endpoint(short_tmp):
         os.write(fd, sys_.automation_secret.hex().encode() + b"\n")
         os.close(fd)
         reg = CollectorRegistry()
-        app = build_app(sys_.config, layout, sys_.scheduler_links, Redactor(), registry=reg,
-                        watch_send_timeout=SEND_TIMEOUT)
+        app = build_app(sys_.config, layout, sys_.scheduler_links, Redactor(),
+                        SchedulerOptions(watch_send_timeout=SEND_TIMEOUT), registry=reg)
         await app.start()
         try:
             yield Endpoint(sys_, app, reg)

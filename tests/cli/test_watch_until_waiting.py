@@ -24,7 +24,7 @@ from services.common.layout import Layout
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.redact import Redactor
 from services.common.secrecy.tokenfile import write_token_file
-from services.scheduler.app import build_app
+from services.scheduler.app import SchedulerOptions, build_app
 from services.scheduler.store.base import RUNNING, WAITING_APPROVAL
 from tests.gateway.conftest import start_gateway
 
@@ -62,7 +62,8 @@ async def afe_rpc():
     layout.ensure()
     write_token_file(layout.token_file)
     link = LinkSecrets(serve={"gateway": new_secret(), "automation": new_secret()}, call={})
-    app = build_app(load_config(cfg), layout, link, Redactor(), registry=CollectorRegistry(), recovery_interval=0)
+    app = build_app(load_config(cfg), layout, link, Redactor(), SchedulerOptions(recovery_interval=0),
+                    registry=CollectorRegistry())
     await app.server.start()      # engine not started: the history is the test's
     gw = await asyncio.to_thread(start_gateway, layout, link.serve["gateway"], config_dir=cfg)
     try:

@@ -32,6 +32,7 @@ from services.credentials.app import build_app as build_credentials
 from services.launcher.launch import make_links
 from services.sandbox.app import SandboxBrokerOptions
 from services.sandbox.app import build_app as build_sandbox
+from services.scheduler.app import SchedulerOptions
 from services.scheduler.app import build_app as build_scheduler
 from tests.scheduler.conftest import write_config
 
@@ -63,7 +64,7 @@ async def three_servers(root):
     keys = {name: new_secret() for name in LINKS}
     links = LinkSecrets(serve=dict(keys))
     apps = {
-        "scheduler": build_scheduler(config, layout, links, Redactor(), recovery_interval=0),
+        "scheduler": build_scheduler(config, layout, links, Redactor(), SchedulerOptions(recovery_interval=0)),
         "sandbox": build_sandbox(layout, links, Redactor(), SandboxBrokerOptions(instance="callers-test")),
         "credentials": build_credentials(config, layout, links, {}, Redactor(),
                                          CredentialBrokerOptions(spare_checkouts=False)),

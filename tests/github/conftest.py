@@ -25,7 +25,7 @@ from services.common.layout import Layout
 from services.common.rpc.links import LinkSecrets, new_secret
 from services.common.secrecy.redact import Redactor
 from services.common.secrecy.tokenfile import write_token_file
-from services.scheduler.app import SchedulerApp, build_app
+from services.scheduler.app import SchedulerApp, SchedulerOptions, build_app
 from tests.gateway.conftest import GatewayProc, start_gateway
 from tests.support.credential_broker import credential_broker
 from tests.support.fakes.github import FakeGitHub
@@ -198,8 +198,8 @@ async def stack(examples, openapi, gateway_flags, gateway_module, settle_s):
                                      socket_path=layout.socket("credentials")) as (_, cb_secret):
             link = LinkSecrets(serve={"gateway": new_secret(), "automation": new_secret()},
                                call={"credentials": cb_secret})
-            app = build_app(config, layout, link, redactor, registry=registry, recovery_interval=0,
-                            github_settle_s=settle_s)
+            app = build_app(config, layout, link, redactor,
+                            SchedulerOptions(recovery_interval=0, github_settle_s=settle_s), registry=registry)
             await app.server.start()   # engine not started
             gw = start_gateway(layout, link.serve["gateway"], config_dir=cfg_dir,
                                env={"AFE_GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET}, extra=gateway_flags,

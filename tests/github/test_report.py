@@ -27,7 +27,7 @@ from services.common.config.manifests import load_config
 from services.common.layout import Layout
 from services.common.rpc.links import LinkSecrets
 from services.common.secrecy.redact import Redactor
-from services.scheduler.app import build_app
+from services.scheduler.app import SchedulerOptions, build_app
 from services.scheduler.executor.transitions import state_event
 from services.scheduler.store.base import FAILED, N_FAILED, N_SUCCEEDED, RUNNING, SUCCEEDED, PullRequestRecord
 from tests.support.credential_process import CredentialProcess
@@ -88,8 +88,8 @@ async def reporting(examples, openapi, store_url, tmp_path):
         broker = CredentialProcess(cfg, layout, {"GH_TOKEN": TOKEN})
         await broker.start()
         app = build_app(load_config(cfg), layout, LinkSecrets(serve={}, call={"credentials": broker.secret}),
-                        Redactor(), store=open_store_url(store_url, tmp_path), recovery_interval=0,
-                        public_url=PUBLIC + "/")
+                        Redactor(), SchedulerOptions(recovery_interval=0, public_url=PUBLIC + "/"),
+                        store=open_store_url(store_url, tmp_path))
         app.reporter.retry_s = 0.2
         try:
             yield Reporting(app, github, broker, payload)

@@ -86,7 +86,7 @@ class System:
             await self._start_subprocess()
         else:
             from services.common.config.database_url import read_database_url
-            from services.scheduler.app import build_app
+            from services.scheduler.app import SchedulerOptions, build_app
             from services.scheduler.store.url import open_store
 
             store = None
@@ -94,7 +94,7 @@ class System:
                 store = open_store(read_database_url(self.layout, Redactor(),
                                                      {"AFE_DATABASE_URL": self.database_url}))
             app = build_app(self.config, self.layout, self.scheduler_links, Redactor(),
-                            max_running=self.max_running, store=store)
+                            SchedulerOptions(max_running=self.max_running), store=store)
             await app.start()
             self.app = app
         await self._connect()
