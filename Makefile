@@ -10,7 +10,7 @@ RUN_STAMP := $(VENV)/.installed-run
 ENSURE_IMAGES := $(BIN)/python -c "from services.common.host.images import ensure_images; ensure_images()"
 PREFIX ?= $(HOME)/.local
 
-.PHONY: run test proto proto-check lint bench images images-ready check install install-cli clean
+.PHONY: run test test-fast proto proto-check lint bench images images-ready check install install-cli clean
 
 $(RUN_STAMP): pyproject.toml
 	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then touch $(RUN_STAMP); exit 0; fi; \
@@ -90,8 +90,18 @@ test: $(STAMP) proto-check images-ready
 	  $(BIN)/python -c "import sys; from services.common.treewalk import remove_tree; remove_tree(sys.argv[1])" $$bt || true; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
-# ruff (default rules + B, ASYNC, SIM, RUF) and mypy (strict for services/common and
-# the executor): both must pass; .ci/run runs this before the tests.
+# The inner loop: every test that needs nothing outside Python -- no Docker, browser,
+# PostgreSQL or other process (git, an afe process, an agent) -- and takes no seconds
+# (not `slow`). tests/needs.txt says which tests need a database or a process; a fast
+# run refuses both, so a test that needs one and is not listed fails naming what to
+# do (tests/support/needs.py). Bytecode is cached (collection: ~7 s instead of ~17 s).
+# CI runs `make test`: everything.
+test-fast: $(STAMP)
+	env -u PYTHONDONTWRITEBYTECODE AFE_TEST_FAST=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 \
+	  -m "not docker and not browser and not database and not processes and not slow" $(PYTEST_ARGS)
+
+# ruff (default rules + B, ASYNC, SIM, RUF) and mypy --strict over all product code
+# (services/, gateway/): both must pass; .ci/run runs this before the tests.
 lint: $(STAMP)
 	$(BIN)/ruff check services gateway tests scripts bench
 	$(BIN)/mypy services gateway

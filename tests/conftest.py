@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 
 from services.common.layout import Layout
-from tests.support import crashlog
+from tests.support import crashlog, needs
 from tests.support.temp_roots import release_disk_caps, remove_temp_root, temp_root, temp_roots
 from tests.support.xdist_restart import install as install_xdist_restart_guard
 
 
 def pytest_configure(config):
-    """A worker that crashes must not end the parallel run (tests/support/xdist_restart.py)."""
+    """A worker that crashes must not end the parallel run (tests/support/xdist_restart.py);
+    what tests need beyond Python is marked, and refused in a fast run (tests/support/needs.py)."""
     install_xdist_restart_guard()
+    config.pluginmanager.register(needs.Plugin(), "afe-needs")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,7 +5,7 @@ editing the TEST and runs it in a terminal, where it passes; the workflow's own
 runs the base branch's test on the head and fails, a person's approval is
 refused, and nothing is merged. Positive control: without base
 paths the same edit verifies and merges. (The same with a model node, and the
-sandbox's properties: tests/scheduler/test_r41_clean_room_verification.py.)"""
+sandbox's properties: tests/scheduler/executor/test_r41_clean_room_verification.py.)"""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.scheduler.conftest import (
     wait_for_state,
     write_config,
 )
-from tests.scheduler.test_r41_clean_room_verification import UNITTEST, make_repo
+from tests.scheduler.executor.test_r41_clean_room_verification import UNITTEST, make_repo
 from tests.support.system import afe_system
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]

@@ -368,6 +368,7 @@ def _per_fence_scan(text: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_r42_finding_envelopes_in_a_comment_is_linear_in_its_size():
     env = json.dumps(_envelope(_statement(verification=PASSED)), separators=(",", ":"))
     real = f"\n{attestation.FENCE}\n{env}\n```\n"

@@ -17,7 +17,7 @@ import pytest
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services.common.config.model import ForgeConfig, Workspace
 from tests.credentials.conftest import TOKEN_ENV, broker_stub, git_plain, make_config
-from tests.scheduler.remote_env import LiveBranches
+from tests.scheduler.sandboxes.remote_env import LiveBranches
 from tests.support.fakes.git_http import GitHttpServer, make_bare_repo
 from tests.support.fakes.github import FakeGitHub
 from tests.support.fakes.openapi import OpenApi

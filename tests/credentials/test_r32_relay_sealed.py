@@ -264,6 +264,7 @@ async def _post(hub: RelayHub, ticket: str, cap: str) -> int:
     return (await _raw(hub, ticket, POST.format(cap=cap, n=len(REQUEST)), REQUEST))[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limits", [SMALL, RelayLimits.off()], ids=["limits", "control-off"])
 async def test_r32_relay_limits_fail_only_the_ticket_that_hits_them(tmp_path, limits):
     on = limits.connections > 0

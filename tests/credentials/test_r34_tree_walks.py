@@ -56,6 +56,7 @@ def _remove_deep_trees(tmp_path):
         treewalk.remove_tree(child)
 
 
+@pytest.mark.slow
 def test_r34_positive_control_python_recursive_walkers_fail_on_a_deep_tree(tmp_path):
     root = tmp_path / "w"
     root.mkdir()
@@ -71,6 +72,7 @@ def test_r34_positive_control_python_recursive_walkers_fail_on_a_deep_tree(tmp_p
     assert not root.exists()
 
 
+@pytest.mark.slow
 def test_r34_walk_fails_naming_the_depth_and_entry_limits(tmp_path):
     root = tmp_path / "w"
     root.mkdir()
@@ -119,6 +121,7 @@ def test_r34_remove_tree_stays_inside_and_never_follows_links(tmp_path):
     treewalk.remove_tree(tmp_path / "missing" / "x")  # nothing to do
 
 
+@pytest.mark.slow
 def test_r34_snapshot_of_a_deep_workspace_fails_naming_the_limit(tmp_path):
     root = tmp_path / "w"
     root.mkdir()
@@ -134,6 +137,7 @@ def test_r34_snapshot_of_a_deep_workspace_fails_naming_the_limit(tmp_path):
     assert len(found.dirs) == 255 and len(found.links) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 def test_r34_chown_fallback_is_bounded_and_never_follows_links(tmp_path):
     from services.credentials.workspaces.host import _chown_tree

@@ -108,6 +108,7 @@ def _text(answer: dict) -> str:
     return " ".join(c.get("text", "") for c in answer["result"]["content"])
 
 
+@pytest.mark.slow
 async def test_r43_a_granted_tool_call_reaches_the_server_and_the_token_stays_in_the_broker(hub, srv):
     cap = await hub.open("t1", [], 0, GRANT)
     http, s = _relay(hub, "t1", cap)
@@ -190,6 +191,7 @@ async def test_r43_a_token_the_server_echoes_is_masked(hub, srv):
     assert TOKEN in _text(direct)
 
 
+@pytest.mark.slow
 async def test_r43_another_tickets_capability_and_an_ended_ticket_are_refused(hub, srv):
     cap_a = await hub.open("ta", [], 0, GRANT)
     cap_b = await hub.open("tb", [], 0, GRANT)
@@ -285,6 +287,7 @@ async def test_r43_the_credential_goes_in_the_named_header(tmp_path):
             await h.aclose()
 
 
+@pytest.mark.slow
 async def test_r43_bodies_answers_and_time_are_bounded(hub, srv):
     cap = await hub.open("t7", [], 0, GRANT)
     hub.mcp.servers["tracker"] = dataclasses.replace(hub.mcp.servers["tracker"], timeout_s=1.0)
@@ -363,6 +366,7 @@ class LingeringStream:
         return resp
 
 
+@pytest.mark.slow
 async def test_r43_the_answer_is_sent_once_complete_and_what_the_stream_carries_after_it_is_dropped(tmp_path):
     """The relay ends the agent's answer when every request of the POST has its answer, not when the
     server gets round to closing its stream; what comes after (answering nothing) never reaches the

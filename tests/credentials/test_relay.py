@@ -181,6 +181,7 @@ async def test_r32_budget_spent_is_refused_with_a_clear_error(hub, upstream):
     assert (await _post_anthropic(hub, "tbud", cap))[0] == 200
 
 
+@pytest.mark.slow
 async def test_r32_ended_ticket_capability_is_refused(hub, upstream):
     cap = await hub.open("tend", ["claude"], 0)
     sock = hub.layout.relay_dir("tend") / RELAY_SOCKET

@@ -62,12 +62,14 @@ async def _reconnect_after_return(path: str) -> float:
         await server.stop(0)
 
 
+@pytest.mark.slow
 async def test_a_channel_reaches_a_peer_within_1s_of_its_return(short_tmp):
     seconds = await _reconnect_after_return(str(short_tmp / "peer.sock"))
     print(f"reconnected {seconds:.2f} s after the peer was back")
     assert seconds < 1.0, seconds
 
 
+@pytest.mark.slow
 async def test_positive_control_the_default_back_off_takes_longer(short_tmp, monkeypatch):
     monkeypatch.setattr(channels, "CHANNEL_OPTIONS", OPTIONS)
     seconds = await _reconnect_after_return(str(short_tmp / "peer.sock"))

@@ -119,6 +119,7 @@ def scan_tree() -> list[tuple[str, int, str, bool]]:
     return found
 
 
+@pytest.mark.slow
 def test_r33_every_process_start_in_services_and_gateway_passes_an_explicit_env():
     found = scan_tree()
     # Not vacuous: the known starts are found (docker CLI, image builds, git, the four children).

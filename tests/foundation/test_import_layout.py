@@ -114,6 +114,7 @@ def graph_of(base: Path, top: str) -> dict[str, set[str]]:
     return {m: imports_of(m, p, pkg, mods) for m, (p, pkg) in mods.items()}
 
 
+@pytest.mark.slow
 def test_no_import_circle_in_services():
     found = circles(graph_of(ROOT, "services"))
     assert not found, "import circles (move what both sides need into a module both import):\n" + \

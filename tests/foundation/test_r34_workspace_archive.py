@@ -146,6 +146,7 @@ async def test_r19_control_a_plain_archive_unpacks_links_kept_as_links(tmp_path,
     assert (dest / "src" / ("n" * 150)).read_bytes() == b"x"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", list(SIDES))
 async def test_r34_deep_archive_is_refused(tmp_path, side):
     deep = [(_ti("/".join(["d"] * i), tarfile.DIRTYPE), None) for i in range(1, 300)]
@@ -155,6 +156,7 @@ async def test_r34_deep_archive_is_refused(tmp_path, side):
     assert (ok / "/".join(["d"] * 199)).is_dir()                # control: within the limit it unpacks
 
 
+@pytest.mark.slow
 async def test_r34_huge_entry_is_refused_by_the_disk_cap(tmp_path):
     big = _tar((_ti("big", size=20 << 20), b"\0" * (20 << 20)))
     with pytest.raises(AfeError, match="more than 16 MiB"):

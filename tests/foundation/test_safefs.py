@@ -163,6 +163,7 @@ def outside_state(outside: Path) -> list[tuple[str, int, int, bytes]]:
     return sorted(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("case", sorted(TABLE))
 def test_r17_r18_r19_r34_safefs_table(tree, case, op):
@@ -301,6 +302,7 @@ def test_r34_chown_changes_links_themselves_and_stops_at_the_limit(tree):
     assert outside_state(outside) == before
 
 
+@pytest.mark.slow
 def test_r34_remove_takes_any_depth_and_positive_control_fwalk_recurses(tmp_path):
     top = tmp_path / "w"
     top.mkdir()

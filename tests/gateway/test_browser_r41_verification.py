@@ -13,7 +13,7 @@ from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
 from services.common.secrecy.tokenfile import write_token_file
 from tests.scheduler.conftest import state_name, wait_for_state
-from tests.scheduler.test_r41_clean_room_verification import CONFIG, UNITTEST, setup
+from tests.scheduler.executor.test_r41_clean_room_verification import CONFIG, UNITTEST, setup
 from tests.support.system import afe_system
 
 from .conftest import start_gateway

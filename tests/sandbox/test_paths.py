@@ -104,6 +104,7 @@ TABLE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", TOOLS)
 @pytest.mark.parametrize("case", sorted(TABLE))
 def test_r17_r18_r19_path_table(ws, case, tool):

@@ -30,12 +30,14 @@ def deep_ws(tmp_path):
         treewalk.remove_tree(child)  # pytest's own clean-up would recurse
 
 
+@pytest.mark.slow
 def test_r34_positive_control_fwalk_recurses_on_the_tree(deep_ws):
     with pytest.raises(RecursionError):
         for _ in os.fwalk(deep_ws, follow_symlinks=False):
             pass
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 def test_r34_chown_tree_on_recreate_fails_naming_the_limit(deep_ws, tmp_path):
     with pytest.raises(FailedPrecondition) as exc:
@@ -51,6 +53,7 @@ def test_r34_chown_tree_on_recreate_fails_naming_the_limit(deep_ws, tmp_path):
     assert os.stat(outside).st_uid == 0
 
 
+@pytest.mark.slow
 def test_r34_search_fails_naming_the_limit_and_remove_takes_any_depth(deep_ws):
     tools = FileTools(lambda _t: deep_ws)
     with pytest.raises(FailedPrecondition) as exc:

@@ -196,6 +196,7 @@ def test_one_thread_relays_hundreds_of_connections(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_connections_over_the_limit_are_closed_at_once_counted_and_logged_per_interval(tmp_path):
     up = Upstream("echo")
     with relay(tmp_path, up.addr, max_connections=4, log_every_s=0.5) as (path, r, lines):
@@ -234,6 +235,7 @@ class FailingListener(socket.socket):
         return super().accept()
 
 
+@pytest.mark.slow
 def test_out_of_descriptors_pauses_accepting_instead_of_spinning(tmp_path):
     """accept() failing with EMFILE leaves the listener readable: the relay
     stops watching it for a moment (one log line), then serves again."""

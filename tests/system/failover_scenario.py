@@ -49,7 +49,7 @@ import grpc
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
 from tests.scheduler.conftest import STATE, all_events, forge_records, git, write_config
-from tests.scheduler.test_store_outage import Probes
+from tests.scheduler.store.test_store_outage import Probes
 from tests.support import postgres
 from tests.support.system import System, afe_system
 from tests.support.temp_roots import remove_temp_root, temp_root

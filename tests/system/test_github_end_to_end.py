@@ -44,7 +44,7 @@ import pytest
 from gateway.hooks import sign
 from tests.foundation.launcher_support import base_env, start_afe, wait_gone
 from tests.scheduler.conftest import git as git_in
-from tests.scheduler.remote_env import LiveBranches
+from tests.scheduler.sandboxes.remote_env import LiveBranches
 from tests.support.fakes.git_http import CLEAN_ENV, GitHttpServer, make_bare_repo
 from tests.support.fakes.github import FakeGitHub
 from tests.support.fakes.models import FakeOpenAI

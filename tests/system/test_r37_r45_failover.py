@@ -43,7 +43,7 @@ an export of commit 63decdc (the code before issue 32's rebuild,
 `git archive`, its own PYTHONPATH; no switch in today's code turns a
 defence off). That code already keeps its store on its own thread (19799f4),
 so it does not freeze; the freeze's own control is
-tests/scheduler/test_store_outage.py's (the store back on the event loop).
+tests/scheduler/store/test_store_outage.py's (the store back on the event loop).
 What 63decdc shows here is the rest of the issue: the owner keeps acting
 through 60 s without a lease, its lost output is counted nowhere, and the
 old owner's writes land after the takeover.

@@ -6,7 +6,7 @@ with its own PYTHONPATH and its own brokers; no switch in today's code turns
 a defence off), with `pg_ctl stop` for 60 s.
 
 63decdc already keeps its store on its own thread (19799f4), so it does not
-freeze: the freeze's own control is tests/scheduler/test_store_outage.py's
+freeze: the freeze's own control is tests/scheduler/store/test_store_outage.py's
 (the store back on the event loop). What it shows here is the rest of the
 issue, and the judge must say so: its owner acts on without a lease
 (self-fence), or the other scheduler takes the run over and the lost

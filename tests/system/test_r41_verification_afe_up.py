@@ -15,7 +15,7 @@ import pytest
 
 from tests.foundation.launcher_support import base_env, start_afe
 from tests.scheduler.conftest import git
-from tests.scheduler.test_r41_clean_room_verification import CHEAT, TEST, UNITTEST, make_repo
+from tests.scheduler.executor.test_r41_clean_room_verification import CHEAT, TEST, UNITTEST, make_repo
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300)]

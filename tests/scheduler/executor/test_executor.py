@@ -213,6 +213,7 @@ async def test_a_waiting_ticket_resumes_waiting_after_a_restart_and_a_rejection_
     assert len(h.events(tid, "approval.requested")) == 1      # asked once, not again after the restart
 
 
+@pytest.mark.slow
 async def test_a_builtin_step_waits_for_the_credential_broker_to_come_back(harness):
     h = harness(WORKFLOWS)
     await h.start()

@@ -256,6 +256,7 @@ async def test_r41_a_head_that_does_not_merge_onto_the_base_fails_naming_the_con
     assert h.sandbox.created.count(tid + "-verify") == 0
 
 
+@pytest.mark.slow
 async def test_r41_a_verification_that_could_not_run_is_no_verdict_and_a_retry_runs_it(harness):
     h = _harness(harness, workflow('["echo ok"]'))
     h.sandbox.fail_create = Unavailable("the sandbox broker is not reachable")

@@ -92,6 +92,7 @@ class McpSandbox(FakeSandbox):
         yield spb.ExecEvent(exit=spb.ExecExit(code=0))
 
 
+@pytest.mark.slow
 async def test_r43_agent_gets_its_servers_at_the_relay_and_every_call_is_an_event_and_in_the_record(
         harness, short_tmp, monkeypatch):
     tmp_path = short_tmp        # the relay's socket path stays under 107 bytes in a parallel run

@@ -1,0 +1,1 @@
+"""Tests of services/scheduler/engine: approvals, cancel, capacity, leases and takeovers, durability."""

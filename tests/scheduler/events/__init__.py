@@ -1,0 +1,1 @@
+"""Tests of services/scheduler/events: the event log, its fast paths and its writes across outages."""

@@ -1,0 +1,1 @@
+"""Tests of services/scheduler/sandboxes: the broker clients, the warm pool, reconcile, remote hosts."""

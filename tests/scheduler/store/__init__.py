@@ -1,0 +1,1 @@
+"""Tests of services/scheduler/store: the store on SQLite and PostgreSQL, migrations, outages, fencing."""
