@@ -103,7 +103,7 @@ def test_no_endpoint_means_no_tracing_and_headers_still_removed():
     out = subprocess.run(
         [sys.executable, "-c",
          "import os,sys\n"
-         "from services.common import telemetry\n"
+         "from services.common.observability import telemetry\n"
          "from services.common.secrecy.redact import Redactor\n"
          "r=Redactor()\n"
          "p=telemetry.setup_tracing('x', r)\n"
