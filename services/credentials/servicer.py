@@ -84,9 +84,7 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
     # -- the workspace on another host (handover.py) --------------------------
     def CheckoutArchive(self, request: pb.PrepareWorkspaceRequest, context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[pb.CheckoutArchiveOutput]:
-        stream = self._checkout_archive(request)
-        closed_with_call(context, stream)   # closes it when the call ends; it is returned as it is
-        return stream
+        return closed_with_call(context, self._checkout_archive(request))   # closed when the call ends
 
     async def _checkout_archive(self, request: pb.PrepareWorkspaceRequest
                                 ) -> AsyncGenerator[pb.CheckoutArchiveOutput, None]:
@@ -226,9 +224,7 @@ class CredentialBrokerServicer(pb_grpc.CredentialBrokerServicer):
 
     def VerificationArchive(self, request: pb.PrepareVerificationRequest, context: grpc.aio.ServicerContext
                             ) -> AsyncIterator[pb.VerificationArchiveOutput]:
-        stream = self._verification_archive(request)
-        closed_with_call(context, stream)   # closes it when the call ends; it is returned as it is
-        return stream
+        return closed_with_call(context, self._verification_archive(request))   # closed when the call ends
 
     async def _verification_archive(self, request: pb.PrepareVerificationRequest
                                     ) -> AsyncGenerator[pb.VerificationArchiveOutput, None]:

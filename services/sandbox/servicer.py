@@ -145,9 +145,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
             requests_truncated=requests_truncated)
 
     def Exec(self, request: pb.ExecRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ExecEvent]:
-        stream = self._exec(request)
-        closed_with_call(context, stream)   # closes it when the call ends; it is returned as it is
-        return stream
+        return closed_with_call(context, self._exec(request))   # closed when the call ends
 
     async def _exec(self, request: pb.ExecRequest) -> AsyncGenerator[pb.ExecEvent, None]:
         outcome = "error"
@@ -171,14 +169,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
     def Commands(self, request_iterator: AsyncIterator[pb.CommandInput],
                  context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CommandEvent]:
         stream = commands.serve(self.runner, request_iterator, self.redact, self._count_exec)
-        closed_with_call(context, stream)
-        return stream
+        return closed_with_call(context, stream)   # closed when the call ends
 
     def Process(self, request_iterator: AsyncIterator[pb.ProcessInput],
                 context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProcessOutput]:
-        stream = self._process(request_iterator)
-        closed_with_call(context, stream)
-        return stream
+        return closed_with_call(context, self._process(request_iterator))   # closed when the call ends
 
     async def _process(self, request_iterator: AsyncIterator[pb.ProcessInput]
                        ) -> AsyncGenerator[pb.ProcessOutput, None]:
@@ -250,9 +245,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxBrokerServicer):
     # -- the workspace across hosts (handover.py) -------------------------------
     def ReadWorkspace(self, request: pb.ReadWorkspaceRequest,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WorkspaceChunk]:
-        stream = self._read_workspace(request)
-        closed_with_call(context, stream)
-        return stream
+        return closed_with_call(context, self._read_workspace(request))   # closed when the call ends
 
     async def _read_workspace(self, request: pb.ReadWorkspaceRequest
                               ) -> AsyncGenerator[pb.WorkspaceChunk, None]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -76,9 +76,10 @@ async def send_within(context: grpc.aio.ServicerContext, message: Any, timeout: 
 
 # The closes `closed_with_call` started (referenced here until they finish).
 _closing: set[asyncio.Future[Any]] = set()
+Stream = TypeVar("Stream", bound=AsyncGenerator[Any, None])
 
 
-def closed_with_call(context: grpc.aio.ServicerContext, stream: Any) -> Any:
+def closed_with_call(context: grpc.aio.ServicerContext, stream: Stream) -> Stream:
     """`stream` (a server stream's async generator), closed as soon as its call
     ends: finished, cancelled, or its caller gone.
 
@@ -91,7 +92,7 @@ def closed_with_call(context: grpc.aio.ServicerContext, stream: Any) -> Any:
     loop = asyncio.get_running_loop()
 
     def close() -> None:
-        if stream.ag_running:      # awaiting inside: the cancellation reaches it there
+        if getattr(stream, "ag_running", False):      # awaiting inside: the cancellation reaches it there
             return
         task = loop.create_task(stream.aclose())
         _closing.add(task)

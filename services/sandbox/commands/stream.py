@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.common.errors import AfeError, InvalidArgument
@@ -64,7 +64,7 @@ class _End:
 
 
 async def serve(runner: Runner, inputs: AsyncIterator[pb.CommandInput], redact: Callable[[str], str],
-                counted: Callable[[str], None]) -> AsyncIterator[pb.CommandEvent]:
+                counted: Callable[[str], None]) -> AsyncGenerator[pb.CommandEvent, None]:
     """The events of the commands `inputs` asks for; `counted(outcome)` once per command."""
     events: asyncio.Queue[pb.CommandEvent | _End] = asyncio.Queue(QUEUE)
     live: dict[int, asyncio.Task[None]] = {}
