@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+import grpc
 import pytest
 
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
@@ -58,8 +59,22 @@ def _lines(events) -> list[str]:
 
 
 async def _follow(stub, ticket_id: str, into: list) -> None:
-    async for ev in stub.WatchTicket(pb.WatchTicketRequest(id=ticket_id, from_seq=1, follow=True)):
-        into.append(ev)
+    """Every event, live. A watch that starts while the database is down is refused
+    UNAVAILABLE (starting one reads the store): the client asks again from the seq after
+    its last, as afe's clients do. An open watch (one that has sent an event) must never
+    end UNAVAILABLE: that fails here."""
+    while True:
+        got = 0
+        try:
+            async for ev in stub.WatchTicket(pb.WatchTicketRequest(
+                    id=ticket_id, from_seq=into[-1].seq + 1 if into else 1, follow=True)):
+                into.append(ev)
+                got += 1
+            return
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or got:
+                raise
+            await asyncio.sleep(0.5)
 
 
 @pytest.mark.docker
