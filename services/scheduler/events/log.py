@@ -206,7 +206,7 @@ class EventLog(EventWrites):
         buffer = self._buffer
         buffer.append((ticket_id, seq, type_, text, time_ns() // 1_000_000))
         if len(buffer) >= FLUSH_AT:
-            self.flush()
+            self.flush(write=not self._inflight)
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             try:
@@ -217,8 +217,12 @@ class EventLog(EventWrites):
 
     def _flush_soon(self) -> None:
         """The group commit's timer: while the store does not answer, the
-        events join the kept ones without another try (the retry timer's)."""
-        self.flush(write=self.unavailable_since is None)
+        events join the kept ones without another try (the retry timer's);
+        while a batch is on the store's thread, they wait for it and go with
+        the next (`_written`), so a store slower than the ticket writes fewer,
+        larger transactions. (An explicit `flush`, before a state change,
+        hands everything over at once: the statement after it runs after them.)"""
+        self.flush(write=self.unavailable_since is None and not self._inflight)
 
     def flush(self, write: bool = True) -> None:
         """Redact the buffered events and hand them to the store, after any

@@ -140,3 +140,49 @@ async def test_pathological_output_does_not_hang_the_event_log(make_log):
         log.append("t-1", "node.output", {"text": f"https://u:p@h/{nasty}{i}"})
     stored = _stored(log, "t-1")
     assert len(stored) == 50 and all("[redacted]" in s for s in stored)
+
+
+async def _group_commit_sizes(tmp_path, explicit: bool) -> tuple[list[int], list[int]]:
+    """Batch sizes the store's thread was handed while its first batch was held up, and the
+    seqs stored: 10 events go out, then 20 more in two timer windows (or two explicit flushes)."""
+    import threading
+
+    from services.scheduler.store.worker import threaded
+
+    inner = Store.sqlite(tmp_path / "gc.db")
+    gate, sizes = threading.Event(), []
+    original = inner.events.append
+
+    def held_append(batch):
+        sizes.append(len(batch))
+        if len(sizes) == 1:
+            gate.wait(10)
+        original(batch)
+
+    inner.events.append = held_append
+    store = threaded(inner)
+    log = EventLog(store, Redactor())
+    try:
+        for part in range(3):
+            for i in range(10):
+                log.append("t-gc", "node.output", {"line": part * 10 + i})
+            if explicit:
+                log.flush()
+            await asyncio.sleep(0.02)        # the group commit's timer (2 ms) has fired
+        gate.set()
+        for _ in range(500):
+            if not log._inflight and not log._unstored:
+                break
+            await asyncio.sleep(0.01)
+        return sizes, [ev.seq for ev in store.events.read("t-gc", 1)]
+    finally:
+        store.close()
+
+
+async def test_timer_flushes_wait_for_the_batch_on_the_stores_thread_and_go_as_one(tmp_path):
+    sizes, seqs = await _group_commit_sizes(tmp_path, explicit=False)
+    assert sizes == [10, 20] and seqs == list(range(1, 31))
+    # Control: an explicit flush (before a state change) hands its events over at once.
+    (tmp_path / "x").mkdir()
+    sizes, seqs = await _group_commit_sizes(tmp_path / "x", explicit=True)
+    assert sizes == [10, 10, 10] and seqs == list(range(1, 31))
