@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 FLUSH_AT = 2048          # events buffered before a synchronous flush
 FLUSH_DELAY_S = 0.002    # group commit: events of this window share one transaction
+GROUP_AT = 256           # events of one window that wait for the batch on the store's thread (_flush_soon)
 MAX_STRING = 64 * 1024   # characters of one payload string; longer ones are cut
 FINAL_EVENT = "ticket.finished"
 # Batches a live watcher may have waiting. A watcher that falls further behind
@@ -217,12 +218,15 @@ class EventLog(EventWrites):
 
     def _flush_soon(self) -> None:
         """The group commit's timer: while the store does not answer, the
-        events join the kept ones without another try (the retry timer's);
-        while a batch is on the store's thread, they wait for it and go with
-        the next (`_written`), so a store slower than the ticket writes fewer,
-        larger transactions. (An explicit `flush`, before a state change,
-        hands everything over at once: the statement after it runs after them.)"""
-        self.flush(write=self.unavailable_since is None and not self._inflight)
+        events join the kept ones without another try (the retry timer's).
+        Many events in one window (a ticket streaming fast) while a batch is on
+        the store's thread wait for it and go with the next (`_written`): a
+        store slower than the tickets writes fewer, larger transactions. A few
+        (a ticket starting, a slow stream) go at once, for their latency. (An
+        explicit `flush`, before a state change, hands everything over at once:
+        the statement after it runs after them.)"""
+        hold = bool(self._inflight) and len(self._buffer) >= GROUP_AT
+        self.flush(write=self.unavailable_since is None and not hold)
 
     def flush(self, write: bool = True) -> None:
         """Redact the buffered events and hand them to the store, after any

@@ -11,7 +11,7 @@ import pytest
 
 from services.common.errors import NotFound
 from services.common.secrecy.redact import Redactor
-from services.scheduler.events.log import EventLog
+from services.scheduler.events.log import GROUP_AT, EventLog
 from services.scheduler.store.store import Store
 from services.scheduler.store.worker import ThreadedStore
 from tests.support.postgres import open_store_url
@@ -142,9 +142,9 @@ async def test_pathological_output_does_not_hang_the_event_log(make_log):
     assert len(stored) == 50 and all("[redacted]" in s for s in stored)
 
 
-async def _group_commit_sizes(tmp_path, explicit: bool) -> tuple[list[int], list[int]]:
+async def _group_commit_sizes(tmp_path, explicit: bool, n: int = GROUP_AT) -> tuple[list[int], list[int]]:
     """Batch sizes the store's thread was handed while its first batch was held up, and the
-    seqs stored: 10 events go out, then 20 more in two timer windows (or two explicit flushes)."""
+    seqs stored: n events go out, then 2n more in two timer windows (or two explicit flushes)."""
     import threading
 
     from services.scheduler.store.worker import threaded
@@ -164,8 +164,8 @@ async def _group_commit_sizes(tmp_path, explicit: bool) -> tuple[list[int], list
     log = EventLog(store, Redactor())
     try:
         for part in range(3):
-            for i in range(10):
-                log.append("t-gc", "node.output", {"line": part * 10 + i})
+            for i in range(n):
+                log.append("t-gc", "node.output", {"line": part * n + i})
             if explicit:
                 log.flush()
             await asyncio.sleep(0.02)        # the group commit's timer (2 ms) has fired
@@ -179,10 +179,13 @@ async def _group_commit_sizes(tmp_path, explicit: bool) -> tuple[list[int], list
         store.close()
 
 
-async def test_timer_flushes_wait_for_the_batch_on_the_stores_thread_and_go_as_one(tmp_path):
+async def test_a_fast_streams_timer_flushes_wait_for_the_batch_on_the_stores_thread_and_go_as_one(tmp_path):
+    n = GROUP_AT
     sizes, seqs = await _group_commit_sizes(tmp_path, explicit=False)
-    assert sizes == [10, 20] and seqs == list(range(1, 31))
-    # Control: an explicit flush (before a state change) hands its events over at once.
-    (tmp_path / "x").mkdir()
-    sizes, seqs = await _group_commit_sizes(tmp_path / "x", explicit=True)
-    assert sizes == [10, 10, 10] and seqs == list(range(1, 31))
+    assert sizes == [n, 2 * n] and seqs == list(range(1, 3 * n + 1))
+    # Controls: an explicit flush (before a state change) hands its events over at once, and a
+    # few events of a window (a ticket starting) go at once too, for their latency.
+    for sub, explicit, k in (("x", True, n), ("y", False, 10)):
+        (tmp_path / sub).mkdir()
+        sizes, seqs = await _group_commit_sizes(tmp_path / sub, explicit=explicit, n=k)
+        assert sizes == [k, k, k] and seqs == list(range(1, 3 * k + 1)), (sub, sizes)
