@@ -22,7 +22,7 @@ control, a second ticket whose agent declares `env: [TRACKER_TOKEN_COPY]`
 holding the same canary (no relay), shows it in the agent's environment,
 where the same look finds it. The same ticket runs again in a gVisor
 sandbox (`runtime: gvisor`). A capability of another ticket, or after a
-ticket's end, is tested on the relay itself (tests/credentials/test_r43_mcp_relay.py).
+ticket's end, is tested on the relay itself (tests/credentials/mcptools/test_r43_mcp_relay.py).
 """
 
 from __future__ import annotations

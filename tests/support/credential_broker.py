@@ -6,7 +6,7 @@
 `secrets` maps env var NAMES to values (what the real process would take from
 its environment); values are registered with the given/own redactor.
 `spare_checkouts` is off by default here: background checkouts would only add
-disk work to other areas' tests (tests/credentials/test_workspaces.py covers them).
+disk work to other areas' tests (tests/credentials/workspaces/test_workspaces.py covers them).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ upload and push. The ticket reaches its approval with the fetches done and
 every write refused: nothing but reads reached the origin, the
 `egress.denied` event names each refused request, and the signed run record
 holds every request, allowed and refused. (The positive control, the same
-writes landing without rules, is tests/sandbox/test_r44_egress_rules.py.)"""
+writes landing without rules, is tests/sandbox/egress/test_r44_egress_rules.py.)"""
 
 from __future__ import annotations
 

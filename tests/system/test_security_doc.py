@@ -24,7 +24,7 @@ def test_positive_control_a_missing_rule_test_is_caught():
 @pytest.mark.slow
 def test_positive_control_a_named_test_that_does_not_exist_is_caught():
     doc = sm.DOC.read_text().replace("<!-- end tests R5 -->",
-                                     "- `tests/sandbox/test_container.py::test_r5_no_such_test`\n"
+                                     "- `tests/sandbox/containers/test_container.py::test_r5_no_such_test`\n"
                                      "<!-- end tests R5 -->")
     assert any("test_r5_no_such_test, which does not exist" in p for p in sm.problems(doc, sm.collect()))
 

@@ -7,7 +7,7 @@ workspace of the last completed node (RestoreWorkspace: here the branch
 head, as no node completed), not from attempt 1's files, so the merged
 NOTES.md holds the line once, in one commit of one pull request.
 
-Positive control (tests/credentials/test_workspace_checkpoint.py): without
+Positive control (tests/credentials/workspaces/test_workspace_checkpoint.py): without
 the restore the re-run commits the interrupted attempt's line as well.
 """
 

@@ -29,7 +29,7 @@ from services.scheduler.executor import context as context_mod
 from services.scheduler.executor.nodes import agent as agent_mod
 from services.scheduler.executor.nodes import run_statement
 from services.scheduler.store.base import SUCCEEDED
-from tests.credentials.test_r43_mcp_relay import Session
+from tests.credentials.mcptools.test_r43_mcp_relay import Session
 from tests.support.mcptracker import tracker
 
 from .fakes import FakeSandbox

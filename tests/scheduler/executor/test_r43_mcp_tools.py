@@ -4,7 +4,7 @@ reaches the model (descriptions and results), a call outside the node's
 tools refused without reaching the broker, the `mcp.call` event (names, a
 digest and sizes, never the arguments or the result), and how a failed call
 is told to the model. The broker is a small in-process stand-in here; the
-real one is in tests/credentials/test_r43_mcp_model_tools.py and, end to
+real one is in tests/credentials/mcptools/test_r43_mcp_model_tools.py and, end to
 end, tests/scheduler/executor/test_r43_model_node_mcp.py."""
 
 from __future__ import annotations

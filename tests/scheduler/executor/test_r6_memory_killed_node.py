@@ -1,7 +1,7 @@
 """R6 at the scheduler, under gVisor: a `run` node whose sandbox is killed at
 its memory limit fails at once, long before its timeout, and the ticket's
 error names the limit (not runsc's "urpc ... WaitPID failed: EOF").
-tests/sandbox/test_r6_killed_at_a_limit.py has the positive control (without
+tests/sandbox/containers/test_r6_killed_at_a_limit.py has the positive control (without
 the broker's death watch the command waits for its deadline)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The proxy container's socket server as it was before issue 34 (it
 started two threads per connection, outside any `try`), kept only as the
-positive control of tests/sandbox/test_egress_socket_flood.py: with the
+positive control of tests/sandbox/egress/test_egress_socket_flood.py: with the
 proxy's pids limit of 128, about 60 held connections kill its accept thread
 (`RuntimeError: can't start new thread`) and the ticket's egress is gone
 for good. Never used outside tests."""

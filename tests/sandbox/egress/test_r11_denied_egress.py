@@ -10,7 +10,7 @@ import pytest
 
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from tests.sandbox.conftest import run, spec_runtime
-from tests.sandbox.test_egress import CONNECT, FETCH
+from tests.sandbox.egress.test_egress import CONNECT, FETCH
 from tests.support.sandbox_broker import new_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]

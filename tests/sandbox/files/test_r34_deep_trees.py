@@ -13,7 +13,7 @@ from services.common import treewalk
 from services.common.errors import FailedPrecondition
 from services.sandbox.files.tools import FileTools
 from services.sandbox.sandboxes import chown_tree
-from tests.credentials.test_r34_tree_walks import make_deep
+from tests.credentials.workspaces.test_r34_tree_walks import make_deep
 
 pytestmark = pytest.mark.timeout(120)
 

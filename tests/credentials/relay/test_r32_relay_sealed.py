@@ -39,11 +39,10 @@ from services.common.secrecy.redact import Redactor
 from services.credentials.relay.providers import Refused, check_raw_path, upstream_path
 from services.credentials.relay.secrets import MASK, SecretForms, StreamRedactor
 from services.credentials.relay.server import RelayHub, RelayLimits
+from tests.credentials.relay.test_relay import KEY, KEY_ENV, _client, _config
 from tests.support.fakes.base import FakeServer
 from tests.support.fakes.streaming import IN_TOKENS, OUT_TOKENS, FakeModelAPI
 from tests.support.system import REPO_ROOT
-
-from .test_relay import KEY, KEY_ENV, _client, _config
 
 FORGE_ENV = "RELAY_TEST_FORGE_TOKEN"
 FORGE = "ghp_" + "F0rge" * 8                   # another secret the broker holds: a forge token

@@ -18,8 +18,8 @@ import pytest
 from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.sandbox.commands import command_supervisor as supervisor
 from services.sandbox.containers.dockerapi import DockerAPI
+from tests.sandbox.commands.test_exec import Proc
 from tests.sandbox.conftest import run
-from tests.sandbox.test_exec import Proc
 from tests.support.sandbox_broker import new_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]

@@ -28,7 +28,7 @@ from services.common.secrecy.redact import Redactor
 from services.credentials.app import CredentialBrokerOptions, build_app
 from tests.credentials.conftest import broker_stub, git_plain, local_workspace, make_config
 
-SCHEMA = json.loads((Path(__file__).parents[1] / "support" / "intoto_statement_v1.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "support" / "intoto_statement_v1.schema.json").read_text())
 TOKEN_ENV = "AFE_TEST_FORGE_TOKEN"
 TOKEN = "forge" + "Q7x" * 6 + "zz"
 

@@ -27,7 +27,7 @@ from services.sandbox.relays import forward as relayforward
 from services.sandbox.relays.socket_relay import CHUNK, Relay
 
 pytestmark = pytest.mark.timeout(60)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Upstream:

@@ -1,7 +1,7 @@
 """The model relay's key-holding half (R32), on the host: the real RelayHub
 serving a real Unix socket, a real fake model server speaking the four APIs
 streamed and not. What the sandbox adds (mount, forwarder, no key in the
-container) is tested in tests/sandbox/test_r32_model_relay.py."""
+container) is tested in tests/sandbox/relays/test_r32_model_relay.py."""
 
 from __future__ import annotations
 

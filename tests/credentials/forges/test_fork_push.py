@@ -26,7 +26,7 @@ from tests.support.npm import HAVE_NPM, node_modules
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASE, FORK = "acme/widgets", "afe-bot/widgets"
 FILES = {"README.md": "# widgets\n", "src/app.py": "print('hi')\n"}
 

@@ -21,7 +21,7 @@ from services.common.host.images import SANDBOX_IMAGE
 from services.common.layout import Layout
 from services.sandbox.egress.allowlist import check_private, squid_conf
 from tests.sandbox.conftest import BrokerThread, run, sync_stub
-from tests.sandbox.test_egress import FETCH, in_proxy
+from tests.sandbox.egress.test_egress import FETCH, in_proxy
 from tests.support.sandbox_broker import new_instance
 from tests.support.temp_roots import remove_temp_root, temp_root
 

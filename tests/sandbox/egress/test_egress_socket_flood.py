@@ -16,7 +16,7 @@ from services._gen.afe.sandbox.v1 import sandbox_pb2 as pb
 from services.sandbox.containers import hardening
 from services.sandbox.egress import over_socket as egress_socket
 from tests.sandbox.conftest import gvisor_missing, run
-from tests.sandbox.egress_threaded_relay import THREADED_PROXY_MAIN
+from tests.sandbox.egress.egress_threaded_relay import THREADED_PROXY_MAIN
 from tests.support.sandbox_broker import new_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]

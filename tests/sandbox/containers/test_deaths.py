@@ -1,7 +1,7 @@
 """What the broker says when a sandbox is killed under a command
 (services/sandbox/containers/deaths.py), how a gVisor exec holds back runsc's last
 words, and the one engine `wait` shared by a container's commands. Fast: no
-Docker here (tests/sandbox/test_r6_killed_at_a_limit.py runs it for real)."""
+Docker here (tests/sandbox/containers/test_r6_killed_at_a_limit.py runs it for real)."""
 
 from __future__ import annotations
 

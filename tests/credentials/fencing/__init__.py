@@ -1,0 +1,1 @@
+"""Tests of services/credentials/fencing/ (and what it is wired into)."""

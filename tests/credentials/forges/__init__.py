@@ -1,0 +1,1 @@
+"""Tests of services/credentials/forges/ (and what it is wired into)."""

@@ -1,0 +1,1 @@
+"""Tests of services/credentials/git/ (and what it is wired into)."""

@@ -1,0 +1,1 @@
+"""Tests of services/credentials/mcptools/ (and what it is wired into)."""

@@ -1,0 +1,1 @@
+"""Tests of services/credentials/models/ (and what it is wired into)."""

@@ -1,0 +1,1 @@
+"""Tests of services/credentials/records/ (and what it is wired into)."""

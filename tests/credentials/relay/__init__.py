@@ -1,0 +1,1 @@
+"""Tests of services/credentials/relay/ (and what it is wired into)."""

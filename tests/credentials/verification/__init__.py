@@ -1,0 +1,1 @@
+"""Tests of services/credentials/verification/ (and what it is wired into)."""

@@ -1,0 +1,1 @@
+"""Tests of services/credentials/workspaces/ (and what it is wired into)."""

@@ -1,0 +1,1 @@
+"""Tests of services/sandbox/commands/ (and what it is wired into)."""

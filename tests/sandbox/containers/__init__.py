@@ -1,0 +1,1 @@
+"""Tests of services/sandbox/containers/ (and what it is wired into)."""

@@ -1,0 +1,1 @@
+"""Tests of services/sandbox/egress/ (and what it is wired into)."""

@@ -1,0 +1,1 @@
+"""Tests of services/sandbox/files/ (and what it is wired into)."""

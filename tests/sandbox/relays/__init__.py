@@ -1,0 +1,1 @@
+"""Tests of services/sandbox/relays/ (and what it is wired into)."""
