@@ -240,3 +240,20 @@ def test_create_restarts_a_stopped_sandbox_and_its_proxy(stub, docker_client):
                                           "except Exception as e: print(e)\"").stdout.decode()
     finally:
         stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))
+
+
+def test_create_thaws_a_sandbox_left_frozen_so_a_command_runs(stub, docker_client):
+    """A scheduler that stopped mid-step (Freeze, then `afe up` ended) leaves its sandbox
+    paused, and a command in a frozen sandbox would wait for ever; the next create thaws it.
+    (Control: the sandbox is paused before that create -- nothing else thawed it.)"""
+    ticket = "thaw-" + new_instance("s")
+    try:
+        sb = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket))
+        stub.Freeze(pb.FreezeRequest(ticket_id=ticket, frozen=True))
+        assert docker_client.containers.get(sb.container_id).attrs["State"]["Paused"]
+        again = stub.CreateSandbox(pb.CreateSandboxRequest(ticket_id=ticket))
+        assert again.container_id == sb.container_id and again.state == "running"
+        assert not docker_client.containers.get(sb.container_id).attrs["State"]["Paused"]
+        assert run(stub, ticket, "echo thawed").stdout == b"thawed\n"
+    finally:
+        stub.DestroySandbox(pb.DestroySandboxRequest(ticket_id=ticket))

@@ -1,5 +1,6 @@
 """An existing sandbox brought back by an idempotent create, after the
-Docker engine or the host restarted: the egress proxy first (the sandbox's
+Docker engine or the host restarted (or thawed, when a step's freeze
+outlived the process that made it): the egress proxy first (the sandbox's
 only way out must be up before the sandbox runs again; with egress rules its
 new CA goes into the sandbox's bundle, R44), then the sandbox
 container, then its forwarders (relays/forward.py): the egress socket's
@@ -42,6 +43,13 @@ async def bring_back(client: docker.DockerClient, existing: SandboxInfo, egress_
                 await asyncio.to_thread(egress_ca.install, client, proxy_id, layout, existing.ticket_id)
     if existing.state == "exited":
         await asyncio.to_thread(client.api.start, existing.container_id)
+        existing = replace(existing, state="running")
+    elif existing.state == "paused":
+        # Frozen for a builtin step by a scheduler or broker that stopped before thawing it (`afe
+        # up` ended mid-step): a create comes before any use, and an exec into a frozen sandbox
+        # never returns (runc waits on the frozen cgroup, holding the engine's lock on the
+        # container, so even `docker inspect` of it hangs). Thawed first.
+        await asyncio.to_thread(client.api.unpause, existing.container_id)
         existing = replace(existing, state="running")
     if existing.egress_socket and existing.state == "running":
         await asyncio.to_thread(relayforward.start, client, existing.container_id,
