@@ -26,6 +26,7 @@ PLANTED = {
     ("Shown by `tests/foundation/test_stale_references.py::test_nothing_...`.", "docs/X.md"):
         "tests/foundation/test_stale_references.py::test_nothing_...",
     ("As NOPE.md says.", "docs/X.md"): "NOPE.md",
+    ("`make bench` writes bench/out/NOPE.md.", "docs/X.md"): "bench/out/NOPE.md",
 }
 RIGHT = [
     ("The limits (limits.py) hold per ticket.", "services/credentials/relay/server.py"),
@@ -37,6 +38,7 @@ RIGHT = [
     ("`services/common/errors.py::AfeError.message` decides.", "docs/X.md"),
     ("Shown by `tests/foundation/test_stale_references.py::test_no_doc_...`.", "docs/X.md"),
     ("The user's conftest.py and the demo's calc.py.", "services/x.py"),
+    ("`make bench` writes bench/out/REPORT.md.", "docs/X.md"),
 ]
 
 
@@ -46,3 +48,17 @@ def test_planted_stale_references_are_found_and_right_ones_are_not():
         assert found == [ref], (text, found)
     for text, where in RIGHT:
         assert scan_text(text, where, python=where.endswith(".py")) == [], text
+
+
+def test_an_output_a_command_writes_counts_whether_or_not_this_checkout_holds_it(tmp_path):
+    """A fresh checkout has no bench/out (CI failed on exactly that): an output
+    is judged by the code that writes it, never by what an earlier run left."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "run.py").write_text('report = out_dir / "REPORT.md"\n')
+    (tmp_path / "bench" / "out").mkdir()
+    (tmp_path / "bench" / "out" / "LEFT.md").write_text("left by an earlier run\n")
+    files = ("bench/run.py",)
+    assert scan_text("See bench/out/REPORT.md.", "docs/X.md", files=files, root=tmp_path, python=False) == []
+    # positive control: a file an earlier run left, that no code writes, is stale
+    found = scan_text("See bench/out/LEFT.md.", "docs/X.md", files=files, root=tmp_path, python=False)
+    assert [s.ref for s in found] == ["bench/out/LEFT.md"]

@@ -63,6 +63,34 @@ _SKIP_DIRS = frozenset({".git", ".venv", "build", "node_modules", "__pycache__",
                         ".mypy_cache", ".ruff_cache", ".pytest_cache", "out"})
 
 
+# Folders a command writes into (git ignores them, a fresh checkout lacks them): a
+# reference to a file in one is right when the code that writes there names the file.
+_OUTPUT_DIRS = {"bench/out/": "bench/", "test-artifacts/": "tests/"}
+
+
+def _written_by_code(ref: str, files: tuple[str, ...], root: Path) -> bool | None:
+    """None when `ref` is not in an output folder; else whether its writer names it."""
+    for out, writer in _OUTPUT_DIRS.items():
+        if ref.startswith(out):
+            name = ref[len(out):]
+            return any(f.startswith(writer) and f.endswith(".py") and f"\"{name}\"" in _text(root / f)
+                       for f in files)
+    return None
+
+
+@functools.cache
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _in_checkout(ref: str, root: Path) -> bool:
+    """A file the checkout holds, never one a command left in an ignored folder."""
+    return not (set(Path(ref).parts) & _SKIP_DIRS) and (root / ref).is_file()
+
+
 @functools.cache
 def _tracked() -> tuple[str, ...]:
     """The repository's files, by a walk (no git process: the fast tests start none)."""
@@ -155,7 +183,10 @@ def _check_path(ref: str, here: str, files: tuple[str, ...], root: Path, python:
         if _ends_with(ref, files):
             return None
         return "no such file in the repository"
-    if _ends_with(ref, files) or (root / ref).is_file():
+    written = _written_by_code(ref, files, root)
+    if written is not None:
+        return None if written else "an output no code writes (the folder is made by a command)"
+    if _ends_with(ref, files) or _in_checkout(ref, root):
         return None
     return "no such file in the repository"
 
