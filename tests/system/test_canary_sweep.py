@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
 import re
@@ -245,9 +244,53 @@ def snapshot_procs(sweep: Sweep) -> None:
             continue
         if cmd and cmd not in sweep.cmdlines:
             sweep.cmdlines[cmd] = d.encode()
-        if b"/opt/acp/agents/" in cmd:
-            with contextlib.suppress(OSError):
-                sweep.agent_environs[d] = Path(f"/proc/{d}/environ").read_bytes()
+
+
+# The ACP agent lives about two seconds. A thread of this test process sharing the
+# GIL with the run's loop, the docker poller and the log pump can take longer than
+# that for one pass over /proc on a loaded machine (every read lets go of the GIL
+# and waits for it again), so the agents are watched by a process of their own.
+AGENT_WATCHER = r"""
+import os, sys, time
+out = sys.argv[1]
+while not os.path.exists(os.path.join(out, "stop")):
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if b"/opt/acp/agents/" not in f.read():
+                    continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if env:
+            with open(os.path.join(out, d + ".tmp"), "wb") as f:
+                f.write(env)
+            os.replace(os.path.join(out, d + ".tmp"), os.path.join(out, d))
+    time.sleep(0.05)
+"""
+
+
+class AgentWatcher:
+    """Copies the environment of every ACP agent process into `out`, one file a pid."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", AGENT_WATCHER, str(out)])
+
+    def stop(self, sweep: Sweep) -> None:
+        (self.out / "stop").touch()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        for f in self.out.iterdir():
+            if f.name.isdigit():
+                sweep.agent_environs[f.name] = f.read_bytes()
 
 
 def snapshot_containers(sweep: Sweep, client: docker.DockerClient) -> None:
@@ -444,6 +487,7 @@ def sweep():
     loop.run_until_complete(model.__aenter__())
     afe_proc = None
     pollers: list[Poller] = []
+    agents: AgentWatcher | None = None
     out: list[str] = []
     try:
         cfg = demo.materialize(base / "cfg")
@@ -472,11 +516,14 @@ def sweep():
                    Poller(lambda: snapshot_containers(s, client), 0.5)]
         for p in pollers:
             p.start()
+        agents = AgentWatcher(base / "agent-environs")
         loop.run_until_complete(scenario(s, afe_proc, out, model, values["UI token"]))
         snapshot_containers(s, client)
     finally:
         for p in pollers:
             p.stop()
+        if agents is not None:
+            agents.stop(s)
         if afe_proc is not None and afe_proc.poll() is None:
             os.killpg(afe_proc.pid, signal.SIGTERM)
             try:
@@ -545,7 +592,9 @@ def test_r9_acp_value_only_inside_its_agents_environment(sweep):
     found = find(sweep, ("acp env",))
     assert not found, "\n".join(found)
     value = CANARIES["acp env"][1].encode()
-    assert any(value in env for env in sweep.agent_environs.values())   # where it belongs
+    assert sweep.tickets["acp"]["state"] == "succeeded", sweep.tickets["acp"]["error"]
+    assert any(value in env for env in sweep.agent_environs.values()), \
+        f"where it belongs: its agent's environment (agents seen: {sorted(sweep.agent_environs)})"
 
 
 @pytest.mark.timeout(900)
@@ -598,9 +647,10 @@ def test_sweep_positive_controls_every_sink_was_really_searched(sweep):
     assert any(r.get("x-api-key") == CANARIES["OTLP headers"][1] for r in sweep.otlp_requests)
     # the ACP value is inside its own sandbox's agent process, and only there
     if sweep.acp:
+        assert sweep.tickets["acp"]["state"] == "succeeded", sweep.tickets["acp"]["error"]
         value = CANARIES["acp env"][1].encode()
         assert any(value in env for env in sweep.agent_environs.values()), \
-            "the ACP-declared value must reach its agent's environment"
+            f"the ACP-declared value must reach its agent's environment (agents seen: {sorted(sweep.agent_environs)})"
 
 
 @pytest.mark.timeout(900)
