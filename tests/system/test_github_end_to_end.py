@@ -44,13 +44,13 @@ import pytest
 from gateway.hooks import sign
 from tests.foundation.launcher_support import base_env, start_afe, wait_gone
 from tests.scheduler.conftest import git as git_in
-from tests.scheduler.sandboxes.remote_env import LiveBranches
 from tests.support.fakes.git_http import CLEAN_ENV, GitHttpServer, make_bare_repo
 from tests.support.fakes.github import FakeGitHub
 from tests.support.fakes.models import FakeOpenAI
 from tests.support.fakes.openapi import OpenApi
 from tests.support.fakes.tls import make_cert
 from tests.support.npm import HAVE_NPM, node_modules
+from tests.support.remote_env import LiveBranches
 from tests.support.temp_roots import remove_temp_root, temp_root
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300),

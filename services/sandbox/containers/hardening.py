@@ -7,7 +7,7 @@ Pure functions returning keyword arguments for the Docker SDK's
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from docker.types import Mount, Ulimit
@@ -58,7 +58,6 @@ class SandboxSettings:
     env_names: tuple[str, ...] = ()
     relay: bool = False                           # mount the ticket's model relay folder (R32)
     runtime: str = "runc"                         # runc | gvisor (the engine's runsc)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_limits(cpus: float, memory_bytes: int, pids: int) -> tuple[float, int, int]:

@@ -17,12 +17,12 @@ import pytest
 from services._gen.afe.credentials.v1 import credentials_pb2 as pb
 from services.common.config.model import ForgeConfig, Workspace
 from tests.credentials.conftest import TOKEN_ENV, broker_stub, git_plain, make_config
-from tests.scheduler.sandboxes.remote_env import LiveBranches
 from tests.support.fakes.git_http import GitHttpServer, make_bare_repo
 from tests.support.fakes.github import FakeGitHub
 from tests.support.fakes.openapi import OpenApi
 from tests.support.fakes.tls import make_cert
 from tests.support.npm import HAVE_NPM, node_modules
+from tests.support.remote_env import LiveBranches
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,8 +16,8 @@ import pytest
 from services._gen.afe.scheduler.v1 import scheduler_pb2 as pb
 from services.common.layout import Layout
 from tests.scheduler.conftest import all_events, payload, state_name, wait_for_state
-from tests.scheduler.sandboxes.remote_env import remote, write_config
 from tests.support.credential_process import system_with_credential_process
+from tests.support.remote_env import remote, write_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 

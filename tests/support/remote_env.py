@@ -1,5 +1,6 @@
-"""A remote for scheduler tests that talk to a REAL credential broker process:
-a TLS smart-HTTP git server (tests/support/fakes/git_http.py) serving bare
+"""A remote for tests that talk to a REAL credential broker process (the
+scheduler's, the credential broker's own and the system tests): a TLS
+smart-HTTP git server (tests/support/fakes/git_http.py) serving bare
 repositories, and a fake GitHub API whose branches are the served
 repository's real refs."""
 
