@@ -38,6 +38,7 @@ from services.sandbox import checks
 from services.sandbox.containers import cleanup, hardening, provision, restart
 from services.sandbox.containers import info as sandbox_info
 from services.sandbox.containers.env import ENV_NAME_RE, SandboxEnv
+from services.sandbox.containers.execstarts import EXEC_STARTS
 from services.sandbox.containers.hardening import (
     LABEL_INSTANCE,
     LABEL_ROLE,
@@ -94,6 +95,7 @@ class SandboxManager(SandboxEnv):
         self.env_values = dict(env_values or {})
         self.proxy_image = proxy_image
         self.client = client or docker.from_env(timeout=120)
+        self.exec_starts = EXEC_STARTS     # the execs this process is starting (a freeze waits for them)
         self._locks: dict[str, asyncio.Lock] = {}
         self._cache: dict[str, SandboxInfo] = {}
         # R34: the workspace disk cap (diskcap.py); `disk_mode` None = detect
@@ -407,6 +409,10 @@ class SandboxManager(SandboxEnv):
         return res
 
     async def freeze(self, ticket_id: str, frozen: bool) -> None:
+        async with self._lock(ticket_id):     # not while a create starts the sandbox's ways out
+            await self._freeze(ticket_id, frozen)
+
+    async def _freeze(self, ticket_id: str, frozen: bool) -> None:
         info = await self.get(ticket_id)
 
         def run() -> None:
@@ -418,7 +424,10 @@ class SandboxManager(SandboxEnv):
         try:
             for delay in (*FREEZE_RETRY_S, None):
                 try:
-                    await asyncio.to_thread(run)
+                    # never on an exec still starting: its runc would wait in the frozen cgroup for
+                    # ever, holding the engine's lock on the container (execstarts.py)
+                    async with (self.exec_starts.quiet(info.container_id) if frozen else contextlib.nullcontext()):
+                        await asyncio.to_thread(run)
                     break
                 except docker.errors.APIError as exc:
                     # runc gives up freezing a cgroup whose tasks do not stop in time (a loaded
@@ -432,6 +441,8 @@ class SandboxManager(SandboxEnv):
         except docker.errors.NotFound as exc:
             self.forget(ticket_id)
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from exc
+        except TimeoutError as exc:
+            raise Unavailable(f"the sandbox of {ticket_id} was not frozen: {exc}; try again") from None
         self._cache[ticket_id] = replace(info, state="paused" if frozen else "running")
 
 

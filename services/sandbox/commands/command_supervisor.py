@@ -135,7 +135,7 @@ class Link:
     @classmethod
     async def start(cls, api: DockerAPI, container_id: str, source: str = SOURCE) -> Link:
         exec_id = await api.exec_create(container_id, argv(source), workdir="/", env=[], stdin=True)
-        stream = await api.exec_start(exec_id)
+        stream = await api.exec_start(exec_id, container=container_id)
         link = cls(api, container_id, exec_id, stream)
         link._reader = asyncio.get_running_loop().create_task(link._read())
         try:
@@ -292,7 +292,7 @@ class Link:
     async def _run_inside(self, argv: list[str]) -> None:
         with contextlib.suppress(Exception):
             kid = await self.api.exec_create(self.container_id, argv, workdir="/", env=[], stdin=False)
-            s = await self.api.exec_start(kid)
+            s = await self.api.exec_start(kid, container=self.container_id)
             while await s.frame() is not None:
                 pass
             s.close()

@@ -220,9 +220,10 @@ class Runner:
             if info.runtime == "gvisor":
                 exec_id = await self.api.exec_create(info.container_id, [*SAY_PID, *argv], workdir=wd, env=env,
                                                      stdin=stdin)
-                return InnerPidExec(self, exec_id, await self.api.exec_start(exec_id), info.container_id), info
+                stream = await self.api.exec_start(exec_id, container=info.container_id)
+                return InnerPidExec(self, exec_id, stream, info.container_id), info
             exec_id = await self.api.exec_create(info.container_id, argv, workdir=wd, env=env, stdin=stdin)
-            return _Exec(self, exec_id, await self.api.exec_start(exec_id)), info
+            return _Exec(self, exec_id, await self.api.exec_start(exec_id, container=info.container_id)), info
         except NotFound:
             self.sandboxes.forget(ticket_id)
             raise NotFound(f"no sandbox for ticket {ticket_id}: create it first") from None
@@ -283,7 +284,7 @@ class Runner:
             with contextlib.suppress(Exception):
                 kid = await self.api.exec_create(doc["ContainerID"], ["kill", "-KILL", "--", f"-{nspid}"],
                                                  workdir="/", env=[], stdin=False)
-                s = await self.api.exec_start(kid)
+                s = await self.api.exec_start(kid, container=doc["ContainerID"])
                 while await s.frame() is not None:
                     pass
                 s.close()
@@ -293,7 +294,7 @@ class Runner:
         with contextlib.suppress(Exception):
             kid = await self.api.exec_create(container_id, ["kill", "-KILL", "--", f"-{int(pid)}"],
                                              workdir="/", env=[], stdin=False)
-            s = await self.api.exec_start(kid)
+            s = await self.api.exec_start(kid, container=container_id)
             while await s.frame() is not None:
                 pass
             s.close()

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from services.common.errors import NotFound, Unavailable
+from services.sandbox.containers.execstarts import EXEC_STARTS, ExecStarts
 
 API = "/v1.41"
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -83,8 +84,11 @@ def _request_bytes(method: str, path: str, body: Any | None, upgrade: bool) -> b
 
 
 class DockerAPI:
-    def __init__(self, socket_path: str | None = None) -> None:
+    def __init__(self, socket_path: str | None = None, starts: ExecStarts | None = None) -> None:
+        """`starts`: where an exec counts as starting until its process runs
+        (execstarts.py; a freeze waits for it); the process's own by default."""
         self.socket_path = socket_path or engine_socket()
+        self.starts = starts or EXEC_STARTS
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
@@ -147,17 +151,36 @@ class DockerAPI:
         exec_id: str = doc["Id"]
         return exec_id
 
-    async def exec_start(self, exec_id: str) -> ExecStream:
-        reader, writer = await self._connect()
-        writer.write(_request_bytes("POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False},
-                                    upgrade=True))
-        await writer.drain()
-        status, headers = await _read_head(reader)
-        if status not in (101, 200):
-            data = await _read_body(reader, headers)
-            writer.close()
-            raise EngineError(status, data[:200].decode("utf-8", "replace"))
+    async def exec_start(self, exec_id: str, *, container: str) -> ExecStream:
+        """Start exec `exec_id` of `container`; returns once the engine reports
+        its process (so a freeze of the container never lands on its start)."""
+        async with self.starts.start(container):
+            reader, writer = await self._connect()
+            try:
+                writer.write(_request_bytes("POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False},
+                                            upgrade=True))
+                await writer.drain()
+                status, headers = await _read_head(reader)
+                if status not in (101, 200):
+                    data = await _read_body(reader, headers)
+                    raise EngineError(status, data[:200].decode("utf-8", "replace"))
+                await self._until_started(exec_id)
+            except BaseException:
+                writer.close()
+                raise
         return ExecStream(reader, writer)
+
+    async def _until_started(self, exec_id: str) -> None:
+        """Until the engine has the exec's process (a pid) or its exit code. The
+        engine answers the start's upgrade before it runs the process, and
+        holds its inspect while runc starts it, so this is mostly one call."""
+        delay = 0.001
+        while True:
+            doc = await self.exec_inspect(exec_id)
+            if doc.get("Pid") or doc.get("ExitCode") is not None:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         doc: dict[str, Any] = await self.request("GET", f"/exec/{exec_id}/json")
