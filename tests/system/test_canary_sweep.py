@@ -279,7 +279,7 @@ class AgentWatcher:
     def __init__(self, out: Path) -> None:
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([sys.executable, "-c", AGENT_WATCHER, str(out)])
+        self.proc = subprocess.Popen([sys.executable, "-c", AGENT_WATCHER, str(out)], env={"PATH": os.environ.get("PATH", "")})
 
     def stop(self, sweep: Sweep) -> None:
         (self.out / "stop").touch()
