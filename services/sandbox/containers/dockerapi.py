@@ -25,6 +25,9 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 STDOUT = 1
 STDERR = 2
 
+# How long an exec start waits for the engine to report the exec's process.
+START_WAIT_S = 30.0
+
 
 def engine_socket() -> str:
     host = os.environ.get("DOCKER_HOST", "")
@@ -170,15 +173,20 @@ class DockerAPI:
                 raise
         return ExecStream(reader, writer)
 
-    async def _until_started(self, exec_id: str) -> None:
+    async def _until_started(self, exec_id: str, limit_s: float = START_WAIT_S) -> bool:
         """Until the engine has the exec's process (a pid) or its exit code. The
         engine answers the start's upgrade before it runs the process, and
-        holds its inspect while runc starts it, so this is mostly one call."""
-        delay = 0.001
+        holds its inspect while runc starts it, so this is mostly one call.
+        False when neither came within `limit_s` (the stream is the caller's
+        then, as before this wait; a freeze is no longer held back by it)."""
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + limit_s, 0.001
         while True:
             doc = await self.exec_inspect(exec_id)
             if doc.get("Pid") or doc.get("ExitCode") is not None:
-                return
+                return True
+            if loop.time() >= deadline:
+                return False
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
 

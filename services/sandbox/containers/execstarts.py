@@ -5,8 +5,9 @@ joins, then execs the command). If the cgroup is frozen between the engine's
 "is it paused?" check and that join, `runc init` waits in uninterruptible
 sleep for ever and the engine keeps its lock on the container: every later
 inspect, exec, unpause or remove of that container hangs, and with it the
-broker call that made it. Pausing right after an exec start hits this on the
-first try (tests/sandbox/containers/test_exec_starts.py shows it).
+broker call that made it. The engine answers an exec start before it runs
+the process, so a pause right after a start can land on it
+(tests/sandbox/containers/test_exec_starts.py shows the early answer).
 
 So every exec this process starts is counted as *starting* until the engine
 reports its process running (or exited), and a freeze first waits until no

@@ -77,6 +77,27 @@ async def test_a_freeze_gives_up_with_a_reason_when_a_start_never_ends():
         pass
 
 
+class _Answers(DockerAPI):
+    """exec inspect answered from a list (no engine)."""
+
+    def __init__(self, answers: list[dict]) -> None:
+        super().__init__(socket_path="/nonexistent", starts=ExecStarts())
+        self.answers, self.calls = answers, 0
+
+    async def exec_inspect(self, exec_id: str) -> dict:
+        self.calls += 1
+        return self.answers[min(self.calls, len(self.answers)) - 1]
+
+
+async def test_an_exec_start_waits_for_the_pid_or_the_exit_code_and_no_longer_than_its_limit():
+    api = _Answers([{"Pid": 0, "ExitCode": None}, {"Pid": 0, "ExitCode": None}, {"Pid": 4242}])
+    assert await api._until_started("e1") and api.calls == 3
+    api = _Answers([{"Pid": 0, "ExitCode": 127}])          # it could not run: that is an answer too
+    assert await api._until_started("e2") and api.calls == 1
+    api = _Answers([{"Pid": 0, "ExitCode": None}])         # the engine never says: the wait ends
+    assert not await api._until_started("e3", limit_s=0.05) and api.calls > 1
+
+
 # ---- against the engine --------------------------------------------------------------
 
 def _thaw_by_hand(container_id: str) -> None:
@@ -110,7 +131,6 @@ async def _race(client: docker.DockerClient, cid: str, api: DockerAPI, *, concur
     returns, or (`concurrent`) while it is in flight, through the gate as a
     freeze does. True when the exec was left stuck."""
     exec_id = await api.exec_create(cid, ["true"], workdir="/", env=[], stdin=False)
-    stream = None
     if concurrent:
         starting = asyncio.create_task(api.exec_start(exec_id, container=cid))
         while not api.starts.starting(cid) and not starting.done():  # noqa: ASYNC110 - one loop step at a time until the start enters the gate
@@ -137,8 +157,8 @@ class _UngatedStart(DockerAPI):
     """The exec start as it was: it returned at the engine's upgrade, before the
     engine had run the process."""
 
-    async def _until_started(self, exec_id: str) -> None:
-        return
+    async def _until_started(self, exec_id: str, limit_s: float = 0.0) -> bool:
+        return True
 
 
 async def _returned_before_the_process(client: docker.DockerClient, cid: str, api: DockerAPI) -> bool:
